@@ -1,0 +1,30 @@
+# Exports meshrt as a CMake package, usable from the build tree and from an install
+# prefix: find_package(meshrt CONFIG) gives meshrt::meshrt, meshrt::gtest_main and
+# meshrt_add_mpi_test().
+include(CMakePackageConfigHelpers)
+include(GNUInstallDirs)
+
+set(MESHRT_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/meshrt)
+
+install(TARGETS meshrt meshrt_gtest_main EXPORT meshrtTargets
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY include/meshrt DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${PROJECT_BINARY_DIR}/include/meshrt/config.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/meshrt)
+install(EXPORT meshrtTargets NAMESPACE meshrt:: DESTINATION ${MESHRT_INSTALL_CMAKEDIR})
+export(EXPORT meshrtTargets NAMESPACE meshrt:: FILE ${PROJECT_BINARY_DIR}/meshrtTargets.cmake)
+
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/meshrtConfigVersion.cmake
+                                 COMPATIBILITY SameMinorVersion)
+# Build tree: the config finds MeshrtTesting.cmake in the source tree.
+set(MESHRT_CONFIG_CMAKE_DIR "${PROJECT_SOURCE_DIR}/cmake")
+configure_file(cmake/meshrtConfig.cmake.in ${PROJECT_BINARY_DIR}/meshrtConfig.cmake @ONLY)
+# Install prefix: next to the config file.
+set(MESHRT_CONFIG_CMAKE_DIR "\${CMAKE_CURRENT_LIST_DIR}")
+configure_file(cmake/meshrtConfig.cmake.in ${PROJECT_BINARY_DIR}/install/meshrtConfig.cmake @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/install/meshrtConfig.cmake
+              ${PROJECT_BINARY_DIR}/meshrtConfigVersion.cmake
+              cmake/MeshrtTesting.cmake
+        DESTINATION ${MESHRT_INSTALL_CMAKEDIR})

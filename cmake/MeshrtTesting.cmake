@@ -1,0 +1,72 @@
+# meshrt_add_mpi_test(NAME <name> SOURCES <src>... NP <ranks> [TIMEOUT <s>] [LABELS <l>...]
+#                     [LIBRARIES <lib>...] [ARGS <arg>...])
+#   Builds a GoogleTest binary with meshrt's MPI test main (MPI init/finalize, failures
+#   of every rank reported, a watchdog that aborts a hung job) and registers it with
+#   CTest as: MPIEXEC_EXECUTABLE MPIEXEC_NUMPROC_FLAG <np> MPIEXEC_PREFLAGS <binary>
+#   MPIEXEC_POSTFLAGS <args>.
+#
+# meshrt_add_mpi_command_test(NAME <name> NP <ranks> COMMAND <exe> [args...]
+#                             [TIMEOUT <s>] [LABELS <l>...])
+#   Registers any program (an example, a tool) the same way.
+#
+# Both work as root and oversubscribed on a small machine: the Open MPI settings below
+# are passed in the test's environment (MPICH ignores them). Every test has a timeout
+# and runs serially so that `ctest -j` cannot starve it.
+include_guard(GLOBAL)
+
+if(NOT MPIEXEC_EXECUTABLE)
+  find_package(MPI REQUIRED COMPONENTS CXX)
+endif()
+
+set(MESHRT_MPI_TEST_ENVIRONMENT
+  OMPI_ALLOW_RUN_AS_ROOT=1
+  OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  OMPI_MCA_rmaps_base_oversubscribe=1
+  # Without it oversubscribed ranks busy-poll and run about 1000x slower.
+  OMPI_MCA_mpi_yield_when_idle=1
+  # Containers often forbid the ptrace-based single-copy path of shared memory.
+  OMPI_MCA_btl_vader_single_copy_mechanism=none
+  PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
+  CACHE STRING "Environment of every MPI test")
+set(MESHRT_MPI_TEST_DEFAULT_TIMEOUT 60 CACHE STRING "Default timeout of an MPI test, in seconds")
+
+function(meshrt_add_mpi_command_test)
+  cmake_parse_arguments(PARSE_ARGV 0 arg "" "NAME;NP;TIMEOUT" "COMMAND;LABELS")
+  if(NOT arg_NAME OR NOT arg_NP OR NOT arg_COMMAND)
+    message(FATAL_ERROR "meshrt_add_mpi_command_test: NAME, NP and COMMAND are required")
+  endif()
+  if(NOT arg_TIMEOUT)
+    set(arg_TIMEOUT ${MESHRT_MPI_TEST_DEFAULT_TIMEOUT})
+  endif()
+  list(POP_FRONT arg_COMMAND _exe)
+  if(TARGET ${_exe})
+    set(_exe $<TARGET_FILE:${_exe}>)
+  endif()
+  add_test(NAME ${arg_NAME}
+           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${arg_NP} ${MPIEXEC_PREFLAGS}
+                   ${_exe} ${MPIEXEC_POSTFLAGS} ${arg_COMMAND})
+  # The watchdog in the test main fires a little before CTest's timeout, so a hung rank
+  # is named in the output and MPI_Abort takes every process down with it.
+  math(EXPR _watchdog "${arg_TIMEOUT} * 9 / 10")
+  set_tests_properties(${arg_NAME} PROPERTIES
+    TIMEOUT ${arg_TIMEOUT}
+    RUN_SERIAL TRUE
+    PROCESSORS ${arg_NP}
+    LABELS "mpi;${arg_LABELS}"
+    ENVIRONMENT "${MESHRT_MPI_TEST_ENVIRONMENT};MESHRT_TEST_WATCHDOG=${_watchdog}")
+endfunction()
+
+function(meshrt_add_mpi_test)
+  cmake_parse_arguments(PARSE_ARGV 0 arg "" "NAME;NP;TIMEOUT" "SOURCES;LABELS;LIBRARIES;ARGS")
+  if(NOT arg_NAME OR NOT arg_SOURCES OR NOT arg_NP)
+    message(FATAL_ERROR "meshrt_add_mpi_test: NAME, SOURCES and NP are required")
+  endif()
+  add_executable(${arg_NAME} ${arg_SOURCES})
+  target_link_libraries(${arg_NAME} PRIVATE meshrt::gtest_main ${arg_LIBRARIES})
+  set(_timeout)
+  if(arg_TIMEOUT)
+    set(_timeout TIMEOUT ${arg_TIMEOUT})
+  endif()
+  meshrt_add_mpi_command_test(NAME ${arg_NAME} NP ${arg_NP} ${_timeout} LABELS ${arg_LABELS}
+                              COMMAND ${arg_NAME} ${arg_ARGS})
+endfunction()

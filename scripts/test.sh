@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite: sets up, builds with warnings as errors, runs every test through
+# ctest. Extra arguments go to ctest (e.g. -R ndslice). Settings (environment):
+#   MESHRT_TEST_LARGE=1   also run the tests labelled "large" (over 2 GiB of data)
+source "$(dirname "$0")/common.sh"
+ensure_packages "${MESHRT_PACKAGES[@]}"
+configure_and_build -DMESHRT_WERROR=ON
+mpi_local_environment
+
+exclude=()
+[ "${MESHRT_TEST_LARGE:-0}" = 1 ] || exclude=(-LE large)
+echo "== ctest"
+ctest --test-dir "$MESHRT_BUILD_DIR" --output-on-failure -j "$MESHRT_JOBS" "${exclude[@]}" "$@"

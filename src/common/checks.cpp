@@ -1,0 +1,53 @@
+#include "common/checks.hpp"
+
+#include <fmt/format.h>
+
+namespace meshrt::detail {
+namespace {
+
+std::string short_file(const char* file) {
+  std::string f(file);
+  if (auto pos = f.rfind("/src/"); pos != std::string::npos) f = f.substr(pos + 1);
+  return f;
+}
+
+int world_rank_or_minus_one() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  int rank = -1;
+  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+}  // namespace
+
+std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", code);
+  return std::string(text, static_cast<std::size_t>(len));
+}
+
+void throw_mpi_error(int code, const char* call, const char* file, int line) {
+  throw SystemError(fmt::format("rank {}: {} failed: {} (MPI error {}) at {}:{}", world_rank_or_minus_one(), call,
+                                mpi_error_string(code), code, short_file(file), line));
+}
+
+#if MESHRT_HAVE_CUDA
+void throw_cuda_error(int code, const char* call, const char* file, int line) {
+  throw SystemError(fmt::format("rank {}: {} failed: {} ({}) at {}:{}", world_rank_or_minus_one(), call,
+                                cudaGetErrorString(static_cast<cudaError_t>(code)),
+                                cudaGetErrorName(static_cast<cudaError_t>(code)), short_file(file), line));
+}
+#endif
+
+#if MESHRT_HAVE_NCCL
+void throw_nccl_error(int code, const char* call, const char* file, int line) {
+  throw SystemError(fmt::format("rank {}: {} failed: {} (NCCL error {}; last: {}) at {}:{}", world_rank_or_minus_one(), call,
+                                ncclGetErrorString(static_cast<ncclResult_t>(code)), code, ncclGetLastError(nullptr),
+                                short_file(file), line));
+}
+#endif
+
+}  // namespace meshrt::detail

@@ -1,0 +1,95 @@
+#include "meshrt/settings.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+
+#include "meshrt/error.hpp"
+
+namespace meshrt::settings {
+namespace {
+
+// The one table of meshrt's settings. Add a row here, nowhere else.
+constexpr std::array kSettings{
+    Setting{"MESHRT_LOG_LEVEL", "warning",
+            "Least severe log level written: trace, debug, info, warning, error, fatal"},
+    Setting{"MESHRT_LOG_DIR", "", "If set, each rank also logs to <dir>/meshrt.rank<N>.log"},
+    Setting{"MESHRT_GROUP_TIMEOUT", "300",
+            "Default timeout of StatelessGroup operations, seconds (0 = none)"},
+    Setting{"MESHRT_GROUP_CHUNK_BYTES", "1073741824",
+            "Largest single MPI message of a StatelessGroup transfer; bigger objects are chunked"},
+    Setting{"MESHRT_FLIGHT_RECORDER", "1000", "Commands each worker keeps in its flight recorder"},
+    Setting{"MESHRT_TEST_WATCHDOG", "",
+            "Seconds after which an MPI test binary names the running test and aborts the job"},
+};
+
+[[noreturn]] void bad_value(const Setting& s, const std::string& found, std::string_view expected) {
+  throw UsageError(fmt::format("setting {}: expected {}, found \"{}\" (default \"{}\")", s.name, expected,
+                               found, s.default_value));
+}
+
+}  // namespace
+
+std::span<const Setting> all() { return kSettings; }
+
+const Setting& find(std::string_view name) {
+  auto it = std::find_if(kSettings.begin(), kSettings.end(), [&](const Setting& s) { return s.name == name; });
+  if (it == kSettings.end()) {
+    throw UsageError(fmt::format("unknown setting {}: it is not in meshrt's settings table", name));
+  }
+  return *it;
+}
+
+std::optional<std::string> from_environment(std::string_view name) {
+  const Setting& s = find(name);
+  if (const char* v = std::getenv(std::string(s.name).c_str()); v != nullptr && *v != '\0') {
+    return std::string(v);
+  }
+  return std::nullopt;
+}
+
+std::string get(std::string_view name) {
+  if (auto v = from_environment(name)) return *v;
+  return std::string(find(name).default_value);
+}
+
+std::int64_t get_int(std::string_view name) {
+  const std::string text = get(name);
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || errno != 0 || *end != '\0') bad_value(find(name), text, "an integer");
+  return v;
+}
+
+double get_double(std::string_view name) {
+  const std::string text = get(name);
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || errno != 0 || *end != '\0') bad_value(find(name), text, "a number");
+  return v;
+}
+
+bool get_bool(std::string_view name) {
+  std::string text = get(name);
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (text == "1" || text == "true" || text == "yes" || text == "on") return true;
+  if (text == "0" || text == "false" || text == "no" || text == "off" || text.empty()) return false;
+  bad_value(find(name), text, "a boolean (1/0, true/false, yes/no, on/off)");
+}
+
+std::chrono::duration<double> get_seconds(std::string_view name) {
+  const std::string text = get(name);
+  if (text == "inf" || text == "none") return std::chrono::duration<double>::max();
+  const double v = get_double(name);
+  if (v < 0) bad_value(find(name), text, "a duration in seconds >= 0");
+  if (v == 0) return std::chrono::duration<double>::max();
+  return std::chrono::duration<double>(v);
+}
+
+}  // namespace meshrt::settings
