@@ -144,8 +144,9 @@ class Watchdog {
                                                     " failures so far:\n" + g_state.failures).c_str());
       std::fflush(stderr);
     }
-    // Ranks stuck inside a test speak first; the ones merely waiting give them a moment.
-    if (waiting) std::this_thread::sleep_for(std::chrono::seconds(2));
+    // Every rank's watchdog fires at about the same time: give all of them a moment to
+    // speak before the first MPI_Abort takes the job down, the merely waiting ones longer.
+    std::this_thread::sleep_for(std::chrono::seconds(waiting ? 3 : 1));
     MPI_Abort(MPI_COMM_WORLD, 142);  // 128 + SIGALRM: "timed out"
   }
 
