@@ -276,7 +276,7 @@ if [[ "${CHECK_PMI:-0}" == 1 ]]; then
                 --time=1 "$MESHRT_INFO" >"$TMP/jobs/srun-$mpi.out" 2>&1; then
             log "  --mpi=$mpi: works"
         else
-            log "  --mpi=$mpi: fails:"; grep -m 3 -E 'error|ERROR|not built' "$TMP/jobs/srun-$mpi.out" | sed 's/^/      /'
+            log "  --mpi=$mpi: fails:"; grep -a -m 3 -E 'error|ERROR|not built' "$TMP/jobs/srun-$mpi.out" | sed 's/^/      /'
         fi
     done
 fi
@@ -324,18 +324,21 @@ check_job() {
     if [[ ! -s "$out" ]]; then
         echo "[slurm-test]   $name: no output file $out" >&2; ok=0
     else
-        grep -q '^meshrt-job: exit code 0$' "$out" \
+        grep -aq '^meshrt-job: exit code 0$' "$out" \
             || { echo "[slurm-test]   $name: no 'meshrt-job: exit code 0' line" >&2; ok=0; }
-        local min n src
+        local min n
         while IFS= read -r pat; do
             [[ -z "$pat" ]] && continue
             min=1
             if [[ "$pat" =~ ^([0-9]+)\*(.*)$ ]]; then min=${BASH_REMATCH[1]}; pat=${BASH_REMATCH[2]}; fi
             # '^meshrt-job:' patterns look at the template's own lines, the
             # others only at what the program printed
-            if [[ "$pat" == '^meshrt-job:'* ]]; then src=$(cat "$out")
-            else src=$(grep -v '^meshrt-job:' "$out" || true); fi
-            n=$(grep -Ec -- "$pat" <<<"$src" || true)
+            # (-a: a program may print a stray NUL byte; still text to us)
+            if [[ "$pat" == '^meshrt-job:'* ]]; then
+                n=$(grep -aEc -- "$pat" "$out" || true)
+            else
+                n=$({ grep -av '^meshrt-job:' "$out" || true; } | grep -aEc -- "$pat" || true)
+            fi
             (( n >= min )) \
                 || { echo "[slurm-test]   $name: $n line(s) match /$pat/, expected at least $min" >&2; ok=0; }
         done <<<"${JOB_PATTERNS[$name]}"
@@ -343,7 +346,7 @@ check_job() {
     if [[ $ok == 1 ]]; then
         log "  ok: $name (${JOB_TEMPLATE[$name]})"
     else
-        echo "----- $out" >&2; cat "$out" >&2 2>/dev/null || true; echo "-----" >&2
+        echo "----- $out" >&2; tr -d '\000' <"$out" >&2 2>/dev/null || true; echo "-----" >&2
         FAILED+=("$name")
     fi
 }
