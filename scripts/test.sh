@@ -11,3 +11,13 @@ exclude=()
 [ "${MESHRT_TEST_LARGE:-0}" = 1 ] || exclude=(-LE large)
 echo "== ctest"
 ctest --test-dir "$MESHRT_BUILD_DIR" --output-on-failure -j "$MESHRT_JOBS" "${exclude[@]}" "$@"
+
+# The Slurm templates on a throw-away one-node cluster (needs root; about 12 s).
+if [ "${MESHRT_TEST_SLURM:-1}" = 1 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "== slurm templates"
+    "$MESHRT_ROOT/tests/slurm/run_slurm_tests.sh" "$MESHRT_BUILD_DIR"
+  else
+    echo "== slurm templates: skipped (needs root; MESHRT_TEST_SLURM=0 hides this)"
+  fi
+fi

@@ -5,6 +5,8 @@
 
 #include <boost/version.hpp>
 
+#include <cstring>
+
 #if MESHRT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -36,7 +38,8 @@ BuildInfo build_info() {
   char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
   int len = 0;
   MPI_Get_library_version(lib, &len);
-  info.mpi_library = std::string(lib, static_cast<std::size_t>(len));
+  // Some MPI libraries count the terminating NUL in `len`.
+  info.mpi_library = std::string(lib, strnlen(lib, static_cast<std::size_t>(len)));
   if (auto nl = info.mpi_library.find('\n'); nl != std::string::npos) info.mpi_library.resize(nl);
   while (!info.mpi_library.empty() && (info.mpi_library.back() == ',' || info.mpi_library.back() == ' ')) {
     info.mpi_library.pop_back();
