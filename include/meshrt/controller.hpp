@@ -1,0 +1,294 @@
+// The controller: the user's program on rank 0 drives every worker through these
+// handles (DESIGN.md section 5).
+//
+//   meshrt::Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
+//   meshrt::DTensor x = mesh.call("meshrt.full", {3, 4}, meshrt::DType::Float32, 1.0);
+//   meshrt::DTensor y = x.reduce("gpu", meshrt::Reduction::Sum);
+//   meshrt::Tensor v = ctl.fetch_shard(y, {{"host", 1}, {"gpu", 0}}).get();
+//
+// Every call returns at once: work is queued, batched per mesh and sent to the workers;
+// results come back through Futures. A shape, dimension or stream mistake raises
+// UsageError at the call, before anything is sent. A failure on a worker poisons only the
+// values that depend on it and surfaces as RemoteError from Future::get() or
+// synchronize(), naming the function, the rank(s), the worker's message and the line of
+// the controller program that issued it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <source_location>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "meshrt/error.hpp"
+#include "meshrt/ndslice.hpp"
+#include "meshrt/reduction.hpp"
+#include "meshrt/tensor.hpp"
+#include "meshrt/value.hpp"
+
+namespace meshrt {
+
+class Controller;
+class DTensor;
+class Mesh;
+class Stream;
+
+namespace detail {
+struct ControllerState;
+struct MeshState;
+struct TensorState;
+struct StreamState;
+struct FutureState;
+struct Node;
+}  // namespace detail
+
+// A function failed on a worker, or a value depends on one that did.
+class RemoteError : public Error {
+ public:
+  RemoteError(const std::string& what, std::uint64_t ident, std::string function, std::vector<int> ranks,
+              std::string worker_message, std::string issued_at)
+      : Error(what), ident_(ident), function_(std::move(function)), ranks_(std::move(ranks)),
+        worker_message_(std::move(worker_message)), issued_at_(std::move(issued_at)) {}
+  // The root cause: the first failed invocation this value depends on.
+  std::uint64_t ident() const noexcept { return ident_; }
+  const std::string& function() const noexcept { return function_; }
+  const std::vector<int>& ranks() const noexcept { return ranks_; }
+  const std::string& worker_message() const noexcept { return worker_message_; }
+  // "file:line (function)" of the controller call that issued the failed work.
+  const std::string& issued_at() const noexcept { return issued_at_; }
+
+ private:
+  std::uint64_t ident_;
+  std::string function_;
+  std::vector<int> ranks_;
+  std::string worker_message_;
+  std::string issued_at_;
+};
+
+// A registered function's name, with the controller call site that named it.
+struct FunctionName {
+  FunctionName(const char* n, std::source_location l = std::source_location::current()) : name(n), where(l) {}
+  FunctionName(std::string n, std::source_location l = std::source_location::current()) : name(std::move(n)), where(l) {}
+  FunctionName(std::string_view n, std::source_location l = std::source_location::current()) : name(n), where(l) {}
+  std::string name;
+  std::source_location where;
+};
+
+// One argument of a remote call: a DTensor, a number, a string, a bool, a dtype, a shape,
+// or a (nested) list of these.
+class Arg {
+ public:
+  Arg(const DTensor& t);
+  Arg(const Value& v) : value_(v) {}
+  Arg(DType d) : value_(std::string(name(d))) {}
+  Arg(bool b) : value_(b) {}
+  Arg(int i) : value_(i) {}
+  Arg(long i) : value_(i) {}
+  Arg(long long i) : value_(i) {}
+  Arg(unsigned i) : value_(i) {}
+  Arg(unsigned long i) : value_(i) {}
+  Arg(double d) : value_(d) {}
+  Arg(float f) : value_(f) {}
+  Arg(const char* s) : value_(s) {}
+  Arg(std::string s) : value_(std::move(s)) {}
+  Arg(const std::vector<std::int64_t>& shape) : value_(shape) {}
+  Arg(std::initializer_list<Arg> items);
+
+  const Value& value() const noexcept { return value_; }
+  const std::vector<DTensor>& tensors() const noexcept { return tensors_; }
+
+ private:
+  Value value_;                  // DTensors appear as Refs
+  std::vector<DTensor> tensors_;  // the DTensors referenced, in tree order
+};
+
+// A stream of work on the workers. Tensors belong to the stream that made them; using
+// one on another stream needs a borrow.
+class Stream {
+ public:
+  const std::string& name() const;
+  // A handle to `t` usable on this stream. A mutable borrow needs that no other borrow of
+  // `t` is active; while it is, only this stream may use `t`. End it with drop().
+  DTensor borrow(const DTensor& t, bool mutable_borrow = false,
+                 std::source_location where = std::source_location::current()) const;
+  friend bool operator==(const Stream& a, const Stream& b) noexcept { return a.state_ == b.state_; }
+
+ private:
+  friend class Controller;
+  friend class DTensor;
+  friend class Mesh;
+  explicit Stream(std::shared_ptr<detail::StreamState> s) : state_(std::move(s)) {}
+  std::shared_ptr<detail::StreamState> state_;
+};
+
+// A distributed tensor: one local tensor per rank of its mesh, all with meta().
+class DTensor {
+ public:
+  DTensor() = default;
+  const TensorMeta& meta() const;
+  Mesh mesh() const;
+  Stream stream() const;
+  bool defined() const noexcept { return state_ != nullptr; }
+
+  // The reduction over mesh dimension `dim` (DESIGN.md section 3's table).
+  DTensor reduce(std::string_view dim, Reduction reduction, bool scatter = false,
+                 std::source_location where = std::source_location::current()) const;
+  // In place (sum..bxor without scatter, and stack with scatter): this handle's value
+  // changes; handles that share it see the change.
+  DTensor& reduce_(std::string_view dim, Reduction reduction, bool scatter = false,
+                   std::source_location where = std::source_location::current());
+  // The same values, sent positionally to `target` (a mesh of the same sizes).
+  DTensor to_mesh(const Mesh& target, std::source_location where = std::source_location::current()) const;
+  // The part of this tensor on the sub-mesh where `dim` == index.
+  DTensor slice_mesh(std::string_view dim, std::int64_t index) const;
+  // Ends a borrow: the origin stream may use the tensor again (and waits for this one).
+  void drop(std::source_location where = std::source_location::current());
+
+ private:
+  friend class Arg;
+  friend class Controller;
+  friend class Mesh;
+  friend class Stream;
+  friend struct detail::ControllerState;
+  DTensor(std::shared_ptr<detail::TensorState> s, std::shared_ptr<detail::MeshState> mesh)
+      : state_(std::move(s)), mesh_(std::move(mesh)) {}
+  std::shared_ptr<detail::TensorState> state_;
+  std::shared_ptr<detail::MeshState> mesh_;  // the (sub-)mesh this handle covers
+};
+
+class Mesh {
+ public:
+  const std::vector<std::string>& names() const;
+  std::vector<std::int64_t> sizes() const;
+  std::int64_t size(std::string_view dim) const;
+  // The world ranks of the mesh.
+  const NDSlice& ranks() const;
+
+  // The sub-mesh where `dim` == index (the dimension is dropped).
+  Mesh slice(std::string_view dim, std::int64_t index) const;
+  // The sub-mesh of indices begin, begin+step, ... < end along `dim` (kept).
+  Mesh slice(std::string_view dim, std::int64_t begin, std::int64_t end, std::int64_t step = 1) const;
+  Mesh rename(std::string_view from, std::string to) const;
+  // Splits `dim` into dimensions of the given sizes (their product is size(dim)).
+  Mesh split(std::string_view dim, std::vector<std::pair<std::string, std::int64_t>> parts) const;
+  // One dimension `name` over all ranks, in row-major order of this mesh's coordinates.
+  Mesh flatten(std::string name) const;
+  // Each rank's coordinate along `dim`, as an int64 0-d tensor.
+  DTensor rank(std::string_view dim, std::source_location where = std::source_location::current()) const;
+
+  // Runs a registered function on every rank. Tensor arguments must be on this mesh and
+  // on one stream (the call runs there; with no tensor arguments, the default stream).
+  DTensor call(FunctionName fn) const { return one(call_n(std::move(fn), {})); }
+  DTensor call(FunctionName fn, Arg a) const { return one(call_n(std::move(fn), {std::move(a)})); }
+  DTensor call(FunctionName fn, Arg a, Arg b) const { return one(call_n(std::move(fn), {std::move(a), std::move(b)})); }
+  DTensor call(FunctionName fn, Arg a, Arg b, Arg c) const {
+    return one(call_n(std::move(fn), {std::move(a), std::move(b), std::move(c)}));
+  }
+  DTensor call(FunctionName fn, Arg a, Arg b, Arg c, Arg d) const {
+    return one(call_n(std::move(fn), {std::move(a), std::move(b), std::move(c), std::move(d)}));
+  }
+  DTensor call(FunctionName fn, Arg a, Arg b, Arg c, Arg d, Arg e) const {
+    return one(call_n(std::move(fn), {std::move(a), std::move(b), std::move(c), std::move(d), std::move(e)}));
+  }
+  DTensor call(FunctionName fn, Arg a, Arg b, Arg c, Arg d, Arg e, Arg f) const {
+    return one(call_n(std::move(fn), {std::move(a), std::move(b), std::move(c), std::move(d), std::move(e), std::move(f)}));
+  }
+  // Any number of arguments and outputs.
+  std::vector<DTensor> call_n(FunctionName fn, std::vector<Arg> args) const;
+  // The same on an explicit stream.
+  std::vector<DTensor> call_on(const Stream& stream, FunctionName fn, std::vector<Arg> args) const;
+
+  friend bool operator==(const Mesh& a, const Mesh& b) noexcept { return a.state_ == b.state_; }
+
+ private:
+  friend class Controller;
+  friend class DTensor;
+  friend class Stream;
+  friend struct detail::ControllerState;
+  explicit Mesh(std::shared_ptr<detail::MeshState> s) : state_(std::move(s)) {}
+  DTensor one(std::vector<DTensor> outputs) const;
+  std::shared_ptr<detail::MeshState> state_;
+};
+
+namespace detail {
+std::exception_ptr future_wait(FutureState& f, std::optional<std::chrono::duration<double>> timeout);
+bool future_done(FutureState& f);
+const Value& future_value(const FutureState& f);
+Tensor value_to_tensor(const Value& v);
+}  // namespace detail
+
+// A value that will come back from the workers.
+template <class T>
+class Future {
+ public:
+  // Waits; throws RemoteError if the value depends on a failure, TimeoutError (naming the
+  // ranks that have not reached the invocation and what they are on) after `timeout`.
+  T get() { return get_impl(std::nullopt); }
+  T get(std::chrono::duration<double> timeout) { return get_impl(timeout); }
+  // True once get() would return or throw without waiting.
+  bool done() { return detail::future_done(*state_); }
+  // Waits; the error get() would throw, or nullptr.
+  std::exception_ptr exception() { return detail::future_wait(*state_, std::nullopt); }
+
+ private:
+  friend class Controller;
+  explicit Future(std::shared_ptr<detail::FutureState> s) : state_(std::move(s)) {}
+  T get_impl(std::optional<std::chrono::duration<double>> timeout) {
+    if (auto e = detail::future_wait(*state_, timeout)) std::rethrow_exception(e);
+    if constexpr (std::is_same_v<T, Tensor>) {
+      return detail::value_to_tensor(detail::future_value(*state_));
+    } else {
+      return detail::future_value(*state_);
+    }
+  }
+  std::shared_ptr<detail::FutureState> state_;
+};
+
+class Controller {
+ public:
+  ~Controller();
+  Controller(const Controller&) = delete;
+  Controller& operator=(const Controller&) = delete;
+
+  // The mesh of every worker rank; the product of the sizes must equal their number.
+  Mesh world_mesh(std::vector<std::pair<std::string, std::int64_t>> dims);
+  // The stream `name` (created on first use); "default" is where work runs by default.
+  Stream stream(const std::string& name);
+  Stream default_stream();
+
+  // The local tensor of `t` at `coords` (one per mesh dimension; may be omitted for a
+  // mesh of one rank), optionally passed through a registered function on the worker.
+  Future<Tensor> fetch_shard(const DTensor& t, std::vector<std::pair<std::string, std::int64_t>> coords = {},
+                             std::optional<std::string> preprocess = std::nullopt,
+                             std::source_location where = std::source_location::current());
+
+  // Waits for all issued work; raises the first error no Future has reported.
+  void synchronize();
+  void synchronize(std::chrono::duration<double> timeout);
+  // Ends every worker's event loop and starts fresh ones: all meshes, tensors and streams
+  // are gone (using an old handle raises UsageError).
+  void restart_workers();
+
+  int world_size() const;
+  // Ranks that run workers (all ranks, or all but 0 with a dedicated controller).
+  const NDSlice& worker_ranks() const;
+  // How many values (tensors, meshes, streams) rank `rank`'s worker holds, as of its
+  // latest status (call synchronize() first for an exact figure).
+  std::uint64_t live_values(int rank) const;
+
+ private:
+  friend class Runtime;
+  friend class DTensor;
+  friend class Mesh;
+  friend class Stream;
+  explicit Controller(std::shared_ptr<detail::ControllerState> state);
+  std::shared_ptr<detail::ControllerState> state_;
+};
+
+}  // namespace meshrt

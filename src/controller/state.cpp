@@ -1,0 +1,312 @@
+// The controller's machinery: batching, replies, the completion rule and the dependency
+// graph (DESIGN.md sections 3 and 8).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <thread>
+
+#include "controller/state.hpp"
+#include "meshrt/log.hpp"
+
+namespace meshrt::detail {
+
+std::string describe(const std::source_location& where) {
+  return fmt::format("{}:{} ({})", std::filesystem::path(where.file_name()).filename().string(), where.line(),
+                     where.function_name());
+}
+
+std::vector<int> to_dests(const NDSlice& slice) {
+  std::vector<int> out;
+  out.reserve(static_cast<std::size_t>(slice.len()));
+  for (auto r : slice) out.push_back(static_cast<int>(r));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::int64_t MeshState::dim_index(std::string_view dim) const {
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == dim) return static_cast<std::int64_t>(i);
+  }
+  throw UsageError(fmt::format("unknown mesh dimension '{}': the mesh has dimensions [{}]", dim, fmt::join(names, ", ")));
+}
+
+TensorState::~TensorState() {
+  auto ctl = controller.lock();
+  if (!ctl || ctl->epoch != epoch || !home) return;
+  if (origin && !dropped) {
+    MESHRT_LOG(warning) << "a tensor borrowed on stream '" << stream->name
+                        << "' was destroyed without drop(); dropping it now";
+    origin->active_borrows--;
+    if (borrow_mutable) origin->mutably_borrowed = false;
+    ctl->pending_drops.emplace_back(home->dests, ref);
+  }
+  // Borrows share the origin's value on the workers under their own ref.
+  ctl->pending_deletes[home->dests].push_back(ref);
+  ctl->pending_delete_count++;
+}
+
+ControllerState::ControllerState(MPI_Comm control, int size, NDSlice workers_slice)
+    : channel(control), world_size(size), worker_ranks(std::move(workers_slice)) {
+  all_dests = to_dests(worker_ranks);
+  for (int r : all_dests) workers[r];
+}
+
+ControllerState::~ControllerState() = default;
+
+void ControllerState::check_epoch(std::uint64_t e, std::string_view what) const {
+  if (e != epoch) {
+    throw UsageError(fmt::format("this {} was made before restart_workers(); the workers no longer have it", what));
+  }
+}
+
+std::shared_ptr<Node> ControllerState::make_node(Ident ident, std::string what, const std::source_location& where,
+                                                 std::vector<std::shared_ptr<Node>> inputs) {
+  auto n = std::make_shared<Node>();
+  n->ident = ident;
+  n->what = std::move(what);
+  n->issued_at = describe(where);
+  // Inputs already known clean add nothing: drop them so chains stay short.
+  for (auto& i : inputs) {
+    if (i && !i->clean) n->inputs.push_back(std::move(i));
+  }
+  return n;
+}
+
+std::shared_ptr<StreamState> ControllerState::stream(const std::string& name) {
+  auto& s = streams[name];
+  if (!s) {
+    s = std::make_shared<StreamState>();
+    s->controller = weak_from_this();
+    s->epoch = epoch;
+    s->ref = new_ref();
+    s->name = name;
+    s->is_default = name == "default";
+  }
+  return s;
+}
+
+void ControllerState::ensure_mesh(MeshState& mesh) {
+  check_epoch(mesh.epoch, "mesh");
+  if (mesh.created) return;
+  mesh.created = true;
+  append(mesh.dests, protocol::CreateDeviceMesh{mesh.ref, mesh.names, mesh.ranks});
+}
+
+void ControllerState::ensure_stream(StreamState& stream) {
+  check_epoch(stream.epoch, "stream");
+  if (stream.created) return;
+  stream.created = true;
+  append(all_dests, protocol::CreateStream{stream.ref, stream.is_default});
+}
+
+void ControllerState::append(const std::vector<int>& dests, protocol::Command c, Ident ident) {
+  if (!batch.empty() && dests != batch_dests) flush();
+  if (batch.empty()) {
+    batch_dests = dests;
+    batch_started = std::chrono::steady_clock::now();
+    // Deletes and drops ride ahead of the next command to their ranks.
+    if (auto it = pending_deletes.find(dests); it != pending_deletes.end()) {
+      pending_delete_count -= it->second.size();
+      batch.emplace_back(protocol::DeleteRefs{std::move(it->second)});
+      pending_deletes.erase(it);
+    }
+  }
+  batch.push_back(std::move(c));
+  if (ident != 0) {
+    for (int r : dests) workers[r].outstanding.push_back(ident);
+  }
+  if (batch.size() >= batch_limit || std::chrono::steady_clock::now() - batch_started > batch_time_limit) flush();
+  if (pending_delete_count > 4096) flush_deferred();
+}
+
+void ControllerState::flush() {
+  if (batch.empty()) return;
+  std::shared_ptr<Bytes> bytes;
+  if (batch.size() == 1) {
+    bytes = std::make_shared<Bytes>(protocol::encode(batch.front()));
+  } else {
+    bytes = std::make_shared<Bytes>(protocol::encode(protocol::Command{protocol::CommandGroup{std::move(batch)}}));
+  }
+  batch.clear();
+  channel.send(batch_dests, kCommandTag, std::move(bytes));
+}
+
+void ControllerState::flush_deferred() {
+  for (auto& [dests, ref] : pending_drops) append(dests, protocol::BorrowDrop{ref});
+  pending_drops.clear();
+  auto deletes = std::move(pending_deletes);
+  pending_deletes.clear();
+  pending_delete_count = 0;
+  for (auto& [dests, refs] : deletes) append(dests, protocol::DeleteRefs{std::move(refs)});
+  flush();
+}
+
+void ControllerState::poll_replies() {
+  Bytes rx;
+  int from = -1;
+  while (channel.try_receive(MPI_ANY_SOURCE, kReplyTag, rx, &from)) {
+    protocol::Reply reply = protocol::decode_reply(rx);
+    WorkerTrack& w = workers[from];
+    auto completed = [&w](Ident before) {
+      w.reported = std::max(w.reported, before);
+      while (!w.outstanding.empty() && w.outstanding.front() < before) w.outstanding.pop_front();
+    };
+    std::visit(
+        [&](auto& r) {
+          using R = std::decay_t<decltype(r)>;
+          if constexpr (std::is_same_v<R, protocol::Status>) {
+            completed(r.first_uncompleted_ident);
+            w.live_values = r.live_values;
+          } else if constexpr (std::is_same_v<R, protocol::RemoteFunctionFailed>) {
+            Failure& f = failures[r.ident];
+            f.function = r.function;
+            f.message = r.error;
+            f.exception_type = r.exception_type;
+            f.ranks.insert(r.rank);
+          } else if constexpr (std::is_same_v<R, protocol::FetchResult>) {
+            if (auto it = fetches.find(r.ident); it != fetches.end()) {
+              if (auto fut = it->second.lock()) fut->value = std::move(r.value);
+            }
+          } else if constexpr (std::is_same_v<R, protocol::Restarted>) {
+            restarted++;
+          }
+        },
+        reply);
+  }
+  channel.reap();
+  // Forget what every worker has finished.
+  const Ident done = frontier();
+  ident_what.erase(ident_what.begin(), ident_what.upper_bound(done));
+}
+
+Ident ControllerState::frontier() const {
+  Ident f = next_ident - 1;
+  for (const auto& [rank, w] : workers) {
+    if (!w.outstanding.empty()) f = std::min(f, w.outstanding.front() - 1);
+  }
+  return f;
+}
+
+void ControllerState::request_status(Ident ident) {
+  std::vector<int> lagging;
+  for (auto& [rank, w] : workers) {
+    if (!w.outstanding.empty() && w.outstanding.front() <= ident && w.status_requested < ident) {
+      lagging.push_back(rank);
+      w.status_requested = ident;
+    }
+  }
+  if (lagging.empty()) return;
+  // One batch per rank keeps each rank's commands in order behind what it was sent.
+  flush();
+  for (int r : lagging) append({r}, protocol::RequestStatus{ident});
+  flush();
+}
+
+std::string ControllerState::lagging_report(Ident ident) const {
+  std::string out;
+  for (const auto& [rank, w] : workers) {
+    if (w.outstanding.empty() || w.outstanding.front() > ident) continue;
+    const Ident on = w.outstanding.front();
+    auto it = ident_what.find(on);
+    out += fmt::format("\n  rank {}: finished everything before invocation {}; it is on invocation {} ({})", rank, on,
+                       on, it != ident_what.end() ? it->second : "?");
+  }
+  return out;
+}
+
+void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<double>> timeout,
+                               const std::string& what) {
+  flush_deferred();
+  const auto start = std::chrono::steady_clock::now();
+  Backoff backoff;
+  for (;;) {
+    poll_replies();
+    if (frontier() >= ident) return;
+    request_status(ident);
+    if (timeout && std::chrono::steady_clock::now() - start > *timeout) {
+      std::vector<int> missing;
+      for (const auto& [rank, w] : workers) {
+        if (!w.outstanding.empty() && w.outstanding.front() <= ident) missing.push_back(rank);
+      }
+      throw TimeoutError(fmt::format("{} did not complete within {:.3g} s: rank{} {} not reached it:{}", what,
+                                     timeout->count(), missing.size() == 1 ? "" : "s", fmt::join(missing, ", "),
+                                     lagging_report(ident)),
+                         missing);
+    }
+    backoff.pause();
+  }
+}
+
+std::exception_ptr ControllerState::failure_of(const std::shared_ptr<Node>& root, const std::string& subject) {
+  const Ident done = frontier();
+  // Iterative search (chains can be long): the failed invocation with the smallest ident.
+  struct Item {
+    Node* node;
+    std::size_t parent;
+  };
+  std::vector<Item> seen{{root.get(), SIZE_MAX}};
+  std::set<Node*> visited{root.get()};
+  std::size_t best = SIZE_MAX;
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    Node* n = seen[i].node;
+    if (n->clean) continue;
+    if (n->ident != 0) {
+      if (auto f = failures.find(n->ident); f != failures.end()) {
+        if (best == SIZE_MAX || n->ident < seen[best].node->ident) best = i;
+        continue;
+      }
+    }
+    for (auto& in : n->inputs) {
+      if (visited.insert(in.get()).second) seen.push_back({in.get(), i});
+    }
+  }
+  if (best == SIZE_MAX) {
+    // Everything reachable is complete and clean: prune, so later checks stop here.
+    for (auto& item : seen) {
+      Node* n = item.node;
+      if (!n->clean && (n->ident == 0 || n->ident <= done)) {
+        bool inputs_clean = std::all_of(n->inputs.begin(), n->inputs.end(), [](auto& p) { return p->clean; });
+        if (inputs_clean) {
+          n->clean = true;
+          n->inputs.clear();
+        }
+      }
+    }
+    // A second pass catches parents whose inputs became clean above (children come later
+    // in `seen`, so walk backwards).
+    for (auto it = seen.rbegin(); it != seen.rend(); ++it) {
+      Node* n = it->node;
+      if (!n->clean && (n->ident == 0 || n->ident <= done) &&
+          std::all_of(n->inputs.begin(), n->inputs.end(), [](auto& p) { return p->clean; })) {
+        n->clean = true;
+        n->inputs.clear();
+      }
+    }
+    return nullptr;
+  }
+  Node* cause = seen[best].node;
+  Failure& f = failures.at(cause->ident);
+  f.observed = true;
+  const std::vector<int> ranks(f.ranks.begin(), f.ranks.end());
+  std::string head = fmt::format("{} failed on rank{} {} (invocation {}, issued at {}): {}", f.function,
+                                 ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "), cause->ident, cause->issued_at,
+                                 f.message);
+  std::string text;
+  if (cause == root.get()) {
+    text = head;
+  } else {
+    std::vector<std::string> chain;
+    for (std::size_t i = best; i != SIZE_MAX; i = seen[i].parent) {
+      const Node* n = seen[i].node;
+      chain.push_back(n->ident ? fmt::format("{} (invocation {}, {})", n->what, n->ident, n->issued_at)
+                               : fmt::format("{} ({})", n->what, n->issued_at));
+    }
+    std::reverse(chain.begin(), chain.end());
+    text = fmt::format("{} depends on a failed invocation: {}\n  chain: {}", subject, head, fmt::join(chain, " <- "));
+  }
+  return std::make_exception_ptr(RemoteError(text, cause->ident, f.function, ranks, f.message, cause->issued_at));
+}
+
+}  // namespace meshrt::detail

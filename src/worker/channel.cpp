@@ -1,0 +1,85 @@
+#include "worker/channel.hpp"
+
+#include <sched.h>
+
+#include <thread>
+
+#include "common/checks.hpp"
+
+namespace meshrt::detail {
+
+Channel::~Channel() {
+  // Sends still in flight at destruction belong to a peer that stopped listening (a
+  // failed job); cancel rather than hang.
+  for (auto& s : sends_) {
+    MPI_Cancel(&s.request);
+    MPI_Request_free(&s.request);
+  }
+}
+
+bool Channel::try_receive(int source, int tag, Bytes& out, int* from) {
+  int flag = 0;
+  MPI_Message message;
+  MPI_Status status;
+  MESHRT_MPI_CHECK(MPI_Improbe(source, tag, comm_, &flag, &message, &status));
+  if (!flag) return false;
+  int count = 0;
+  MESHRT_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &count));
+  out.resize(static_cast<std::size_t>(count));
+  MESHRT_MPI_CHECK(MPI_Mrecv(out.data(), count, MPI_BYTE, &message, MPI_STATUS_IGNORE));
+  if (from != nullptr) *from = status.MPI_SOURCE;
+  return true;
+}
+
+void Channel::send(const std::vector<int>& dests, int tag, std::shared_ptr<const Bytes> bytes) {
+  if (bytes->size() > static_cast<std::size_t>(INT32_MAX)) {
+    throw UsageError("control message of " + std::to_string(bytes->size()) +
+                     " bytes: expected at most 2 GiB; fetch large tensors in pieces");
+  }
+  for (int dest : dests) {
+    Send s{MPI_REQUEST_NULL, bytes};
+    MESHRT_MPI_CHECK(MPI_Isend(bytes->data(), static_cast<int>(bytes->size()), MPI_BYTE, dest, tag, comm_, &s.request));
+    sends_.push_back(std::move(s));
+  }
+  reap();
+}
+
+void Channel::reap() {
+  while (!sends_.empty()) {
+    int done = 0;
+    MESHRT_MPI_CHECK(MPI_Test(&sends_.front().request, &done, MPI_STATUS_IGNORE));
+    if (!done) break;
+    sends_.pop_front();
+  }
+}
+
+bool Channel::drain(std::chrono::duration<double> timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);
+  Backoff backoff;
+  for (;;) {
+    reap();
+    if (sends_.empty()) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    backoff.pause();
+  }
+}
+
+void Backoff::pause() {
+  using namespace std::chrono;
+  const auto now = steady_clock::now();
+  if (idle_since_ == steady_clock::time_point{}) {
+    idle_since_ = now;
+    sleep_ = microseconds(0);
+  }
+  const auto idle = now - idle_since_;
+  // Yield rather than spin: on an oversubscribed node the peer we wait for may need
+  // this very core.
+  if (idle < milliseconds(2)) {
+    sched_yield();
+    return;
+  }
+  sleep_ = std::min(microseconds(1000), sleep_ < microseconds(10) ? microseconds(10) : sleep_ * 2);
+  std::this_thread::sleep_for(sleep_);
+}
+
+}  // namespace meshrt::detail

@@ -1,0 +1,315 @@
+#include "meshrt/worker.hpp"
+
+#include <fmt/format.h>
+
+#include <boost/core/demangle.hpp>
+
+#include <chrono>
+#include <deque>
+#include <optional>
+#include <typeinfo>
+#include <unordered_map>
+#include <variant>
+
+#include "common/checks.hpp"
+#include "meshrt/comm.hpp"
+#include "meshrt/functions.hpp"
+#include "meshrt/log.hpp"
+#include "meshrt/protocol.hpp"
+#include "worker/channel.hpp"
+
+namespace meshrt {
+namespace {
+
+using namespace protocol;
+using comm::DependentOnError;
+using Clock = std::chrono::steady_clock;
+
+struct StreamValue {
+  std::uint64_t id = 0;
+  bool is_default = true;
+};
+
+// A worker's value for a ref: a tensor, the marker of a failed dependency, a mesh or a
+// stream.
+using EnvValue = std::variant<Tensor, DependentOnError, std::shared_ptr<comm::WorkerMesh>, StreamValue>;
+
+// Thrown while looking up the inputs of a command that depends on a failure: the
+// command's outputs are re-marked silently (the controller already knows).
+struct Poisoned {
+  DependentOnError marker;
+};
+
+}  // namespace
+
+struct Worker::Impl {
+  explicit Impl(WorkerOptions o) : opt(o), channel(o.control) {}
+
+  WorkerOptions opt;
+  detail::Channel channel;
+  std::unordered_map<std::uint64_t, EnvValue> env;
+  std::deque<Command> queue;
+
+  struct InFlight {
+    std::unique_ptr<comm::Pending> op;
+    std::optional<Ref> result;  // defined when the operation completes
+  };
+  std::optional<InFlight> in_flight;
+
+  Ident first_uncompleted = 0;
+  Ident last_status_sent = 0;
+  Clock::time_point last_status_time = Clock::now();
+  std::optional<WorkerExit> exit;
+  detail::Bytes rx;
+
+  // ------------------------------------------------------------------ replies
+
+  void reply(const Reply& r) {
+    auto bytes = std::make_shared<detail::Bytes>(encode(r));
+    channel.send(detail::kControllerRank, detail::kReplyTag, std::move(bytes));
+  }
+
+  void send_status(bool force) {
+    if (!force && first_uncompleted <= last_status_sent) return;
+    reply(Status{first_uncompleted, static_cast<std::uint64_t>(env.size())});
+    last_status_sent = first_uncompleted;
+    last_status_time = Clock::now();
+  }
+
+  void report_failure(Ident ident, const std::string& function, const std::exception& e) {
+    MESHRT_LOG(warning) << "function " << function << " (ident " << ident << ") failed: " << e.what();
+    reply(RemoteFunctionFailed{ident, e.what(), opt.rank, function, boost::core::demangle(typeid(e).name())});
+  }
+
+  // ------------------------------------------------------------------ values
+
+  void define(Ref r, EnvValue v) { env.insert_or_assign(r.id, std::move(v)); }
+
+  const EnvValue& get(Ref r, std::string_view role) const {
+    auto it = env.find(r.id);
+    if (it == env.end()) {
+      throw UsageError(fmt::format("rank {}: {} ref {} is not defined on this worker (deleted, or never sent here)",
+                                   opt.rank, role, r.id));
+    }
+    return it->second;
+  }
+
+  template <class T>
+  const T& get_as(Ref r, std::string_view role) const {
+    const EnvValue& v = get(r, role);
+    if (const auto* marker = std::get_if<DependentOnError>(&v)) throw Poisoned{*marker};
+    if (const auto* t = std::get_if<T>(&v)) return *t;
+    throw UsageError(fmt::format("rank {}: {} ref {} holds a value of another kind", opt.rank, role, r.id));
+  }
+
+  // A tensor input, or the marker that stands in for it.
+  comm::Input input(Ref r) const {
+    const EnvValue& v = get(r, "tensor");
+    if (const auto* marker = std::get_if<DependentOnError>(&v)) return *marker;
+    if (const auto* t = std::get_if<Tensor>(&v)) return *t;
+    throw UsageError(fmt::format("rank {}: ref {} is not a tensor", opt.rank, r.id));
+  }
+
+  // Replaces every Ref in an argument tree by its tensor.
+  Value resolve(const Value& v) const {
+    return v.map([this](const Value& leaf) -> Value {
+      if (!leaf.is_ref()) return leaf;
+      return Value(get_as<Tensor>(leaf.as_ref(), "argument"));
+    });
+  }
+
+  CallContext context(Ref mesh_ref, Ref stream_ref) const {
+    const StreamValue& stream = get_as<StreamValue>(stream_ref, "stream");
+    if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, stream.id);
+    const auto& mesh = get_as<std::shared_ptr<comm::WorkerMesh>>(mesh_ref, "mesh");
+    return CallContext(opt.rank, mesh->names(), mesh->coordinates(), stream.id);
+  }
+
+  // ------------------------------------------------------------------ commands
+
+  void execute(Command& command) {
+    std::visit([this](auto& c) { run(c); }, command);
+  }
+
+  void run(CreateDeviceMesh& c) {
+    define(c.result, std::make_shared<comm::WorkerMesh>(c.names, c.ranks, opt.world));
+  }
+
+  void run(CreateStream& c) { define(c.result, StreamValue{c.result.id, c.is_default}); }
+
+  template <class Body>
+  void invocation(Ident ident, const std::string& function, const std::vector<Ref>& results,
+                  const std::vector<Ref>& mutates, Body&& body) {
+    try {
+      body();
+    } catch (const Poisoned& p) {
+      for (Ref r : results) define(r, p.marker);
+      for (Ref r : mutates) define(r, p.marker);
+    } catch (const std::exception& e) {
+      for (Ref r : results) define(r, DependentOnError{ident});
+      for (Ref r : mutates) define(r, DependentOnError{ident});
+      report_failure(ident, function, e);
+    }
+    first_uncompleted = std::max(first_uncompleted, ident + 1);
+  }
+
+  void run(CallFunction& c) {
+    invocation(c.ident, c.function, c.results, c.mutates, [&] {
+      CallContext ctx = context(c.mesh, c.stream);
+      std::vector<Value> args;
+      args.reserve(c.args.size());
+      for (const Value& a : c.args) args.push_back(resolve(a));
+      const functions::Function& fn = functions::lookup(c.function);
+      Args kernel_args(c.function, std::move(args));
+      std::vector<Tensor> outputs = fn.kernel(ctx, kernel_args);
+      if (outputs.size() != c.results.size()) {
+        throw UsageError(fmt::format("{} returned {} tensors on rank {}; its shape function declared {}", c.function,
+                                     outputs.size(), opt.rank, c.results.size()));
+      }
+      for (std::size_t i = 0; i < outputs.size(); ++i) define(c.results[i], std::move(outputs[i]));
+    });
+  }
+
+  void run(FetchValue& c) {
+    const std::string function = c.function.value_or("fetch");
+    invocation(c.ident, function, {}, c.mutates, [&] {
+      Value value = resolve(c.value);
+      if (c.function) {
+        CallContext ctx = context(Ref{0}, c.stream);
+        Args args(*c.function, std::vector<Value>{std::move(value)});
+        std::vector<Tensor> outputs = functions::lookup(*c.function).kernel(ctx, args);
+        value = outputs.size() == 1 ? Value(outputs[0]) : Value(Value::List(outputs.begin(), outputs.end()));
+      }
+      // Device tensors travel as host copies.
+      value = value.map([](const Value& leaf) {
+        return leaf.is_tensor() && !leaf.as_tensor().device().is_cpu() ? Value(leaf.as_tensor().to(Device::cpu())) : leaf;
+      });
+      reply(FetchResult{c.ident, std::move(value)});
+    });
+  }
+
+  void run(Reduce& c) {
+    const auto& mesh = std::get<std::shared_ptr<comm::WorkerMesh>>(get(c.mesh, "mesh"));
+    in_flight = InFlight{comm::start_reduce(*mesh, c.dim, c.reduction, c.scatter, c.inplace, input(c.tensor), c.factory),
+                         c.result};
+  }
+
+  void run(SendTensor& c) {
+    const bool sends = c.from_ranks.contains(opt.rank);
+    const bool receives = c.to_ranks.contains(opt.rank);
+    comm::Input in = sends ? input(c.tensor) : comm::Input(Tensor());
+    in_flight = InFlight{comm::start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory),
+                         receives ? std::optional<Ref>(c.result) : std::nullopt};
+  }
+
+  void finish_in_flight() {
+    comm::Outcome out = in_flight->op->take();
+    if (in_flight->result) {
+      if (out.broken) define(*in_flight->result, *out.broken);
+      else define(*in_flight->result, std::move(out.tensor));
+    }
+    in_flight.reset();
+  }
+
+  void run(BorrowCreate& c) {
+    // On the CPU the streams of a worker run in order, so a borrow is an alias whose
+    // rules the controller enforces; the value (or its failure marker) is shared.
+    define(c.result, get(c.tensor, "borrowed tensor"));
+  }
+  void run(BorrowFirstUse&) {}
+  void run(BorrowDrop&) {}
+
+  void run(DeleteRefs& c) {
+    for (Ref r : c.refs) env.erase(r.id);
+  }
+
+  void run(CommandGroup& c) {
+    // Its commands run next, in order, before anything that arrived after the group.
+    for (auto it = c.commands.rbegin(); it != c.commands.rend(); ++it) queue.push_front(std::move(*it));
+  }
+
+  void run(RequestStatus& c) {
+    first_uncompleted = std::max(first_uncompleted, c.ident + 1);
+    send_status(true);
+  }
+
+  void run(Exit& c) { exit = c.restart ? WorkerExit::Restart : WorkerExit::Shutdown; }
+
+  // Runs one command; a failure outside any invocation (a broken collective set-up, a
+  // bad ref) is logged and reported against the next ident so it is never silent.
+  void step(Command command) {
+    try {
+      execute(command);
+    } catch (const Poisoned&) {
+      // A mesh or stream that depends on a failure: nothing to run.
+    } catch (const std::exception& e) {
+      MESHRT_LOG(error) << "rank " << opt.rank << ": " << name(command) << " failed: " << e.what();
+      reply(RemoteFunctionFailed{first_uncompleted, fmt::format("{} failed: {}", name(command), e.what()), opt.rank,
+                                 std::string(name(command)), boost::core::demangle(typeid(e).name())});
+    }
+  }
+
+  bool receive() {
+    bool any = false;
+    while (channel.try_receive(detail::kControllerRank, detail::kCommandTag, rx)) {
+      any = true;
+      try {
+        queue.push_back(decode_command(rx));
+      } catch (const ProtocolError& e) {
+        MESHRT_LOG(error) << "rank " << opt.rank << ": dropped an undecodable command of " << rx.size()
+                          << " bytes: " << e.what();
+        reply(RemoteFunctionFailed{first_uncompleted, fmt::format("undecodable command: {}", e.what()), opt.rank,
+                                   "<protocol>", "meshrt::ProtocolError"});
+      }
+    }
+    return any;
+  }
+
+  WorkerExit loop() {
+    detail::Backoff backoff;
+    const auto interval = std::chrono::duration<double>(opt.status_interval_seconds);
+    while (!exit) {
+      bool worked = receive();
+      if (in_flight && in_flight->op->test()) {
+        finish_in_flight();
+        worked = true;
+      }
+      while (!in_flight && !queue.empty() && !exit) {
+        Command command = std::move(queue.front());
+        queue.pop_front();
+        step(std::move(command));
+        worked = true;
+      }
+      if (Clock::now() - last_status_time > interval) send_status(false);
+      channel.reap();
+      if (worked) backoff.reset();
+      else backoff.pause();
+    }
+    send_status(false);
+    channel.drain(std::chrono::seconds(30));
+    return *exit;
+  }
+};
+
+Worker::Worker(WorkerOptions options) : impl_(std::make_unique<Impl>(options)) {}
+Worker::~Worker() = default;
+
+WorkerExit Worker::run() { return impl_->loop(); }
+
+void Worker::serve(const WorkerOptions& options) {
+  for (;;) {
+    WorkerExit kind;
+    {
+      Worker worker(options);
+      kind = worker.run();
+    }
+    if (kind == WorkerExit::Shutdown) return;
+    // A fresh loop: the old one's values, meshes and communicators are gone.
+    detail::Channel channel(options.control);
+    channel.send(detail::kControllerRank, detail::kReplyTag,
+                 std::make_shared<detail::Bytes>(protocol::encode(protocol::Reply{protocol::Restarted{}})));
+    channel.drain(std::chrono::seconds(30));
+  }
+}
+
+}  // namespace meshrt
