@@ -19,17 +19,13 @@
 #include <vector>
 
 #include "meshrt/ndslice.hpp"
+#include "meshrt/reduction.hpp"
 #include "meshrt/tensor.hpp"
 #include "meshrt/value.hpp"
 
 namespace meshrt {
 
-// Reductions over a mesh dimension (DESIGN.md section 3).
-enum class Reduction : std::uint8_t { Stack, Sum, Avg, Product, Min, Max, BAnd, BOr, BXor };
-inline constexpr int kNumReductions = 9;
-// "stack", "sum", "avg", "product", "min", "max", "band", "bor", "bxor".
-std::string_view name(Reduction r) noexcept;
-Reduction parse_reduction(std::string_view text);  // throws UsageError listing the names
+// Reduction, name(Reduction) and parse_reduction come from meshrt/reduction.hpp.
 
 namespace protocol {
 

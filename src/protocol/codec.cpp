@@ -30,22 +30,6 @@ static_assert(std::endian::native == std::endian::little,
               "the meshrt wire format is little-endian; a big-endian port needs byte swaps in Writer/Reader");
 static_assert(sizeof(Ref) == sizeof(std::uint64_t) && std::is_trivially_copyable_v<Ref>);
 
-namespace {
-constexpr std::string_view kReductionNames[] = {"stack", "sum", "avg", "product", "min", "max", "band", "bor", "bxor"};
-}  // namespace
-
-std::string_view name(Reduction r) noexcept {
-  const auto i = static_cast<std::size_t>(r);
-  return i < std::size(kReductionNames) ? kReductionNames[i] : std::string_view("invalid");
-}
-
-Reduction parse_reduction(std::string_view text) {
-  for (std::size_t i = 0; i < std::size(kReductionNames); ++i) {
-    if (kReductionNames[i] == text) return static_cast<Reduction>(i);
-  }
-  throw UsageError(fmt::format("reduction: expected one of {}, found '{}'", fmt::join(kReductionNames, ", "), text));
-}
-
 namespace protocol {
 
 bool operator==(const CommandGroup& a, const CommandGroup& b) { return a.commands == b.commands; }
