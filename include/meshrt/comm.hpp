@@ -1,0 +1,201 @@
+// comm: device meshes on a worker, their communicators, and the data plane that moves
+// tensors between ranks (DESIGN.md sections 1 and 3: Reduce and SendTensor).
+//
+// CPU tensors go through MPI; CUDA tensors go through NCCL when meshrt is built with it.
+// Every operation exists in two forms: start_*() returns a Pending that the worker's
+// event loop polls between control messages (so it keeps answering the controller while
+// a collective is in flight), and a blocking convenience (reduce(), send_tensor()).
+//
+// Broken inputs (DESIGN.md "Collectives with broken inputs"): an Input holding
+// DependentOnError still joins the collective or send, with factory.zeros(), so that no
+// peer deadlocks. The Outcome of a reduction on that rank is marked broken with the same
+// ident. Peers of a broken rank cannot know locally that the values they received are
+// poisoned (zeros arrive like any other data): their Outcome is NOT marked broken, and it
+// is the controller, which saw the failure first, that marks the dependent values.
+//
+// mpi.h appears here because the worker owns communicators directly (control, p2p).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "meshrt/config.hpp"
+#include "meshrt/ndslice.hpp"
+#include "meshrt/reduction.hpp"
+#include "meshrt/tensor.hpp"
+
+#if MESHRT_HAVE_NCCL
+// NCCL's own spelling of its handle, so nccl.h stays out of this header.
+typedef struct ncclComm* ncclComm_t;  // NOLINT(modernize-use-using): must match nccl.h
+#endif
+
+namespace meshrt {
+
+// A poisoned value: the ident of the invocation whose failure it depends on.
+struct DependentOnError {
+  std::uint64_t ident = 0;
+  friend bool operator==(const DependentOnError&, const DependentOnError&) = default;
+};
+
+// What a command hands to the data plane: a tensor, or the marker of a broken one.
+using Input = std::variant<Tensor, DependentOnError>;
+
+// What a command defines. `tensor` is undefined on a rank that only sends.
+struct Outcome {
+  Tensor tensor;
+  std::optional<DependentOnError> broken;
+};
+
+// How a per-dimension NCCL communicator is created (see WorkerMesh::nccl_comm).
+enum class NcclCreation : std::uint8_t {
+  InitRank,  // coordinate 0 of each line: ncclGetUniqueId, MPI_Bcast, ncclCommInitRank
+  Split,     // ncclCommSplit of one per-mesh NCCL communicator
+};
+
+// One device mesh as one of its members sees it: names of dimensions, the NDSlice of
+// world ranks, this rank's coordinates and the communicators of each dimension.
+//
+// Constructing it is collective over the members only (MPI_Comm_create_group): ranks
+// outside the mesh take no part and may be busy with anything else. Per-dimension
+// communicators are created on first use; that is safe because every member receives
+// the command that triggers it in the same order.
+class WorkerMesh {
+ public:
+  // `ranks` holds ranks of `world`, which must include the calling rank. Throws
+  // UsageError for names.size() != ranks.ndim(), a repeated or empty name, or a caller
+  // that is not a member.
+  WorkerMesh(std::vector<std::string> names, NDSlice ranks, MPI_Comm world);
+  ~WorkerMesh();
+  WorkerMesh(const WorkerMesh&) = delete;
+  WorkerMesh& operator=(const WorkerMesh&) = delete;
+
+  const std::vector<std::string>& names() const noexcept;
+  const NDSlice& ranks() const noexcept;
+  std::size_t ndim() const noexcept;
+  // This rank's coordinates in the mesh, one per dimension.
+  const std::vector<std::int64_t>& coordinates() const noexcept;
+  // This rank in `world`.
+  int world_rank() const noexcept;
+  std::int64_t size(std::size_t dim) const;
+  std::int64_t size(std::string_view name) const;
+  // Throws UsageError naming the mesh's dimensions for an unknown name.
+  std::size_t dim_index(std::string_view name) const;
+
+  // The communicator of all members, rank = index in ranks().
+  MPI_Comm comm() const noexcept;
+  // The communicator of this rank's line along `dim` (rank = coordinate), created on
+  // first use and freed with the mesh. Collective over the members on first use.
+  MPI_Comm dim_comm(std::size_t dim);
+  // World ranks of this rank's line along `dim`, by coordinate.
+  std::vector<int> line_world_ranks(std::size_t dim) const;
+
+  // "[host=2, gpu=2]"
+  std::string to_string() const;
+
+#if MESHRT_HAVE_NCCL
+  // The NCCL communicator of this rank's line along `dim`, on the CUDA device current at
+  // first use; created lazily (collective over the members), freed with the mesh.
+  ncclComm_t nccl_comm(std::size_t dim);
+  // Which way nccl_comm creates communicators (default InitRank). Set before first use.
+  void set_nccl_creation(NcclCreation how) noexcept;
+  // The NCCL communicator over all members (rank = index in ranks()), made on first use:
+  // the parent of NcclCreation::Split and the channel of SendTensor for CUDA tensors.
+  ncclComm_t nccl_mesh_comm();
+#endif
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// An operation in flight. The worker's event loop calls test() between control messages;
+// test() makes progress (MPI_Test or a CUDA event query) and returns true once complete.
+class Pending {
+ public:
+  virtual ~Pending() = default;
+  // Progress; true once the operation is complete (and from then on).
+  [[nodiscard]] virtual bool test() = 0;
+  // The result; only after test() returned true, once. Throws UsageError otherwise, and
+  // for an input that did not match its factory (that rank joined with zeros so its
+  // peers could complete).
+  Outcome take();
+  // For desync and timeout reports: "all_reduce sum over dimension 'gpu' of mesh
+  // [host=2, gpu=2], 4096 bytes, peers world ranks 1,3".
+  virtual std::string describe() const = 0;
+
+ protected:
+  // Called by subclasses once the operation completed.
+  void finish(Outcome outcome) {
+    outcome_ = std::move(outcome);
+    finished_ = true;
+  }
+  void fail_after_completion(std::string message) { deferred_error_ = std::move(message); }
+  bool finished() const noexcept { return finished_; }
+
+ private:
+  Outcome outcome_;
+  bool finished_ = false;
+  bool taken_ = false;
+  std::string deferred_error_;
+};
+
+// How the CPU data plane drives MPI. NonBlocking posts MPI_I* and completes through
+// test(); Blocking runs the plain blocking call inside start_* (test() is then true at
+// once), which an event loop cannot interleave with its control channel.
+enum class Completion : std::uint8_t { NonBlocking, Blocking };
+
+// Reduce over mesh dimension `dim` (DESIGN.md section 3, "Reductions"). Usage errors
+// that every member sees alike (unknown dimension, dtype, scatter size, in place where
+// the collective has no in-place form) are thrown before anything is posted, so every
+// member throws and none waits. `factory` is the tensor the controller expects.
+[[nodiscard]] std::unique_ptr<Pending> start_reduce(WorkerMesh& mesh, std::string_view dim, Reduction reduction,
+                                                    bool scatter, bool inplace, Input input,
+                                                    const TensorMeta& factory,
+                                                    Completion completion = Completion::NonBlocking);
+
+// Positional point-to-point over `p2p`: from_ranks[i] sends to to_ranks[i] (ranks of
+// `p2p`; `my_rank` is this rank in it). A rank may send and receive in one command; a
+// rank paired with itself copies locally. The Outcome holds the received tensor on a
+// rank in to_ranks, and is undefined on a rank that only sends or takes no part.
+[[nodiscard]] std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks,
+                                                         const NDSlice& to_ranks, Input input,
+                                                         const TensorMeta& factory,
+                                                         Completion completion = Completion::NonBlocking);
+
+// Completes `pending` without burning a core: spins a few microseconds, then yields,
+// then sleeps with growing intervals up to about 1 ms, testing in between.
+Outcome wait(Pending& pending);
+
+// The completion the blocking conveniences use: the faster one measured by
+// meshrt-bench's "collectives" suite (see src/comm/README or the report in comm.cpp).
+inline constexpr Completion kDefaultCompletion = Completion::Blocking;
+
+// Blocking conveniences: start, then wait.
+Outcome reduce(WorkerMesh& mesh, std::string_view dim, Reduction reduction, bool scatter, bool inplace, Input input,
+               const TensorMeta& factory);
+Outcome send_tensor(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks, const NDSlice& to_ranks, Input input,
+                    const TensorMeta& factory);
+
+#if MESHRT_HAVE_NCCL
+// The CUDA stream the NCCL data plane enqueues on (a cudaStream_t; nullptr is the legacy
+// default stream). Kept opaque so this header needs no CUDA header.
+using CudaStream = void*;
+// As start_reduce / start_send_tensor, for CUDA tensors, on `stream`. Pending::test
+// queries a CUDA event recorded after the operation. Bitwise reductions are refused.
+[[nodiscard]] std::unique_ptr<Pending> start_reduce_nccl(WorkerMesh& mesh, std::string_view dim, Reduction reduction,
+                                                         bool scatter, bool inplace, Input input,
+                                                         const TensorMeta& factory, CudaStream stream);
+[[nodiscard]] std::unique_ptr<Pending> start_send_tensor_nccl(WorkerMesh& mesh, const NDSlice& from_ranks,
+                                                              const NDSlice& to_ranks, Input input,
+                                                              const TensorMeta& factory, CudaStream stream);
+#endif
+
+}  // namespace meshrt

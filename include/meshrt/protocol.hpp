@@ -1,0 +1,233 @@
+// The commands (controller -> worker) and replies (worker -> controller) of DESIGN.md
+// section 3, the start-up Handshake, and their wire codec.
+//
+// Every message encodes to one self-contained frame: a 4-byte header (magic 'm' 'r',
+// protocol version, message kind) then the body. decode_* validate everything they read
+// and raise ProtocolError naming what was expected, what was found and the byte offset;
+// they never read past the span, never recurse deeper than kMaxDepth and never allocate
+// more than the frame could describe. A decoded frame re-encodes to the same bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "meshrt/ndslice.hpp"
+#include "meshrt/reduction.hpp"
+#include "meshrt/tensor.hpp"
+#include "meshrt/value.hpp"
+
+namespace meshrt {
+
+// Reduction, name(Reduction) and parse_reduction come from meshrt/reduction.hpp.
+
+namespace protocol {
+
+inline constexpr std::uint8_t kVersion = 1;
+// Deepest nesting of Values and CommandGroups a frame may hold.
+inline constexpr int kMaxDepth = 64;
+
+using Ident = std::uint64_t;
+
+// ------------------------------------------------------------------ commands
+
+struct CreateDeviceMesh {
+  Ref result;
+  std::vector<std::string> names;
+  NDSlice ranks = NDSlice::row_major({});
+  friend bool operator==(const CreateDeviceMesh&, const CreateDeviceMesh&) = default;
+};
+
+struct CreateStream {
+  Ref result;
+  bool is_default = false;
+  friend bool operator==(const CreateStream&, const CreateStream&) = default;
+};
+
+struct CallFunction {
+  Ident ident = 0;
+  std::vector<Ref> results;
+  std::vector<Ref> mutates;
+  std::string function;
+  std::vector<Value> args;
+  Ref stream;
+  friend bool operator==(const CallFunction&, const CallFunction&) = default;
+};
+
+struct FetchValue {
+  Ident ident = 0;
+  std::vector<Ref> mutates;
+  std::optional<std::string> function;  // a registered preprocessing function, or none
+  Value value;
+  Ref stream;
+  friend bool operator==(const FetchValue&, const FetchValue&) = default;
+};
+
+struct Reduce {
+  Ref result;
+  Ref tensor;
+  TensorMeta factory;  // zeros for a rank whose input is broken
+  Ref mesh;
+  Ref stream;
+  std::string dim;
+  Reduction reduction = Reduction::Sum;
+  bool scatter = false;
+  bool inplace = false;
+  friend bool operator==(const Reduce&, const Reduce&) = default;
+};
+
+struct SendTensor {
+  Ref result;
+  NDSlice from_ranks = NDSlice::row_major({});
+  NDSlice to_ranks = NDSlice::row_major({});
+  Ref tensor;
+  TensorMeta factory;
+  Ref stream;
+  friend bool operator==(const SendTensor&, const SendTensor&) = default;
+};
+
+struct BorrowCreate {
+  Ref result;
+  Ref tensor;
+  Ref from_stream;
+  Ref to_stream;
+  bool already_borrowed = false;
+  friend bool operator==(const BorrowCreate&, const BorrowCreate&) = default;
+};
+
+struct BorrowFirstUse {
+  Ref borrow;
+  friend bool operator==(const BorrowFirstUse&, const BorrowFirstUse&) = default;
+};
+
+struct BorrowDrop {
+  Ref borrow;
+  friend bool operator==(const BorrowDrop&, const BorrowDrop&) = default;
+};
+
+struct DeleteRefs {
+  std::vector<Ref> refs;
+  friend bool operator==(const DeleteRefs&, const DeleteRefs&) = default;
+};
+
+struct CommandGroup;
+
+struct RequestStatus {
+  Ident ident = 0;
+  friend bool operator==(const RequestStatus&, const RequestStatus&) = default;
+};
+
+struct Exit {
+  friend bool operator==(const Exit&, const Exit&) = default;
+};
+
+using Command = std::variant<CreateDeviceMesh, CreateStream, CallFunction, FetchValue, Reduce, SendTensor, BorrowCreate,
+                             BorrowFirstUse, BorrowDrop, DeleteRefs, CommandGroup, RequestStatus, Exit>;
+
+struct CommandGroup {
+  std::vector<Command> commands;
+  friend bool operator==(const CommandGroup& a, const CommandGroup& b);
+};
+
+// ------------------------------------------------------------------ replies
+
+struct Status {
+  Ident first_uncompleted_ident = 0;
+  friend bool operator==(const Status&, const Status&) = default;
+};
+
+struct RemoteFunctionFailed {
+  Ident ident = 0;
+  std::string error;           // the exception's what()
+  std::int32_t rank = -1;      // the worker that failed
+  std::string function;        // the remote function's name
+  std::string exception_type;  // e.g. "std::runtime_error" (demangled)
+  friend bool operator==(const RemoteFunctionFailed&, const RemoteFunctionFailed&) = default;
+};
+
+struct FetchResult {
+  Ident ident = 0;
+  Value value;
+  friend bool operator==(const FetchResult&, const FetchResult&) = default;
+};
+
+struct Restarted {
+  friend bool operator==(const Restarted&, const Restarted&) = default;
+};
+
+using Reply = std::variant<Status, RemoteFunctionFailed, FetchResult, Restarted>;
+
+// Exchanged by every rank at start-up: a rank that differs in any field fails the start.
+struct Handshake {
+  std::string meshrt_version;
+  std::uint32_t protocol_version = kVersion;
+  std::uint64_t function_table_hash = 0;
+  std::int32_t thread_level = 0;  // MPI_THREAD_* granted
+  std::int32_t rank = -1;
+  std::string host;
+  friend bool operator==(const Handshake&, const Handshake&) = default;
+};
+
+// "CallFunction", "FetchResult", ...
+std::string_view name(const Command& c) noexcept;
+std::string_view name(const Reply& r) noexcept;
+
+// ------------------------------------------------------------------ codec
+
+// A growable byte buffer for encoding, reused across messages: clear() keeps the
+// allocation, and growth never zero-fills (a 1 MiB tensor costs one memcpy).
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Buffer&&) noexcept = default;
+  Buffer& operator=(Buffer&&) noexcept = default;
+
+  std::byte* data() noexcept { return data_.get(); }
+  const std::byte* data() const noexcept { return data_.get(); }
+  std::size_t size() const noexcept { return size_; }
+  std::size_t capacity() const noexcept { return capacity_; }
+  std::span<const std::byte> span() const noexcept { return {data_.get(), size_}; }
+  void clear() noexcept { size_ = 0; }
+  void reserve(std::size_t n);
+  // Grows by n bytes (uninitialised) and returns a pointer to them.
+  std::byte* extend(std::size_t n) {
+    if (capacity_ - size_ < n) grow(n);
+    std::byte* p = data_.get() + size_;
+    size_ += n;
+    return p;
+  }
+
+ private:
+  void grow(std::size_t n);
+  std::unique_ptr<std::byte[]> data_;
+  std::size_t size_ = 0;
+  std::size_t capacity_ = 0;
+};
+
+// encode_into appends one frame to `out` (call out.clear() first for a fresh message).
+// A tensor must be on the CPU (the worker copies device data out first); encoding a CUDA
+// tensor raises ProtocolError.
+void encode_into(const Command& c, Buffer& out);
+void encode_into(const Reply& r, Buffer& out);
+void encode_into(const Handshake& h, Buffer& out);
+std::vector<std::byte> encode(const Command& c);
+std::vector<std::byte> encode(const Reply& r);
+std::vector<std::byte> encode(const Handshake& h);
+
+// Decodes exactly one frame that fills `bytes`; throws ProtocolError.
+Command decode_command(std::span<const std::byte> bytes);
+Reply decode_reply(std::span<const std::byte> bytes);
+Handshake decode_handshake(std::span<const std::byte> bytes);
+
+// Value on its own (used by FetchResult and by anything storing argument trees).
+void encode_value(const Value& v, Buffer& out);
+Value decode_value(std::span<const std::byte> bytes);
+
+}  // namespace protocol
+}  // namespace meshrt

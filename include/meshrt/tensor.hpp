@@ -1,0 +1,232 @@
+// Tensors: DType, Device, TensorMeta (which is also the TensorFactory) and Tensor.
+//
+// A Tensor is contiguous, row-major and shares its storage: copying a Tensor copies a
+// handle (like torch.Tensor), clone() copies the data. CPU storage is 64-byte aligned so
+// that kernels and MPI see cache-line aligned buffers. CUDA storage exists only when
+// meshrt was built with CUDA; no CUDA header is included here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meshrt/error.hpp"
+
+namespace meshrt {
+
+enum class DType : std::uint8_t { Bool, UInt8, Int32, Int64, Float16, BFloat16, Float32, Float64 };
+inline constexpr int kNumDTypes = 8;
+
+std::size_t element_size(DType dtype) noexcept;
+// "bool", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64".
+std::string_view name(DType dtype) noexcept;
+// Parses the names above; throws UsageError listing them.
+DType parse_dtype(std::string_view text);
+bool is_floating(DType dtype) noexcept;
+
+// IEEE binary16 and bfloat16, stored as bits. Arithmetic goes through float.
+struct Half {
+  std::uint16_t bits = 0;
+  friend bool operator==(Half, Half) = default;
+};
+struct BFloat16 {
+  std::uint16_t bits = 0;
+  friend bool operator==(BFloat16, BFloat16) = default;
+};
+// Round to nearest even; NaN stays NaN, overflow goes to infinity.
+Half float_to_half(float value) noexcept;
+float half_to_float(Half value) noexcept;
+BFloat16 float_to_bfloat16(float value) noexcept;
+float bfloat16_to_float(BFloat16 value) noexcept;
+
+// The C++ element type of each dtype: dtype_of<float> == DType::Float32.
+template <class T>
+inline constexpr bool kIsElement = false;
+template <class T>
+inline constexpr DType dtype_of = DType::Bool;  // only meaningful where kIsElement<T>
+#define MESHRT_ELEMENT_(T, D)            \
+  template <>                            \
+  inline constexpr bool kIsElement<T> = true; \
+  template <>                            \
+  inline constexpr DType dtype_of<T> = DType::D;
+MESHRT_ELEMENT_(bool, Bool)
+MESHRT_ELEMENT_(std::uint8_t, UInt8)
+MESHRT_ELEMENT_(std::int32_t, Int32)
+MESHRT_ELEMENT_(std::int64_t, Int64)
+MESHRT_ELEMENT_(Half, Float16)
+MESHRT_ELEMENT_(BFloat16, BFloat16)
+MESHRT_ELEMENT_(float, Float32)
+MESHRT_ELEMENT_(double, Float64)
+#undef MESHRT_ELEMENT_
+
+// Calls f(T{}) with T the element type of `dtype`: the one switch every typed kernel uses.
+template <class F>
+decltype(auto) dispatch_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::Bool: return f(bool{});
+    case DType::UInt8: return f(std::uint8_t{});
+    case DType::Int32: return f(std::int32_t{});
+    case DType::Int64: return f(std::int64_t{});
+    case DType::Float16: return f(Half{});
+    case DType::BFloat16: return f(BFloat16{});
+    case DType::Float32: return f(float{});
+    case DType::Float64: return f(double{});
+  }
+  throw UsageError("dispatch_dtype: expected a valid dtype, found " + std::to_string(static_cast<int>(dtype)));
+}
+
+class Device {
+ public:
+  enum class Kind : std::uint8_t { Cpu, Cuda };
+  constexpr Device() = default;
+  static constexpr Device cpu() { return Device(); }
+  // Throws UsageError for a negative index.
+  static Device cuda(int index);
+  // "cpu", "cuda" (= cuda:0) or "cuda:N"; throws UsageError otherwise.
+  static Device parse(std::string_view text);
+
+  Kind kind() const noexcept { return kind_; }
+  int index() const noexcept { return index_; }
+  bool is_cpu() const noexcept { return kind_ == Kind::Cpu; }
+  bool is_cuda() const noexcept { return kind_ == Kind::Cuda; }
+  std::string to_string() const;
+  friend bool operator==(const Device&, const Device&) = default;
+
+ private:
+  constexpr Device(Kind kind, int index) : kind_(kind), index_(index) {}
+  Kind kind_ = Kind::Cpu;
+  int index_ = 0;
+};
+
+class Tensor;
+
+// Shape, dtype and device: what the controller knows of a tensor without its data, and
+// the factory a worker uses to make zeros when its real input is broken.
+class TensorMeta {
+ public:
+  TensorMeta() = default;  // a 0-d float32 CPU tensor
+  // Throws UsageError for a negative dimension or a size that overflows.
+  TensorMeta(std::vector<std::int64_t> shape, DType dtype, Device device = Device::cpu());
+
+  const std::vector<std::int64_t>& shape() const noexcept { return shape_; }
+  std::size_t ndim() const noexcept { return shape_.size(); }
+  DType dtype() const noexcept { return dtype_; }
+  const Device& device() const noexcept { return device_; }
+  std::int64_t numel() const noexcept { return numel_; }
+  std::size_t nbytes() const noexcept { return static_cast<std::size_t>(numel_) * element_size(dtype_); }
+
+  TensorMeta with_device(Device device) const;
+  TensorMeta with_shape(std::vector<std::int64_t> shape) const;
+
+  // The factory: uninitialised storage, or zeros.
+  Tensor empty() const;
+  Tensor zeros() const;
+
+  // "float32[3, 4] on cpu"
+  std::string to_string() const;
+  friend bool operator==(const TensorMeta& a, const TensorMeta& b) noexcept {
+    return a.dtype_ == b.dtype_ && a.device_ == b.device_ && a.shape_ == b.shape_;
+  }
+
+ private:
+  std::vector<std::int64_t> shape_;
+  DType dtype_ = DType::Float32;
+  Device device_;
+  std::int64_t numel_ = 1;
+};
+
+// Checks a shape: every dimension >= 0 and numel * element_size fits in int64. Returns
+// numel; throws UsageError naming the bad dimension.
+std::int64_t checked_numel(std::span<const std::int64_t> shape, DType dtype);
+
+class Tensor {
+ public:
+  // An undefined tensor (no storage); defined() is false.
+  Tensor() = default;
+  static Tensor empty(const TensorMeta& meta);
+  static Tensor zeros(const TensorMeta& meta);
+  // A CPU tensor holding a copy of `values` with the given shape.
+  template <class T>
+  static Tensor from(std::vector<std::int64_t> shape, std::span<const T> values);
+  template <class T>
+  static Tensor from(std::vector<std::int64_t> shape, std::initializer_list<T> values) {
+    return from<T>(std::move(shape), std::span<const T>(values.begin(), values.size()));
+  }
+
+  bool defined() const noexcept { return storage_ != nullptr; }
+  const TensorMeta& meta() const noexcept { return meta_; }
+  const std::vector<std::int64_t>& shape() const noexcept { return meta_.shape(); }
+  DType dtype() const noexcept { return meta_.dtype(); }
+  const Device& device() const noexcept { return meta_.device(); }
+  std::int64_t numel() const noexcept { return meta_.numel(); }
+  std::size_t nbytes() const noexcept { return meta_.nbytes(); }
+
+  // The raw storage (host or device memory, per device()). nullptr when undefined.
+  void* raw_data() noexcept;
+  const void* raw_data() const noexcept;
+
+  // Typed host access; throws UsageError if T is not this tensor's element type or the
+  // tensor is not on the CPU.
+  template <class T>
+  T* data() {
+    check_access(dtype_of<T>, kIsElement<T>);
+    return static_cast<T*>(raw_data());
+  }
+  template <class T>
+  const T* data() const {
+    check_access(dtype_of<T>, kIsElement<T>);
+    return static_cast<const T*>(raw_data());
+  }
+  template <class T>
+  std::span<T> span() {
+    return {data<T>(), static_cast<std::size_t>(numel())};
+  }
+  template <class T>
+  std::span<const T> span() const {
+    return {data<T>(), static_cast<std::size_t>(numel())};
+  }
+  // The single element of a tensor with numel() == 1, as double (bool -> 0/1).
+  double item() const;
+
+  // A deep copy on the same device.
+  Tensor clone() const;
+  // This tensor on `device` (itself when already there). Without CUDA, or without a GPU,
+  // a CUDA device raises UsageError.
+  Tensor to(const Device& device) const;
+  // Copies `other`'s data into this tensor's storage; shapes and dtypes must match.
+  void copy_from(const Tensor& other);
+  // A tensor sharing this storage with another shape of the same numel.
+  Tensor reshape(std::vector<std::int64_t> shape) const;
+
+  // True if both handles share storage.
+  bool same_storage(const Tensor& other) const noexcept { return storage_ == other.storage_; }
+  // Same meta and same bytes (copies device data to the host to compare).
+  bool equals(const Tensor& other) const;
+
+  std::string to_string() const;
+
+  struct Storage;  // defined in tensor.cpp; holds host or device memory
+
+ private:
+  Tensor(TensorMeta meta, std::shared_ptr<Storage> storage) : meta_(std::move(meta)), storage_(std::move(storage)) {}
+  void check_access(DType requested, bool is_element) const;
+  static Tensor from_bytes(std::vector<std::int64_t> shape, DType dtype, const void* bytes, std::size_t nbytes);
+
+  TensorMeta meta_;
+  std::shared_ptr<Storage> storage_;
+};
+
+template <class T>
+Tensor Tensor::from(std::vector<std::int64_t> shape, std::span<const T> values) {
+  static_assert(kIsElement<T>, "Tensor::from: not a meshrt element type");
+  return from_bytes(std::move(shape), dtype_of<T>, values.data(), values.size() * sizeof(T));
+}
+
+// Whether this process can use CUDA tensors: built with CUDA and a device is visible.
+bool cuda_available() noexcept;
+
+}  // namespace meshrt

@@ -1,0 +1,154 @@
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "common/checks.hpp"
+#include "comm/mesh_impl.hpp"
+#include "meshrt/comm.hpp"
+
+namespace meshrt {
+namespace {
+
+// MPI_Comm_create_group's tag only separates concurrent creations on one communicator
+// by different threads; every mesh is created from the worker thread, in command order.
+constexpr int kCreateGroupTag = 0x6d73;
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "'" : ", '") + n + "'";
+  return out;
+}
+
+}  // namespace
+
+WorkerMesh::WorkerMesh(std::vector<std::string> names, NDSlice ranks, MPI_Comm world)
+    : impl_(std::make_unique<Impl>(Impl{std::move(names), std::move(ranks), {}, -1, MPI_COMM_NULL, {}})) {
+  Impl& m = *impl_;
+  MESHRT_MPI_CHECK(MPI_Comm_rank(world, &m.world_rank));
+  int world_size = 0;
+  MESHRT_MPI_CHECK(MPI_Comm_size(world, &world_size));
+  // Every check below fails alike on every member (they all see the same command), so
+  // throwing before the collective creation cannot leave a member waiting.
+  if (m.names.size() != m.ranks.ndim()) {
+    throw UsageError(fmt::format("device mesh: expected one name per dimension of the ranks {} ({}), found {} names "
+                                 "[{}] (world rank {})",
+                                 m.ranks.to_string(), m.ranks.ndim(), m.names.size(), join_names(m.names),
+                                 m.world_rank));
+  }
+  std::set<std::string> seen;
+  for (const auto& n : m.names) {
+    if (n.empty()) {
+      throw UsageError(fmt::format("device mesh: expected non-empty dimension names, found [{}] (world rank {})",
+                                   join_names(m.names), m.world_rank));
+    }
+    if (!seen.insert(n).second) {
+      throw UsageError(fmt::format("device mesh: expected unique dimension names, found '{}' twice in [{}] (world "
+                                   "rank {})",
+                                   n, join_names(m.names), m.world_rank));
+    }
+  }
+  const std::vector<NDSlice::Int> members = m.ranks.to_vector();
+  const auto max_rank = *std::max_element(members.begin(), members.end());
+  if (max_rank >= world_size) {
+    throw UsageError(fmt::format("device mesh: expected ranks below the world size {}, found rank {} in {} (world "
+                                 "rank {})",
+                                 world_size, max_rank, m.ranks.to_string(), m.world_rank));
+  }
+  if (!m.ranks.contains(m.world_rank)) {
+    throw UsageError(fmt::format("device mesh: world rank {} is not a member of {}; only members construct a "
+                                 "WorkerMesh",
+                                 m.world_rank, m.ranks.to_string()));
+  }
+  m.coords = m.ranks.coordinates(m.world_rank);
+  m.dim_comms.assign(m.ranks.ndim(), MPI_COMM_NULL);
+#if MESHRT_HAVE_NCCL
+  m.nccl_dims.assign(m.ranks.ndim(), nullptr);
+#endif
+
+  // Members in row-major order, so that the mesh communicator's rank is the index.
+  std::vector<int> group_ranks(members.begin(), members.end());
+  MPI_Group world_group = MPI_GROUP_NULL;
+  MPI_Group mesh_group = MPI_GROUP_NULL;
+  MESHRT_MPI_CHECK(MPI_Comm_group(world, &world_group));
+  MESHRT_MPI_CHECK(MPI_Group_incl(world_group, static_cast<int>(group_ranks.size()), group_ranks.data(), &mesh_group));
+  const int rc = MPI_Comm_create_group(world, mesh_group, kCreateGroupTag, &m.comm);
+  MPI_Group_free(&mesh_group);
+  MPI_Group_free(&world_group);
+  MESHRT_MPI_CHECK(rc);
+}
+
+WorkerMesh::~WorkerMesh() {
+  if (!impl_) return;
+#if MESHRT_HAVE_NCCL
+  impl_->free_nccl();
+#endif
+  for (MPI_Comm& c : impl_->dim_comms) {
+    if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
+  }
+  if (impl_->comm != MPI_COMM_NULL) MPI_Comm_free(&impl_->comm);
+}
+
+const std::vector<std::string>& WorkerMesh::names() const noexcept { return impl_->names; }
+const NDSlice& WorkerMesh::ranks() const noexcept { return impl_->ranks; }
+std::size_t WorkerMesh::ndim() const noexcept { return impl_->names.size(); }
+const std::vector<std::int64_t>& WorkerMesh::coordinates() const noexcept { return impl_->coords; }
+int WorkerMesh::world_rank() const noexcept { return impl_->world_rank; }
+MPI_Comm WorkerMesh::comm() const noexcept { return impl_->comm; }
+
+std::int64_t WorkerMesh::size(std::size_t dim) const {
+  if (dim >= ndim()) {
+    throw UsageError(fmt::format("device mesh {}: expected a dimension index below {}, found {} (world rank {})",
+                                 to_string(), ndim(), dim, impl_->world_rank));
+  }
+  return impl_->ranks.sizes()[dim];
+}
+
+std::int64_t WorkerMesh::size(std::string_view name) const { return size(dim_index(name)); }
+
+std::size_t WorkerMesh::dim_index(std::string_view name) const {
+  const auto& names = impl_->names;
+  const auto it = std::find(names.begin(), names.end(), name);
+  if (it == names.end()) {
+    throw UsageError(fmt::format("device mesh {}: unknown dimension '{}', expected one of {} (world rank {})",
+                                 to_string(), name, names.empty() ? std::string("(none: 0-d mesh)") : join_names(names),
+                                 impl_->world_rank));
+  }
+  return static_cast<std::size_t>(it - names.begin());
+}
+
+MPI_Comm WorkerMesh::dim_comm(std::size_t dim) {
+  Impl& m = *impl_;
+  (void)size(dim);  // range check with a readable error
+  if (m.dim_comms[dim] == MPI_COMM_NULL) {
+    // color: this rank's index with coordinate `dim` removed (row-major over the other
+    // dimensions), so the ranks of one line share it; key: the coordinate along `dim`.
+    std::int64_t color = 0;
+    for (std::size_t d = 0; d < ndim(); ++d) {
+      if (d != dim) color = color * m.ranks.sizes()[d] + m.coords[d];
+    }
+    MESHRT_MPI_CHECK(
+        MPI_Comm_split(m.comm, static_cast<int>(color), static_cast<int>(m.coords[dim]), &m.dim_comms[dim]));
+  }
+  return m.dim_comms[dim];
+}
+
+std::vector<int> WorkerMesh::line_world_ranks(std::size_t dim) const {
+  std::vector<std::int64_t> c = impl_->coords;
+  std::vector<int> out(static_cast<std::size_t>(size(dim)));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    c[dim] = static_cast<std::int64_t>(i);
+    out[i] = static_cast<int>(impl_->ranks.location(c));
+  }
+  return out;
+}
+
+std::string WorkerMesh::to_string() const {
+  std::string out = "[";
+  for (std::size_t d = 0; d < ndim(); ++d) {
+    out += fmt::format("{}{}={}", d ? ", " : "", impl_->names[d], impl_->ranks.sizes()[d]);
+  }
+  return out + "]";
+}
+
+}  // namespace meshrt

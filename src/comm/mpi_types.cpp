@@ -1,0 +1,131 @@
+#include "comm/mpi_types.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <mutex>
+#include <type_traits>
+
+#include "common/checks.hpp"
+
+namespace meshrt::detail {
+namespace {
+
+// float16/bfloat16 reductions: MPI has no 16-bit float type, so the op converts each
+// element through float, computes, and rounds back (round to nearest even). Summing N
+// values this way rounds N-1 times, as an fp16 ring all-reduce on NCCL does.
+template <class H, float (*ToFloat)(H), H (*FromFloat)(float), class F>
+void combine16(void* in, void* inout, int* len, F&& f) {
+  const auto n = static_cast<std::size_t>(*len);
+  const H* a = static_cast<const H*>(in);
+  H* b = static_cast<H*>(inout);
+  for (std::size_t i = 0; i < n; ++i) b[i] = FromFloat(f(ToFloat(a[i]), ToFloat(b[i])));
+}
+
+struct Sum { float operator()(float a, float b) const { return a + b; } };
+struct Prod { float operator()(float a, float b) const { return a * b; } };
+// Comparisons keep NaN, like torch.maximum / NCCL's min/max.
+struct Min { float operator()(float a, float b) const { return (a != a || a < b) ? a : b; } };
+struct Max { float operator()(float a, float b) const { return (a != a || a > b) ? a : b; } };
+
+template <class Op>
+void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  combine16<Half, half_to_float, float_to_half>(in, inout, len, Op{});
+}
+template <class Op>
+void bf16_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  combine16<BFloat16, bfloat16_to_float, float_to_bfloat16>(in, inout, len, Op{});
+}
+
+struct Types16 {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  std::array<MPI_Op, 4> half{};  // sum, product, min, max
+  std::array<MPI_Op, 4> bf16{};
+};
+
+// Created once, on first use after MPI_Init, and kept for the life of the process:
+// datatypes and ops are tiny, and freeing them would race with ops still in flight.
+const Types16& types16() {
+  static Types16 t;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MESHRT_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &t.type));
+    MESHRT_MPI_CHECK(MPI_Type_commit(&t.type));
+    MPI_User_function* half_fns[] = {half_op<Sum>, half_op<Prod>, half_op<Min>, half_op<Max>};
+    MPI_User_function* bf16_fns[] = {bf16_op<Sum>, bf16_op<Prod>, bf16_op<Min>, bf16_op<Max>};
+    for (std::size_t i = 0; i < 4; ++i) {
+      MESHRT_MPI_CHECK(MPI_Op_create(half_fns[i], 1, &t.half[i]));
+      MESHRT_MPI_CHECK(MPI_Op_create(bf16_fns[i], 1, &t.bf16[i]));
+    }
+  });
+  return t;
+}
+
+std::size_t op16_index(Reduction r) {
+  switch (r) {
+    case Reduction::Sum:
+    case Reduction::Avg: return 0;
+    case Reduction::Product: return 1;
+    case Reduction::Min: return 2;
+    case Reduction::Max: return 3;
+    default: break;
+  }
+  throw UsageError(fmt::format("reduction {} is not defined on float16/bfloat16", name(r)));
+}
+
+}  // namespace
+
+MPI_Datatype mpi_datatype(DType dtype) {
+  switch (dtype) {
+    case DType::Bool:
+    case DType::UInt8: return MPI_UINT8_T;
+    case DType::Int32: return MPI_INT32_T;
+    case DType::Int64: return MPI_INT64_T;
+    case DType::Float16:
+    case DType::BFloat16: return types16().type;
+    case DType::Float32: return MPI_FLOAT;
+    case DType::Float64: return MPI_DOUBLE;
+  }
+  throw UsageError(fmt::format("expected a valid dtype, found code {}", static_cast<int>(dtype)));
+}
+
+MPI_Op mpi_op(Reduction reduction, DType dtype) {
+  if (dtype == DType::Float16) return types16().half[op16_index(reduction)];
+  if (dtype == DType::BFloat16) return types16().bf16[op16_index(reduction)];
+  switch (reduction) {
+    case Reduction::Sum:
+    case Reduction::Avg: return MPI_SUM;
+    case Reduction::Product: return MPI_PROD;
+    case Reduction::Min: return MPI_MIN;
+    case Reduction::Max: return MPI_MAX;
+    case Reduction::Band: return MPI_BAND;
+    case Reduction::Bor: return MPI_BOR;
+    case Reduction::Bxor: return MPI_BXOR;
+    case Reduction::Stack: break;
+  }
+  throw UsageError("stack has no reduction operator: it is an all_gather or all_to_all");
+}
+
+void divide_in_place(void* data, std::int64_t numel, DType dtype, std::int64_t n) {
+  const auto count = static_cast<std::size_t>(numel);
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = static_cast<T*>(data);
+    if constexpr (std::is_same_v<T, Half>) {
+      for (std::size_t i = 0; i < count; ++i) p[i] = float_to_half(half_to_float(p[i]) / static_cast<float>(n));
+    } else if constexpr (std::is_same_v<T, BFloat16>) {
+      for (std::size_t i = 0; i < count; ++i) {
+        p[i] = float_to_bfloat16(bfloat16_to_float(p[i]) / static_cast<float>(n));
+      }
+    } else if constexpr (std::is_same_v<T, bool>) {
+      throw UsageError("avg is not defined on bool");
+    } else {
+      const T divisor = static_cast<T>(n);
+      for (std::size_t i = 0; i < count; ++i) p[i] = static_cast<T>(p[i] / divisor);
+    }
+  });
+}
+
+}  // namespace meshrt::detail

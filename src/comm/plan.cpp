@@ -1,0 +1,178 @@
+#include "comm/plan.hpp"
+
+#include <fmt/format.h>
+
+#include <climits>
+
+namespace meshrt::detail {
+
+std::string where_reduce(const WorkerMesh& mesh, std::size_t dim) {
+  return fmt::format(" (dimension '{}' of mesh {}, world rank {})", mesh.names()[dim], mesh.to_string(),
+                     mesh.world_rank());
+}
+
+ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim_name, Reduction reduction, bool scatter,
+                       bool inplace, const TensorMeta& factory, Backend backend) {
+  ReducePlan plan;
+  plan.dim = mesh.dim_index(dim_name);
+  plan.n = mesh.size(plan.dim);
+  const DType dtype = factory.dtype();
+  const bool on_cuda = factory.device().is_cuda();
+  if (backend == Backend::Mpi && on_cuda) {
+    throw UsageError(fmt::format("{} over MPI: expected a CPU tensor, found {}; CUDA tensors go through the NCCL data "
+                                 "plane (start_reduce_nccl){}",
+                                 name(reduction), factory.to_string(), where_reduce(mesh, plan.dim)));
+  }
+  if (backend == Backend::Nccl && !on_cuda) {
+    throw UsageError(fmt::format("{} over NCCL: expected a CUDA tensor, found {}{}", name(reduction),
+                                 factory.to_string(), where_reduce(mesh, plan.dim)));
+  }
+  if (is_bitwise(reduction)) {
+    if (backend == Backend::Nccl) {
+      throw UsageError(fmt::format("bitwise reduction {} is not supported by NCCL, found a CUDA tensor {}; move it "
+                                   "to the CPU or use another reduction{}",
+                                   name(reduction), factory.to_string(), where_reduce(mesh, plan.dim)));
+    }
+    if (is_floating(dtype)) {
+      throw UsageError(fmt::format("bitwise reduction {} needs an integer or bool dtype, found {}{}", name(reduction),
+                                   name(dtype), where_reduce(mesh, plan.dim)));
+    }
+  }
+  if (dtype == DType::Bool &&
+      (reduction == Reduction::Sum || reduction == Reduction::Avg || reduction == Reduction::Product)) {
+    throw UsageError(fmt::format("reduction {} needs a numeric dtype, found bool; on bool use max or bor (any), min "
+                                 "or band (all), bxor (parity){}",
+                                 name(reduction), where_reduce(mesh, plan.dim)));
+  }
+  const bool stack = reduction == Reduction::Stack;
+  if (scatter) {
+    if (factory.ndim() == 0 || factory.shape()[0] != plan.n) {
+      throw UsageError(fmt::format("{} with scatter over a dimension of size {} needs an input with size(0) == {}, "
+                                   "found {}{}",
+                                   name(reduction), plan.n, plan.n, factory.to_string(),
+                                   where_reduce(mesh, plan.dim)));
+    }
+  }
+  if (inplace && !scatter && stack) {
+    throw UsageError(fmt::format("stack (all_gather) cannot run in place: its output [{}, ...] is larger than its "
+                                 "input {}{}",
+                                 plan.n, factory.to_string(), where_reduce(mesh, plan.dim)));
+  }
+  if (inplace && scatter && !stack) {
+    throw UsageError(fmt::format("{} with scatter (reduce_scatter) cannot run in place: its output {} is smaller "
+                                 "than its input {}{}",
+                                 name(reduction), factory.with_shape({factory.shape().begin() + 1, factory.shape().end()}).to_string(),
+                                 factory.to_string(), where_reduce(mesh, plan.dim)));
+  }
+  if (stack && !scatter) {
+    plan.collective = "all_gather";
+    std::vector<std::int64_t> shape{plan.n};
+    shape.insert(shape.end(), factory.shape().begin(), factory.shape().end());
+    plan.out_meta = factory.with_shape(std::move(shape));
+  } else if (stack) {
+    plan.collective = "all_to_all";
+    plan.out_meta = factory;
+  } else if (scatter) {
+    plan.collective = "reduce_scatter";
+    plan.out_meta = factory.with_shape({factory.shape().begin() + 1, factory.shape().end()});
+  } else {
+    plan.collective = "all_reduce";
+    plan.out_meta = factory;
+  }
+  check_count(factory.numel(), plan.collective);
+  return plan;
+}
+
+Joined join_input(Input&& input, const TensorMeta& factory, std::string_view op, std::string_view where) {
+  Joined j;
+  if (auto* t = std::get_if<Tensor>(&input)) {
+    if (t->defined() && t->meta() == factory) {
+      j.tensor = std::move(*t);
+      return j;
+    }
+    j.mismatch = fmt::format("{}: expected an input {} as the controller computed, found {}; this rank joined with "
+                             "zeros so that its peers complete{}",
+                             op, factory.to_string(), t->defined() ? t->meta().to_string() : "an undefined tensor",
+                             where);
+  } else {
+    j.broken = std::get<DependentOnError>(input);
+  }
+  j.tensor = factory.zeros();
+  return j;
+}
+
+std::string describe_reduce(const WorkerMesh& mesh, std::size_t dim, const char* collective, Reduction reduction,
+                            std::size_t bytes, std::string_view backend) {
+  std::string peers;
+  for (int r : mesh.line_world_ranks(dim)) peers += (peers.empty() ? "" : ",") + std::to_string(r);
+  return fmt::format("{} {} over dimension '{}' of mesh {}, {} bytes, peers world ranks {} ({})", collective,
+                     name(reduction), mesh.names()[dim], mesh.to_string(), bytes, peers, backend);
+}
+
+namespace {
+NDSlice::Int slice_max(const NDSlice& s) {
+  NDSlice::Int m = s.offset();
+  for (std::size_t d = 0; d < s.ndim(); ++d) m += (s.sizes()[d] - 1) * s.strides()[d];
+  return m;
+}
+}  // namespace
+
+SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const NDSlice& to_ranks,
+                   const TensorMeta& factory, Backend backend) {
+  if (from_ranks.len() != to_ranks.len()) {
+    throw UsageError(fmt::format("send_tensor: expected from_ranks and to_ranks of equal length, found {} ({}) and "
+                                 "{} ({}) (world rank {})",
+                                 from_ranks.len(), from_ranks.to_string(), to_ranks.len(), to_ranks.to_string(),
+                                 my_rank));
+  }
+  for (const NDSlice* s : {&from_ranks, &to_ranks}) {
+    if (slice_max(*s) >= comm_size) {
+      throw UsageError(fmt::format("send_tensor: expected ranks below the communicator size {}, found rank {} in {} "
+                                   "(world rank {})",
+                                   comm_size, slice_max(*s), s->to_string(), my_rank));
+    }
+  }
+  if (backend == Backend::Mpi && factory.device().is_cuda()) {
+    throw UsageError(fmt::format("send_tensor over MPI: expected a CPU tensor, found {}; CUDA tensors go through "
+                                 "NCCL (start_send_tensor_nccl) (world rank {})",
+                                 factory.to_string(), my_rank));
+  }
+  if (backend == Backend::Nccl && !factory.device().is_cuda()) {
+    throw UsageError(fmt::format("send_tensor over NCCL: expected a CUDA tensor, found {} (world rank {})",
+                                 factory.to_string(), my_rank));
+  }
+  check_count(factory.numel(), "send_tensor");
+  SendPlan plan;
+  NDSlice::Int send_index = -1;
+  if (from_ranks.contains(my_rank)) {
+    send_index = from_ranks.index(my_rank);
+    plan.send_to = static_cast<int>(to_ranks[send_index]);
+  }
+  if (to_ranks.contains(my_rank)) {
+    const NDSlice::Int recv_index = to_ranks.index(my_rank);
+    plan.recv_from = static_cast<int>(from_ranks[recv_index]);
+    // A rank appears at most once in each slice, so it is its own peer exactly when it
+    // sends and receives through the same position.
+    plan.self = recv_index == send_index;
+  }
+  return plan;
+}
+
+std::string describe_send(const SendPlan& plan, int my_rank, std::size_t bytes, std::string_view backend) {
+  if (plan.self) return fmt::format("send_tensor to itself (rank {}), {} bytes, local copy", my_rank, bytes);
+  std::string parts;
+  if (plan.send_to >= 0) parts += fmt::format("send to rank {}", plan.send_to);
+  if (plan.recv_from >= 0) parts += fmt::format("{}receive from rank {}", parts.empty() ? "" : " and ", plan.recv_from);
+  if (parts.empty()) parts = "no part";
+  return fmt::format("send_tensor on rank {}: {}, {} bytes ({})", my_rank, parts, bytes, backend);
+}
+
+void check_count(std::int64_t count, std::string_view what) {
+  if (count > INT_MAX) {
+    throw UsageError(fmt::format("{}: expected at most {} elements in one message (MPI and NCCL counts are int), "
+                                 "found {}",
+                                 what, INT_MAX, count));
+  }
+}
+
+}  // namespace meshrt::detail

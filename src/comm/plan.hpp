@@ -1,0 +1,59 @@
+// What the MPI and NCCL data planes share: the checks of a Reduce or SendTensor command
+// before anything is posted, and the substitution of zeros for a broken input.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "meshrt/comm.hpp"
+
+namespace meshrt::detail {
+
+enum class Backend : std::uint8_t { Mpi, Nccl };
+
+struct ReducePlan {
+  std::size_t dim = 0;
+  std::int64_t n = 1;           // size of the dimension
+  const char* collective = "";  // "all_reduce", "all_gather", "all_to_all", "reduce_scatter"
+  TensorMeta out_meta;          // the output's shape, dtype and device
+};
+
+// Every check depends only on the command (the mesh, `factory`, the flags), never on the
+// local input, so every member of the line throws alike and none is left waiting.
+ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim, Reduction reduction, bool scatter, bool inplace,
+                       const TensorMeta& factory, Backend backend);
+
+// The tensor a rank joins an operation with: its input, or factory.zeros() when the
+// input is broken or does not match the factory. `mismatch` then holds the error that
+// take() raises once the operation has completed (so the peers complete too).
+struct Joined {
+  Tensor tensor;
+  std::optional<DependentOnError> broken;
+  std::string mismatch;
+};
+Joined join_input(Input&& input, const TensorMeta& factory, std::string_view op, std::string_view where);
+
+// " (dimension 'gpu' of mesh [host=2, gpu=2], world rank 3)"
+std::string where_reduce(const WorkerMesh& mesh, std::size_t dim);
+
+// "all_reduce sum over dimension 'gpu' of mesh [host=2, gpu=2], 4096 bytes, peers world
+// ranks 1,3"
+std::string describe_reduce(const WorkerMesh& mesh, std::size_t dim, const char* collective, Reduction reduction,
+                            std::size_t bytes, std::string_view backend);
+
+// SendTensor: from_ranks[i] -> to_ranks[i]; this rank's send peer and receive peer (-1
+// when none). A self-pair has send_to == recv_from == my_rank.
+struct SendPlan {
+  int send_to = -1;
+  int recv_from = -1;
+  bool self = false;
+};
+SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const NDSlice& to_ranks,
+                   const TensorMeta& factory, Backend backend);
+std::string describe_send(const SendPlan& plan, int my_rank, std::size_t bytes, std::string_view backend);
+
+// MPI and NCCL counts are int: more elements than that in one message are refused.
+void check_count(std::int64_t count, std::string_view what);
+
+}  // namespace meshrt::detail

@@ -1,0 +1,434 @@
+// The built-in remote functions (meshrt.*). Each is a kernel templated over the element
+// type with one dtype switch, and a shape function that refuses what the kernel cannot
+// do, so errors surface at the controller's call site rather than on a worker.
+//
+// Device policy: elementwise ops run on CUDA tensors with the kernels of
+// builtins_cuda.cu; the others (arange, rand, matmul, sum) compute on the host and copy,
+// which is correct everywhere and fast enough for what they are used for (tests, demos).
+#include <cblas.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <type_traits>
+
+#include "meshrt/config.hpp"
+#include "meshrt/functions.hpp"
+
+#if MESHRT_HAVE_CUDA
+#include "functions/cuda_kernels.hpp"
+#endif
+
+namespace meshrt {
+namespace {
+
+// ------------------------------------------------------------------ element arithmetic
+
+enum class BinaryOp : int { Add = 0, Sub = 1, Mul = 2 };
+
+template <class T>
+constexpr bool kIsHalf = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+template <class T>
+float to_float(T v) {
+  if constexpr (std::is_same_v<T, Half>) return half_to_float(v);
+  else return bfloat16_to_float(v);
+}
+template <class T>
+T from_float(float v) {
+  if constexpr (std::is_same_v<T, Half>) return float_to_half(v);
+  else return float_to_bfloat16(v);
+}
+
+// Bools: add is or, mul is and. Signed integers wrap (two's complement, as CUDA and
+// torch do) instead of being undefined behaviour. Halves compute in float.
+template <BinaryOp Op, class T>
+T apply(T a, T b) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return Op == BinaryOp::Add ? (a || b) : Op == BinaryOp::Mul ? (a && b) : (a != b);
+  } else if constexpr (kIsHalf<T>) {
+    const float x = to_float(a), y = to_float(b);
+    return from_float<T>(Op == BinaryOp::Add ? x + y : Op == BinaryOp::Sub ? x - y : x * y);
+  } else if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    const U x = static_cast<U>(a), y = static_cast<U>(b);
+    // uint8 promotes to int; the cast back keeps the low bits either way.
+    return static_cast<T>(static_cast<U>(Op == BinaryOp::Add ? x + y : Op == BinaryOp::Sub ? x - y : x * y));
+  } else {
+    return Op == BinaryOp::Add ? a + b : Op == BinaryOp::Sub ? a - b : a * b;
+  }
+}
+
+template <BinaryOp Op>
+void binary_host(const Tensor& a, const Tensor& b, Tensor& out) {
+  dispatch_dtype(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = a.data<T>();
+    const T* y = b.data<T>();
+    T* z = out.data<T>();
+    const std::int64_t n = a.numel();
+    for (std::int64_t i = 0; i < n; ++i) z[i] = apply<Op, T>(x[i], y[i]);
+  });
+}
+
+template <BinaryOp Op>
+void binary(CallContext& ctx, const Tensor& a, const Tensor& b, Tensor& out) {
+  if (a.device().is_cpu()) return binary_host<Op>(a, b, out);
+#if MESHRT_HAVE_CUDA
+  cuda_kernels::binary(static_cast<int>(Op), static_cast<int>(a.dtype()), a.raw_data(), b.raw_data(), out.raw_data(),
+                       a.numel(), ctx.native_stream());
+#else
+  (void)ctx;
+#endif
+}
+
+// A fill value checked against the dtype, so that the conversion is defined.
+struct Scalar {
+  double f = 0;
+  std::int64_t i = 0;
+};
+
+Scalar fill_value(const detail::ArgAccess& args, std::size_t index, DType dtype) {
+  const Value& v = args.value(index);
+  const auto refuse = [&](std::string_view expected) {
+    args.fail(fmt::format("argument {}: expected {} for dtype {}, found {}", index, expected, name(dtype), v.to_string()));
+  };
+  if (dtype == DType::Bool) {
+    if (v.is_bool()) return {v.as_bool() ? 1.0 : 0.0, v.as_bool() ? 1 : 0};
+    if (v.is_int() && (v.as_int() == 0 || v.as_int() == 1)) return {static_cast<double>(v.as_int()), v.as_int()};
+    refuse("a bool (or 0/1)");
+  }
+  if (is_floating(dtype)) {
+    if (!v.is_number()) refuse("a number");
+    return {v.as_number(), 0};
+  }
+  const auto [lo, hi] = dispatch_dtype(dtype, [](auto tag) -> std::pair<std::int64_t, std::int64_t> {
+    using T = decltype(tag);
+    if constexpr (std::is_integral_v<T>) {
+      return {static_cast<std::int64_t>(std::numeric_limits<T>::min()), static_cast<std::int64_t>(std::numeric_limits<T>::max())};
+    } else {
+      return {0, 0};
+    }
+  });
+  if (!v.is_int() || v.as_int() < lo || v.as_int() > hi) refuse(fmt::format("an int in [{}, {}]", lo, hi));
+  return {static_cast<double>(v.as_int()), v.as_int()};
+}
+
+template <class T>
+T convert(const Scalar& s) {
+  if constexpr (std::is_same_v<T, bool>) return s.i != 0;
+  else if constexpr (std::is_integral_v<T>) return static_cast<T>(s.i);
+  else if constexpr (kIsHalf<T>) return from_float<T>(static_cast<float>(s.f));
+  else return static_cast<T>(s.f);
+}
+
+void fill(CallContext& ctx, Tensor& t, const Scalar& s) {
+  if (t.device().is_cuda()) {
+#if MESHRT_HAVE_CUDA
+    cuda_kernels::fill(static_cast<int>(t.dtype()), t.raw_data(), s.f, s.i, t.numel(), ctx.native_stream());
+#endif
+    return;
+  }
+  (void)ctx;
+  dispatch_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    std::fill_n(t.data<T>(), t.numel(), convert<T>(s));
+  });
+}
+
+// Runs `host_fn` on host copies of CUDA inputs and moves the result back to `device`.
+Tensor on_device(const Tensor& host_result, const Device& device) { return host_result.to(device); }
+
+// ------------------------------------------------------------------ shape helpers
+
+void same_meta(const ArgMetas& args, const TensorMeta& a, const TensorMeta& b) {
+  if (!(a == b)) {
+    args.fail(fmt::format("expected arguments 0 and 1 of one shape, dtype and device, found {} and {}", a.to_string(),
+                          b.to_string()));
+  }
+}
+
+void require_floating(const ArgMetas& args, std::size_t i, const TensorMeta& m) {
+  if (!is_floating(m.dtype())) {
+    args.fail(fmt::format("argument {}: expected a floating dtype (float16, bfloat16, float32, float64), found {}", i,
+                          m.to_string()));
+  }
+}
+
+// ------------------------------------------------------------------ creation
+
+Signature full_shape(const ArgMetas& args) {
+  args.expect_count(3, 3);
+  const TensorMeta m(args.shape(0), args.dtype(1), args.device());
+  (void)fill_value(args, 2, m.dtype());
+  return {.outputs = {m}, .mutates = {}};
+}
+std::vector<Tensor> full_kernel(CallContext& ctx, Args& args) {
+  Tensor t = Tensor::empty(TensorMeta(args.shape(0), args.dtype(1), ctx.device()));
+  fill(ctx, t, fill_value(args, 2, t.dtype()));
+  return {t};
+}
+
+Signature zeros_shape(const ArgMetas& args) {
+  args.expect_count(2, 2);
+  return {.outputs = {TensorMeta(args.shape(0), args.dtype(1), args.device())}, .mutates = {}};
+}
+std::vector<Tensor> zeros_kernel(CallContext& ctx, Args& args) {
+  return {Tensor::zeros(TensorMeta(args.shape(0), args.dtype(1), ctx.device()))};
+}
+
+Signature arange_shape(const ArgMetas& args) {
+  args.expect_count(2, 2);
+  const std::int64_t n = args.integer(0);
+  const DType dtype = args.dtype(1);
+  if (n < 0) args.fail(fmt::format("argument 0: expected a length >= 0, found {}", n));
+  if (dtype == DType::Bool) args.fail("argument 1: expected a numeric dtype, found bool");
+  if (dtype == DType::UInt8 && n > 256) args.fail(fmt::format("expected n <= 256 for uint8, found {}", n));
+  if (dtype == DType::Int32 && n > std::int64_t{1} << 31) args.fail(fmt::format("expected n <= 2^31 for int32, found {}", n));
+  return {.outputs = {TensorMeta({n}, dtype, args.device())}, .mutates = {}};
+}
+std::vector<Tensor> arange_kernel(CallContext& ctx, Args& args) {
+  Tensor t = Tensor::empty(TensorMeta({args.integer(0)}, args.dtype(1)));
+  dispatch_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* p = t.data<T>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      if constexpr (kIsHalf<T>) p[i] = from_float<T>(static_cast<float>(i));
+      else p[i] = static_cast<T>(i);
+    }
+  });
+  return {on_device(t, ctx.device())};
+}
+
+// splitmix64: a counter-based generator, so element i of rank r's stream is a pure
+// function of (seed, r, i): the same on CPU and GPU, independent of thread count.
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+Signature rand_shape(const ArgMetas& args) {
+  args.expect_count(3, 3);
+  const TensorMeta m(args.shape(0), args.dtype(1), args.device());
+  require_floating(args, 1, m);
+  (void)args.integer(2);
+  return {.outputs = {m}, .mutates = {}};
+}
+std::vector<Tensor> rand_kernel(CallContext& ctx, Args& args) {
+  Tensor t = Tensor::empty(TensorMeta(args.shape(0), args.dtype(1)));
+  const std::uint64_t key =
+      splitmix64(static_cast<std::uint64_t>(args.integer(2)) ^ splitmix64(static_cast<std::uint64_t>(ctx.rank()) + 1));
+  dispatch_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_integral_v<T>) {
+      T* p = t.data<T>();
+      for (std::int64_t i = 0; i < t.numel(); ++i) {
+        // 53 random bits -> [0, 1)
+        const double u = static_cast<double>(splitmix64(key + static_cast<std::uint64_t>(i)) >> 11) * 0x1.0p-53;
+        if constexpr (kIsHalf<T>) p[i] = from_float<T>(static_cast<float>(u));
+        else p[i] = static_cast<T>(u);
+      }
+    }
+  });
+  return {on_device(t, ctx.device())};
+}
+
+// ------------------------------------------------------------------ elementwise
+
+Signature binary_shape(const ArgMetas& args, bool allow_bool) {
+  args.expect_count(2, 2);
+  const TensorMeta a = args.tensor(0), b = args.tensor(1);
+  same_meta(args, a, b);
+  if (!allow_bool && a.dtype() == DType::Bool) args.fail("expected a numeric dtype, found bool (use add/mul for or/and)");
+  return {.outputs = {a}, .mutates = {}};
+}
+
+template <BinaryOp Op>
+std::vector<Tensor> binary_kernel(CallContext& ctx, Args& args) {
+  const Tensor& a = args.tensor(0);
+  Tensor out = Tensor::empty(a.meta());
+  binary<Op>(ctx, a, args.tensor(1), out);
+  return {out};
+}
+
+Signature scale_shape(const ArgMetas& args) {
+  args.expect_count(2, 2);
+  const TensorMeta x = args.tensor(0);
+  require_floating(args, 0, x);
+  (void)args.number(1);
+  return {.outputs = {x}, .mutates = {}};
+}
+std::vector<Tensor> scale_kernel(CallContext& ctx, Args& args) {
+  const Tensor& x = args.tensor(0);
+  const double factor = args.number(1);
+  Tensor out = Tensor::empty(x.meta());
+  if (x.device().is_cuda()) {
+#if MESHRT_HAVE_CUDA
+    cuda_kernels::scale(static_cast<int>(x.dtype()), x.raw_data(), factor, out.raw_data(), x.numel(), ctx.native_stream());
+#endif
+    return {out};
+  }
+  dispatch_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_integral_v<T>) {
+      const T* p = x.data<T>();
+      T* q = out.data<T>();
+      for (std::int64_t i = 0; i < x.numel(); ++i) {
+        if constexpr (kIsHalf<T>) q[i] = from_float<T>(to_float(p[i]) * static_cast<float>(factor));
+        else q[i] = static_cast<T>(p[i] * static_cast<T>(factor));
+      }
+    }
+  });
+  return {out};
+}
+
+Signature copy_shape(const ArgMetas& args) {
+  args.expect_count(1, 1);
+  return {.outputs = {args.tensor(0)}, .mutates = {}};
+}
+std::vector<Tensor> copy_kernel(CallContext&, Args& args) { return {args.tensor(0).clone()}; }
+
+// ------------------------------------------------------------------ matmul, sum
+
+void init_blas_threads() {
+  // One BLAS thread per rank unless the user says otherwise: ranks already fill the
+  // cores, and OpenBLAS's own pool would oversubscribe them.
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
+      openblas_set_num_threads(1);
+    }
+  });
+}
+
+Signature matmul_shape(const ArgMetas& args) {
+  args.expect_count(2, 2);
+  const TensorMeta a = args.tensor(0), b = args.tensor(1);
+  if (a.ndim() != 2 || b.ndim() != 2 || a.shape()[1] != b.shape()[0]) {
+    args.fail(fmt::format("expected [m, k] and [k, n] matrices, found {} and {}", a.to_string(), b.to_string()));
+  }
+  if (a.dtype() != b.dtype() || (a.dtype() != DType::Float32 && a.dtype() != DType::Float64)) {
+    args.fail(fmt::format("expected two float32 or two float64 matrices, found {} and {}", a.to_string(), b.to_string()));
+  }
+  if (!(a.device() == b.device())) {
+    args.fail(fmt::format("expected both matrices on one device, found {} and {}", a.to_string(), b.to_string()));
+  }
+  return {.outputs = {TensorMeta({a.shape()[0], b.shape()[1]}, a.dtype(), a.device())}, .mutates = {}};
+}
+std::vector<Tensor> matmul_kernel(CallContext&, Args& args) {
+  init_blas_threads();
+  const Tensor a = args.tensor(0).to(Device::cpu());
+  const Tensor b = args.tensor(1).to(Device::cpu());
+  const auto m = static_cast<int>(a.shape()[0]), k = static_cast<int>(a.shape()[1]), n = static_cast<int>(b.shape()[1]);
+  Tensor c = Tensor::zeros(TensorMeta({m, n}, a.dtype()));
+  if (m > 0 && n > 0 && k > 0) {
+    if (a.dtype() == DType::Float32) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data<float>(), k, b.data<float>(), n, 0.0f,
+                  c.data<float>(), n);
+    } else {
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0, a.data<double>(), k, b.data<double>(), n, 0.0,
+                  c.data<double>(), n);
+    }
+  }
+  return {on_device(c, args.tensor(0).device())};
+}
+
+DType sum_dtype(DType in) { return in == DType::Bool ? DType::Int64 : in; }
+
+Signature sum_shape(const ArgMetas& args) {
+  args.expect_count(1, 1);
+  const TensorMeta x = args.tensor(0);
+  return {.outputs = {TensorMeta({}, sum_dtype(x.dtype()), x.device())}, .mutates = {}};
+}
+std::vector<Tensor> sum_kernel(CallContext&, Args& args) {
+  const Tensor x = args.tensor(0).to(Device::cpu());
+  Tensor out = Tensor::empty(TensorMeta({}, sum_dtype(x.dtype())));
+  dispatch_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = x.data<T>();
+    if constexpr (std::is_same_v<T, bool>) {
+      *out.data<std::int64_t>() = std::count(p, p + x.numel(), true);
+    } else if constexpr (std::is_integral_v<T>) {
+      // Wraps like the elementwise ops (the unsigned sum, truncated to T).
+      std::uint64_t acc = 0;
+      for (std::int64_t i = 0; i < x.numel(); ++i) acc += static_cast<std::uint64_t>(p[i]);
+      *out.data<T>() = static_cast<T>(acc);
+    } else {
+      double acc = 0;  // double accumulation: float32 sums of large tensors stay accurate
+      for (std::int64_t i = 0; i < x.numel(); ++i) {
+        if constexpr (kIsHalf<T>) acc += to_float(p[i]);
+        else acc += static_cast<double>(p[i]);
+      }
+      if constexpr (kIsHalf<T>) *out.data<T>() = from_float<T>(static_cast<float>(acc));
+      else *out.data<T>() = static_cast<T>(acc);
+    }
+  });
+  return {on_device(out, args.tensor(0).device())};
+}
+
+// ------------------------------------------------------------------ in place
+
+Signature fill__shape(const ArgMetas& args) {
+  args.expect_count(2, 2);
+  (void)fill_value(args, 1, args.tensor(0).dtype());
+  return {.outputs = {}, .mutates = {0}};
+}
+std::vector<Tensor> fill__kernel(CallContext& ctx, Args& args) {
+  Tensor& x = args.tensor(0);
+  fill(ctx, x, fill_value(args, 1, x.dtype()));
+  return {};
+}
+
+Signature add__shape(const ArgMetas& args) {
+  (void)binary_shape(args, true);  // the same checks as meshrt.add
+  return {.outputs = {}, .mutates = {0}};
+}
+std::vector<Tensor> add__kernel(CallContext& ctx, Args& args) {
+  Tensor& x = args.tensor(0);
+  binary<BinaryOp::Add>(ctx, x, args.tensor(1), x);
+  return {};
+}
+
+// ------------------------------------------------------------------ errors on purpose
+
+Signature fail_shape(const ArgMetas& args) {
+  args.expect_count(2, 2);
+  (void)args.string(0);
+  for (const Value& r : args.value(1).as_list()) {
+    if (!r.is_int()) args.fail(fmt::format("argument 1: expected a list of ranks (ints), found {}", args.value(1).to_string()));
+  }
+  return {.outputs = {TensorMeta({}, DType::Float32, args.device())}, .mutates = {}};
+}
+// Throws on the listed ranks (every rank when the list is empty); for error-path tests.
+std::vector<Tensor> fail_kernel(CallContext& ctx, Args& args) {
+  const auto& ranks = args.value(1).as_list();
+  const bool mine = ranks.empty() || std::any_of(ranks.begin(), ranks.end(), [&](const Value& r) { return r.as_int() == ctx.rank(); });
+  if (mine) throw std::runtime_error(args.string(0));
+  return {Tensor::zeros(TensorMeta({}, DType::Float32, ctx.device()))};
+}
+
+}  // namespace
+
+MESHRT_REGISTER_FUNCTION("meshrt.full", full_kernel, full_shape);
+MESHRT_REGISTER_FUNCTION("meshrt.zeros", zeros_kernel, zeros_shape);
+MESHRT_REGISTER_FUNCTION("meshrt.arange", arange_kernel, arange_shape);
+MESHRT_REGISTER_FUNCTION("meshrt.rand", rand_kernel, rand_shape);
+MESHRT_REGISTER_FUNCTION("meshrt.add", binary_kernel<BinaryOp::Add>, [](const ArgMetas& a) { return binary_shape(a, true); });
+MESHRT_REGISTER_FUNCTION("meshrt.sub", binary_kernel<BinaryOp::Sub>, [](const ArgMetas& a) { return binary_shape(a, false); });
+MESHRT_REGISTER_FUNCTION("meshrt.mul", binary_kernel<BinaryOp::Mul>, [](const ArgMetas& a) { return binary_shape(a, true); });
+MESHRT_REGISTER_FUNCTION("meshrt.scale", scale_kernel, scale_shape);
+MESHRT_REGISTER_FUNCTION("meshrt.matmul", matmul_kernel, matmul_shape);
+MESHRT_REGISTER_FUNCTION("meshrt.copy", copy_kernel, copy_shape);
+MESHRT_REGISTER_FUNCTION("meshrt.sum", sum_kernel, sum_shape);
+MESHRT_REGISTER_FUNCTION("meshrt.fill_", fill__kernel, fill__shape);
+MESHRT_REGISTER_FUNCTION("meshrt.add_", add__kernel, add__shape);
+MESHRT_REGISTER_FUNCTION("meshrt.fail", fail_kernel, fail_shape);
+
+}  // namespace meshrt

@@ -1,0 +1,299 @@
+#include <dlfcn.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "meshrt/functions.hpp"
+
+namespace meshrt {
+
+// ------------------------------------------------------------------ CallContext
+
+CallContext::CallContext(int rank, std::vector<std::string> dim_names, std::vector<std::int64_t> coordinates,
+                         std::uint64_t stream_id, Device device, void* native_stream)
+    : rank_(rank),
+      dim_names_(std::move(dim_names)),
+      coordinates_(std::move(coordinates)),
+      stream_id_(stream_id),
+      device_(device),
+      native_stream_(native_stream) {
+  if (dim_names_.size() != coordinates_.size()) {
+    throw UsageError(fmt::format("CallContext: expected one coordinate per dimension [{}], found {} coordinates",
+                                 fmt::join(dim_names_, ", "), coordinates_.size()));
+  }
+}
+
+std::int64_t CallContext::coordinate(std::string_view dim) const {
+  for (std::size_t i = 0; i < dim_names_.size(); ++i) {
+    if (dim_names_[i] == dim) return coordinates_[i];
+  }
+  throw UsageError(fmt::format("rank {}: expected a mesh dimension in [{}], found '{}'", rank_,
+                               fmt::join(dim_names_, ", "), dim));
+}
+
+// ------------------------------------------------------------------ argument access
+
+namespace detail {
+
+void ArgAccess::fail(std::string_view message) const { throw UsageError(fmt::format("{}: {}", function_, message)); }
+
+void ArgAccess::fail_arg(std::size_t i, std::string_view message) const {
+  throw UsageError(fmt::format("{} argument {}: {}", function_, i, message));
+}
+
+void ArgAccess::expect_count(std::size_t min, std::size_t max) const {
+  if (values_.size() < min || values_.size() > max) {
+    fail(min == max ? fmt::format("expected {} arguments, found {}", min, values_.size())
+                    : fmt::format("expected {} to {} arguments, found {}", min, max, values_.size()));
+  }
+}
+
+const Value& ArgAccess::value(std::size_t i) const {
+  if (i >= values_.size()) fail(fmt::format("expected an argument {}, found only {} arguments", i, values_.size()));
+  return values_[i];
+}
+
+// The Value accessors already say "expected X, found Y"; prefix the function and position.
+#define MESHRT_ARG_(i, expr)                 \
+  try {                                      \
+    return expr;                             \
+  } catch (const UsageError& e) {            \
+    fail_arg(i, e.what());                   \
+  }
+
+double ArgAccess::number(std::size_t i) const { MESHRT_ARG_(i, value(i).as_number()) }
+std::int64_t ArgAccess::integer(std::size_t i) const { MESHRT_ARG_(i, value(i).as_int()) }
+bool ArgAccess::boolean(std::size_t i) const { MESHRT_ARG_(i, value(i).as_bool()) }
+const std::string& ArgAccess::string(std::size_t i) const { MESHRT_ARG_(i, value(i).as_string()) }
+DType ArgAccess::dtype(std::size_t i) const { MESHRT_ARG_(i, parse_dtype(value(i).as_string())) }
+#undef MESHRT_ARG_
+
+std::vector<std::int64_t> ArgAccess::shape(std::size_t i) const {
+  const Value& v = value(i);
+  std::vector<std::int64_t> out;
+  if (v.is_int()) {
+    out.push_back(v.as_int());
+  } else if (v.is_list()) {
+    for (const Value& d : v.as_list()) {
+      if (!d.is_int()) fail_arg(i, fmt::format("expected a shape (a list of ints), found {}", v.to_string()));
+      out.push_back(d.as_int());
+    }
+  } else {
+    fail_arg(i, fmt::format("expected a shape (a list of ints), found {} {}", Value::kind_name(v.kind()), v.to_string()));
+  }
+  for (std::size_t d = 0; d < out.size(); ++d) {
+    if (out[d] < 0) fail_arg(i, fmt::format("expected a shape of sizes >= 0, found {} at dimension {}", out[d], d));
+  }
+  return out;
+}
+
+}  // namespace detail
+
+Tensor& Args::tensor(std::size_t i) {
+  (void)value(i);  // throws naming the function if i is out of range
+  Value& v = values_[i];
+  if (!v.is_tensor()) fail_arg(i, fmt::format("expected a tensor, found {} {}", Value::kind_name(v.kind()), v.to_string()));
+  return v.as_tensor();
+}
+
+const Tensor& Args::tensor(std::size_t i) const {
+  const Value& v = value(i);
+  if (!v.is_tensor()) fail_arg(i, fmt::format("expected a tensor, found {} {}", Value::kind_name(v.kind()), v.to_string()));
+  return v.as_tensor();
+}
+
+TensorMeta ArgMetas::tensor(std::size_t i) const {
+  const Value& v = value(i);
+  if (v.is_meta()) return v.as_meta();
+  if (v.is_tensor()) return v.as_tensor().meta();
+  fail_arg(i, fmt::format("expected a tensor, found {} {}", Value::kind_name(v.kind()), v.to_string()));
+}
+
+// ------------------------------------------------------------------ registry
+
+namespace functions {
+namespace {
+
+struct Table {
+  std::mutex mutex;
+  // std::map: sorted names for names() and the hash, and stable addresses for lookup().
+  std::map<std::string, Function, std::less<>> functions;
+  std::vector<std::string> refused;  // duplicate registrations from static initialisers
+  std::string loading;               // the library being dlopened, for Function::library
+};
+
+// A function-local static: registrars in other translation units may run before any
+// namespace-scope object of this file is constructed.
+Table& table() {
+  static Table* t = new Table();  // never destroyed: registrars of unloaded code may outlive statics
+  return *t;
+}
+
+std::string where(const char* file, int line, const std::string& library) {
+  return library.empty() ? fmt::format("{}:{}", file, line) : fmt::format("{}:{} in {}", file, line, library);
+}
+
+// Caller holds the lock.
+void add_locked(Table& t, std::string name, Kernel kernel, ShapeFunction shape, const char* file, int line) {
+  if (name.empty()) throw UsageError(fmt::format("register_function at {}:{}: expected a non-empty name, found ''", file, line));
+  if (!kernel || !shape) {
+    throw UsageError(fmt::format("register_function '{}' at {}:{}: expected a kernel and a shape function, found {}", name,
+                                 file, line, !kernel ? "no kernel" : "no shape function"));
+  }
+  if (const auto it = t.functions.find(name); it != t.functions.end()) {
+    throw UsageError(fmt::format("remote function '{}' registered twice: first at {}, again at {}; rename one", name,
+                                 it->second.where(), where(file, line, t.loading)));
+  }
+  Function f{name, std::move(kernel), std::move(shape), file, line, t.loading};
+  t.functions.emplace(std::move(name), std::move(f));
+}
+
+void check_locked(const Table& t) {
+  if (!t.refused.empty()) {
+    throw UsageError(fmt::format("the remote function table is broken: {}", fmt::join(t.refused, "; ")));
+  }
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string Function::where() const { return functions::where(file.c_str(), line, library); }
+
+void register_function(std::string name, Kernel kernel, ShapeFunction shape, const char* file, int line) {
+  Table& t = table();
+  std::lock_guard lock(t.mutex);
+  add_locked(t, std::move(name), std::move(kernel), std::move(shape), file, line);
+}
+
+detail::Registrar::Registrar(const char* name, Kernel kernel, ShapeFunction shape, const char* file, int line) noexcept {
+  try {
+    Table& t = table();
+    std::lock_guard lock(t.mutex);
+    try {
+      add_locked(t, name ? name : "", std::move(kernel), std::move(shape), file, line);
+    } catch (const UsageError& e) {
+      t.refused.emplace_back(e.what());
+    }
+  } catch (...) {
+    // Out of memory during static initialisation: nothing sensible is left to do.
+  }
+}
+
+void check_table() {
+  Table& t = table();
+  std::lock_guard lock(t.mutex);
+  check_locked(t);
+}
+
+const Function* find(std::string_view name) {
+  Table& t = table();
+  std::lock_guard lock(t.mutex);
+  check_locked(t);
+  const auto it = t.functions.find(name);
+  return it == t.functions.end() ? nullptr : &it->second;
+}
+
+const Function& lookup(std::string_view name) {
+  if (const Function* f = find(name)) return *f;
+  Table& t = table();
+  std::lock_guard lock(t.mutex);
+  // Suggest the closest names (a typo is the usual cause), else list what exists.
+  std::vector<std::pair<std::size_t, std::string>> scored;
+  for (const auto& [n, f] : t.functions) scored.emplace_back(edit_distance(name, n), n);
+  std::sort(scored.begin(), scored.end());
+  std::vector<std::string> close;
+  for (const auto& [d, n] : scored) {
+    if (d <= std::max<std::size_t>(2, name.size() / 3) && close.size() < 3) close.push_back(n);
+  }
+  if (!close.empty()) {
+    throw UsageError(fmt::format("unknown function '{}'; did you mean {}? ({} functions registered)", name,
+                                 fmt::join(close, ", "), t.functions.size()));
+  }
+  std::vector<std::string> all;
+  for (const auto& [n, f] : t.functions) all.push_back(n);
+  throw UsageError(fmt::format("unknown function '{}'; registered: {}", name, fmt::join(all, ", ")));
+}
+
+std::vector<std::string> names() {
+  Table& t = table();
+  std::lock_guard lock(t.mutex);
+  check_locked(t);
+  std::vector<std::string> out;
+  out.reserve(t.functions.size());
+  for (const auto& [n, f] : t.functions) out.push_back(n);
+  return out;
+}
+
+std::uint64_t table_hash() {
+  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64 offset basis
+  for (const std::string& n : names()) {
+    // A NUL after each name, so {"ab","c"} and {"a","bc"} differ.
+    for (const char c : n) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+    h = (h ^ 0u) * 0x100000001b3ull;
+  }
+  return h;
+}
+
+std::vector<std::string> load_library(const std::string& path) {
+  Table& t = table();
+  std::vector<std::string> before;
+  std::size_t refused_before = 0;
+  {
+    std::lock_guard lock(t.mutex);
+    for (const auto& [n, f] : t.functions) before.push_back(n);
+    refused_before = t.refused.size();
+    t.loading = path;
+  }
+  // The registrars run inside dlopen, on this thread, and take the lock themselves.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  std::lock_guard lock(t.mutex);
+  t.loading.clear();
+  if (handle == nullptr) {
+    const char* err = dlerror();
+    throw UsageError(fmt::format("load_library: expected a loadable shared library at '{}', found: {}", path,
+                                 err ? err : "unknown dlopen error"));
+  }
+  if (t.refused.size() > refused_before) {
+    // The library's duplicates are refused and must not poison the table for everyone.
+    std::vector<std::string> mine(t.refused.begin() + static_cast<std::ptrdiff_t>(refused_before), t.refused.end());
+    t.refused.resize(refused_before);
+    throw UsageError(fmt::format("load_library '{}': {}", path, fmt::join(mine, "; ")));
+  }
+  std::vector<std::string> added;
+  for (const auto& [n, f] : t.functions) {
+    if (!std::binary_search(before.begin(), before.end(), n)) added.push_back(n);
+  }
+  return added;
+}
+
+Signature infer(const Function& f, const ArgMetas& args) {
+  Signature s = f.shape(args);
+  for (const std::size_t m : s.mutates) {
+    if (m >= args.size() || !(args.value(m).is_meta() || args.value(m).is_tensor())) {
+      throw UsageError(fmt::format("{} (registered at {}): its shape function declares argument {} mutated; expected the "
+                                   "index of a tensor argument among {} arguments",
+                                   f.name, f.where(), m, args.size()));
+    }
+  }
+  return s;
+}
+
+}  // namespace functions
+}  // namespace meshrt

@@ -1,0 +1,670 @@
+// The wire codec: hand-written, not Boost.Serialization.
+//
+// Why: the command path is the controller's hot loop (DESIGN.md section 8). Measured on
+// the CI machine with apps/meshrt-bench/codec.cpp (RelWithDebInfo, warm buffers), encode +
+// decode of a CallFunction with four tensor-reference arguments takes CODEC_SMALL_NS here
+// against BOOST_SMALL_NS with a Boost binary archive of the same fields, which misses the
+// <= 1 us target on its own; a 1 MiB FetchResult moves at CODEC_BULK_GBS here (one memcpy
+// each way) against BOOST_BULK_GBS through Boost. Boost.Serialization stays for
+// StatelessGroup's arbitrary objects (include/meshrt/tensor_serialization.hpp).
+//
+// Format: fixed-width little-endian integers (a memcpy each: no varint branches), u32
+// lengths before strings and sequences, one tag byte per variant. Every length is checked
+// against the bytes left before anything is allocated, so a hostile frame can make the
+// decoder allocate at most about the frame's own size.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <unordered_set>
+
+#include "meshrt/protocol.hpp"
+
+namespace meshrt {
+
+static_assert(std::endian::native == std::endian::little,
+              "the meshrt wire format is little-endian; a big-endian port needs byte swaps in Writer/Reader");
+static_assert(sizeof(Ref) == sizeof(std::uint64_t) && std::is_trivially_copyable_v<Ref>);
+
+namespace protocol {
+
+bool operator==(const CommandGroup& a, const CommandGroup& b) { return a.commands == b.commands; }
+
+namespace {
+
+constexpr std::string_view kCommandNames[] = {"CreateDeviceMesh", "CreateStream", "CallFunction",   "FetchValue",
+                                              "Reduce",           "SendTensor",   "BorrowCreate",   "BorrowFirstUse",
+                                              "BorrowDrop",       "DeleteRefs",   "CommandGroup",   "RequestStatus",
+                                              "Exit"};
+constexpr std::string_view kReplyNames[] = {"Status", "RemoteFunctionFailed", "FetchResult", "Restarted"};
+static_assert(std::size(kCommandNames) == std::variant_size_v<Command>);
+static_assert(std::size(kReplyNames) == std::variant_size_v<Reply>);
+
+constexpr std::byte kMagic0{'m'};
+constexpr std::byte kMagic1{'r'};
+enum class FrameKind : std::uint8_t { Command = 1, Reply = 2, Handshake = 3, Value = 4 };
+constexpr std::size_t kHeaderSize = 4;
+// More dimensions than any real tensor or mesh; bounds what a frame can ask for.
+constexpr std::uint32_t kMaxDims = 64;
+
+// ------------------------------------------------------------------ writer
+
+class Writer {
+ public:
+  explicit Writer(Buffer& out) : out_(out) {}
+
+  template <class T>
+  void pod(T v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    std::memcpy(out_.extend(sizeof(T)), &v, sizeof(T));
+  }
+  void u8(std::uint8_t v) { pod(v); }
+  void boolean(bool v) { pod(static_cast<std::uint8_t>(v ? 1 : 0)); }
+  void length(std::size_t n, const char* field) {
+    if (n > std::numeric_limits<std::uint32_t>::max()) {
+      throw ProtocolError(fmt::format("protocol: encoding {}: expected at most {} items, found {}", field,
+                                      std::numeric_limits<std::uint32_t>::max(), n));
+    }
+    pod(static_cast<std::uint32_t>(n));
+  }
+  void bytes(const void* p, std::size_t n) {
+    if (n > 0) std::memcpy(out_.extend(n), p, n);
+  }
+  void string(std::string_view s, const char* field) {
+    length(s.size(), field);
+    bytes(s.data(), s.size());
+  }
+  void ref(Ref r) { pod(r.id); }
+  void refs(const std::vector<Ref>& rs, const char* field) {
+    length(rs.size(), field);
+    bytes(rs.data(), rs.size() * sizeof(Ref));
+  }
+  void i64s(const std::vector<std::int64_t>& v, const char* field) {
+    length(v.size(), field);
+    bytes(v.data(), v.size() * sizeof(std::int64_t));
+  }
+  void slice(const NDSlice& s) {
+    pod(s.offset());
+    i64s(s.sizes(), "NDSlice sizes");
+    bytes(s.strides().data(), s.strides().size() * sizeof(std::int64_t));
+  }
+  void meta(const TensorMeta& m) {
+    u8(static_cast<std::uint8_t>(m.dtype()));
+    u8(static_cast<std::uint8_t>(m.device().kind()));
+    pod(static_cast<std::int32_t>(m.device().index()));
+    i64s(m.shape(), "tensor shape");
+  }
+  void tensor(const Tensor& t) {
+    if (!t.defined()) throw ProtocolError("protocol: encoding a tensor: expected a defined tensor, found an undefined one");
+    if (!t.device().is_cpu()) {
+      throw ProtocolError(fmt::format("protocol: encoding a tensor: expected a CPU tensor, found {}; copy it to the host first",
+                                      t.meta().to_string()));
+    }
+    u8(static_cast<std::uint8_t>(t.dtype()));
+    i64s(t.shape(), "tensor shape");
+    pod(static_cast<std::uint64_t>(t.nbytes()));
+    bytes(t.raw_data(), t.nbytes());
+  }
+  void value(const Value& v) {
+    u8(static_cast<std::uint8_t>(v.kind()));
+    switch (v.kind()) {
+      case Value::Kind::None: return;
+      case Value::Kind::Bool: return boolean(v.as_bool());
+      case Value::Kind::Int: return pod(v.as_int());
+      case Value::Kind::Double: return pod(v.as_number());
+      case Value::Kind::String: return string(v.as_string(), "string value");
+      case Value::Kind::Ref: return ref(v.as_ref());
+      case Value::Kind::Tensor: return tensor(v.as_tensor());
+      case Value::Kind::Meta: return meta(v.as_meta());
+      case Value::Kind::List:
+        length(v.as_list().size(), "list");
+        for (const Value& item : v.as_list()) value(item);
+        return;
+      case Value::Kind::Dict:
+        length(v.as_dict().size(), "dict");
+        for (const auto& [k, item] : v.as_dict()) {
+          string(k, "dict key");
+          value(item);
+        }
+        return;
+    }
+  }
+  void values(const std::vector<Value>& vs, const char* field) {
+    length(vs.size(), field);
+    for (const Value& v : vs) value(v);
+  }
+
+  void command(const Command& c) {
+    u8(static_cast<std::uint8_t>(c.index()));
+    std::visit([this](const auto& m) { body(m); }, c);
+  }
+  void reply(const Reply& r) {
+    u8(static_cast<std::uint8_t>(r.index()));
+    std::visit([this](const auto& m) { body(m); }, r);
+  }
+
+  void body(const CreateDeviceMesh& m) {
+    ref(m.result);
+    length(m.names.size(), "CreateDeviceMesh names");
+    for (const auto& n : m.names) string(n, "CreateDeviceMesh name");
+    slice(m.ranks);
+  }
+  void body(const CreateStream& m) {
+    ref(m.result);
+    boolean(m.is_default);
+  }
+  void body(const CallFunction& m) {
+    pod(m.ident);
+    refs(m.results, "CallFunction results");
+    refs(m.mutates, "CallFunction mutates");
+    string(m.function, "CallFunction function");
+    values(m.args, "CallFunction args");
+    ref(m.stream);
+  }
+  void body(const FetchValue& m) {
+    pod(m.ident);
+    refs(m.mutates, "FetchValue mutates");
+    boolean(m.function.has_value());
+    if (m.function) string(*m.function, "FetchValue function");
+    value(m.value);
+    ref(m.stream);
+  }
+  void body(const Reduce& m) {
+    ref(m.result);
+    ref(m.tensor);
+    meta(m.factory);
+    ref(m.mesh);
+    ref(m.stream);
+    string(m.dim, "Reduce dim");
+    u8(static_cast<std::uint8_t>(m.reduction));
+    boolean(m.scatter);
+    boolean(m.inplace);
+  }
+  void body(const SendTensor& m) {
+    ref(m.result);
+    slice(m.from_ranks);
+    slice(m.to_ranks);
+    ref(m.tensor);
+    meta(m.factory);
+    ref(m.stream);
+  }
+  void body(const BorrowCreate& m) {
+    ref(m.result);
+    ref(m.tensor);
+    ref(m.from_stream);
+    ref(m.to_stream);
+    boolean(m.already_borrowed);
+  }
+  void body(const BorrowFirstUse& m) { ref(m.borrow); }
+  void body(const BorrowDrop& m) { ref(m.borrow); }
+  void body(const DeleteRefs& m) { refs(m.refs, "DeleteRefs refs"); }
+  void body(const CommandGroup& m) {
+    length(m.commands.size(), "CommandGroup commands");
+    for (const Command& c : m.commands) command(c);
+  }
+  void body(const RequestStatus& m) { pod(m.ident); }
+  void body(const Exit&) {}
+  void body(const Status& m) { pod(m.first_uncompleted_ident); }
+  void body(const RemoteFunctionFailed& m) {
+    pod(m.ident);
+    string(m.error, "RemoteFunctionFailed error");
+    pod(m.rank);
+    string(m.function, "RemoteFunctionFailed function");
+    string(m.exception_type, "RemoteFunctionFailed exception_type");
+  }
+  void body(const FetchResult& m) {
+    pod(m.ident);
+    value(m.value);
+  }
+  void body(const Restarted&) {}
+  void body(const Handshake& m) {
+    string(m.meshrt_version, "Handshake meshrt_version");
+    pod(m.protocol_version);
+    pod(m.function_table_hash);
+    pod(m.thread_level);
+    pod(m.rank);
+    string(m.host, "Handshake host");
+  }
+
+ private:
+  Buffer& out_;
+};
+
+void header(Buffer& out, FrameKind kind) {
+  std::byte* p = out.extend(kHeaderSize);
+  p[0] = kMagic0;
+  p[1] = kMagic1;
+  p[2] = std::byte{kVersion};
+  p[3] = static_cast<std::byte>(kind);
+}
+
+// ------------------------------------------------------------------ reader
+
+class Reader {
+ public:
+  explicit Reader(std::span<const std::byte> bytes) : p_(bytes.data()), size_(bytes.size()) {}
+
+  [[noreturn]] void fail(const char* field, std::string_view what) const { fail_at(pos_, field, what); }
+  [[noreturn]] void fail_at(std::size_t at, const char* field, std::string_view what) const {
+    throw ProtocolError(fmt::format("protocol: decoding {} at byte {} of a {}-byte frame: {}", field, at, size_, what));
+  }
+  std::size_t left() const noexcept { return size_ - pos_; }
+
+  void need(std::size_t n, const char* field) const {
+    if (left() < n) fail(field, fmt::format("expected {} more bytes, found {}", n, left()));
+  }
+  template <class T>
+  T pod(const char* field) {
+    need(sizeof(T), field);
+    T v;
+    std::memcpy(&v, p_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  std::uint8_t u8(const char* field) { return pod<std::uint8_t>(field); }
+  bool boolean(const char* field) {
+    const std::uint8_t b = u8(field);
+    if (b > 1) fail_at(pos_ - 1, field, fmt::format("expected a bool byte 0 or 1, found {}", b));
+    return b == 1;
+  }
+  template <class E>
+  E enumeration(const char* field, int count) {
+    const std::uint8_t b = u8(field);
+    if (b >= count) fail_at(pos_ - 1, field, fmt::format("expected a value in 0..{}, found {}", count - 1, b));
+    return static_cast<E>(b);
+  }
+  // A count of items that take at least `min_item_bytes` each: refused before anything is
+  // allocated if the rest of the frame cannot hold that many.
+  std::size_t length(const char* field, std::size_t min_item_bytes) {
+    const std::size_t at = pos_;
+    const std::size_t n = pod<std::uint32_t>(field);
+    if (min_item_bytes > 0 && n > left() / min_item_bytes) {
+      fail_at(at, field,
+              fmt::format("expected a count the remaining {} bytes can hold ({} bytes each), found {}", left(), min_item_bytes, n));
+    }
+    return n;
+  }
+  std::string string(const char* field) {
+    const std::size_t n = length(field, 1);
+    std::string s(reinterpret_cast<const char*>(p_ + pos_), n);
+    pos_ += n;
+    return s;
+  }
+  Ref ref(const char* field) { return Ref{pod<std::uint64_t>(field)}; }
+  std::vector<Ref> refs(const char* field) {
+    const std::size_t n = length(field, sizeof(Ref));
+    std::vector<Ref> out(n);
+    if (n > 0) std::memcpy(out.data(), p_ + pos_, n * sizeof(Ref));
+    pos_ += n * sizeof(Ref);
+    return out;
+  }
+  std::vector<std::int64_t> dims(const char* field, std::size_t n) {
+    need(n * sizeof(std::int64_t), field);
+    std::vector<std::int64_t> out(n);
+    if (n > 0) std::memcpy(out.data(), p_ + pos_, n * sizeof(std::int64_t));
+    pos_ += n * sizeof(std::int64_t);
+    return out;
+  }
+  std::size_t ndim(const char* field) {
+    const std::size_t at = pos_;
+    const std::size_t n = length(field, sizeof(std::int64_t));
+    if (n > kMaxDims) fail_at(at, field, fmt::format("expected at most {} dimensions, found {}", kMaxDims, n));
+    return n;
+  }
+  NDSlice slice(const char* field) {
+    const std::size_t at = pos_;
+    const auto offset = pod<std::int64_t>(field);
+    const std::size_t n = ndim(field);
+    auto sizes = dims(field, n);
+    auto strides = dims(field, n);
+    try {
+      return NDSlice(offset, std::move(sizes), std::move(strides));
+    } catch (const SliceError& e) {
+      fail_at(at, field, fmt::format("expected a valid NDSlice, found {}", e.what()));
+    }
+  }
+  TensorMeta meta(const char* field) {
+    const std::size_t at = pos_;
+    const auto dtype = enumeration<DType>(field, kNumDTypes);
+    const auto kind = enumeration<Device::Kind>(field, 2);
+    const auto index = pod<std::int32_t>(field);
+    if (index < 0 || (kind == Device::Kind::Cpu && index != 0)) {
+      fail_at(pos_ - 4, field, fmt::format("expected a device index >= 0 (0 for cpu), found {}", index));
+    }
+    auto shape = dims(field, ndim(field));
+    try {
+      return TensorMeta(std::move(shape), dtype, kind == Device::Kind::Cpu ? Device::cpu() : Device::cuda(index));
+    } catch (const UsageError& e) {
+      fail_at(at, field, fmt::format("expected a valid tensor meta, found {}", e.what()));
+    }
+  }
+  Tensor tensor(const char* field) {
+    const std::size_t at = pos_;
+    const auto dtype = enumeration<DType>(field, kNumDTypes);
+    auto shape = dims(field, ndim(field));
+    std::int64_t numel = 0;
+    try {
+      numel = checked_numel(shape, dtype);
+    } catch (const UsageError& e) {
+      fail_at(at, field, fmt::format("expected a valid tensor shape, found {}", e.what()));
+    }
+    const std::size_t nbytes_at = pos_;
+    const auto nbytes = pod<std::uint64_t>(field);
+    const auto expected = static_cast<std::uint64_t>(numel) * element_size(dtype);
+    if (nbytes != expected) {
+      fail_at(nbytes_at, field,
+              fmt::format("expected nbytes = numel {} x {} bytes = {}, found {}", numel, element_size(dtype), expected, nbytes));
+    }
+    need(nbytes, field);
+    // One allocation and one memcpy: no per-element work on the bulk path.
+    Tensor t = Tensor::empty(TensorMeta(std::move(shape), dtype));
+    if (nbytes > 0) std::memcpy(t.raw_data(), p_ + pos_, nbytes);
+    pos_ += nbytes;
+    return t;
+  }
+  Value value(int depth, const char* field) {
+    if (depth > kMaxDepth) fail(field, fmt::format("expected values nested at most {} deep, found deeper", kMaxDepth));
+    const auto kind = enumeration<Value::Kind>(field, static_cast<int>(Value::Kind::Dict) + 1);
+    switch (kind) {
+      case Value::Kind::None: return Value();
+      case Value::Kind::Bool: return Value(boolean(field));
+      case Value::Kind::Int: return Value(pod<std::int64_t>(field));
+      case Value::Kind::Double: return Value(pod<double>(field));
+      case Value::Kind::String: return Value(string(field));
+      case Value::Kind::Ref: return Value(ref(field));
+      case Value::Kind::Tensor: return Value(tensor(field));
+      case Value::Kind::Meta: return Value(meta(field));
+      case Value::Kind::List: {
+        const std::size_t n = length(field, 1);  // every value is at least its tag byte
+        Value::List items;
+        items.reserve(n);
+        for (std::size_t i = 0; i < n; ++i) items.push_back(value(depth + 1, field));
+        return Value(std::move(items));
+      }
+      case Value::Kind::Dict: {
+        const std::size_t n = length(field, 5);  // a key's length and a tag at least
+        Value::Dict items;
+        items.reserve(n);  // no reallocation below, so the views into the keys stay valid
+        std::unordered_set<std::string_view> seen;
+        for (std::size_t i = 0; i < n; ++i) {
+          const std::size_t key_at = pos_;
+          items.emplace_back(string(field), Value());
+          if (!seen.insert(items.back().first).second) {
+            fail_at(key_at, field, fmt::format("expected unique dict keys, found '{}' twice", items.back().first));
+          }
+          items.back().second = value(depth + 1, field);
+        }
+        return Value(std::move(items));
+      }
+    }
+    fail(field, "unreachable value kind");
+  }
+  std::vector<Value> values(const char* field) {
+    const std::size_t n = length(field, 1);
+    std::vector<Value> out;
+    out.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) out.push_back(value(1, field));
+    return out;
+  }
+
+  Command command(int depth) {
+    const std::size_t at = pos_;
+    const std::uint8_t tag = u8("command tag");
+    switch (tag) {
+      case 0: {
+        CreateDeviceMesh m;
+        m.result = ref("CreateDeviceMesh.result");
+        const std::size_t n = length("CreateDeviceMesh.names", 4);
+        m.names.reserve(n);
+        for (std::size_t i = 0; i < n; ++i) m.names.push_back(string("CreateDeviceMesh.names"));
+        m.ranks = slice("CreateDeviceMesh.ranks");
+        if (m.names.size() != m.ranks.ndim()) {
+          fail("CreateDeviceMesh", fmt::format("expected one name per mesh dimension ({}), found {} names",
+                                               m.ranks.ndim(), m.names.size()));
+        }
+        return m;
+      }
+      case 1: {
+        CreateStream m;
+        m.result = ref("CreateStream.result");
+        m.is_default = boolean("CreateStream.is_default");
+        return m;
+      }
+      case 2: {
+        CallFunction m;
+        m.ident = pod<Ident>("CallFunction.ident");
+        m.results = refs("CallFunction.results");
+        m.mutates = refs("CallFunction.mutates");
+        m.function = string("CallFunction.function");
+        m.args = values("CallFunction.args");
+        m.stream = ref("CallFunction.stream");
+        return m;
+      }
+      case 3: {
+        FetchValue m;
+        m.ident = pod<Ident>("FetchValue.ident");
+        m.mutates = refs("FetchValue.mutates");
+        if (boolean("FetchValue.function present")) m.function = string("FetchValue.function");
+        m.value = value(1, "FetchValue.value");
+        m.stream = ref("FetchValue.stream");
+        return m;
+      }
+      case 4: {
+        Reduce m;
+        m.result = ref("Reduce.result");
+        m.tensor = ref("Reduce.tensor");
+        m.factory = meta("Reduce.factory");
+        m.mesh = ref("Reduce.mesh");
+        m.stream = ref("Reduce.stream");
+        m.dim = string("Reduce.dim");
+        m.reduction = enumeration<Reduction>("Reduce.reduction", kNumReductions);
+        m.scatter = boolean("Reduce.scatter");
+        m.inplace = boolean("Reduce.inplace");
+        return m;
+      }
+      case 5: {
+        SendTensor m;
+        m.result = ref("SendTensor.result");
+        m.from_ranks = slice("SendTensor.from_ranks");
+        m.to_ranks = slice("SendTensor.to_ranks");
+        if (m.from_ranks.len() != m.to_ranks.len()) {
+          fail("SendTensor", fmt::format("expected from_ranks and to_ranks of one length, found {} and {}",
+                                         m.from_ranks.len(), m.to_ranks.len()));
+        }
+        m.tensor = ref("SendTensor.tensor");
+        m.factory = meta("SendTensor.factory");
+        m.stream = ref("SendTensor.stream");
+        return m;
+      }
+      case 6: {
+        BorrowCreate m;
+        m.result = ref("BorrowCreate.result");
+        m.tensor = ref("BorrowCreate.tensor");
+        m.from_stream = ref("BorrowCreate.from_stream");
+        m.to_stream = ref("BorrowCreate.to_stream");
+        m.already_borrowed = boolean("BorrowCreate.already_borrowed");
+        return m;
+      }
+      case 7: return BorrowFirstUse{ref("BorrowFirstUse.borrow")};
+      case 8: return BorrowDrop{ref("BorrowDrop.borrow")};
+      case 9: return DeleteRefs{refs("DeleteRefs.refs")};
+      case 10: {
+        if (depth >= kMaxDepth) {
+          fail_at(at, "CommandGroup", fmt::format("expected groups nested at most {} deep, found deeper", kMaxDepth));
+        }
+        CommandGroup m;
+        const std::size_t n = length("CommandGroup.commands", 1);
+        m.commands.reserve(n);
+        for (std::size_t i = 0; i < n; ++i) m.commands.push_back(command(depth + 1));
+        return m;
+      }
+      case 11: return RequestStatus{pod<Ident>("RequestStatus.ident")};
+      case 12: return Exit{};
+      default:
+        fail_at(at, "command tag", fmt::format("expected a command tag in 0..{}, found {}", std::size(kCommandNames) - 1, tag));
+    }
+  }
+
+  Reply reply() {
+    const std::size_t at = pos_;
+    const std::uint8_t tag = u8("reply tag");
+    switch (tag) {
+      case 0: return Status{pod<Ident>("Status.first_uncompleted_ident")};
+      case 1: {
+        RemoteFunctionFailed m;
+        m.ident = pod<Ident>("RemoteFunctionFailed.ident");
+        m.error = string("RemoteFunctionFailed.error");
+        m.rank = pod<std::int32_t>("RemoteFunctionFailed.rank");
+        m.function = string("RemoteFunctionFailed.function");
+        m.exception_type = string("RemoteFunctionFailed.exception_type");
+        return m;
+      }
+      case 2: {
+        FetchResult m;
+        m.ident = pod<Ident>("FetchResult.ident");
+        m.value = value(1, "FetchResult.value");
+        return m;
+      }
+      case 3: return Restarted{};
+      default:
+        fail_at(at, "reply tag", fmt::format("expected a reply tag in 0..{}, found {}", std::size(kReplyNames) - 1, tag));
+    }
+  }
+
+  Handshake handshake() {
+    Handshake h;
+    h.meshrt_version = string("Handshake.meshrt_version");
+    h.protocol_version = pod<std::uint32_t>("Handshake.protocol_version");
+    h.function_table_hash = pod<std::uint64_t>("Handshake.function_table_hash");
+    h.thread_level = pod<std::int32_t>("Handshake.thread_level");
+    h.rank = pod<std::int32_t>("Handshake.rank");
+    h.host = string("Handshake.host");
+    return h;
+  }
+
+  void header(FrameKind expected) {
+    need(kHeaderSize, "frame header");
+    if (p_[0] != kMagic0 || p_[1] != kMagic1) {
+      fail("frame header", fmt::format("expected the magic bytes 'm' 'r', found 0x{:02x} 0x{:02x}",
+                                       std::to_integer<unsigned>(p_[0]), std::to_integer<unsigned>(p_[1])));
+    }
+    const auto version = std::to_integer<unsigned>(p_[2]);
+    if (version != kVersion) {
+      fail_at(2, "frame header",
+              fmt::format("expected protocol version {}, found {} (a rank runs a different meshrt build)", kVersion, version));
+    }
+    const auto kind = std::to_integer<unsigned>(p_[3]);
+    if (kind != static_cast<unsigned>(expected)) {
+      fail_at(3, "frame header", fmt::format("expected frame kind {} ({}), found {}", static_cast<unsigned>(expected),
+                                             kind_name(expected), kind));
+    }
+    pos_ = kHeaderSize;
+  }
+  void finish() const {
+    if (left() != 0) fail("end of frame", fmt::format("expected the frame to end, found {} more bytes", left()));
+  }
+
+  static std::string_view kind_name(FrameKind k) {
+    switch (k) {
+      case FrameKind::Command: return "command";
+      case FrameKind::Reply: return "reply";
+      case FrameKind::Handshake: return "handshake";
+      case FrameKind::Value: return "value";
+    }
+    return "invalid";
+  }
+
+ private:
+  const std::byte* p_;
+  std::size_t size_;
+  std::size_t pos_ = 0;
+};
+
+template <class F>
+std::vector<std::byte> to_vector(F&& encode_fn) {
+  Buffer b;
+  encode_fn(b);
+  return std::vector<std::byte>(b.data(), b.data() + b.size());
+}
+
+}  // namespace
+
+std::string_view name(const Command& c) noexcept { return kCommandNames[c.index()]; }
+std::string_view name(const Reply& r) noexcept { return kReplyNames[r.index()]; }
+
+void Buffer::reserve(std::size_t n) {
+  if (n > capacity_) grow(n - size_);
+}
+
+void Buffer::grow(std::size_t n) {
+  const std::size_t needed = size_ + n;
+  const std::size_t cap = std::max({needed, capacity_ * 2, std::size_t{256}});
+  // make_unique_for_overwrite: no zero fill, the bytes are about to be written.
+  auto fresh = std::make_unique_for_overwrite<std::byte[]>(cap);
+  if (size_ > 0) std::memcpy(fresh.get(), data_.get(), size_);
+  data_ = std::move(fresh);
+  capacity_ = cap;
+}
+
+void encode_into(const Command& c, Buffer& out) {
+  header(out, FrameKind::Command);
+  Writer(out).command(c);
+}
+void encode_into(const Reply& r, Buffer& out) {
+  header(out, FrameKind::Reply);
+  Writer(out).reply(r);
+}
+void encode_into(const Handshake& h, Buffer& out) {
+  header(out, FrameKind::Handshake);
+  Writer(out).body(h);
+}
+void encode_value(const Value& v, Buffer& out) {
+  header(out, FrameKind::Value);
+  Writer(out).value(v);
+}
+
+std::vector<std::byte> encode(const Command& c) {
+  return to_vector([&](Buffer& b) { encode_into(c, b); });
+}
+std::vector<std::byte> encode(const Reply& r) {
+  return to_vector([&](Buffer& b) { encode_into(r, b); });
+}
+std::vector<std::byte> encode(const Handshake& h) {
+  return to_vector([&](Buffer& b) { encode_into(h, b); });
+}
+
+Command decode_command(std::span<const std::byte> bytes) {
+  Reader r(bytes);
+  r.header(FrameKind::Command);
+  Command c = r.command(0);
+  r.finish();
+  return c;
+}
+Reply decode_reply(std::span<const std::byte> bytes) {
+  Reader r(bytes);
+  r.header(FrameKind::Reply);
+  Reply rep = r.reply();
+  r.finish();
+  return rep;
+}
+Handshake decode_handshake(std::span<const std::byte> bytes) {
+  Reader r(bytes);
+  r.header(FrameKind::Handshake);
+  Handshake h = r.handshake();
+  r.finish();
+  return h;
+}
+Value decode_value(std::span<const std::byte> bytes) {
+  Reader r(bytes);
+  r.header(FrameKind::Value);
+  Value v = r.value(1, "value");
+  r.finish();
+  return v;
+}
+
+}  // namespace protocol
+}  // namespace meshrt

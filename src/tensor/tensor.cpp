@@ -1,0 +1,394 @@
+#include "meshrt/tensor.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+
+#include "meshrt/config.hpp"
+
+#if MESHRT_HAVE_CUDA
+#include "common/checks.hpp"
+#endif
+
+namespace meshrt {
+
+namespace {
+
+constexpr std::array<std::string_view, kNumDTypes> kDTypeNames = {"bool",    "uint8",    "int32",   "int64",
+                                                                  "float16", "bfloat16", "float32", "float64"};
+constexpr std::array<std::size_t, kNumDTypes> kDTypeSizes = {1, 1, 4, 8, 2, 2, 4, 8};
+// Cache-line alignment for CPU storage: vector kernels and MPI both like it.
+constexpr std::size_t kHostAlignment = 64;
+
+}  // namespace
+
+std::size_t element_size(DType dtype) noexcept {
+  const auto i = static_cast<std::size_t>(dtype);
+  return i < kDTypeSizes.size() ? kDTypeSizes[i] : 0;
+}
+
+std::string_view name(DType dtype) noexcept {
+  const auto i = static_cast<std::size_t>(dtype);
+  return i < kDTypeNames.size() ? kDTypeNames[i] : std::string_view("invalid");
+}
+
+DType parse_dtype(std::string_view text) {
+  for (std::size_t i = 0; i < kDTypeNames.size(); ++i) {
+    if (kDTypeNames[i] == text) return static_cast<DType>(i);
+  }
+  throw UsageError(fmt::format("dtype: expected one of {}, found '{}'", fmt::join(kDTypeNames, ", "), text));
+}
+
+bool is_floating(DType dtype) noexcept {
+  return dtype == DType::Float16 || dtype == DType::BFloat16 || dtype == DType::Float32 || dtype == DType::Float64;
+}
+
+// After F. Giesen's float_to_half_fast3_rtne: exact round-to-nearest-even without a
+// table, using the FPU to round denormals.
+Half float_to_half(float value) noexcept {
+  constexpr std::uint32_t f32_infinity = 255u << 23;
+  constexpr std::uint32_t f16_overflow = (127u + 16u) << 23;
+  constexpr std::uint32_t denorm_magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+  std::uint32_t x = std::bit_cast<std::uint32_t>(value);
+  const std::uint32_t sign = x & 0x80000000u;
+  x ^= sign;
+  std::uint32_t out = 0;
+  if (x >= f16_overflow) {
+    out = x > f32_infinity ? 0x7e00u : 0x7c00u;
+  } else if (x < (113u << 23)) {
+    const float f = std::bit_cast<float>(x) + std::bit_cast<float>(denorm_magic);
+    out = std::bit_cast<std::uint32_t>(f) - denorm_magic;
+  } else {
+    const std::uint32_t mantissa_odd = (x >> 13) & 1u;
+    x -= 112u << 23;  // rebias the exponent from 127 to 15
+    x += 0xfffu + mantissa_odd;
+    out = x >> 13;
+  }
+  return Half{static_cast<std::uint16_t>(out | (sign >> 16))};
+}
+
+float half_to_float(Half value) noexcept {
+  constexpr std::uint32_t shifted_exp = 0x7c00u << 13;
+  const std::uint32_t h = value.bits;
+  std::uint32_t out = (h & 0x7fffu) << 13;
+  const std::uint32_t exp = shifted_exp & out;
+  out += (127u - 15u) << 23;
+  if (exp == shifted_exp) {
+    out += (128u - 16u) << 23;  // infinity or NaN
+  } else if (exp == 0) {
+    out += 1u << 23;  // zero or denormal: renormalise through the FPU
+    out = std::bit_cast<std::uint32_t>(std::bit_cast<float>(out) - std::bit_cast<float>(113u << 23));
+  }
+  return std::bit_cast<float>(out | ((h & 0x8000u) << 16));
+}
+
+BFloat16 float_to_bfloat16(float value) noexcept {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(value);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return BFloat16{static_cast<std::uint16_t>((x >> 16) | 0x40u)};  // quiet NaN
+  const std::uint32_t rounded = x + 0x7fffu + ((x >> 16) & 1u);
+  return BFloat16{static_cast<std::uint16_t>(rounded >> 16)};
+}
+
+float bfloat16_to_float(BFloat16 value) noexcept {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(value.bits) << 16);
+}
+
+// ---------------------------------------------------------------------------- Device
+
+Device Device::cuda(int index) {
+  if (index < 0) throw UsageError(fmt::format("Device::cuda: expected a device index >= 0, found {}", index));
+  return Device(Kind::Cuda, index);
+}
+
+Device Device::parse(std::string_view text) {
+  if (text == "cpu") return cpu();
+  if (text == "cuda") return cuda(0);
+  if (text.starts_with("cuda:")) {
+    const std::string_view digits = text.substr(5);
+    int index = -1;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+    if (ec == std::errc() && end == digits.data() + digits.size() && !digits.empty() && index >= 0) return cuda(index);
+  }
+  throw UsageError(fmt::format("device: expected 'cpu', 'cuda' or 'cuda:N' with N >= 0, found '{}'", text));
+}
+
+std::string Device::to_string() const {
+  return is_cpu() ? std::string("cpu") : fmt::format("cuda:{}", index_);
+}
+
+// ---------------------------------------------------------------------------- TensorMeta
+
+std::int64_t checked_numel(std::span<const std::int64_t> shape, DType dtype) {
+  const std::size_t elsize = element_size(dtype);
+  if (elsize == 0) {
+    throw UsageError(fmt::format("tensor: expected a dtype in 0..{}, found {}", kNumDTypes - 1, static_cast<int>(dtype)));
+  }
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0) {
+      throw UsageError(fmt::format("tensor shape [{}]: expected every dimension >= 0, found {} at dimension {}",
+                                   fmt::join(shape, ", "), shape[i], i));
+    }
+  }
+  // A zero anywhere makes the product 0, whatever the other dimensions are.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
+  const auto limit = std::numeric_limits<std::int64_t>::max() / static_cast<std::int64_t>(elsize);
+  std::int64_t numel = 1;
+  for (const std::int64_t d : shape) {
+    if (numel > limit / d) {
+      throw UsageError(fmt::format("tensor shape [{}] of {}: expected at most {} bytes, found a size that overflows",
+                                   fmt::join(shape, ", "), name(dtype), std::numeric_limits<std::int64_t>::max()));
+    }
+    numel *= d;
+  }
+  return numel;
+}
+
+TensorMeta::TensorMeta(std::vector<std::int64_t> shape, DType dtype, Device device)
+    : shape_(std::move(shape)), dtype_(dtype), device_(device), numel_(checked_numel(shape_, dtype)) {}
+
+TensorMeta TensorMeta::with_device(Device device) const {
+  TensorMeta m = *this;
+  m.device_ = device;
+  return m;
+}
+
+TensorMeta TensorMeta::with_shape(std::vector<std::int64_t> shape) const {
+  return TensorMeta(std::move(shape), dtype_, device_);
+}
+
+Tensor TensorMeta::empty() const { return Tensor::empty(*this); }
+Tensor TensorMeta::zeros() const { return Tensor::zeros(*this); }
+
+std::string TensorMeta::to_string() const {
+  return fmt::format("{}[{}] on {}", name(dtype_), fmt::join(shape_, ", "), device_.to_string());
+}
+
+// ---------------------------------------------------------------------------- storage
+
+struct Tensor::Storage {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+  Device device;
+
+  Storage(std::size_t n, Device d);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+};
+
+namespace {
+
+#if MESHRT_HAVE_CUDA
+// Runs with `device` current and restores the caller's device afterwards, so a kernel
+// never changes the thread's CUDA device behind its back.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    MESHRT_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) MESHRT_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceGuard() { (void)cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+#endif
+
+void require_cuda(const Device& device, const char* what) {
+  if (!device.is_cuda()) return;
+#if MESHRT_HAVE_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    count = 0;
+  }
+  if (device.index() >= count) {
+    throw UsageError(fmt::format("{}: expected a visible CUDA device, found {} requested and {} device(s) visible", what,
+                                 device.to_string(), count));
+  }
+#else
+  throw UsageError(fmt::format("{}: expected a CPU device in this build (meshrt was built without CUDA), found {}", what,
+                               device.to_string()));
+#endif
+}
+
+}  // namespace
+
+Tensor::Storage::Storage(std::size_t n, Device d) : bytes(n), device(d) {
+  if (d.is_cpu()) {
+    // Never a null pointer, even for 0 bytes: kernels and MPI may take the address.
+    const std::size_t rounded = std::max<std::size_t>(kHostAlignment, (n + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
+    ptr = ::operator new(rounded, std::align_val_t(kHostAlignment));
+    return;
+  }
+  require_cuda(d, "tensor allocation");
+#if MESHRT_HAVE_CUDA
+  DeviceGuard guard(d.index());
+  MESHRT_CUDA_CHECK(cudaMalloc(&ptr, std::max<std::size_t>(n, 1)));
+#endif
+}
+
+Tensor::Storage::~Storage() {
+  if (device.is_cpu()) {
+    ::operator delete(ptr, std::align_val_t(kHostAlignment));
+    return;
+  }
+#if MESHRT_HAVE_CUDA
+  (void)cudaFree(ptr);
+#endif
+}
+
+namespace {
+
+// dst and src of n bytes, on any pair of devices.
+void copy_bytes(void* dst, const Device& dst_device, const void* src, const Device& src_device, std::size_t n) {
+  if (n == 0) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+#if MESHRT_HAVE_CUDA
+  const cudaMemcpyKind kind = src_device.is_cpu()   ? cudaMemcpyHostToDevice
+                              : dst_device.is_cpu() ? cudaMemcpyDeviceToHost
+                                                    : cudaMemcpyDeviceToDevice;
+  DeviceGuard guard(dst_device.is_cuda() ? dst_device.index() : src_device.index());
+  MESHRT_CUDA_CHECK(cudaMemcpy(dst, src, n, kind));
+#else
+  throw UsageError("tensor copy: expected CPU tensors in a build without CUDA, found a CUDA tensor");
+#endif
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- Tensor
+
+Tensor Tensor::empty(const TensorMeta& meta) {
+  return Tensor(meta, std::make_shared<Storage>(meta.nbytes(), meta.device()));
+}
+
+Tensor Tensor::zeros(const TensorMeta& meta) {
+  Tensor t = empty(meta);
+  if (meta.device().is_cpu()) {
+    std::memset(t.raw_data(), 0, meta.nbytes());
+  } else {
+#if MESHRT_HAVE_CUDA
+    DeviceGuard guard(meta.device().index());
+    MESHRT_CUDA_CHECK(cudaMemset(t.raw_data(), 0, meta.nbytes()));
+#endif
+  }
+  return t;
+}
+
+Tensor Tensor::from_bytes(std::vector<std::int64_t> shape, DType dtype, const void* bytes, std::size_t nbytes) {
+  TensorMeta meta(std::move(shape), dtype);
+  if (meta.nbytes() != nbytes) {
+    throw UsageError(fmt::format("Tensor::from: expected {} values for shape [{}], found {}", meta.numel(),
+                                 fmt::join(meta.shape(), ", "), nbytes / element_size(dtype)));
+  }
+  Tensor t = empty(meta);
+  if (nbytes > 0) std::memcpy(t.raw_data(), bytes, nbytes);
+  return t;
+}
+
+void* Tensor::raw_data() noexcept { return storage_ ? storage_->ptr : nullptr; }
+const void* Tensor::raw_data() const noexcept { return storage_ ? storage_->ptr : nullptr; }
+
+void Tensor::check_access(DType requested, bool is_element) const {
+  if (!defined()) throw UsageError("tensor data: expected a defined tensor, found an undefined (default-constructed) one");
+  if (!is_element || requested != dtype()) {
+    throw UsageError(fmt::format("tensor data: expected element type {} for a {} tensor, found a request for {}",
+                                 name(dtype()), name(dtype()), is_element ? name(requested) : "a non-element type"));
+  }
+  if (!device().is_cpu()) {
+    throw UsageError(fmt::format("tensor data: expected a CPU tensor for host access, found {}; use to(Device::cpu())",
+                                 meta_.to_string()));
+  }
+}
+
+double Tensor::item() const {
+  if (numel() != 1) throw UsageError(fmt::format("Tensor::item: expected one element, found {}", meta_.to_string()));
+  const Tensor host = to(Device::cpu());
+  return dispatch_dtype(dtype(), [&](auto tag) -> double {
+    using T = decltype(tag);
+    const T v = *host.data<T>();
+    if constexpr (std::is_same_v<T, Half>) return half_to_float(v);
+    else if constexpr (std::is_same_v<T, BFloat16>) return bfloat16_to_float(v);
+    else return static_cast<double>(v);
+  });
+}
+
+Tensor Tensor::clone() const {
+  if (!defined()) return {};
+  Tensor t = empty(meta_);
+  copy_bytes(t.raw_data(), device(), raw_data(), device(), nbytes());
+  return t;
+}
+
+Tensor Tensor::to(const Device& target) const {
+  if (!defined()) throw UsageError("Tensor::to: expected a defined tensor, found an undefined one");
+  if (target == device()) return *this;
+  require_cuda(target, "Tensor::to");
+  Tensor t = empty(meta_.with_device(target));
+  copy_bytes(t.raw_data(), target, raw_data(), device(), nbytes());
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& other) {
+  if (!defined() || !other.defined() || other.shape() != shape() || other.dtype() != dtype()) {
+    throw UsageError(fmt::format("Tensor::copy_from: expected a source like {}, found {}",
+                                 defined() ? meta_.to_string() : "undefined",
+                                 other.defined() ? other.meta_.to_string() : "undefined"));
+  }
+  copy_bytes(raw_data(), device(), other.raw_data(), other.device(), nbytes());
+}
+
+Tensor Tensor::reshape(std::vector<std::int64_t> shape) const {
+  TensorMeta m = meta_.with_shape(std::move(shape));
+  if (m.numel() != numel()) {
+    throw UsageError(fmt::format("Tensor::reshape: expected a shape of {} elements, found [{}] ({} elements)", numel(),
+                                 fmt::join(m.shape(), ", "), m.numel()));
+  }
+  return Tensor(std::move(m), storage_);
+}
+
+bool Tensor::equals(const Tensor& other) const {
+  if (defined() != other.defined()) return false;
+  if (!defined()) return true;
+  if (!(meta_ == other.meta_)) return false;
+  const Tensor a = to(Device::cpu());
+  const Tensor b = other.to(Device::cpu());
+  return nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), nbytes()) == 0;
+}
+
+std::string Tensor::to_string() const {
+  if (!defined()) return "Tensor(undefined)";
+  return fmt::format("Tensor({})", meta_.to_string());
+}
+
+bool cuda_available() noexcept {
+#if MESHRT_HAVE_CUDA
+  static const bool available = [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return count > 0;
+  }();
+  return available;
+#else
+  return false;
+#endif
+}
+
+}  // namespace meshrt
