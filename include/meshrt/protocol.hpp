@@ -57,6 +57,7 @@ struct CallFunction {
   std::string function;
   std::vector<Value> args;
   Ref stream;
+  Ref mesh;  // the mesh it runs on: kernels see their coordinates in it
   friend bool operator==(const CallFunction&, const CallFunction&) = default;
 };
 
@@ -124,6 +125,7 @@ struct RequestStatus {
 };
 
 struct Exit {
+  bool restart = false;  // true: start a fresh event loop and reply Restarted
   friend bool operator==(const Exit&, const Exit&) = default;
 };
 
@@ -139,6 +141,7 @@ struct CommandGroup {
 
 struct Status {
   Ident first_uncompleted_ident = 0;
+  std::uint64_t live_values = 0;  // values the worker holds (tensors, meshes, streams)
   friend bool operator==(const Status&, const Status&) = default;
 };
 

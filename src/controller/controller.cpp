@@ -435,7 +435,7 @@ std::vector<DTensor> Mesh::call_on(const Stream& stream, FunctionName fn, std::v
   }
   const Signature sig = functions::infer(f, ArgMetas(fn.name, metas));
   // Which tensors the call mutates: the tensor arguments at the positions sig.mutates names.
-  std::vector<protocol::Ref> mutates;
+  std::vector<Ref> mutates;
   std::vector<TensorState*> mutated;
   for (std::size_t pos : sig.mutates) {
     const Value& v = args[pos].value();
@@ -458,7 +458,7 @@ std::vector<DTensor> Mesh::call_on(const Stream& stream, FunctionName fn, std::v
   const protocol::Ident ident = ctl->new_ident(fmt::format("{}, issued at {}", fn.name, detail::describe(fn.where)));
   auto node = ctl->make_node(ident, fn.name, fn.where, std::move(inputs));
   std::vector<DTensor> outputs;
-  std::vector<protocol::Ref> results;
+  std::vector<Ref> results;
   for (const TensorMeta& m : sig.outputs) {
     auto t = new_tensor(*ctl, m, state_, stream.state_, node);
     results.push_back(t->ref);
@@ -603,7 +603,9 @@ void Controller::synchronize() {
       ++more;
     }
   }
-  if (more > 0) MESHRT_LOG(warning) << "synchronize: " << more << " more failures after the first";
+  if (more > 0) {
+    MESHRT_LOG(warning) << "synchronize: " << more << " more failures after the first";
+  }
   if (first) std::rethrow_exception(first);
 }
 

@@ -164,6 +164,7 @@ class Writer {
     string(m.function, "CallFunction function");
     values(m.args, "CallFunction args");
     ref(m.stream);
+    ref(m.mesh);
   }
   void body(const FetchValue& m) {
     pod(m.ident);
@@ -207,8 +208,11 @@ class Writer {
     for (const Command& c : m.commands) command(c);
   }
   void body(const RequestStatus& m) { pod(m.ident); }
-  void body(const Exit&) {}
-  void body(const Status& m) { pod(m.first_uncompleted_ident); }
+  void body(const Exit& m) { boolean(m.restart); }
+  void body(const Status& m) {
+    pod(m.first_uncompleted_ident);
+    pod(m.live_values);
+  }
   void body(const RemoteFunctionFailed& m) {
     pod(m.ident);
     string(m.error, "RemoteFunctionFailed error");
@@ -442,6 +446,7 @@ class Reader {
         m.function = string("CallFunction.function");
         m.args = values("CallFunction.args");
         m.stream = ref("CallFunction.stream");
+        m.mesh = ref("CallFunction.mesh");
         return m;
       }
       case 3: {
@@ -503,7 +508,7 @@ class Reader {
         return m;
       }
       case 11: return RequestStatus{pod<Ident>("RequestStatus.ident")};
-      case 12: return Exit{};
+      case 12: return Exit{boolean("Exit.restart")};
       default:
         fail_at(at, "command tag", fmt::format("expected a command tag in 0..{}, found {}", std::size(kCommandNames) - 1, tag));
     }
@@ -513,7 +518,12 @@ class Reader {
     const std::size_t at = pos_;
     const std::uint8_t tag = u8("reply tag");
     switch (tag) {
-      case 0: return Status{pod<Ident>("Status.first_uncompleted_ident")};
+      case 0: {
+        Status m;
+        m.first_uncompleted_ident = pod<Ident>("Status.first_uncompleted_ident");
+        m.live_values = pod<std::uint64_t>("Status.live_values");
+        return m;
+      }
       case 1: {
         RemoteFunctionFailed m;
         m.ident = pod<Ident>("RemoteFunctionFailed.ident");

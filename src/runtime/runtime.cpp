@@ -85,9 +85,9 @@ struct Runtime::Impl {
     std::string verdict;
     if (rank == 0) {
       for (int r = 0; r < size; ++r) {
-        const auto& e = errors[static_cast<std::size_t>(r)];
-        if (!e.empty()) {
-          verdict += fmt::format("\n  rank {}: {}", r, std::string(reinterpret_cast<const char*>(e.data()), e.size()));
+        const auto& err = errors[static_cast<std::size_t>(r)];
+        if (!err.empty()) {
+          verdict += fmt::format("\n  rank {}: {}", r, std::string(reinterpret_cast<const char*>(err.data()), err.size()));
         }
         if (r == 0) continue;
         try {

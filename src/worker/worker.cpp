@@ -22,7 +22,6 @@ namespace meshrt {
 namespace {
 
 using namespace protocol;
-using comm::DependentOnError;
 using Clock = std::chrono::steady_clock;
 
 struct StreamValue {
@@ -32,7 +31,7 @@ struct StreamValue {
 
 // A worker's value for a ref: a tensor, the marker of a failed dependency, a mesh or a
 // stream.
-using EnvValue = std::variant<Tensor, DependentOnError, std::shared_ptr<comm::WorkerMesh>, StreamValue>;
+using EnvValue = std::variant<Tensor, DependentOnError, std::shared_ptr<WorkerMesh>, StreamValue>;
 
 // Thrown while looking up the inputs of a command that depends on a failure: the
 // command's outputs are re-marked silently (the controller already knows).
@@ -51,7 +50,7 @@ struct Worker::Impl {
   std::deque<Command> queue;
 
   struct InFlight {
-    std::unique_ptr<comm::Pending> op;
+    std::unique_ptr<Pending> op;
     std::optional<Ref> result;  // defined when the operation completes
   };
   std::optional<InFlight> in_flight;
@@ -103,7 +102,7 @@ struct Worker::Impl {
   }
 
   // A tensor input, or the marker that stands in for it.
-  comm::Input input(Ref r) const {
+  Input input(Ref r) const {
     const EnvValue& v = get(r, "tensor");
     if (const auto* marker = std::get_if<DependentOnError>(&v)) return *marker;
     if (const auto* t = std::get_if<Tensor>(&v)) return *t;
@@ -121,7 +120,7 @@ struct Worker::Impl {
   CallContext context(Ref mesh_ref, Ref stream_ref) const {
     const StreamValue& stream = get_as<StreamValue>(stream_ref, "stream");
     if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, stream.id);
-    const auto& mesh = get_as<std::shared_ptr<comm::WorkerMesh>>(mesh_ref, "mesh");
+    const auto& mesh = get_as<std::shared_ptr<WorkerMesh>>(mesh_ref, "mesh");
     return CallContext(opt.rank, mesh->names(), mesh->coordinates(), stream.id);
   }
 
@@ -132,7 +131,7 @@ struct Worker::Impl {
   }
 
   void run(CreateDeviceMesh& c) {
-    define(c.result, std::make_shared<comm::WorkerMesh>(c.names, c.ranks, opt.world));
+    define(c.result, std::make_shared<WorkerMesh>(c.names, c.ranks, opt.world));
   }
 
   void run(CreateStream& c) { define(c.result, StreamValue{c.result.id, c.is_default}); }
@@ -189,21 +188,21 @@ struct Worker::Impl {
   }
 
   void run(Reduce& c) {
-    const auto& mesh = std::get<std::shared_ptr<comm::WorkerMesh>>(get(c.mesh, "mesh"));
-    in_flight = InFlight{comm::start_reduce(*mesh, c.dim, c.reduction, c.scatter, c.inplace, input(c.tensor), c.factory),
+    const auto& mesh = std::get<std::shared_ptr<WorkerMesh>>(get(c.mesh, "mesh"));
+    in_flight = InFlight{start_reduce(*mesh, c.dim, c.reduction, c.scatter, c.inplace, input(c.tensor), c.factory),
                          c.result};
   }
 
   void run(SendTensor& c) {
     const bool sends = c.from_ranks.contains(opt.rank);
     const bool receives = c.to_ranks.contains(opt.rank);
-    comm::Input in = sends ? input(c.tensor) : comm::Input(Tensor());
-    in_flight = InFlight{comm::start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory),
+    Input in = sends ? input(c.tensor) : Input(Tensor());
+    in_flight = InFlight{start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory),
                          receives ? std::optional<Ref>(c.result) : std::nullopt};
   }
 
   void finish_in_flight() {
-    comm::Outcome out = in_flight->op->take();
+    Outcome out = in_flight->op->take();
     if (in_flight->result) {
       if (out.broken) define(*in_flight->result, *out.broken);
       else define(*in_flight->result, std::move(out.tensor));

@@ -1,0 +1,48 @@
+// One meshrt::Runtime per MPI test binary: every TEST runs one controller session, with
+// the body on rank 0 and workers everywhere.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <functional>
+#include <memory>
+
+#include "meshrt/meshrt.hpp"
+
+namespace meshrt::testing {
+
+inline std::unique_ptr<Runtime>& runtime_slot() {
+  static std::unique_ptr<Runtime> rt;
+  return rt;
+}
+
+class RuntimeEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    int argc = 0;
+    char** argv = nullptr;
+    runtime_slot() = std::make_unique<Runtime>(argc, argv);
+  }
+  void TearDown() override { runtime_slot().reset(); }
+};
+
+// Runs `body` as the controller of one session.
+inline void session(const std::function<void(Controller&)>& body) { runtime_slot()->session(body); }
+
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+inline int world_size() {
+  int s = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+}  // namespace meshrt::testing
+
+#define MESHRT_RUNTIME_TEST_ENVIRONMENT()                                                                        \
+  [[maybe_unused]] static ::testing::Environment* const meshrt_runtime_env_ =                                    \
+      ::testing::AddGlobalTestEnvironment(new ::meshrt::testing::RuntimeEnvironment)
