@@ -184,6 +184,7 @@ class Mesh {
 
   // Runs a registered function on every rank. Tensor arguments must be on this mesh and
   // on one stream (the call runs there; with no tensor arguments, the default stream).
+  // Returns its one output (an undefined DTensor for a function that only mutates).
   DTensor call(FunctionName fn) const { return one(call_n(std::move(fn), {})); }
   DTensor call(FunctionName fn, Arg a) const { return one(call_n(std::move(fn), {std::move(a)})); }
   DTensor call(FunctionName fn, Arg a, Arg b) const { return one(call_n(std::move(fn), {std::move(a), std::move(b)})); }

@@ -393,6 +393,7 @@ DTensor Mesh::rank(std::string_view dim, std::source_location where) const {
 }
 
 DTensor Mesh::one(std::vector<DTensor> outputs) const {
+  if (outputs.empty()) return DTensor();  // an in-place function: its effect is on its arguments
   if (outputs.size() != 1) {
     throw UsageError(fmt::format("call: the function returns {} tensors; use call_n to get all of them",
                                  outputs.size()));

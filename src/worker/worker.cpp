@@ -76,7 +76,7 @@ struct Worker::Impl {
   }
 
   void report_failure(Ident ident, const std::string& function, const std::exception& e) {
-    MESHRT_LOG(warning) << "function " << function << " (ident " << ident << ") failed: " << e.what();
+    MESHRT_LOG(info) << "function " << function << " (ident " << ident << ") failed: " << e.what();
     reply(RemoteFunctionFailed{ident, e.what(), opt.rank, function, boost::core::demangle(typeid(e).name())});
   }
 
