@@ -52,7 +52,20 @@ struct Suite {
   const char* name;
   const char* description;
   void (*register_benchmarks)(Context&);
+  // A suite that drives its own run (e.g. inside a meshrt session) sets this instead; it
+  // gets Google Benchmark's arguments and the --json path ("" when none).
+  int (*run)(Context&, int argc, char** argv, const std::string& json_path) = nullptr;
 };
+
+// Prints the side-by-side table and JSON lines for rows a custom run measured itself.
+struct Row {
+  std::string suite, op;
+  std::size_t bytes;
+  double meshrt_seconds;
+  double mpi_seconds;
+  std::string unit_note;  // what one operation is, e.g. "per command"
+};
+void print_rows(const std::vector<Row>& rows, int ranks, const std::string& json_path);
 
 struct SuiteRegistrar {
   explicit SuiteRegistrar(Suite suite);
@@ -62,3 +75,5 @@ struct SuiteRegistrar {
 
 #define MESHRT_BENCH_SUITE(name, description, fn) \
   static const ::meshrt::bench::SuiteRegistrar meshrt_bench_suite_##fn({name, description, &fn})
+#define MESHRT_BENCH_SUITE_RUN(name, description, fn) \
+  static const ::meshrt::bench::SuiteRegistrar meshrt_bench_suite_##fn({name, description, nullptr, &fn})

@@ -160,12 +160,17 @@ void ControllerState::poll_replies() {
             completed(r.first_uncompleted_ident);
             w.live_values = r.live_values;
           } else if constexpr (std::is_same_v<R, protocol::RemoteFunctionFailed>) {
+            // A worker reports a failure when the invocation ends, and runs in order.
+            // Ident 0 is a failure outside any invocation (kept for synchronize).
+            if (r.ident != 0) completed(r.ident + 1);
+            else MESHRT_LOG(error) << "rank " << r.rank << ": " << r.error;
             Failure& f = failures[r.ident];
             f.function = r.function;
             f.message = r.error;
             f.exception_type = r.exception_type;
             f.ranks.insert(r.rank);
           } else if constexpr (std::is_same_v<R, protocol::FetchResult>) {
+            completed(r.ident + 1);
             if (auto it = fetches.find(r.ident); it != fetches.end()) {
               if (auto fut = it->second.lock()) fut->value = std::move(r.value);
             }

@@ -235,7 +235,7 @@ struct Worker::Impl {
   void run(Exit& c) { exit = c.restart ? WorkerExit::Restart : WorkerExit::Shutdown; }
 
   // Runs one command; a failure outside any invocation (a broken collective set-up, a
-  // bad ref) is logged and reported against the next ident so it is never silent.
+  // bad ref) is logged and reported with ident 0 so it is never silent.
   void step(Command command) {
     try {
       execute(command);
@@ -243,7 +243,8 @@ struct Worker::Impl {
       // A mesh or stream that depends on a failure: nothing to run.
     } catch (const std::exception& e) {
       MESHRT_LOG(error) << "rank " << opt.rank << ": " << name(command) << " failed: " << e.what();
-      reply(RemoteFunctionFailed{first_uncompleted, fmt::format("{} failed: {}", name(command), e.what()), opt.rank,
+      // Ident 0: tied to no invocation; the controller raises it at the next synchronize.
+      reply(RemoteFunctionFailed{0, fmt::format("{} failed: {}", name(command), e.what()), opt.rank,
                                  std::string(name(command)), boost::core::demangle(typeid(e).name())});
     }
   }
@@ -257,7 +258,7 @@ struct Worker::Impl {
       } catch (const ProtocolError& e) {
         MESHRT_LOG(error) << "rank " << opt.rank << ": dropped an undecodable command of " << rx.size()
                           << " bytes: " << e.what();
-        reply(RemoteFunctionFailed{first_uncompleted, fmt::format("undecodable command: {}", e.what()), opt.rank,
+        reply(RemoteFunctionFailed{0, fmt::format("undecodable command: {}", e.what()), opt.rank,
                                    "<protocol>", "meshrt::ProtocolError"});
       }
     }
