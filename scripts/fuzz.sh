@@ -6,11 +6,12 @@
 #   MESHRT_FUZZ_BUILD_DIR   build folder (default build-fuzz)
 #   MESHRT_JOBS             parallel build jobs (default: the number of cores)
 # Extra arguments go to the fuzzer (e.g. -jobs=2, -max_len=65536).
-set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/common.sh"
+ensure_packages "${MESHRT_PACKAGES[@]}" "${MESHRT_FUZZ_PACKAGES[@]}"
+root=$MESHRT_ROOT
 build=${MESHRT_FUZZ_BUILD_DIR:-$root/build-fuzz}
 seconds=${MESHRT_FUZZ_SECONDS:-30}
-jobs=${MESHRT_JOBS:-$(nproc)}
+jobs=$MESHRT_JOBS
 
 for tool in clang clang++; do
   command -v "$tool" >/dev/null || { echo "fuzz.sh: $tool not found (Debian: apt-get install clang libclang-rt-dev)" >&2; exit 1; }
