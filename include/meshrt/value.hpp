@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -54,6 +55,7 @@ class Value {
   // {1, 2, 3} and {"a", 1.0} build lists.
   Value(std::initializer_list<Value> items) : v_(List(items)) {}
   template <class T>
+    requires(!std::is_same_v<T, Value> && !std::is_same_v<T, std::pair<std::string, Value>>)
   Value(const std::vector<T>& items) : v_(List(items.begin(), items.end())) {}
 
   static Value list(List items = {}) { return Value(std::move(items)); }

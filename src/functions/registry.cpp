@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "meshrt/functions.hpp"
+#include "meshrt/log.hpp"
 
 namespace meshrt {
 
@@ -280,6 +281,7 @@ std::vector<std::string> load_library(const std::string& path) {
   for (const auto& [n, f] : t.functions) {
     if (!std::binary_search(before.begin(), before.end(), n)) added.push_back(n);
   }
+  MESHRT_LOG(info) << "load_library " << path << ": added " << added.size() << " function(s): " << fmt::format("{}", fmt::join(added, ", "));
   return added;
 }
 

@@ -1,0 +1,8 @@
+#include "meshrt/functions.hpp"
+
+namespace {
+std::vector<meshrt::Tensor> kernel(meshrt::CallContext&, meshrt::Args&) { return {}; }
+meshrt::Signature shape(const meshrt::ArgMetas&) { return {}; }
+}  // namespace
+
+MESHRT_REGISTER_FUNCTION("test.same_name", kernel, shape);
