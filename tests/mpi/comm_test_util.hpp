@@ -1,0 +1,142 @@
+// Shared by the comm tests: every rank fills its inputs deterministically from (world
+// rank, element index), so every rank can compute the expected result for all of them.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "meshrt/comm.hpp"
+#include "meshrt/tensor.hpp"
+
+namespace meshrt::test {
+
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+inline int world_size() {
+  int s = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+// The runtime hands the data plane its own duplicate of MPI_COMM_WORLD; so do the tests.
+class World {
+ public:
+  World() { MPI_Comm_dup(MPI_COMM_WORLD, &comm_); }
+  ~World() { MPI_Comm_free(&comm_); }
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+  MPI_Comm comm() const { return comm_; }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+template <class T>
+T from_double(double v) {
+  if constexpr (std::is_same_v<T, Half>) return float_to_half(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, BFloat16>) return float_to_bfloat16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, bool>) return v != 0;
+  else return static_cast<T>(v);
+}
+template <class T>
+double to_double(T v) {
+  if constexpr (std::is_same_v<T, Half>) return half_to_float(v);
+  else if constexpr (std::is_same_v<T, BFloat16>) return bfloat16_to_float(v);
+  else return static_cast<double>(v);
+}
+
+// Input values by reduction family, small enough that every sum, product and average is
+// exact in every dtype (bfloat16 holds integers exactly up to 256).
+inline double fill_value(Reduction red, DType dtype, int rank, std::int64_t i) {
+  const bool is_unsigned = dtype == DType::UInt8;
+  const auto r = static_cast<std::int64_t>(rank);
+  if (dtype == DType::Bool) return ((r + i) % 3 == 0) ? 1 : 0;
+  switch (red) {
+    case Reduction::Product: {
+      const double mag = static_cast<double>(1 + (r + i) % 2);
+      return (!is_unsigned && (r * 3 + i) % 5 == 0) ? -mag : mag;
+    }
+    case Reduction::Min:
+    case Reduction::Max: return static_cast<double>((r * 5 + i * 3) % 13 - (is_unsigned ? 0 : 6));
+    case Reduction::Band:
+    case Reduction::Bor:
+    case Reduction::Bxor: return static_cast<double>((r * 37 + i * 11 + 5) % 128);
+    default: return static_cast<double>((r * 7 + i * 3) % 11 - (is_unsigned ? 0 : 5));
+  }
+}
+
+// A tensor of `meta` filled for `rank`.
+inline Tensor make_input(const TensorMeta& meta, Reduction red, int rank) {
+  Tensor t = meta.empty();
+  dispatch_dtype(meta.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* p = static_cast<T*>(t.raw_data());
+    for (std::int64_t i = 0; i < meta.numel(); ++i) p[i] = from_double<T>(fill_value(red, meta.dtype(), rank, i));
+  });
+  return t;
+}
+
+// Reduces `values` (one per rank of the line, in coordinate order) as the data plane
+// should, in the element type T, including avg's final division.
+template <class T>
+T reduce_values(Reduction red, const std::vector<double>& values) {
+  double acc = values[0];
+  for (std::size_t k = 1; k < values.size(); ++k) {
+    const double v = values[k];
+    switch (red) {
+      case Reduction::Sum:
+      case Reduction::Avg: acc += v; break;
+      case Reduction::Product: acc *= v; break;
+      case Reduction::Min: acc = std::min(acc, v); break;
+      case Reduction::Max: acc = std::max(acc, v); break;
+      case Reduction::Band: acc = static_cast<double>(static_cast<std::int64_t>(acc) & static_cast<std::int64_t>(v)); break;
+      case Reduction::Bor: acc = static_cast<double>(static_cast<std::int64_t>(acc) | static_cast<std::int64_t>(v)); break;
+      case Reduction::Bxor: acc = static_cast<double>(static_cast<std::int64_t>(acc) ^ static_cast<std::int64_t>(v)); break;
+      case Reduction::Stack: break;
+    }
+  }
+  T out = from_double<T>(acc);
+  if (red == Reduction::Avg) {
+    const auto n = static_cast<std::int64_t>(values.size());
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      out = from_double<T>(static_cast<double>(static_cast<float>(to_double(out)) / static_cast<float>(n)));
+    } else if constexpr (std::is_integral_v<T>) {
+      out = static_cast<T>(out / static_cast<T>(n));  // truncating, like NCCL's ncclAvg
+    } else {
+      out = static_cast<T>(out / static_cast<T>(n));
+    }
+  }
+  return out;
+}
+
+// Compares `actual` with `expected` element by element; returns "" or the first mismatch.
+inline std::string compare(const Tensor& actual, const Tensor& expected) {
+  if (actual.meta() != expected.meta()) {
+    return "meta: expected " + expected.meta().to_string() + ", found " + actual.meta().to_string();
+  }
+  std::string err;
+  dispatch_dtype(actual.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* a = static_cast<const T*>(actual.raw_data());
+    const T* e = static_cast<const T*>(expected.raw_data());
+    for (std::int64_t i = 0; i < actual.numel() && err.empty(); ++i) {
+      if (!(a[i] == e[i])) {
+        err = "element " + std::to_string(i) + ": expected " + std::to_string(to_double(e[i])) + ", found " +
+              std::to_string(to_double(a[i]));
+      }
+    }
+  });
+  return err;
+}
+
+}  // namespace meshrt::test
