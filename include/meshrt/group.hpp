@@ -33,8 +33,13 @@
 //   mpiexec --allow-run-as-root --ompi-server file:/tmp/ompi-server.uri -n 2 trainer
 //   mpiexec --allow-run-as-root --ompi-server file:/tmp/ompi-server.uri -n 1 service
 // The accepting job writes the MPI port name to port_file (atomically: tmp + rename);
-// the connecting job polls for it. Both jobs must destroy (or disconnect()) the group;
-// it is released with MPI_Comm_disconnect, so neither job sees a broken pipe at exit.
+// the connecting job polls for it. Both jobs must destroy (or disconnect()) the group:
+// the intercommunicator is released with MPI_Comm_disconnect (collective over both
+// jobs), so neither sees a broken pipe at exit. (Open MPI 4.1.4 hangs in
+// MPI_Comm_disconnect of the merged intracommunicator, so that one is freed.)
+// ompi-server takes no --allow-run-as-root; mpiexec as root needs it (or
+// OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1). MPI_Comm_accept itself has
+// no timeout: it waits until the other job connects.
 #pragma once
 
 #include <mpi.h>

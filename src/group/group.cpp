@@ -138,7 +138,7 @@ struct StatelessGroup::Impl {
   std::vector<int> parent_ranks;
   Seconds timeout{};
   std::size_t chunk = 0;
-  bool cross_job = false;
+  MPI_Comm inter = MPI_COMM_NULL;  // cross-job groups: the intercommunicator `comm` was merged from
   std::string unusable_after;  // why the group broke ("a timeout in barrier"); empty: usable
   std::array<std::uint64_t, 5> seq{};  // per Kind
   // Buffers reused across calls. MPI may still read a pending send's buffer after a
@@ -162,10 +162,15 @@ struct StatelessGroup::Impl {
     if (!finalized) {
       // Disconnecting waits for pending traffic; after a timeout there may be some that
       // never completes, so a broken cross-job group is only freed.
-      if (cross_job && unusable_after.empty()) {
-        MPI_Comm_disconnect(&comm);
+      if (inter != MPI_COMM_NULL && unusable_after.empty()) {
+        // Open MPI 4.1.4 hangs in MPI_Comm_disconnect of the merged intracommunicator
+        // (even with no traffic on it), but disconnects the intercommunicator it came
+        // from cleanly; the merged one is freed first so that nothing else connects them.
+        MPI_Comm_free(&comm);
+        MPI_Comm_disconnect(&inter);
       } else {
         MPI_Comm_free(&comm);
+        if (inter != MPI_COMM_NULL) MPI_Comm_free(&inter);
       }
     }
     comm = MPI_COMM_NULL;
@@ -658,17 +663,20 @@ StatelessGroup StatelessGroup::join(bool accepting, const std::string& where, MP
   MPI_Comm merged = MPI_COMM_NULL;
   // The accepting job's ranks come first (high = 0).
   const int rc = MPI_Intercomm_merge(inter, accepting ? 0 : 1, &merged);
-  MPI_Comm_disconnect(&inter);
+  if (rc != MPI_SUCCESS) MPI_Comm_disconnect(&inter);
   MESHRT_MPI_CHECK(rc);
   // parent_rank(i): member i's rank in its own job's `local` communicator.
   int msize = 0;
   MPI_Comm_size(merged, &msize);
   std::vector<int> parents(static_cast<std::size_t>(msize));
   const int rc2 = MPI_Allgather(&lrank, 1, MPI_INT, parents.data(), 1, MPI_INT, merged);
-  if (rc2 != MPI_SUCCESS) MPI_Comm_disconnect(&merged);
+  if (rc2 != MPI_SUCCESS) {
+    MPI_Comm_disconnect(&merged);
+    MPI_Comm_disconnect(&inter);
+  }
   MESHRT_MPI_CHECK(rc2);
   auto impl = make_impl(merged, std::move(parents), options);
-  impl->cross_job = true;
+  impl->inter = inter;
   return StatelessGroup(std::move(impl));
 }
 
