@@ -56,6 +56,10 @@ constexpr std::uint16_t kVersion = 1;
 // above it the payload is sent from the object's memory without a packing copy.
 constexpr std::size_t kInlineMax = 16 * 1024;
 constexpr std::size_t kMaxTypeName = 4096;
+// Payloads move in messages of at most this size (or the group's chunk size if smaller):
+// shared-memory transfers only advance while a rank calls into MPI, and a completed
+// piece is the progress signal that keeps the waiting loop from sleeping mid-transfer.
+constexpr std::size_t kPipelineBytes = std::size_t{1} << 20;
 
 struct WireHeader {
   std::uint32_t magic;
@@ -91,6 +95,10 @@ Clock::time_point deadline_after(Seconds t) {
 // doubling interval up to 1 ms.
 class Backoff {
  public:
+  void reset() {
+    start_ = Clock::now();
+    sleep_ = std::chrono::microseconds(1);
+  }
   void pause() {
     if (Clock::now() - start_ < std::chrono::microseconds(200)) {
       std::this_thread::yield();
@@ -225,10 +233,16 @@ struct StatelessGroup::Impl {
   // Tests every request until all are done or the deadline passes; false on timeout.
   bool wait_all(std::span<MPI_Request> reqs, Clock::time_point dl) {
     Backoff backoff;
+    std::vector<int> idx(reqs.size());
     for (;;) {
-      int done = 0;
-      MESHRT_MPI_CHECK(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE));
-      if (done) return true;
+      int outcount = 0;
+      MESHRT_MPI_CHECK(MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &outcount, idx.data(),
+                                    MPI_STATUSES_IGNORE));
+      if (outcount == MPI_UNDEFINED) return true;  // no active request left
+      if (outcount > 0) {
+        backoff.reset();  // data is moving: keep polling closely
+        continue;
+      }
       if (Clock::now() >= dl) return false;
       backoff.pause();
     }
@@ -267,7 +281,7 @@ struct StatelessGroup::Impl {
     h.total = payload.size();
     const bool inl = goes_inline(payload.size(), chunk);
     h.inline_bytes = inl ? payload.size() : 0;
-    h.chunk = chunk;
+    h.chunk = wire_chunk();
     h.seq = op_seq;
     h.root = root;
     h.sender = rank;
@@ -285,11 +299,13 @@ struct StatelessGroup::Impl {
 
   // Posts the continuation chunks of `payload` (none when it went inline) to `dst`.
   static bool goes_inline(std::size_t size, std::size_t chunk) { return size <= std::min(kInlineMax, chunk); }
+  std::size_t wire_chunk() const { return std::min(chunk, kPipelineBytes); }
 
   void post_chunk_sends(Kind kind, std::span<const char> payload, int dst, std::vector<MPI_Request>& reqs) {
     if (goes_inline(payload.size(), chunk)) return;
-    for (std::size_t off = 0; off < payload.size(); off += chunk) {
-      const std::size_t n = std::min(chunk, payload.size() - off);
+    const std::size_t piece = wire_chunk();
+    for (std::size_t off = 0; off < payload.size(); off += piece) {
+      const std::size_t n = std::min(piece, payload.size() - off);
       MPI_Request r = MPI_REQUEST_NULL;
       MESHRT_MPI_CHECK(MPI_Isend(payload.data() + off, static_cast<int>(n), MPI_BYTE, dst, chunk_tag(kind), comm, &r));
       reqs.push_back(r);
