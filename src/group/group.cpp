@@ -1,0 +1,930 @@
+// StatelessGroup's transfers: every MPI call of the group module lives here.
+//
+// Wire protocol. Every object travels as one "first message" on the operation's header
+// tag: a 64-byte WireHeader, the sender's type name, and (for small objects) the whole
+// payload, so a small object costs exactly one MPI message. Larger payloads follow on
+// the operation's chunk tag as ceil(total / chunk) messages of at most `chunk` bytes,
+// sent from and received into the object's own memory where the type allows (raw types)
+// or the serialization buffer. MPI matches by (source, tag) and never overtakes between
+// a pair, so messages of different senders never mix and one sender's are FIFO.
+//
+// Waiting: non-blocking MPI progressed with MPI_Test/MPI_Improbe in a loop that yields
+// for a short while and then sleeps with growing intervals (up to 1 ms), so a waiting
+// rank does not burn a core on an oversubscribed machine.
+#include "meshrt/group.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/checks.hpp"
+#include "meshrt/settings.hpp"
+
+namespace meshrt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Seconds = std::chrono::duration<double>;
+
+// One tag pair per operation kind, so a send can never be taken for a broadcast.
+enum class Kind : std::uint8_t { Send = 1, Broadcast = 2, AllGather = 3, Barrier = 4 };
+constexpr int header_tag(Kind k) { return 2 * static_cast<int>(k) - 1; }
+constexpr int chunk_tag(Kind k) { return 2 * static_cast<int>(k); }
+constexpr const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::Send: return "send_obj/recv_obj";
+    case Kind::Broadcast: return "broadcast_obj";
+    case Kind::AllGather: return "all_gather_obj";
+    case Kind::Barrier: return "barrier";
+  }
+  return "?";
+}
+
+constexpr std::uint32_t kMagic = 0x4752544d;  // "MTRG"
+constexpr std::uint16_t kVersion = 1;
+// Objects up to this size travel inside the first message (one MPI message in all);
+// above it the payload is sent from the object's memory without a packing copy.
+constexpr std::size_t kInlineMax = 16 * 1024;
+constexpr std::size_t kMaxTypeName = 4096;
+// Payloads move in messages of at most this size (or the group's chunk size if smaller):
+// shared-memory transfers only advance while a rank calls into MPI, and a completed
+// piece is the progress signal that keeps the waiting loop from sleeping mid-transfer.
+constexpr std::size_t kPipelineBytes = std::size_t{1} << 20;
+
+struct WireHeader {
+  std::uint32_t magic;
+  std::uint16_t version;
+  std::uint8_t kind;
+  std::uint8_t raw;
+  std::uint64_t type_hash;
+  std::uint64_t total;         // payload bytes
+  std::uint64_t inline_bytes;  // payload bytes inside this message (0 or total)
+  std::uint64_t chunk;         // size of every continuation chunk but the last
+  std::uint64_t seq;           // the sender's count of operations of this kind
+  std::int32_t root;           // broadcast: the root; otherwise the sender
+  std::int32_t sender;
+  std::uint32_t name_len;
+  std::uint32_t reserved;
+};
+static_assert(sizeof(WireHeader) == 64);
+
+std::size_t physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return std::size_t{1} << 40;
+  return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
+}
+
+Clock::time_point deadline_after(Seconds t) {
+  // A "no limit" timeout is duration::max(), which overflows any time_point arithmetic.
+  if (t >= Seconds(1e9)) return Clock::time_point::max();
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(t);
+}
+
+// Yields briefly (low latency when the peer is about to arrive), then sleeps with a
+// doubling interval up to 1 ms.
+class Backoff {
+ public:
+  void reset() {
+    start_ = Clock::now();
+    sleep_ = std::chrono::microseconds(1);
+  }
+  void pause() {
+    if (Clock::now() - start_ < std::chrono::microseconds(200)) {
+      std::this_thread::yield();
+      return;
+    }
+    std::this_thread::sleep_for(sleep_);
+    sleep_ = std::min(sleep_ * 2, std::chrono::microseconds(1000));
+  }
+
+ private:
+  Clock::time_point start_ = Clock::now();
+  std::chrono::microseconds sleep_{1};
+};
+
+std::string int_list(const std::vector<int>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); }
+
+}  // namespace
+
+namespace detail {
+
+std::uint64_t fnv1a(std::string_view text) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+void serialize_failed(const TypeTag& tag, const char* what) {
+  throw UsageError(fmt::format("cannot serialize an object of type {}: {}", tag.name, what));
+}
+
+void deserialize_failed(const TypeTag& tag, std::size_t size, const char* what, const std::string& where) {
+  throw ProtocolError(fmt::format("{}: the {}-byte payload does not decode as {} (tag matched): {}", where, size,
+                                  tag.name, what));
+}
+
+}  // namespace detail
+
+struct StatelessGroup::Impl {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  int size = 0;
+  std::vector<int> parent_ranks;
+  Seconds timeout{};
+  std::size_t chunk = 0;
+  MPI_Comm inter = MPI_COMM_NULL;  // cross-job groups: the intercommunicator `comm` was merged from
+  std::string unusable_after;  // why the group broke ("a timeout in barrier"); empty: usable
+  std::array<std::uint64_t, 5> seq{};  // per Kind
+  // Buffers reused across calls. MPI may still read a pending send's buffer after a
+  // timeout (Open MPI cannot cancel sends), so a breaking timeout abandons them: leaked
+  // on purpose, never freed under MPI's feet.
+  struct Buffers {
+    std::string scratch;                 // serialization buffer
+    std::string first;                   // the first message being sent
+    std::vector<char> incoming;          // the first message received
+    std::vector<std::uint64_t> tokens;   // barrier: [0] sent, [1 + p] from peer p
+  };
+  std::unique_ptr<Buffers> buf = std::make_unique<Buffers>();
+  std::size_t max_object = physical_memory();
+
+  ~Impl() { release(); }
+
+  void release() noexcept {
+    if (comm == MPI_COMM_NULL) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) {
+      // Disconnecting waits for pending traffic; after a timeout there may be some that
+      // never completes, so a broken cross-job group is only freed.
+      if (inter != MPI_COMM_NULL && unusable_after.empty()) {
+        // Open MPI 4.1.4 hangs in MPI_Comm_disconnect of the merged intracommunicator
+        // (even with no traffic on it), but disconnects the intercommunicator it came
+        // from cleanly; the merged one is freed first so that nothing else connects them.
+        MPI_Comm_free(&comm);
+        MPI_Comm_disconnect(&inter);
+      } else {
+        MPI_Comm_free(&comm);
+        if (inter != MPI_COMM_NULL) MPI_Comm_free(&inter);
+      }
+    }
+    comm = MPI_COMM_NULL;
+  }
+
+  std::string me() const {
+    return fmt::format("group rank {} (parent rank {}) of {}", rank, parent_ranks[static_cast<std::size_t>(rank)],
+                       size);
+  }
+  std::string peer(int r) const {
+    return fmt::format("group rank {} (parent rank {})", r, parent_ranks[static_cast<std::size_t>(r)]);
+  }
+  std::string peers(const std::vector<int>& rs) const {
+    std::vector<int> p;
+    for (int r : rs) p.push_back(parent_ranks[static_cast<std::size_t>(r)]);
+    return fmt::format("group ranks {} (parent ranks {})", int_list(rs), int_list(p));
+  }
+
+  void check_usable(const char* op) const {
+    if (comm == MPI_COMM_NULL) throw UsageError(fmt::format("{}: the group has been disconnected or moved from", op));
+    if (!unusable_after.empty()) {
+      throw UsageError(fmt::format("{} on {}: group is unusable after {}; create a new group", op, me(),
+                                   unusable_after));
+    }
+  }
+  void check_peer(const char* op, int r, const char* role) const {
+    if (r < 0 || r >= size) {
+      throw UsageError(fmt::format("{} on {}: {} rank {} is not a group rank (expected 0..{})", op, me(), role, r,
+                                   size - 1));
+    }
+  }
+  Clock::time_point deadline(const Timeout& t) const { return deadline_after(t ? *t : timeout); }
+  double seconds(const Timeout& t) const { return (t ? *t : timeout).count(); }
+
+  [[noreturn]] void timed_out(const char* op, const Timeout& t, const std::string& waiting_for,
+                              const std::vector<int>& missing, bool breaks_group) {
+    if (breaks_group) break_group(fmt::format("a timeout in {}", op));
+    throw TimeoutError(
+        fmt::format("{} timed out after {} s on {}: {}{}; {}", op, seconds(t), me(), waiting_for,
+                    missing.empty() ? std::string() : fmt::format("; missing {}", peers(missing)),
+                    breaks_group ? "the group is unusable now (messages of this operation may still be in flight)"
+                                 : "the group is still usable"),
+        missing, breaks_group);
+  }
+
+  void break_group(std::string why) {
+    unusable_after = std::move(why);
+    (void)buf.release();  // abandoned to pending sends, see Buffers
+    buf = std::make_unique<Buffers>();
+  }
+
+  // Tests every request until all are done or the deadline passes; false on timeout.
+  bool wait_all(std::span<MPI_Request> reqs, Clock::time_point dl) {
+    Backoff backoff;
+    std::vector<int> idx(reqs.size());
+    for (;;) {
+      int outcount = 0;
+      MESHRT_MPI_CHECK(MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &outcount, idx.data(),
+                                    MPI_STATUSES_IGNORE));
+      if (outcount == MPI_UNDEFINED) return true;  // no active request left
+      if (outcount > 0) {
+        backoff.reset();  // data is moving: keep polling closely
+        continue;
+      }
+      if (Clock::now() >= dl) return false;
+      backoff.pause();
+    }
+  }
+
+  // Which of `reqs` are still pending (their index).
+  static std::vector<std::size_t> pending(std::span<MPI_Request> reqs) {
+    std::vector<std::size_t> out;
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      if (reqs[i] == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      MPI_Request_get_status(reqs[i], &done, MPI_STATUS_IGNORE);
+      if (!done) out.push_back(i);
+    }
+    return out;
+  }
+
+  // Receives can be cancelled; what they would have matched stays queued in MPI.
+  static void cancel_receives(std::span<MPI_Request> reqs) {
+    for (auto& r : reqs) {
+      if (r == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&r);
+      MPI_Request_free(&r);
+    }
+  }
+
+  // Packs the first message: header, type name, and the payload when it is small.
+  void pack_first(Kind kind, const detail::TypeTag& type, bool raw, std::span<const char> payload, int root,
+                  std::uint64_t op_seq) {
+    WireHeader h{};
+    h.magic = kMagic;
+    h.version = kVersion;
+    h.kind = static_cast<std::uint8_t>(kind);
+    h.raw = raw ? 1 : 0;
+    h.type_hash = type.hash;
+    h.total = payload.size();
+    const bool inl = goes_inline(payload.size(), chunk);
+    h.inline_bytes = inl ? payload.size() : 0;
+    h.chunk = wire_chunk();
+    h.seq = op_seq;
+    h.root = root;
+    h.sender = rank;
+    h.name_len = static_cast<std::uint32_t>(std::min(type.name.size(), kMaxTypeName));
+    buf->first.resize(sizeof h + h.name_len + h.inline_bytes);
+    std::memcpy(buf->first.data(), &h, sizeof h);
+    std::memcpy(buf->first.data() + sizeof h, type.name.data(), h.name_len);
+    if (inl && !payload.empty()) std::memcpy(buf->first.data() + sizeof h + h.name_len, payload.data(), payload.size());
+  }
+
+  std::size_t chunks_of(const WireHeader& h) const {
+    if (h.inline_bytes == h.total) return 0;
+    return static_cast<std::size_t>((h.total + h.chunk - 1) / h.chunk);
+  }
+
+  // Posts the continuation chunks of `payload` (none when it went inline) to `dst`.
+  static bool goes_inline(std::size_t size, std::size_t chunk) { return size <= std::min(kInlineMax, chunk); }
+  std::size_t wire_chunk() const { return std::min(chunk, kPipelineBytes); }
+
+  void post_chunk_sends(Kind kind, std::span<const char> payload, int dst, std::vector<MPI_Request>& reqs) {
+    if (goes_inline(payload.size(), chunk)) return;
+    const std::size_t piece = wire_chunk();
+    for (std::size_t off = 0; off < payload.size(); off += piece) {
+      const std::size_t n = std::min(piece, payload.size() - off);
+      MPI_Request r = MPI_REQUEST_NULL;
+      MESHRT_MPI_CHECK(MPI_Isend(payload.data() + off, static_cast<int>(n), MPI_BYTE, dst, chunk_tag(kind), comm, &r));
+      reqs.push_back(r);
+    }
+  }
+
+  // Waits for a message with `tag` from `src`; false on timeout (nothing consumed).
+  bool probe(int src, int tag, Clock::time_point dl, MPI_Message& msg, int& bytes) {
+    Backoff backoff;
+    for (;;) {
+      int found = 0;
+      MPI_Status st;
+      MESHRT_MPI_CHECK(MPI_Improbe(src, tag, comm, &found, &msg, &st));
+      if (found) {
+        MESHRT_MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
+        return true;
+      }
+      if (Clock::now() >= dl) return false;
+      backoff.pause();
+    }
+  }
+
+  // Receives a matched first message (already in flight from a live sender) and checks it
+  // against what this rank expects. Returns the header; the message stays in `incoming`.
+  // `root` < 0: a point-to-point message (no sequence check: FIFO per pair suffices).
+  WireHeader take_first(const char* op, Kind kind, const detail::TypeTag& type, bool raw, int src, int root,
+                        std::uint64_t my_seq, MPI_Message& msg, int bytes) {
+    buf->incoming.resize(static_cast<std::size_t>(std::max(bytes, 1)));  // bounded by what arrived
+    MESHRT_MPI_CHECK(MPI_Mrecv(buf->incoming.data(), bytes, MPI_BYTE, &msg, MPI_STATUS_IGNORE));
+    const std::string where = fmt::format("{} on {} from {}", op, me(), peer(src));
+    const auto n = static_cast<std::size_t>(bytes);
+    if (n < sizeof(WireHeader)) {
+      throw ProtocolError(fmt::format("{}: expected a message of at least the {}-byte group header, found {} bytes "
+                                      "(truncated, or not sent by a StatelessGroup)",
+                                      where, sizeof(WireHeader), n));
+    }
+    WireHeader h;
+    std::memcpy(&h, buf->incoming.data(), sizeof h);
+    if (h.magic != kMagic || h.version != kVersion) {
+      throw ProtocolError(fmt::format("{}: expected group header magic {:#x} version {}, found {:#x} version {} "
+                                      "(garbage, or not sent by a StatelessGroup)",
+                                      where, kMagic, kVersion, h.magic, h.version));
+    }
+    if (h.kind != static_cast<std::uint8_t>(kind) || h.sender != src) {
+      // Relayed broadcasts carry the relaying rank as sender, so this holds for them too.
+      throw ProtocolError(fmt::format("{}: expected a {} message from group rank {}, found kind {} from rank {}", where,
+                                      kind_name(kind), src, h.kind, h.sender));
+    }
+    if (h.name_len > kMaxTypeName || n != sizeof h + h.name_len + h.inline_bytes) {
+      throw ProtocolError(fmt::format("{}: header declares {} + {} name + {} payload bytes, found a {}-byte message "
+                                      "(truncated or corrupt)",
+                                      where, sizeof h, h.name_len, h.inline_bytes, n));
+    }
+    const std::string_view their_name(buf->incoming.data() + sizeof h, h.name_len);
+    if (h.type_hash != type.hash || their_name != type.name || h.raw != (raw ? 1 : 0)) {
+      throw UsageError(fmt::format("{}: type mismatch: expected {} (tag {:016x}), found {} (tag {:016x})", where,
+                                   type.name, type.hash, their_name, h.type_hash));
+    }
+    if (root >= 0 && (h.seq != my_seq || h.root != root)) {
+      throw ProtocolError(fmt::format("{}: mismatched collective: expected {} #{} with root {}, found #{} with root {} "
+                                      "(the members did not make the same calls in the same order)",
+                                      where, kind_name(kind), my_seq, root, h.seq, h.root));
+    }
+    if (h.inline_bytes != h.total && (h.inline_bytes != 0 || h.chunk == 0 || h.chunk > INT32_MAX)) {
+      throw ProtocolError(fmt::format("{}: header declares {} payload bytes, {} inline, chunks of {}: inconsistent",
+                                      where, h.total, h.inline_bytes, h.chunk));
+    }
+    if (h.total > max_object) {
+      throw ProtocolError(fmt::format("{}: header declares a {}-byte object, more than this machine's {} bytes of "
+                                      "memory (corrupt header)",
+                                      where, h.total, max_object));
+    }
+    return h;
+  }
+
+
+  // Receives the payload described by `h` (its first message is in buf->incoming) from
+  // `src` into `sink`, chunks straight into the sink's memory. Each chunk is sent on to
+  // `forward` as soon as it is in (broadcast relays), requests appended to `sends`.
+  // False on timeout (receives cancelled).
+  bool receive_payload(const char* op, Kind kind, const WireHeader& h, int src, detail::PayloadSink& sink,
+                       Clock::time_point dl, std::span<const int> forward, std::vector<MPI_Request>& sends) {
+    const std::size_t nchunks = chunks_of(h);
+    if (nchunks == 0) {
+      char* out = sink.prepare(h.total);
+      if (h.total) std::memcpy(out, buf->incoming.data() + sizeof h + h.name_len, h.total);
+      return true;
+    }
+    const std::string where = fmt::format("{} on {} from {}", op, me(), peer(src));
+    // Allocate only once the first chunk is really there and has the declared size: a
+    // corrupt header alone never makes this rank allocate what it declares.
+    MPI_Message msg = MPI_MESSAGE_NULL;
+    int bytes = 0;
+    if (!probe(src, chunk_tag(kind), dl, msg, bytes)) return false;
+    const std::size_t first_len = std::min<std::size_t>(h.chunk, h.total);
+    char* out = nullptr;
+    std::string problem;
+    if (static_cast<std::size_t>(bytes) != first_len) {
+      problem = fmt::format("expected a first chunk of {} bytes, found {} (corrupt stream)", first_len, bytes);
+    } else {
+      try {
+        out = sink.prepare(h.total);
+      } catch (const std::bad_alloc&) {
+        problem = fmt::format("cannot allocate the declared {}-byte object", h.total);
+      }
+    }
+    if (!problem.empty()) {
+      std::vector<char> sinkhole(static_cast<std::size_t>(std::max(bytes, 1)));  // a matched message must be received
+      MPI_Mrecv(sinkhole.data(), bytes, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+      break_group(fmt::format("a broken chunked message in {}", op));
+      throw ProtocolError(fmt::format("{}: {}", where, problem));
+    }
+    std::vector<MPI_Request> recvs(nchunks, MPI_REQUEST_NULL);
+    auto len = [&](std::size_t i) { return std::min<std::size_t>(h.chunk, h.total - i * h.chunk); };
+    MESHRT_MPI_CHECK(MPI_Imrecv(out, bytes, MPI_BYTE, &msg, &recvs[0]));
+    for (std::size_t i = 1; i < nchunks; ++i) {
+      MESHRT_MPI_CHECK(
+          MPI_Irecv(out + i * h.chunk, static_cast<int>(len(i)), MPI_BYTE, src, chunk_tag(kind), comm, &recvs[i]));
+    }
+    for (std::size_t i = 0; i < nchunks; ++i) {
+      Backoff backoff;
+      MPI_Status st;
+      for (;;) {
+        int done = 0;
+        const int rc = MPI_Test(&recvs[i], &done, &st);
+        if (rc != MPI_SUCCESS) {
+          cancel_receives(recvs);
+          break_group(fmt::format("a broken chunked message in {}", op));
+          throw ProtocolError(fmt::format("{}: chunk {} of {} ({} bytes expected) failed: {}", where, i, nchunks,
+                                          len(i), detail::mpi_error_string(rc)));
+        }
+        if (done) break;
+        if (Clock::now() >= dl) {
+          cancel_receives(recvs);
+          return false;
+        }
+        backoff.pause();
+      }
+      int got = 0;
+      MPI_Get_count(&st, MPI_BYTE, &got);
+      if (static_cast<std::size_t>(got) != len(i)) {
+        cancel_receives(recvs);
+        break_group(fmt::format("a broken chunked message in {}", op));
+        throw ProtocolError(fmt::format("{}: chunk {} of {}: expected {} bytes, found {} (truncated stream)", where, i,
+                                        nchunks, len(i), got));
+      }
+      for (int dst : forward) {
+        MPI_Request r = MPI_REQUEST_NULL;
+        MESHRT_MPI_CHECK(
+            MPI_Isend(out + i * h.chunk, static_cast<int>(len(i)), MPI_BYTE, dst, chunk_tag(kind), comm, &r));
+        sends.push_back(r);
+      }
+    }
+    return true;
+  }
+
+  // The ranks among `dsts` (parallel to `reqs`' owners) whose sends are still pending.
+  std::vector<int> late_receivers(std::span<MPI_Request> reqs, const std::vector<int>& owner) {
+    std::vector<int> out;
+    for (std::size_t i : pending(reqs)) {
+      if (std::find(out.begin(), out.end(), owner[i]) == out.end()) out.push_back(owner[i]);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  // Sends the packed first message and the payload's chunks to each of `dsts`.
+  void post_sends(Kind kind, std::span<const char> payload, std::span<const int> dsts, std::vector<MPI_Request>& reqs,
+                  std::vector<int>& owner) {
+    for (int dst : dsts) {
+      MPI_Request r = MPI_REQUEST_NULL;
+      MESHRT_MPI_CHECK(MPI_Isend(buf->first.data(), static_cast<int>(buf->first.size()), MPI_BYTE, dst,
+                                 header_tag(kind), comm, &r));
+      reqs.push_back(r);
+      post_chunk_sends(kind, payload, dst, reqs);
+      owner.resize(reqs.size(), dst);
+    }
+  }
+};
+
+// ---- construction -------------------------------------------------------------------
+
+StatelessGroup::StatelessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+StatelessGroup::StatelessGroup(StatelessGroup&&) noexcept = default;
+StatelessGroup& StatelessGroup::operator=(StatelessGroup&&) noexcept = default;
+StatelessGroup::~StatelessGroup() = default;
+
+namespace {
+
+Seconds option_timeout(const GroupOptions& o) {
+  if (o.timeout) {
+    if (o.timeout->count() < 0) throw UsageError(fmt::format("GroupOptions::timeout: expected >= 0 s, found {} s", o.timeout->count()));
+    return o.timeout->count() == 0 ? Seconds::max() : *o.timeout;
+  }
+  return settings::get_seconds("MESHRT_GROUP_TIMEOUT");
+}
+
+std::size_t option_chunk(const GroupOptions& o) {
+  const std::int64_t c =
+      o.chunk_bytes ? static_cast<std::int64_t>(*o.chunk_bytes) : settings::get_int("MESHRT_GROUP_CHUNK_BYTES");
+  if (c < 1 || c > INT32_MAX) {
+    throw UsageError(fmt::format("group chunk size: expected 1..{} bytes (an MPI count is an int), found {}{}",
+                                 INT32_MAX, c, o.chunk_bytes ? " in GroupOptions" : " in MESHRT_GROUP_CHUNK_BYTES"));
+  }
+  return static_cast<std::size_t>(c);
+}
+
+}  // namespace
+
+std::unique_ptr<StatelessGroup::Impl> StatelessGroup::make_impl(MPI_Comm comm, std::vector<int> parent_ranks,
+                                                                const GroupOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->comm = comm;  // owned from here on: freed by ~Impl even if the rest throws
+  MESHRT_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+  MESHRT_MPI_CHECK(MPI_Comm_rank(comm, &impl->rank));
+  MESHRT_MPI_CHECK(MPI_Comm_size(comm, &impl->size));
+  impl->parent_ranks = std::move(parent_ranks);
+  impl->timeout = option_timeout(options);
+  impl->chunk = option_chunk(options);
+  return impl;
+}
+
+StatelessGroup StatelessGroup::create(const std::vector<int>& members, MPI_Comm parent, const GroupOptions& options) {
+  int parent_rank = 0, parent_size = 0;
+  MESHRT_MPI_CHECK(MPI_Comm_rank(parent, &parent_rank));
+  MESHRT_MPI_CHECK(MPI_Comm_size(parent, &parent_size));
+  std::vector<int> sorted = members;
+  std::sort(sorted.begin(), sorted.end());
+  if (members.empty() || sorted.front() < 0 || sorted.back() >= parent_size ||
+      std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    throw UsageError(fmt::format("StatelessGroup::create on parent rank {}: expected distinct parent ranks in 0..{}, "
+                                 "found {}",
+                                 parent_rank, parent_size - 1, int_list(members)));
+  }
+  if (!std::binary_search(sorted.begin(), sorted.end(), parent_rank)) {
+    throw UsageError(fmt::format("StatelessGroup::create on parent rank {}: only members call it, and {} does not "
+                                 "contain this rank",
+                                 parent_rank, int_list(members)));
+  }
+  MPI_Group parent_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  MESHRT_MPI_CHECK(MPI_Comm_group(parent, &parent_group));
+  const int rc = MPI_Group_incl(parent_group, static_cast<int>(members.size()), members.data(), &group);
+  MPI_Group_free(&parent_group);
+  MESHRT_MPI_CHECK(rc);
+  MPI_Comm comm = MPI_COMM_NULL;
+  const int rc2 = MPI_Comm_create_group(parent, group, options.create_tag, &comm);
+  MPI_Group_free(&group);
+  MESHRT_MPI_CHECK(rc2);
+  return StatelessGroup(make_impl(comm, members, options));
+}
+
+StatelessGroup StatelessGroup::from_comm(MPI_Comm comm, const GroupOptions& options) {
+  int inter = 0;
+  MESHRT_MPI_CHECK(MPI_Comm_test_inter(comm, &inter));
+  if (inter) {
+    throw UsageError("StatelessGroup::from_comm: expected an intracommunicator, found an intercommunicator "
+                     "(merge it with MPI_Intercomm_merge first)");
+  }
+  MPI_Comm dup = MPI_COMM_NULL;
+  MESHRT_MPI_CHECK(MPI_Comm_dup(comm, &dup));
+  int size = 0;
+  MESHRT_MPI_CHECK(MPI_Comm_size(dup, &size));
+  std::vector<int> parent(static_cast<std::size_t>(size));
+  for (int i = 0; i < size; ++i) parent[static_cast<std::size_t>(i)] = i;
+  return StatelessGroup(make_impl(dup, std::move(parent), options));
+}
+
+// ---- across jobs --------------------------------------------------------------------
+
+namespace {
+
+// Writes `text` to `path` so that a reader never sees a partial file: tmp, then rename.
+void write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text << '\n';
+    out.flush();
+    if (!out) throw UsageError(fmt::format("StatelessGroup::accept: cannot write the port file {}", tmp));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw UsageError(fmt::format("StatelessGroup::accept: cannot rename {} to {}: {}", tmp, path, ec.message()));
+}
+
+// The port name from "env:NAME" or from a file, waiting for the file up to `timeout`.
+std::string read_port(const std::string& where, Seconds timeout) {
+  if (where.rfind("env:", 0) == 0) {
+    const char* v = std::getenv(where.substr(4).c_str());
+    if (v == nullptr || *v == '\0') {
+      throw UsageError(fmt::format("StatelessGroup::connect: expected an MPI port name in environment variable {}, "
+                                   "found it unset or empty",
+                                   where.substr(4)));
+    }
+    return v;
+  }
+  const auto dl = deadline_after(timeout);
+  for (;;) {
+    std::ifstream in(where);
+    std::string line;
+    if (in && std::getline(in, line) && !line.empty()) return line;
+    if (Clock::now() >= dl) {
+      throw TimeoutError(fmt::format("StatelessGroup::connect: the port file {} did not appear within {} s (is the "
+                                     "accepting job running, and started with the same --ompi-server?)",
+                                     where, timeout.count()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace
+
+StatelessGroup StatelessGroup::accept(const std::string& port_file, MPI_Comm local, const GroupOptions& options) {
+  return join(true, port_file, local, options);
+}
+
+StatelessGroup StatelessGroup::connect(const std::string& where, MPI_Comm local, const GroupOptions& options) {
+  return join(false, where, local, options);
+}
+
+StatelessGroup StatelessGroup::join(bool accepting, const std::string& where, MPI_Comm local,
+                                    const GroupOptions& options) {
+  const char* op = accepting ? "StatelessGroup::accept" : "StatelessGroup::connect";
+  MPI_Comm ldup = MPI_COMM_NULL;  // the caller's communicator is never used directly
+  MESHRT_MPI_CHECK(MPI_Comm_dup(local, &ldup));
+  MPI_Comm_set_errhandler(ldup, MPI_ERRORS_RETURN);
+  struct FreeDup {
+    MPI_Comm& c;
+    ~FreeDup() { MPI_Comm_free(&c); }
+  } free_dup{ldup};
+  int lrank = 0;
+  MESHRT_MPI_CHECK(MPI_Comm_rank(ldup, &lrank));
+
+  // Local rank 0 gets the port; it tells the others whether that worked, so a failure
+  // raises on every rank instead of leaving them in MPI_Comm_accept/connect.
+  std::array<char, MPI_MAX_PORT_NAME + 1> port{};
+  std::string error;
+  std::exception_ptr own_error;
+  if (lrank == 0) {
+    try {
+      if (accepting) {
+        MESHRT_MPI_CHECK(MPI_Open_port(MPI_INFO_NULL, port.data()));
+        write_atomically(where, port.data());
+      } else {
+        const std::string name = read_port(where, option_timeout(options));
+        if (name.size() > MPI_MAX_PORT_NAME) throw UsageError(fmt::format("{}: port name in {} too long", op, where));
+        std::memcpy(port.data(), name.data(), name.size());
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+      own_error = std::current_exception();
+    }
+  }
+  int failed = error.empty() ? 0 : 1;
+  MESHRT_MPI_CHECK(MPI_Bcast(&failed, 1, MPI_INT, 0, ldup));
+  if (failed) {
+    if (own_error) std::rethrow_exception(own_error);
+    throw UsageError(fmt::format("{}: local rank 0 failed to get the port: {}", op, error));
+  }
+  MPI_Comm inter = MPI_COMM_NULL;
+  if (accepting) {
+    // MPI_Comm_accept has no timeout: it waits until the other job connects.
+    MESHRT_MPI_CHECK(MPI_Comm_accept(port.data(), MPI_INFO_NULL, 0, ldup, &inter));
+    if (lrank == 0) {
+      MPI_Close_port(port.data());
+      std::remove(where.c_str());  // a later connect must not find a closed port
+    }
+  } else {
+    MESHRT_MPI_CHECK(MPI_Comm_connect(port.data(), MPI_INFO_NULL, 0, ldup, &inter));
+  }
+  MPI_Comm merged = MPI_COMM_NULL;
+  // The accepting job's ranks come first (high = 0).
+  const int rc = MPI_Intercomm_merge(inter, accepting ? 0 : 1, &merged);
+  if (rc != MPI_SUCCESS) MPI_Comm_disconnect(&inter);
+  MESHRT_MPI_CHECK(rc);
+  // parent_rank(i): member i's rank in its own job's `local` communicator.
+  int msize = 0;
+  MPI_Comm_size(merged, &msize);
+  std::vector<int> parents(static_cast<std::size_t>(msize));
+  const int rc2 = MPI_Allgather(&lrank, 1, MPI_INT, parents.data(), 1, MPI_INT, merged);
+  if (rc2 != MPI_SUCCESS) {
+    MPI_Comm_disconnect(&merged);
+    MPI_Comm_disconnect(&inter);
+  }
+  MESHRT_MPI_CHECK(rc2);
+  auto impl = make_impl(merged, std::move(parents), options);
+  impl->inter = inter;
+  return StatelessGroup(std::move(impl));
+}
+
+// ---- accessors ----------------------------------------------------------------------
+
+int StatelessGroup::rank() const { return impl_->rank; }
+int StatelessGroup::world_size() const { return impl_->size; }
+int StatelessGroup::parent_rank(int i) const {
+  impl_->check_peer("parent_rank", i, "group");
+  return impl_->parent_ranks[static_cast<std::size_t>(i)];
+}
+std::vector<int> StatelessGroup::members() const { return impl_->parent_ranks; }
+bool StatelessGroup::usable() const { return impl_ && impl_->comm != MPI_COMM_NULL && impl_->unusable_after.empty(); }
+MPI_Comm StatelessGroup::comm() const { return impl_->comm; }
+std::chrono::duration<double> StatelessGroup::default_timeout() const { return impl_->timeout; }
+std::size_t StatelessGroup::chunk_bytes() const { return impl_->chunk; }
+std::string& StatelessGroup::scratch() { return impl_->buf->scratch; }
+void StatelessGroup::disconnect() {
+  if (impl_) impl_->release();
+}
+
+std::string StatelessGroup::where(const char* op, int peer) const {
+  return fmt::format("{} on {} from {}", op, impl_->me(), impl_->peer(peer));
+}
+
+// ---- point to point -----------------------------------------------------------------
+
+void StatelessGroup::send_bytes(const detail::TypeTag& type, bool raw, std::span<const char> payload, int dst,
+                                Timeout timeout) {
+  Impl& g = *impl_;
+  g.check_usable("send_obj");
+  g.check_peer("send_obj", dst, "destination");
+  const auto dl = g.deadline(timeout);
+  g.pack_first(Kind::Send, type, raw, payload, g.rank, 0);
+  std::vector<MPI_Request> reqs;
+  std::vector<int> owner;
+  const int dsts[] = {dst};
+  g.post_sends(Kind::Send, payload, dsts, reqs, owner);
+  if (!g.wait_all(reqs, dl)) {
+    g.timed_out("send_obj", timeout,
+                fmt::format("{} has not received the {}-byte object", g.peer(dst), payload.size()), {dst}, true);
+  }
+}
+
+void StatelessGroup::recv_bytes(const detail::TypeTag& type, bool raw, detail::PayloadSink& sink, int src,
+                                Timeout timeout) {
+  Impl& g = *impl_;
+  g.check_usable("recv_obj");
+  g.check_peer("recv_obj", src, "source");
+  const auto dl = g.deadline(timeout);
+  MPI_Message msg = MPI_MESSAGE_NULL;
+  int bytes = 0;
+  if (!g.probe(src, header_tag(Kind::Send), dl, msg, bytes)) {
+    g.timed_out("recv_obj", timeout, fmt::format("no {} object from {} arrived", type.name, g.peer(src)), {src},
+                false);
+  }
+  const WireHeader h = g.take_first("recv_obj", Kind::Send, type, raw, src, -1, 0, msg, bytes);
+  std::vector<MPI_Request> none;
+  if (!g.receive_payload("recv_obj", Kind::Send, h, src, sink, dl, {}, none)) {
+    g.timed_out("recv_obj", timeout,
+                fmt::format("the header of a {}-byte object from {} arrived, its chunks did not", h.total, g.peer(src)),
+                {src}, true);
+  }
+}
+
+// ---- collectives --------------------------------------------------------------------
+
+void StatelessGroup::broadcast_bytes(const detail::TypeTag& type, bool raw, std::span<const char> payload,
+                                     detail::PayloadSink& sink, int src, Timeout timeout) {
+  Impl& g = *impl_;
+  g.check_usable("broadcast_obj");
+  g.check_peer("broadcast_obj", src, "root");
+  const std::uint64_t seq = g.seq[static_cast<std::size_t>(Kind::Broadcast)]++;
+  const auto dl = g.deadline(timeout);
+  const int n = g.size;
+  // Binomial tree over ranks relative to the root: log2(n) rounds, like MPI_Bcast.
+  const int rel = (g.rank - src + n) % n;
+  int parent = -1;
+  int top = 1;
+  while (top < n) top <<= 1;
+  int limit = top;
+  for (int mask = 1; mask < n; mask <<= 1) {
+    if (rel & mask) {
+      parent = (rel - mask + src) % n;
+      limit = mask;
+      break;
+    }
+  }
+  std::vector<int> children;
+  for (int mask = limit >> 1; mask >= 1; mask >>= 1) {
+    if (rel + mask < n) children.push_back((rel + mask + src) % n);
+  }
+  std::vector<MPI_Request> sends;
+  std::vector<int> owner;
+  if (parent < 0) {
+    g.pack_first(Kind::Broadcast, type, raw, payload, src, seq);
+    g.post_sends(Kind::Broadcast, payload, children, sends, owner);
+  } else {
+    MPI_Message msg = MPI_MESSAGE_NULL;
+    int bytes = 0;
+    if (!g.probe(parent, header_tag(Kind::Broadcast), dl, msg, bytes)) {
+      std::vector<int> missing{src};
+      if (parent != src) missing.push_back(parent);
+      std::sort(missing.begin(), missing.end());
+      g.timed_out("broadcast_obj", timeout,
+                  parent == src ? fmt::format("no object from the root {} arrived", g.peer(src))
+                                : fmt::format("no object from the root {} arrived through its relay {}", g.peer(src),
+                                              g.peer(parent)),
+                  missing, true);
+    }
+    const WireHeader h = g.take_first("broadcast_obj", Kind::Broadcast, type, raw, parent, src, seq, msg, bytes);
+    // Relay the first message with this rank as its sender, then each chunk as it lands.
+    g.buf->first.assign(g.buf->incoming.data(), g.buf->incoming.size());
+    const std::int32_t me = g.rank;
+    std::memcpy(g.buf->first.data() + offsetof(WireHeader, sender), &me, sizeof me);
+    for (int c : children) {
+      MPI_Request r = MPI_REQUEST_NULL;
+      MESHRT_MPI_CHECK(MPI_Isend(g.buf->first.data(), static_cast<int>(g.buf->first.size()), MPI_BYTE, c,
+                                 header_tag(Kind::Broadcast), g.comm, &r));
+      sends.push_back(r);
+      owner.push_back(c);
+    }
+    const std::size_t before = sends.size();
+    if (!g.receive_payload("broadcast_obj", Kind::Broadcast, h, parent, sink, dl, children, sends)) {
+      g.timed_out("broadcast_obj", timeout,
+                  fmt::format("the header of a {}-byte object from {} arrived, its chunks did not", h.total,
+                              g.peer(parent)),
+                  {parent}, true);
+    }
+    // Chunk sends were appended child by child, chunk by chunk.
+    for (std::size_t i = before; i < sends.size(); ++i) owner.push_back(children[(i - before) % children.size()]);
+  }
+  if (!g.wait_all(sends, dl)) {
+    const auto late = g.late_receivers(sends, owner);
+    g.timed_out("broadcast_obj", timeout,
+                fmt::format("{} (this rank's subtree of the broadcast) did not receive", g.peers(late)), late, true);
+  }
+}
+
+void StatelessGroup::all_gather_bytes(const detail::TypeTag& type, bool raw, std::span<const char> payload,
+                                      std::span<detail::PayloadSink* const> sinks, Timeout timeout) {
+  Impl& g = *impl_;
+  g.check_usable("all_gather_obj");
+  const std::uint64_t seq = g.seq[static_cast<std::size_t>(Kind::AllGather)]++;
+  const auto dl = g.deadline(timeout);
+  const int n = g.size;
+  // Direct exchange: every rank sends to and receives from every other, so each rank
+  // knows exactly whose part is missing. Peers in ring order spread the load.
+  std::vector<int> to, from;
+  for (int i = 1; i < n; ++i) {
+    to.push_back((g.rank + i) % n);
+    from.push_back((g.rank - i + n) % n);
+  }
+  std::vector<MPI_Request> sends;
+  std::vector<int> owner;
+  g.pack_first(Kind::AllGather, type, raw, payload, g.rank, seq);
+  g.post_sends(Kind::AllGather, payload, to, sends, owner);
+  char* own = sinks[static_cast<std::size_t>(g.rank)]->prepare(payload.size());
+  if (!payload.empty()) std::memcpy(own, payload.data(), payload.size());
+  for (std::size_t k = 0; k < from.size(); ++k) {
+    const int p = from[k];
+    MPI_Message msg = MPI_MESSAGE_NULL;
+    int bytes = 0;
+    if (!g.probe(p, header_tag(Kind::AllGather), dl, msg, bytes)) {
+      // Who else is missing: the peers not yet taken whose part has not arrived either.
+      std::vector<int> missing{p};
+      for (std::size_t j = k + 1; j < from.size(); ++j) {
+        int found = 0;
+        MESHRT_MPI_CHECK(MPI_Iprobe(from[j], header_tag(Kind::AllGather), g.comm, &found, MPI_STATUS_IGNORE));
+        if (!found) missing.push_back(from[j]);
+      }
+      std::sort(missing.begin(), missing.end());
+      g.timed_out("all_gather_obj", timeout, fmt::format("the parts of {} did not arrive", g.peers(missing)), missing,
+                  true);
+    }
+    const WireHeader h = g.take_first("all_gather_obj", Kind::AllGather, type, raw, p, p, seq, msg, bytes);
+    if (!g.receive_payload("all_gather_obj", Kind::AllGather, h, p, *sinks[static_cast<std::size_t>(p)], dl, {},
+                           sends)) {
+      g.timed_out("all_gather_obj", timeout,
+                  fmt::format("the header of a {}-byte part from {} arrived, its chunks did not", h.total, g.peer(p)),
+                  {p}, true);
+    }
+  }
+  if (!g.wait_all(sends, dl)) {
+    const auto late = g.late_receivers(sends, owner);
+    g.timed_out("all_gather_obj", timeout, fmt::format("{} did not receive this rank's part", g.peers(late)), late,
+                true);
+  }
+}
+
+void StatelessGroup::barrier(Timeout timeout) {
+  Impl& g = *impl_;
+  g.check_usable("barrier");
+  const std::uint64_t seq = g.seq[static_cast<std::size_t>(Kind::Barrier)]++;
+  const auto dl = g.deadline(timeout);
+  const int n = g.size;
+  if (n == 1) return;
+  // Every rank tells every other that it arrived (O(n^2) tiny messages; groups are small
+  // and this way every rank can name exactly who did not arrive).
+  auto& tokens = g.buf->tokens;
+  tokens.assign(static_cast<std::size_t>(n) + 1, ~std::uint64_t{0});
+  tokens[0] = seq;
+  std::vector<MPI_Request> recvs, sends;
+  std::vector<int> recv_owner;
+  for (int p = 0; p < n; ++p) {
+    if (p == g.rank) continue;
+    MPI_Request r = MPI_REQUEST_NULL;
+    MESHRT_MPI_CHECK(MPI_Irecv(&tokens[static_cast<std::size_t>(p) + 1], 8, MPI_BYTE, p, header_tag(Kind::Barrier),
+                               g.comm, &r));
+    recvs.push_back(r);
+    recv_owner.push_back(p);
+    MESHRT_MPI_CHECK(MPI_Isend(&tokens[0], 8, MPI_BYTE, p, header_tag(Kind::Barrier), g.comm, &r));
+    sends.push_back(r);
+  }
+  if (!g.wait_all(recvs, dl)) {
+    std::vector<int> missing;
+    for (std::size_t i : Impl::pending(recvs)) missing.push_back(recv_owner[i]);
+    Impl::cancel_receives(recvs);
+    g.timed_out("barrier", timeout, fmt::format("{} did not arrive", g.peers(missing)), missing, true);
+  }
+  if (!g.wait_all(sends, dl)) {
+    g.timed_out("barrier", timeout, "every rank arrived, but this rank's tokens were not taken", {}, true);
+  }
+  for (int p = 0; p < n; ++p) {
+    const std::uint64_t got = tokens[static_cast<std::size_t>(p) + 1];
+    if (p != g.rank && got != seq) {
+      g.break_group("a mismatched barrier");
+      throw ProtocolError(fmt::format("barrier on {}: expected barrier #{} from {}, found #{} (the members did not "
+                                      "make the same calls in the same order)",
+                                      g.me(), seq, g.peer(p), got));
+    }
+  }
+}
+
+}  // namespace meshrt

@@ -1,0 +1,34 @@
+// The NCCL bootstrap over a StatelessGroup. Skips (on every rank alike) without a GPU.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <chrono>
+
+#include "meshrt/group.hpp"
+
+TEST(GroupNccl, CommunicatorFromGroupAllReduces) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) GTEST_SKIP() << "no CUDA device";
+  auto g = meshrt::StatelessGroup::from_comm(MPI_COMM_WORLD);
+  const int device = g.rank() % devices;
+  ncclComm_t comm = meshrt::make_nccl_comm(g, device, std::chrono::seconds(30));
+  ASSERT_NE(comm, nullptr);
+  int nranks = 0, rank = -1;
+  EXPECT_EQ(ncclCommCount(comm, &nranks), ncclSuccess);
+  EXPECT_EQ(ncclCommUserRank(comm, &rank), ncclSuccess);
+  EXPECT_EQ(nranks, g.world_size());
+  EXPECT_EQ(rank, g.rank());
+  float* buf = nullptr;
+  ASSERT_EQ(cudaMalloc(&buf, sizeof(float)), cudaSuccess);
+  const float mine = static_cast<float>(g.rank() + 1);
+  cudaMemcpy(buf, &mine, sizeof mine, cudaMemcpyHostToDevice);
+  EXPECT_EQ(ncclAllReduce(buf, buf, 1, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
+  float sum = 0;
+  cudaMemcpy(&sum, buf, sizeof sum, cudaMemcpyDeviceToHost);
+  const int n = g.world_size();
+  EXPECT_EQ(sum, static_cast<float>(n * (n + 1) / 2));
+  cudaFree(buf);
+  ncclCommDestroy(comm);
+}

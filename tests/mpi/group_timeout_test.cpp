@@ -1,0 +1,139 @@
+// StatelessGroup timeouts over 3 ranks: rank 2 never calls. Each case uses a fresh
+// group, so one that becomes unusable does not affect the next.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <boost/serialization/string.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "meshrt/group.hpp"
+#include "meshrt/settings.hpp"
+
+using meshrt::StatelessGroup;
+using meshrt::TimeoutError;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr auto kShort = 300ms;
+
+// Runs f, expecting a TimeoutError; returns it (or fails the test).
+template <class F>
+std::optional<TimeoutError> expect_timeout(F f) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    f();
+  } catch (const TimeoutError& e) {
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_GE(took, kShort - 10ms) << "timed out early";
+    EXPECT_LT(took, 5s) << "the deadline was not honoured";
+    return e;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected a TimeoutError, got: " << e.what();
+    return std::nullopt;
+  }
+  ADD_FAILURE() << "expected a TimeoutError, the call returned";
+  return std::nullopt;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST(GroupTimeout, RecvFromAbsentRankNamesItAndKeepsGroupUsable) {
+  auto g = StatelessGroup::from_comm(MPI_COMM_WORLD);
+  if (g.rank() == 0) {
+    auto e = expect_timeout([&] { (void)g.recv_obj<std::string>(2, kShort); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->missing_ranks(), std::vector<int>{2});
+    EXPECT_FALSE(e->group_unusable());
+    EXPECT_TRUE(contains(e->what(), "recv_obj timed out after 0.3 s on group rank 0 (parent rank 0) of 3")) << e->what();
+    EXPECT_TRUE(contains(e->what(), "missing group ranks [2] (parent ranks [2])")) << e->what();
+    EXPECT_TRUE(contains(e->what(), "still usable")) << e->what();
+    EXPECT_TRUE(g.usable());
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // Still usable: the late message is the next one from rank 2.
+  if (g.rank() == 2) g.send_obj(std::string("late"), 0);
+  if (g.rank() == 0) EXPECT_EQ(g.recv_obj<std::string>(2, 10s), "late");
+}
+
+TEST(GroupTimeout, BarrierNamesMissingRankAndBreaksGroup) {
+  auto g = StatelessGroup::from_comm(MPI_COMM_WORLD);
+  if (g.rank() != 2) {
+    auto e = expect_timeout([&] { g.barrier(kShort); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->missing_ranks(), std::vector<int>{2});
+    EXPECT_TRUE(e->group_unusable());
+    EXPECT_TRUE(contains(e->what(), "barrier timed out")) << e->what();
+    EXPECT_TRUE(contains(e->what(), "unusable")) << e->what();
+    EXPECT_FALSE(g.usable());
+    try {
+      g.send_obj(1, 0);
+      ADD_FAILURE() << "an unusable group accepted a call";
+    } catch (const meshrt::UsageError& u) {
+      EXPECT_TRUE(contains(u.what(), "group is unusable after a timeout in barrier")) << u.what();
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(GroupTimeout, AllGatherNamesEveryMissingPart) {
+  auto g = StatelessGroup::from_comm(MPI_COMM_WORLD);
+  if (g.rank() != 2) {
+    auto e = expect_timeout([&] { (void)g.all_gather_obj(std::string(50, 'a'), kShort); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->missing_ranks(), std::vector<int>{2});
+    EXPECT_TRUE(e->group_unusable());
+    EXPECT_TRUE(contains(e->what(), "all_gather_obj timed out")) << e->what();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(GroupTimeout, BroadcastFromAbsentRootNamesTheRoot) {
+  auto g = StatelessGroup::from_comm(MPI_COMM_WORLD);
+  if (g.rank() != 2) {
+    auto e = expect_timeout([&] { (void)g.broadcast_obj(std::string(), 2, kShort); });
+    ASSERT_TRUE(e);
+    const auto& m = e->missing_ranks();
+    EXPECT_TRUE(std::find(m.begin(), m.end(), 2) != m.end()) << e->what();
+    EXPECT_TRUE(contains(e->what(), "no object from the root group rank 2")) << e->what();
+    EXPECT_TRUE(e->group_unusable());
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(GroupTimeout, LargeSendToAbsentRankBreaksGroup) {
+  // Above the inline limit the payload is a rendezvous send that cannot complete.
+  meshrt::GroupOptions opt;
+  opt.timeout = kShort;  // the group default, no per-call override
+  auto g = StatelessGroup::from_comm(MPI_COMM_WORLD, opt);
+  EXPECT_EQ(g.default_timeout(), std::chrono::duration<double>(kShort));
+  if (g.rank() == 0) {
+    auto e = expect_timeout([&] { g.send_obj(std::vector<char>(4 << 20, 'x'), 2); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->missing_ranks(), std::vector<int>{2});
+    EXPECT_TRUE(e->group_unusable());
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(GroupTimeout, DefaultComesFromTheSetting) {
+  setenv("MESHRT_GROUP_TIMEOUT", "0.25", 1);
+  auto g = StatelessGroup::from_comm(MPI_COMM_WORLD);
+  unsetenv("MESHRT_GROUP_TIMEOUT");
+  EXPECT_DOUBLE_EQ(g.default_timeout().count(), 0.25);
+  if (g.rank() == 1) {
+    try {
+      (void)g.recv_obj<int>(2);
+      ADD_FAILURE() << "recv returned";
+    } catch (const TimeoutError& e) {
+      EXPECT_TRUE(contains(e.what(), "after 0.25 s")) << e.what();
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
