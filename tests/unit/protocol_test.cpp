@@ -66,7 +66,7 @@ TEST(Protocol, ValueRoundTripAndNames) {
   }
   EXPECT_EQ(name(Command{CallFunction{}}), "CallFunction");
   EXPECT_EQ(name(Reply{Restarted{}}), "Restarted");
-  EXPECT_EQ(name(Reduction::BXor), "bxor");
+  EXPECT_EQ(name(Reduction::Bxor), "bxor");
   EXPECT_EQ(parse_reduction("avg"), Reduction::Avg);
   EXPECT_THROW(parse_reduction("mean"), UsageError);
 }
