@@ -50,14 +50,15 @@ Reduction parse_reduction(std::string_view text) {
 
 namespace protocol {
 
-bool operator==(const CommandGroup& a, const CommandGroup& b) { return a.commands == b.commands; }
+bool operator==(const CommandGroup& a, const CommandGroup& b) {
+  return a.commands == b.commands;
+}
 
 namespace {
 
-constexpr std::string_view kCommandNames[] = {"CreateDeviceMesh", "CreateStream", "CallFunction",   "FetchValue",
-                                              "Reduce",           "SendTensor",   "BorrowCreate",   "BorrowFirstUse",
-                                              "BorrowDrop",       "DeleteRefs",   "CommandGroup",   "RequestStatus",
-                                              "Exit"};
+constexpr std::string_view kCommandNames[] = {
+    "CreateDeviceMesh", "CreateStream", "CallFunction", "FetchValue",   "Reduce",        "SendTensor", "BorrowCreate",
+    "BorrowFirstUse",   "BorrowDrop",   "DeleteRefs",   "CommandGroup", "RequestStatus", "Exit"};
 constexpr std::string_view kReplyNames[] = {"Status", "RemoteFunctionFailed", "FetchResult", "Restarted"};
 static_assert(std::size(kCommandNames) == std::variant_size_v<Command>);
 static_assert(std::size(kReplyNames) == std::variant_size_v<Reply>);
@@ -117,10 +118,12 @@ class Writer {
     i64s(m.shape(), "tensor shape");
   }
   void tensor(const Tensor& t) {
-    if (!t.defined()) throw ProtocolError("protocol: encoding a tensor: expected a defined tensor, found an undefined one");
+    if (!t.defined())
+      throw ProtocolError("protocol: encoding a tensor: expected a defined tensor, found an undefined one");
     if (!t.device().is_cpu()) {
-      throw ProtocolError(fmt::format("protocol: encoding a tensor: expected a CPU tensor, found {}; copy it to the host first",
-                                      t.meta().to_string()));
+      throw ProtocolError(
+          fmt::format("protocol: encoding a tensor: expected a CPU tensor, found {}; copy it to the host first",
+                      t.meta().to_string()));
     }
     u8(static_cast<std::uint8_t>(t.dtype()));
     i64s(t.shape(), "tensor shape");
@@ -130,14 +133,22 @@ class Writer {
   void value(const Value& v) {
     u8(static_cast<std::uint8_t>(v.kind()));
     switch (v.kind()) {
-      case Value::Kind::None: return;
-      case Value::Kind::Bool: return boolean(v.as_bool());
-      case Value::Kind::Int: return pod(v.as_int());
-      case Value::Kind::Double: return pod(v.as_number());
-      case Value::Kind::String: return string(v.as_string(), "string value");
-      case Value::Kind::Ref: return ref(v.as_ref());
-      case Value::Kind::Tensor: return tensor(v.as_tensor());
-      case Value::Kind::Meta: return meta(v.as_meta());
+      case Value::Kind::None:
+        return;
+      case Value::Kind::Bool:
+        return boolean(v.as_bool());
+      case Value::Kind::Int:
+        return pod(v.as_int());
+      case Value::Kind::Double:
+        return pod(v.as_number());
+      case Value::Kind::String:
+        return string(v.as_string(), "string value");
+      case Value::Kind::Ref:
+        return ref(v.as_ref());
+      case Value::Kind::Tensor:
+        return tensor(v.as_tensor());
+      case Value::Kind::Meta:
+        return meta(v.as_meta());
       case Value::Kind::List:
         length(v.as_list().size(), "list");
         for (const Value& item : v.as_list()) value(item);
@@ -302,7 +313,8 @@ class Reader {
     const std::size_t n = pod<std::uint32_t>(field);
     if (min_item_bytes > 0 && n > left() / min_item_bytes) {
       fail_at(at, field,
-              fmt::format("expected a count the remaining {} bytes can hold ({} bytes each), found {}", left(), min_item_bytes, n));
+              fmt::format("expected a count the remaining {} bytes can hold ({} bytes each), found {}", left(),
+                          min_item_bytes, n));
     }
     return n;
   }
@@ -375,7 +387,8 @@ class Reader {
     const auto expected = static_cast<std::uint64_t>(numel) * element_size(dtype);
     if (nbytes != expected) {
       fail_at(nbytes_at, field,
-              fmt::format("expected nbytes = numel {} x {} bytes = {}, found {}", numel, element_size(dtype), expected, nbytes));
+              fmt::format("expected nbytes = numel {} x {} bytes = {}, found {}", numel, element_size(dtype), expected,
+                          nbytes));
     }
     need(nbytes, field);
     // One allocation and one memcpy: no per-element work on the bulk path.
@@ -388,14 +401,22 @@ class Reader {
     if (depth > kMaxDepth) fail(field, fmt::format("expected values nested at most {} deep, found deeper", kMaxDepth));
     const auto kind = enumeration<Value::Kind>(field, static_cast<int>(Value::Kind::Dict) + 1);
     switch (kind) {
-      case Value::Kind::None: return Value();
-      case Value::Kind::Bool: return Value(boolean(field));
-      case Value::Kind::Int: return Value(pod<std::int64_t>(field));
-      case Value::Kind::Double: return Value(pod<double>(field));
-      case Value::Kind::String: return Value(string(field));
-      case Value::Kind::Ref: return Value(ref(field));
-      case Value::Kind::Tensor: return Value(tensor(field));
-      case Value::Kind::Meta: return Value(meta(field));
+      case Value::Kind::None:
+        return Value();
+      case Value::Kind::Bool:
+        return Value(boolean(field));
+      case Value::Kind::Int:
+        return Value(pod<std::int64_t>(field));
+      case Value::Kind::Double:
+        return Value(pod<double>(field));
+      case Value::Kind::String:
+        return Value(string(field));
+      case Value::Kind::Ref:
+        return Value(ref(field));
+      case Value::Kind::Tensor:
+        return Value(tensor(field));
+      case Value::Kind::Meta:
+        return Value(meta(field));
       case Value::Kind::List: {
         const std::size_t n = length(field, 1);  // every value is at least its tag byte
         Value::List items;
@@ -507,9 +528,12 @@ class Reader {
         m.already_borrowed = boolean("BorrowCreate.already_borrowed");
         return m;
       }
-      case 7: return BorrowFirstUse{ref("BorrowFirstUse.borrow")};
-      case 8: return BorrowDrop{ref("BorrowDrop.borrow")};
-      case 9: return DeleteRefs{refs("DeleteRefs.refs")};
+      case 7:
+        return BorrowFirstUse{ref("BorrowFirstUse.borrow")};
+      case 8:
+        return BorrowDrop{ref("BorrowDrop.borrow")};
+      case 9:
+        return DeleteRefs{refs("DeleteRefs.refs")};
       case 10: {
         if (depth >= kMaxDepth) {
           fail_at(at, "CommandGroup", fmt::format("expected groups nested at most {} deep, found deeper", kMaxDepth));
@@ -520,10 +544,13 @@ class Reader {
         for (std::size_t i = 0; i < n; ++i) m.commands.push_back(command(depth + 1));
         return m;
       }
-      case 11: return RequestStatus{pod<Ident>("RequestStatus.ident")};
-      case 12: return Exit{};
+      case 11:
+        return RequestStatus{pod<Ident>("RequestStatus.ident")};
+      case 12:
+        return Exit{};
       default:
-        fail_at(at, "command tag", fmt::format("expected a command tag in 0..{}, found {}", std::size(kCommandNames) - 1, tag));
+        fail_at(at, "command tag",
+                fmt::format("expected a command tag in 0..{}, found {}", std::size(kCommandNames) - 1, tag));
     }
   }
 
@@ -531,7 +558,8 @@ class Reader {
     const std::size_t at = pos_;
     const std::uint8_t tag = u8("reply tag");
     switch (tag) {
-      case 0: return Status{pod<Ident>("Status.first_uncompleted_ident")};
+      case 0:
+        return Status{pod<Ident>("Status.first_uncompleted_ident")};
       case 1: {
         RemoteFunctionFailed m;
         m.ident = pod<Ident>("RemoteFunctionFailed.ident");
@@ -547,9 +575,11 @@ class Reader {
         m.value = value(1, "FetchResult.value");
         return m;
       }
-      case 3: return Restarted{};
+      case 3:
+        return Restarted{};
       default:
-        fail_at(at, "reply tag", fmt::format("expected a reply tag in 0..{}, found {}", std::size(kReplyNames) - 1, tag));
+        fail_at(at, "reply tag",
+                fmt::format("expected a reply tag in 0..{}, found {}", std::size(kReplyNames) - 1, tag));
     }
   }
 
@@ -573,12 +603,14 @@ class Reader {
     const auto version = std::to_integer<unsigned>(p_[2]);
     if (version != kVersion) {
       fail_at(2, "frame header",
-              fmt::format("expected protocol version {}, found {} (a rank runs a different meshrt build)", kVersion, version));
+              fmt::format("expected protocol version {}, found {} (a rank runs a different meshrt build)", kVersion,
+                          version));
     }
     const auto kind = std::to_integer<unsigned>(p_[3]);
     if (kind != static_cast<unsigned>(expected)) {
-      fail_at(3, "frame header", fmt::format("expected frame kind {} ({}), found {}", static_cast<unsigned>(expected),
-                                             kind_name(expected), kind));
+      fail_at(3, "frame header",
+              fmt::format("expected frame kind {} ({}), found {}", static_cast<unsigned>(expected), kind_name(expected),
+                          kind));
     }
     pos_ = kHeaderSize;
   }
@@ -588,10 +620,14 @@ class Reader {
 
   static std::string_view kind_name(FrameKind k) {
     switch (k) {
-      case FrameKind::Command: return "command";
-      case FrameKind::Reply: return "reply";
-      case FrameKind::Handshake: return "handshake";
-      case FrameKind::Value: return "value";
+      case FrameKind::Command:
+        return "command";
+      case FrameKind::Reply:
+        return "reply";
+      case FrameKind::Handshake:
+        return "handshake";
+      case FrameKind::Value:
+        return "value";
     }
     return "invalid";
   }
@@ -611,8 +647,12 @@ std::vector<std::byte> to_vector(F&& encode_fn) {
 
 }  // namespace
 
-std::string_view name(const Command& c) noexcept { return kCommandNames[c.index()]; }
-std::string_view name(const Reply& r) noexcept { return kReplyNames[r.index()]; }
+std::string_view name(const Command& c) noexcept {
+  return kCommandNames[c.index()];
+}
+std::string_view name(const Reply& r) noexcept {
+  return kReplyNames[r.index()];
+}
 
 void Buffer::reserve(std::size_t n) {
   if (n > capacity_) grow(n - size_);
