@@ -69,6 +69,9 @@ enum class FrameKind : std::uint8_t { Command = 1, Reply = 2, Handshake = 3, Val
 constexpr std::size_t kHeaderSize = 4;
 // More dimensions than any real tensor or mesh; bounds what a frame can ask for.
 constexpr std::uint32_t kMaxDims = 64;
+// Far above any MPI job today, far below what would make decoding a slice expensive.
+constexpr std::int64_t kMaxSliceRanks = std::int64_t{1} << 20;
+constexpr std::int64_t kMaxRank = std::numeric_limits<std::int32_t>::max();
 
 // ------------------------------------------------------------------ writer
 
@@ -351,6 +354,20 @@ class Reader {
     const std::size_t n = ndim(field);
     auto sizes = dims(field, n);
     auto strides = dims(field, n);
+    // Ranks are MPI ranks (int) and a mesh has at most kMaxSliceRanks of them. Checked
+    // before NDSlice's own validation, which enumerates interleaved slices: without the
+    // bound a 100-byte frame could cost seconds and tens of MiB.
+    std::int64_t len = 1, last = offset;
+    for (std::size_t d = 0; d < n; ++d) {
+      std::int64_t extent = 0;
+      if (sizes[d] < 1 || strides[d] < 1) break;  // NDSlice names these precisely below
+      if (__builtin_mul_overflow(len, sizes[d], &len) || __builtin_mul_overflow(sizes[d] - 1, strides[d], &extent) ||
+          __builtin_add_overflow(last, extent, &last) || len > kMaxSliceRanks || last > kMaxRank) {
+        fail_at(at, field,
+                fmt::format("expected at most {} ranks, each <= {}, found sizes [{}] and strides [{}] from offset {}",
+                            kMaxSliceRanks, kMaxRank, fmt::join(sizes, ", "), fmt::join(strides, ", "), offset));
+      }
+    }
     try {
       return NDSlice(offset, std::move(sizes), std::move(strides));
     } catch (const SliceError& e) {

@@ -203,6 +203,16 @@ TEST(Protocol, BadSliceAndMeshNames) {
   const std::string e = protocol_error([&] { decode_command(b); });
   expect_contains(e, "CreateDeviceMesh.ranks at byte 27");
   expect_contains(e, "expected a valid NDSlice");
+  // 4M ranks, or a rank past int32: refused before NDSlice validates (and, for interleaved
+  // strides, enumerates) them.
+  const std::string big = protocol_error([] {
+    decode_command(encode(Command{CreateDeviceMesh{Ref{1}, {"a", "b"}, NDSlice(0, {1 << 11, 1 << 11}, {1 << 11, 1})}}));
+  });
+  expect_contains(big, "expected at most 1048576 ranks, each <= 2147483647, found sizes [2048, 2048]");
+  const std::string far = protocol_error([] {
+    decode_command(encode(Command{CreateDeviceMesh{Ref{1}, {"a"}, NDSlice(std::int64_t{1} << 31, {1}, {1})}}));
+  });
+  expect_contains(far, "each <= 2147483647");
   expect_contains(protocol_error([] {
                     decode_command(encode(Command{CreateDeviceMesh{Ref{1}, {"a"}, NDSlice::row_major({2, 2})}}));
                   }),
