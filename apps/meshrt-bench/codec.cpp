@@ -29,7 +29,7 @@ namespace boost::serialization {
 
 template <class Archive>
 void serialize(Archive& ar, meshrt::Ref& r, unsigned) {
-  ar & r.id;
+  ar& r.id;
 }
 
 // A Value as a kind tag and its payload, recursively.
@@ -38,16 +38,43 @@ void save(Archive& ar, const meshrt::Value& v, unsigned) {
   const auto kind = static_cast<std::uint8_t>(v.kind());
   ar << kind;
   switch (v.kind()) {
-    case meshrt::Value::Kind::None: break;
-    case meshrt::Value::Kind::Bool: { const bool b = v.as_bool(); ar << b; break; }
-    case meshrt::Value::Kind::Int: { const std::int64_t i = v.as_int(); ar << i; break; }
-    case meshrt::Value::Kind::Double: { const double d = v.as_number(); ar << d; break; }
-    case meshrt::Value::Kind::String: ar << v.as_string(); break;
-    case meshrt::Value::Kind::Ref: { const meshrt::Ref r = v.as_ref(); ar << r; break; }
-    case meshrt::Value::Kind::Tensor: ar << v.as_tensor(); break;
-    case meshrt::Value::Kind::Meta: ar << v.as_meta(); break;
-    case meshrt::Value::Kind::List: ar << v.as_list(); break;
-    case meshrt::Value::Kind::Dict: ar << v.as_dict(); break;
+    case meshrt::Value::Kind::None:
+      break;
+    case meshrt::Value::Kind::Bool: {
+      const bool b = v.as_bool();
+      ar << b;
+      break;
+    }
+    case meshrt::Value::Kind::Int: {
+      const std::int64_t i = v.as_int();
+      ar << i;
+      break;
+    }
+    case meshrt::Value::Kind::Double: {
+      const double d = v.as_number();
+      ar << d;
+      break;
+    }
+    case meshrt::Value::Kind::String:
+      ar << v.as_string();
+      break;
+    case meshrt::Value::Kind::Ref: {
+      const meshrt::Ref r = v.as_ref();
+      ar << r;
+      break;
+    }
+    case meshrt::Value::Kind::Tensor:
+      ar << v.as_tensor();
+      break;
+    case meshrt::Value::Kind::Meta:
+      ar << v.as_meta();
+      break;
+    case meshrt::Value::Kind::List:
+      ar << v.as_list();
+      break;
+    case meshrt::Value::Kind::Dict:
+      ar << v.as_dict();
+      break;
   }
 }
 
@@ -56,27 +83,74 @@ void load(Archive& ar, meshrt::Value& v, unsigned) {
   std::uint8_t kind = 0;
   ar >> kind;
   switch (static_cast<meshrt::Value::Kind>(kind)) {
-    case meshrt::Value::Kind::None: v = meshrt::Value(); break;
-    case meshrt::Value::Kind::Bool: { bool b = false; ar >> b; v = meshrt::Value(b); break; }
-    case meshrt::Value::Kind::Int: { std::int64_t i = 0; ar >> i; v = meshrt::Value(i); break; }
-    case meshrt::Value::Kind::Double: { double d = 0; ar >> d; v = meshrt::Value(d); break; }
-    case meshrt::Value::Kind::String: { std::string s; ar >> s; v = meshrt::Value(std::move(s)); break; }
-    case meshrt::Value::Kind::Ref: { meshrt::Ref r; ar >> r; v = meshrt::Value(r); break; }
-    case meshrt::Value::Kind::Tensor: { meshrt::Tensor t; ar >> t; v = meshrt::Value(std::move(t)); break; }
-    case meshrt::Value::Kind::Meta: { meshrt::TensorMeta m; ar >> m; v = meshrt::Value(std::move(m)); break; }
-    case meshrt::Value::Kind::List: { meshrt::Value::List l; ar >> l; v = meshrt::Value(std::move(l)); break; }
-    case meshrt::Value::Kind::Dict: { meshrt::Value::Dict d; ar >> d; v = meshrt::Value(std::move(d)); break; }
+    case meshrt::Value::Kind::None:
+      v = meshrt::Value();
+      break;
+    case meshrt::Value::Kind::Bool: {
+      bool b = false;
+      ar >> b;
+      v = meshrt::Value(b);
+      break;
+    }
+    case meshrt::Value::Kind::Int: {
+      std::int64_t i = 0;
+      ar >> i;
+      v = meshrt::Value(i);
+      break;
+    }
+    case meshrt::Value::Kind::Double: {
+      double d = 0;
+      ar >> d;
+      v = meshrt::Value(d);
+      break;
+    }
+    case meshrt::Value::Kind::String: {
+      std::string s;
+      ar >> s;
+      v = meshrt::Value(std::move(s));
+      break;
+    }
+    case meshrt::Value::Kind::Ref: {
+      meshrt::Ref r;
+      ar >> r;
+      v = meshrt::Value(r);
+      break;
+    }
+    case meshrt::Value::Kind::Tensor: {
+      meshrt::Tensor t;
+      ar >> t;
+      v = meshrt::Value(std::move(t));
+      break;
+    }
+    case meshrt::Value::Kind::Meta: {
+      meshrt::TensorMeta m;
+      ar >> m;
+      v = meshrt::Value(std::move(m));
+      break;
+    }
+    case meshrt::Value::Kind::List: {
+      meshrt::Value::List l;
+      ar >> l;
+      v = meshrt::Value(std::move(l));
+      break;
+    }
+    case meshrt::Value::Kind::Dict: {
+      meshrt::Value::Dict d;
+      ar >> d;
+      v = meshrt::Value(std::move(d));
+      break;
+    }
   }
 }
 
 template <class Archive>
 void serialize(Archive& ar, meshrt::protocol::CallFunction& c, unsigned) {
-  ar & c.ident & c.results & c.mutates & c.function & c.args & c.stream;
+  ar& c.ident& c.results& c.mutates& c.function& c.args& c.stream;
 }
 
 template <class Archive>
 void serialize(Archive& ar, meshrt::protocol::FetchResult& r, unsigned) {
-  ar & r.ident & r.value;
+  ar& r.ident& r.value;
 }
 
 }  // namespace boost::serialization
@@ -91,7 +165,8 @@ namespace io = boost::iostreams;
 constexpr unsigned kArchiveFlags = boost::archive::no_header | boost::archive::no_codecvt;
 
 CallFunction small_command() {
-  return CallFunction{12345, {Ref{100}}, {}, "meshrt.add", {Value(Ref{1}), Value(Ref{2}), Value(Ref{3}), Value(Ref{4})}, Ref{7}};
+  return CallFunction{12345, {Ref{100}}, {}, "meshrt.add", {Value(Ref{1}), Value(Ref{2}), Value(Ref{3}), Value(Ref{4})},
+                      Ref{7}};
 }
 
 FetchResult large_result() {

@@ -19,7 +19,8 @@ void check(std::span<const std::byte> bytes, Decode&& decode, const char* what) 
     const auto message = decode(bytes);
     const std::vector<std::byte> again = meshrt::protocol::encode(message);
     if (again.size() != bytes.size() || std::memcmp(again.data(), bytes.data(), bytes.size()) != 0) {
-      std::fprintf(stderr, "%s: decoded frame of %zu bytes re-encodes to %zu different bytes\n", what, bytes.size(), again.size());
+      std::fprintf(stderr, "%s: decoded frame of %zu bytes re-encodes to %zu different bytes\n", what, bytes.size(),
+                   again.size());
       std::abort();
     }
   } catch (const meshrt::ProtocolError&) {

@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
   };
   using meshrt::protocol::Command;
   for (int i = 0; i < count; ++i) {
-    for (int tag = 0; tag < static_cast<int>(std::variant_size_v<Command>); ++tag) write(meshrt::protocol::encode(gen.command(tag)));
+    for (int tag = 0; tag < static_cast<int>(std::variant_size_v<Command>); ++tag)
+      write(meshrt::protocol::encode(gen.command(tag)));
     for (int tag = 0; tag < 4; ++tag) write(meshrt::protocol::encode(gen.reply(tag)));
     write(meshrt::protocol::encode(gen.handshake()));
     meshrt::protocol::Buffer b;

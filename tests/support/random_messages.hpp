@@ -16,7 +16,9 @@ class RandomMessages {
  public:
   explicit RandomMessages(std::uint64_t seed) : rng_(seed) {}
 
-  std::int64_t uniform(std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng_); }
+  std::int64_t uniform(std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng_);
+  }
   bool coin() { return uniform(0, 1) == 1; }
   Ref ref() { return Ref{coin() ? static_cast<std::uint64_t>(uniform(0, 100)) : rng_()}; }
   std::vector<Ref> refs(int max = 5) {
@@ -41,7 +43,8 @@ class RandomMessages {
   Tensor tensor() {
     Tensor t = Tensor::empty(TensorMeta(shape(), dtype()));
     auto* p = static_cast<std::uint8_t*>(t.raw_data());
-    for (std::size_t i = 0; i < t.nbytes(); ++i) p[i] = static_cast<std::uint8_t>(t.dtype() == DType::Bool ? uniform(0, 1) : uniform(0, 255));
+    for (std::size_t i = 0; i < t.nbytes(); ++i)
+      p[i] = static_cast<std::uint8_t>(t.dtype() == DType::Bool ? uniform(0, 1) : uniform(0, 255));
     return t;
   }
   NDSlice slice(std::vector<std::int64_t> sizes) {
@@ -51,14 +54,22 @@ class RandomMessages {
   Value value(int depth = 0) {
     const int kind = static_cast<int>(uniform(0, depth >= 3 ? 7 : 9));
     switch (kind) {
-      case 0: return Value();
-      case 1: return Value(coin());
-      case 2: return Value(static_cast<std::int64_t>(rng_()));
-      case 3: return Value(std::uniform_real_distribution<double>(-1e9, 1e9)(rng_));
-      case 4: return Value(string());
-      case 5: return Value(ref());
-      case 6: return Value(tensor());
-      case 7: return Value(meta());
+      case 0:
+        return Value();
+      case 1:
+        return Value(coin());
+      case 2:
+        return Value(static_cast<std::int64_t>(rng_()));
+      case 3:
+        return Value(std::uniform_real_distribution<double>(-1e9, 1e9)(rng_));
+      case 4:
+        return Value(string());
+      case 5:
+        return Value(ref());
+      case 6:
+        return Value(tensor());
+      case 7:
+        return Value(meta());
       case 8: {
         Value::List l;
         for (int i = 0, n = static_cast<int>(uniform(0, 4)); i < n; ++i) l.push_back(value(depth + 1));
@@ -66,7 +77,8 @@ class RandomMessages {
       }
       default: {
         Value::Dict d;
-        for (int i = 0, n = static_cast<int>(uniform(0, 4)); i < n; ++i) d.emplace_back("k" + std::to_string(i), value(depth + 1));
+        for (int i = 0, n = static_cast<int>(uniform(0, 4)); i < n; ++i)
+          d.emplace_back("k" + std::to_string(i), value(depth + 1));
         return Value(std::move(d));
       }
     }
@@ -81,7 +93,8 @@ class RandomMessages {
         for (std::size_t i = 0; i < m.ranks.ndim(); ++i) m.names.push_back(string(6));
         return m;
       }
-      case 1: return CreateStream{ref(), coin()};
+      case 1:
+        return CreateStream{ref(), coin()};
       case 2: {
         CallFunction m{rng_(), refs(), refs(), string(20), {}, ref()};
         for (int i = 0, n = static_cast<int>(uniform(0, 5)); i < n; ++i) m.args.push_back(value());
@@ -93,16 +106,21 @@ class RandomMessages {
         return m;
       }
       case 4:
-        return Reduce{ref(), ref(), meta(), ref(), ref(), string(6), static_cast<Reduction>(uniform(0, kNumReductions - 1)),
-                      coin(), coin()};
+        return Reduce{
+            ref(),  ref(), meta(), ref(), ref(), string(6), static_cast<Reduction>(uniform(0, kNumReductions - 1)),
+            coin(), coin()};
       case 5: {
         const auto sizes = shape(3, 3);
         return SendTensor{ref(), slice(sizes), slice(sizes), ref(), meta(), ref()};
       }
-      case 6: return BorrowCreate{ref(), ref(), ref(), ref(), coin()};
-      case 7: return BorrowFirstUse{ref()};
-      case 8: return BorrowDrop{ref()};
-      case 9: return DeleteRefs{refs(20)};
+      case 6:
+        return BorrowCreate{ref(), ref(), ref(), ref(), coin()};
+      case 7:
+        return BorrowFirstUse{ref()};
+      case 8:
+        return BorrowDrop{ref()};
+      case 9:
+        return DeleteRefs{refs(20)};
       case 10: {
         CommandGroup g;
         for (int i = 0, n = static_cast<int>(uniform(0, depth >= 2 ? 3 : 5)); i < n; ++i) {
@@ -113,8 +131,10 @@ class RandomMessages {
         }
         return g;
       }
-      case 11: return RequestStatus{rng_()};
-      default: return Exit{};
+      case 11:
+        return RequestStatus{rng_()};
+      default:
+        return Exit{};
     }
   }
 
@@ -122,16 +142,25 @@ class RandomMessages {
     using namespace protocol;
     if (tag < 0) tag = static_cast<int>(uniform(0, 3));
     switch (tag) {
-      case 0: return Status{rng_()};
-      case 1: return RemoteFunctionFailed{rng_(), string(40), static_cast<std::int32_t>(uniform(-1, 1000)), string(), string()};
-      case 2: return FetchResult{rng_(), value()};
-      default: return Restarted{};
+      case 0:
+        return Status{rng_()};
+      case 1:
+        return RemoteFunctionFailed{rng_(), string(40), static_cast<std::int32_t>(uniform(-1, 1000)), string(),
+                                    string()};
+      case 2:
+        return FetchResult{rng_(), value()};
+      default:
+        return Restarted{};
     }
   }
 
   protocol::Handshake handshake() {
-    return protocol::Handshake{string(), static_cast<std::uint32_t>(rng_()), rng_(), static_cast<std::int32_t>(uniform(0, 3)),
-                               static_cast<std::int32_t>(uniform(0, 1000)), string()};
+    return protocol::Handshake{string(),
+                               static_cast<std::uint32_t>(rng_()),
+                               rng_(),
+                               static_cast<std::int32_t>(uniform(0, 3)),
+                               static_cast<std::int32_t>(uniform(0, 1000)),
+                               string()};
   }
 
  private:

@@ -26,13 +26,15 @@ void expect_contains(const std::string& text, const std::string& part) {
 std::vector<Tensor> call(const std::string& name, std::vector<Value> args, int rank = 0) {
   const functions::Function& f = functions::lookup(name);
   std::vector<Value> metas;
-  for (const Value& a : args) metas.push_back(a.map([](const Value& v) { return v.is_tensor() ? Value(v.as_tensor().meta()) : v; }));
+  for (const Value& a : args)
+    metas.push_back(a.map([](const Value& v) { return v.is_tensor() ? Value(v.as_tensor().meta()) : v; }));
   const Signature sig = functions::infer(f, ArgMetas(name, std::move(metas)));
   CallContext ctx(rank, {"x"}, {rank});
   Args a(name, std::move(args));
   std::vector<Tensor> out = f.kernel(ctx, a);
   EXPECT_EQ(out.size(), sig.outputs.size()) << name;
-  for (std::size_t i = 0; i < out.size() && i < sig.outputs.size(); ++i) EXPECT_EQ(out[i].meta(), sig.outputs[i]) << name;
+  for (std::size_t i = 0; i < out.size() && i < sig.outputs.size(); ++i)
+    EXPECT_EQ(out[i].meta(), sig.outputs[i]) << name;
   return out;
 }
 
@@ -40,15 +42,19 @@ std::string shape_error(const std::string& name, std::vector<Value> metas) {
   return usage_error([&] { (void)functions::infer(functions::lookup(name), ArgMetas(name, std::move(metas))); });
 }
 
-std::vector<Tensor> my_kernel(CallContext&, Args&) { return {}; }
-Signature my_shape(const ArgMetas&) { return {}; }
+std::vector<Tensor> my_kernel(CallContext&, Args&) {
+  return {};
+}
+Signature my_shape(const ArgMetas&) {
+  return {};
+}
 MESHRT_REGISTER_FUNCTION("test.registered_by_macro", my_kernel, my_shape);
 
 TEST(Registry, BuiltinsAndMacroRegistrations) {
   const auto names = functions::names();
-  for (const char* n : {"meshrt.full", "meshrt.zeros", "meshrt.arange", "meshrt.rand", "meshrt.add", "meshrt.sub", "meshrt.mul",
-                        "meshrt.scale", "meshrt.matmul", "meshrt.copy", "meshrt.sum", "meshrt.fill_", "meshrt.add_", "meshrt.fail",
-                        "test.registered_by_macro"}) {
+  for (const char* n : {"meshrt.full", "meshrt.zeros", "meshrt.arange", "meshrt.rand", "meshrt.add", "meshrt.sub",
+                        "meshrt.mul", "meshrt.scale", "meshrt.matmul", "meshrt.copy", "meshrt.sum", "meshrt.fill_",
+                        "meshrt.add_", "meshrt.fail", "test.registered_by_macro"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   }
   EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
@@ -58,7 +64,8 @@ TEST(Registry, BuiltinsAndMacroRegistrations) {
 }
 
 TEST(Registry, UnknownNamesSuggestOrList) {
-  expect_contains(usage_error([] { functions::lookup("meshrt.ad"); }), "unknown function 'meshrt.ad'; did you mean meshrt.add");
+  expect_contains(usage_error([] { functions::lookup("meshrt.ad"); }),
+                  "unknown function 'meshrt.ad'; did you mean meshrt.add");
   const std::string far = usage_error([] { functions::lookup("zzzzzzzzzzzzzzzzzzzzzzzzzz"); });
   expect_contains(far, "unknown function 'zzzzzzzzzzzzzzzzzzzzzzzzzz'; registered: ");
   expect_contains(far, "meshrt.matmul");
@@ -67,10 +74,13 @@ TEST(Registry, UnknownNamesSuggestOrList) {
 
 TEST(Registry, DuplicatesAreRefusedNamingBothPlaces) {
   functions::register_function("test.dup", my_kernel, my_shape, "first.cpp", 10);
-  const std::string e = usage_error([] { functions::register_function("test.dup", my_kernel, my_shape, "second.cpp", 20); });
+  const std::string e =
+      usage_error([] { functions::register_function("test.dup", my_kernel, my_shape, "second.cpp", 20); });
   expect_contains(e, "remote function 'test.dup' registered twice: first at first.cpp:10, again at second.cpp:20");
-  expect_contains(usage_error([] { functions::register_function("", my_kernel, my_shape, "x.cpp", 1); }), "expected a non-empty name");
-  expect_contains(usage_error([] { functions::register_function("test.nokernel", nullptr, my_shape, "x.cpp", 1); }), "no kernel");
+  expect_contains(usage_error([] { functions::register_function("", my_kernel, my_shape, "x.cpp", 1); }),
+                  "expected a non-empty name");
+  expect_contains(usage_error([] { functions::register_function("test.nokernel", nullptr, my_shape, "x.cpp", 1); }),
+                  "no kernel");
   EXPECT_NO_THROW(functions::check_table());
 }
 
@@ -82,7 +92,12 @@ TEST(Registry, TableHashIsStableAndSensitive) {
 }
 
 TEST(Registry, ShapeFunctionMutatesAreChecked) {
-  functions::register_function("test.bad_mutates", my_kernel, [](const ArgMetas&) { return Signature{{}, {3}}; }, __FILE__, __LINE__);
+  functions::register_function(
+      "test.bad_mutates", my_kernel,
+      [](const ArgMetas&) {
+        return Signature{{}, {3}};
+      },
+      __FILE__, __LINE__);
   expect_contains(shape_error("test.bad_mutates", {Value(TensorMeta())}),
                   "declares argument 3 mutated; expected the index of a tensor argument among 1 arguments");
 }
@@ -121,7 +136,8 @@ TEST(Args, AccessorsNameTheFunctionAndPosition) {
   EXPECT_EQ(usage_error([&] { a.expect_count(2, 2); }), "my.fn: expected 2 arguments, found 5");
   CallContext ctx(3, {"host", "gpu"}, {1, 0});
   EXPECT_EQ(ctx.coordinate("gpu"), 0);
-  EXPECT_EQ(usage_error([&] { (void)ctx.coordinate("x"); }), "rank 3: expected a mesh dimension in [host, gpu], found 'x'");
+  EXPECT_EQ(usage_error([&] { (void)ctx.coordinate("x"); }),
+            "rank 3: expected a mesh dimension in [host, gpu], found 'x'");
 }
 
 // ------------------------------------------------------------------ built-ins
@@ -160,11 +176,14 @@ TEST(Builtins, Creation) {
 TEST(Builtins, CreationErrors) {
   expect_contains(shape_error("meshrt.full", {Value{2, -1}, Value("float32"), Value(1)}),
                   "meshrt.full argument 0: expected a shape of sizes >= 0, found -1 at dimension 1");
-  expect_contains(shape_error("meshrt.full", {Value{2}, Value("float"), Value(1)}), "meshrt.full argument 1: dtype: expected one of");
+  expect_contains(shape_error("meshrt.full", {Value{2}, Value("float"), Value(1)}),
+                  "meshrt.full argument 1: dtype: expected one of");
   expect_contains(shape_error("meshrt.full", {Value{2}, Value("uint8"), Value(300)}),
                   "meshrt.full: argument 2: expected an int in [0, 255] for dtype uint8, found 300");
-  expect_contains(shape_error("meshrt.full", {Value{2}, Value("int32"), Value(1.5)}), "expected an int in [-2147483648, 2147483647]");
-  expect_contains(shape_error("meshrt.full", {Value{2}, Value("bool"), Value(2)}), "expected a bool (or 0/1) for dtype bool, found 2");
+  expect_contains(shape_error("meshrt.full", {Value{2}, Value("int32"), Value(1.5)}),
+                  "expected an int in [-2147483648, 2147483647]");
+  expect_contains(shape_error("meshrt.full", {Value{2}, Value("bool"), Value(2)}),
+                  "expected a bool (or 0/1) for dtype bool, found 2");
   expect_contains(shape_error("meshrt.full", {Value{2}}), "meshrt.full: expected 3 arguments, found 1");
   expect_contains(shape_error("meshrt.arange", {Value(-1), Value("int32")}), "expected a length >= 0, found -1");
   expect_contains(shape_error("meshrt.arange", {Value(3), Value("bool")}), "expected a numeric dtype, found bool");
@@ -175,9 +194,12 @@ template <class T>
 Tensor filled(std::vector<std::int64_t> shape, std::initializer_list<double> values) {
   std::vector<T> v;
   for (double x : values) {
-    if constexpr (std::is_same_v<T, Half>) v.push_back(float_to_half(static_cast<float>(x)));
-    else if constexpr (std::is_same_v<T, BFloat16>) v.push_back(float_to_bfloat16(static_cast<float>(x)));
-    else v.push_back(static_cast<T>(x));
+    if constexpr (std::is_same_v<T, Half>)
+      v.push_back(float_to_half(static_cast<float>(x)));
+    else if constexpr (std::is_same_v<T, BFloat16>)
+      v.push_back(float_to_bfloat16(static_cast<float>(x)));
+    else
+      v.push_back(static_cast<T>(x));
   }
   return Tensor::from<T>(std::move(shape), std::span<const T>(v));
 }
@@ -207,7 +229,8 @@ TYPED_TEST(Elementwise, AddSubMulCopySum) {
   Args fill_args("meshrt.fill_", {Value(x), Value(3)});
   EXPECT_TRUE(functions::lookup("meshrt.fill_").kernel(ctx, fill_args).empty());
   EXPECT_TRUE(x.equals(filled<T>({2, 2}, {3, 3, 3, 3})));
-  const Signature sig = functions::infer(functions::lookup("meshrt.add_"), ArgMetas("meshrt.add_", {Value(x.meta()), Value(b.meta())}));
+  const Signature sig =
+      functions::infer(functions::lookup("meshrt.add_"), ArgMetas("meshrt.add_", {Value(x.meta()), Value(b.meta())}));
   EXPECT_EQ(sig.mutates, std::vector<std::size_t>{0});
   EXPECT_TRUE(sig.outputs.empty());
 }
@@ -220,24 +243,32 @@ TEST(Builtins, IntegersWrapAndBoolsAreLogical) {
   EXPECT_EQ(call("meshrt.add", {Value(u8), Value(u8)}).at(0).item(), 244);
   const Tensor p = Tensor::from<bool>({4}, {false, false, true, true});
   const Tensor q = Tensor::from<bool>({4}, {false, true, false, true});
-  EXPECT_TRUE(call("meshrt.add", {Value(p), Value(q)}).at(0).equals(Tensor::from<bool>({4}, {false, true, true, true})));
-  EXPECT_TRUE(call("meshrt.mul", {Value(p), Value(q)}).at(0).equals(Tensor::from<bool>({4}, {false, false, false, true})));
+  EXPECT_TRUE(
+      call("meshrt.add", {Value(p), Value(q)}).at(0).equals(Tensor::from<bool>({4}, {false, true, true, true})));
+  EXPECT_TRUE(
+      call("meshrt.mul", {Value(p), Value(q)}).at(0).equals(Tensor::from<bool>({4}, {false, false, false, true})));
   const Tensor s = call("meshrt.sum", {Value(q)}).at(0);
   EXPECT_EQ(s.dtype(), DType::Int64);
   EXPECT_EQ(s.item(), 2.0);
-  expect_contains(shape_error("meshrt.sub", {Value(p.meta()), Value(q.meta())}), "meshrt.sub: expected a numeric dtype, found bool");
+  expect_contains(shape_error("meshrt.sub", {Value(p.meta()), Value(q.meta())}),
+                  "meshrt.sub: expected a numeric dtype, found bool");
 }
 
 TEST(Builtins, ElementwiseErrors) {
-  expect_contains(shape_error("meshrt.add", {Value(TensorMeta({2, 3}, DType::Float32)), Value(TensorMeta({3}, DType::Float32))}),
-                  "meshrt.add: expected arguments 0 and 1 of one shape, dtype and device, found float32[2, 3] on cpu and float32[3] on cpu");
-  expect_contains(shape_error("meshrt.mul", {Value(TensorMeta({2}, DType::Float32)), Value(TensorMeta({2}, DType::Float64))}),
-                  "found float32[2] on cpu and float64[2] on cpu");
+  expect_contains(
+      shape_error("meshrt.add", {Value(TensorMeta({2, 3}, DType::Float32)), Value(TensorMeta({3}, DType::Float32))}),
+      "meshrt.add: expected arguments 0 and 1 of one shape, dtype and device, found float32[2, 3] on cpu and "
+      "float32[3] on cpu");
+  expect_contains(
+      shape_error("meshrt.mul", {Value(TensorMeta({2}, DType::Float32)), Value(TensorMeta({2}, DType::Float64))}),
+      "found float32[2] on cpu and float64[2] on cpu");
   expect_contains(shape_error("meshrt.add", {Value(TensorMeta({2}, DType::Float32)), Value(1)}),
                   "meshrt.add argument 1: expected a tensor, found int 1");
   expect_contains(shape_error("meshrt.scale", {Value(TensorMeta({2}, DType::Int32)), Value(2)}),
-                  "meshrt.scale: argument 0: expected a floating dtype (float16, bfloat16, float32, float64), found int32[2] on cpu");
-  expect_contains(shape_error("meshrt.fill_", {Value(TensorMeta({2}, DType::UInt8)), Value(-1)}), "expected an int in [0, 255]");
+                  "meshrt.scale: argument 0: expected a floating dtype (float16, bfloat16, float32, float64), found "
+                  "int32[2] on cpu");
+  expect_contains(shape_error("meshrt.fill_", {Value(TensorMeta({2}, DType::UInt8)), Value(-1)}),
+                  "expected an int in [0, 255]");
 }
 
 TEST(Builtins, Scale) {
@@ -274,12 +305,16 @@ TEST(Builtins, MatmulMatchesANaiveLoop) {
   check_matmul<double>(7, 2, 9, rng);
   check_matmul<double>(16, 16, 16, rng);
   const Tensor z = call("meshrt.matmul", {Value(Tensor::zeros(TensorMeta({2, 0}, DType::Float32))),
-                                          Value(Tensor::zeros(TensorMeta({0, 3}, DType::Float32)))}).at(0);
+                                          Value(Tensor::zeros(TensorMeta({0, 3}, DType::Float32)))})
+                       .at(0);
   for (float v : z.span<float>()) EXPECT_EQ(v, 0.0f);
-  expect_contains(shape_error("meshrt.matmul", {Value(TensorMeta({2, 3}, DType::Float32)), Value(TensorMeta({2, 3}, DType::Float32))}),
-                  "meshrt.matmul: expected [m, k] and [k, n] matrices, found float32[2, 3] on cpu and float32[2, 3] on cpu");
-  expect_contains(shape_error("meshrt.matmul", {Value(TensorMeta({2, 2}, DType::Int32)), Value(TensorMeta({2, 2}, DType::Int32))}),
-                  "expected two float32 or two float64 matrices");
+  expect_contains(
+      shape_error("meshrt.matmul",
+                  {Value(TensorMeta({2, 3}, DType::Float32)), Value(TensorMeta({2, 3}, DType::Float32))}),
+      "meshrt.matmul: expected [m, k] and [k, n] matrices, found float32[2, 3] on cpu and float32[2, 3] on cpu");
+  expect_contains(
+      shape_error("meshrt.matmul", {Value(TensorMeta({2, 2}, DType::Int32)), Value(TensorMeta({2, 2}, DType::Int32))}),
+      "expected two float32 or two float64 matrices");
 }
 
 TEST(Builtins, FailThrowsOnTheChosenRanks) {

@@ -122,7 +122,8 @@ TEST(Protocol, HeaderErrors) {
 TEST(Protocol, EnumAndBoolErrors) {
   // Reduce layout: header 4, tag 1, result 8, tensor 8, 0-d meta 10, mesh 8, stream 8,
   // dim "x" 5 -> reduction at byte 52, scatter 53, inplace 54.
-  const Bytes good = encode(Command{Reduce{Ref{1}, Ref{2}, TensorMeta(), Ref{3}, Ref{4}, "x", Reduction::Max, false, true}});
+  const Bytes good =
+      encode(Command{Reduce{Ref{1}, Ref{2}, TensorMeta(), Ref{3}, Ref{4}, "x", Reduction::Max, false, true}});
   ASSERT_EQ(good.size(), 55u);
   Bytes b = good;
   b[52] = std::byte{9};
@@ -131,7 +132,8 @@ TEST(Protocol, EnumAndBoolErrors) {
   expect_contains(e, "expected a value in 0..8, found 9");
   b = good;
   b[53] = std::byte{2};
-  expect_contains(protocol_error([&] { decode_command(b); }), "Reduce.scatter at byte 53 of a 55-byte frame: expected a bool byte 0 or 1, found 2");
+  expect_contains(protocol_error([&] { decode_command(b); }),
+                  "Reduce.scatter at byte 53 of a 55-byte frame: expected a bool byte 0 or 1, found 2");
   b = good;
   b[4 + 1 + 16] = std::byte{8};  // factory dtype
   expect_contains(protocol_error([&] { decode_command(b); }), "expected a value in 0..7, found 8");
@@ -201,11 +203,23 @@ TEST(Protocol, BadSliceAndMeshNames) {
   const std::string e = protocol_error([&] { decode_command(b); });
   expect_contains(e, "CreateDeviceMesh.ranks at byte 27");
   expect_contains(e, "expected a valid NDSlice");
-  expect_contains(protocol_error([] { decode_command(encode(Command{CreateDeviceMesh{Ref{1}, {"a"}, NDSlice::row_major({2, 2})}})); }),
+  // 4M ranks, or a rank past int32: refused before NDSlice validates (and, for interleaved
+  // strides, enumerates) them.
+  const std::string big = protocol_error([] {
+    decode_command(encode(Command{CreateDeviceMesh{Ref{1}, {"a", "b"}, NDSlice(0, {1 << 11, 1 << 11}, {1 << 11, 1})}}));
+  });
+  expect_contains(big, "expected at most 1048576 ranks, each <= 2147483647, found sizes [2048, 2048]");
+  const std::string far = protocol_error([] {
+    decode_command(encode(Command{CreateDeviceMesh{Ref{1}, {"a"}, NDSlice(std::int64_t{1} << 31, {1}, {1})}}));
+  });
+  expect_contains(far, "each <= 2147483647");
+  expect_contains(protocol_error([] {
+                    decode_command(encode(Command{CreateDeviceMesh{Ref{1}, {"a"}, NDSlice::row_major({2, 2})}}));
+                  }),
                   "expected one name per mesh dimension (2), found 1 names");
   expect_contains(protocol_error([] {
-                    decode_command(encode(Command{SendTensor{Ref{1}, NDSlice::row_major({2}), NDSlice::row_major({3}), Ref{2},
-                                                             TensorMeta(), Ref{3}}}));
+                    decode_command(encode(Command{SendTensor{Ref{1}, NDSlice::row_major({2}), NDSlice::row_major({3}),
+                                                             Ref{2}, TensorMeta(), Ref{3}}}));
                   }),
                   "expected from_ranks and to_ranks of one length, found 2 and 3");
 }
@@ -218,7 +232,10 @@ TEST(Protocol, DepthAndDuplicateKeysAreBounded) {
   for (int i = 0; i < kMaxDepth + 1; ++i) c = CommandGroup{{c}};
   expect_contains(protocol_error([&] { decode_command(encode(c)); }), "groups nested at most 64 deep");
   const Value dup = Value::dict({{"a", Value(1)}, {"a", Value(2)}});
-  expect_contains(protocol_error([&] { decode_reply(encode(Reply{FetchResult{1, dup}})); }), "expected unique dict keys, found 'a' twice");
+  expect_contains(protocol_error([&] {
+                    decode_reply(encode(Reply{FetchResult{1, dup}}));
+                  }),
+                  "expected unique dict keys, found 'a' twice");
 }
 
 TEST(Protocol, CorruptBytesNeverCrash) {

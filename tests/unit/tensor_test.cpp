@@ -36,7 +36,8 @@ TEST(DType, NamesSizesAndParsing) {
     EXPECT_EQ(element_size(d), sizes[i]) << name(d);
   }
   EXPECT_EQ(name(DType::BFloat16), "bfloat16");
-  expect_contains(usage_error([] { parse_dtype("float"); }), "expected one of bool, uint8, int32, int64, float16, bfloat16, float32, float64, found 'float'");
+  expect_contains(usage_error([] { parse_dtype("float"); }),
+                  "expected one of bool, uint8, int32, int64, float16, bfloat16, float32, float64, found 'float'");
   EXPECT_TRUE(is_floating(DType::BFloat16));
   EXPECT_FALSE(is_floating(DType::Int64));
 }
@@ -60,12 +61,18 @@ TEST(TensorMeta, SizesAndErrors) {
   EXPECT_EQ(m.to_string(), "float16[3, 4] on cpu");
   EXPECT_EQ(TensorMeta().numel(), 1);  // 0-d
   EXPECT_EQ(TensorMeta({5, 0, 7}, DType::Int64).nbytes(), 0u);
-  expect_contains(usage_error([] { TensorMeta({3, -2}, DType::Float32); }),
+  expect_contains(usage_error([] {
+                    TensorMeta({3, -2}, DType::Float32);
+                  }),
                   "tensor shape [3, -2]: expected every dimension >= 0, found -2 at dimension 1");
-  expect_contains(usage_error([] { TensorMeta({std::int64_t{1} << 40, std::int64_t{1} << 40}, DType::Float32); }), "overflows");
+  expect_contains(usage_error([] {
+                    TensorMeta({std::int64_t{1} << 40, std::int64_t{1} << 40}, DType::Float32);
+                  }),
+                  "overflows");
   expect_contains(usage_error([] { TensorMeta({2}, static_cast<DType>(17)); }), "expected a dtype in 0..7, found 17");
   // The largest shape that fits: int64 max bytes of uint8.
-  EXPECT_EQ(TensorMeta({std::numeric_limits<std::int64_t>::max()}, DType::UInt8).numel(), std::numeric_limits<std::int64_t>::max());
+  EXPECT_EQ(TensorMeta({std::numeric_limits<std::int64_t>::max()}, DType::UInt8).numel(),
+            std::numeric_limits<std::int64_t>::max());
   EXPECT_THROW(TensorMeta({std::numeric_limits<std::int64_t>::max()}, DType::Int32), UsageError);
 }
 
@@ -87,7 +94,10 @@ TEST(Tensor, StorageIsSharedAlignedAndCloneable) {
   Tensor r = a.reshape({15});
   EXPECT_TRUE(r.same_storage(a));
   EXPECT_EQ(r.data<float>()[4], 2.5f);
-  expect_contains(usage_error([&] { (void)a.reshape({4, 4}); }), "expected a shape of 15 elements, found [4, 4] (16 elements)");
+  expect_contains(usage_error([&] {
+                    (void)a.reshape({4, 4});
+                  }),
+                  "expected a shape of 15 elements, found [4, 4] (16 elements)");
   expect_contains(usage_error([&] { copy.copy_from(Tensor::zeros(TensorMeta({15}, DType::Float32))); }),
                   "expected a source like float32[5, 3] on cpu, found float32[15] on cpu");
 
@@ -99,9 +109,13 @@ TEST(Tensor, TypedAccessChecksTheDType) {
   Tensor t = Tensor::from<std::int32_t>({2, 2}, {1, 2, 3, 4});
   EXPECT_EQ(t.dtype(), DType::Int32);
   EXPECT_EQ(t.span<std::int32_t>()[3], 4);
-  expect_contains(usage_error([&] { (void)t.data<float>(); }), "expected element type int32 for a int32 tensor, found a request for float32");
+  expect_contains(usage_error([&] { (void)t.data<float>(); }),
+                  "expected element type int32 for a int32 tensor, found a request for float32");
   expect_contains(usage_error([] { (void)Tensor().data<float>(); }), "expected a defined tensor");
-  expect_contains(usage_error([] { (void)Tensor::from<float>({3}, {1.0f, 2.0f}); }), "expected 3 values for shape [3], found 2");
+  expect_contains(usage_error([] {
+                    (void)Tensor::from<float>({3}, {1.0f, 2.0f});
+                  }),
+                  "expected 3 values for shape [3], found 2");
   EXPECT_EQ(Tensor::from<double>({}, {2.5}).item(), 2.5);
   EXPECT_EQ(Tensor::from<bool>({1}, {true}).item(), 1.0);
   expect_contains(usage_error([&] { (void)t.item(); }), "expected one element, found int32[2, 2] on cpu");
@@ -122,15 +136,16 @@ TEST(Tensor, CudaWithoutAGpuIsAClearError) {
   const std::string e = usage_error([&] { (void)t.to(Device::cuda(0)); });
   expect_contains(e, "Tensor::to");
   expect_contains(e, "cuda:0");
-  expect_contains(usage_error([] { (void)Tensor::empty(TensorMeta({2}, DType::Float32, Device::cuda(0))); }), "tensor allocation");
+  expect_contains(usage_error([] { (void)Tensor::empty(TensorMeta({2}, DType::Float32, Device::cuda(0))); }),
+                  "tensor allocation");
 }
 
 TEST(HalfFloat, KnownValues) {
   EXPECT_EQ(float_to_half(1.0f).bits, 0x3c00);
   EXPECT_EQ(float_to_half(-2.0f).bits, 0xc000);
-  EXPECT_EQ(float_to_half(65504.0f).bits, 0x7bff);               // largest finite
-  EXPECT_EQ(float_to_half(65520.0f).bits, 0x7c00);               // rounds to infinity
-  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -24)).bits, 0x0001);  // smallest denormal
+  EXPECT_EQ(float_to_half(65504.0f).bits, 0x7bff);                          // largest finite
+  EXPECT_EQ(float_to_half(65520.0f).bits, 0x7c00);                          // rounds to infinity
+  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -24)).bits, 0x0001);             // smallest denormal
   EXPECT_EQ(float_to_half(1.0f + std::ldexp(1.0f, -11)).bits, 0x3c00);      // tie -> even
   EXPECT_EQ(float_to_half(1.0f + 3 * std::ldexp(1.0f, -11)).bits, 0x3c02);  // tie -> even (up)
   EXPECT_TRUE(std::isnan(half_to_float(float_to_half(std::nanf("")))));

@@ -9,7 +9,9 @@ std::vector<meshrt::Tensor> triple(meshrt::CallContext&, meshrt::Args& args) {
   return {out};
 }
 
-meshrt::Signature triple_shape(const meshrt::ArgMetas& args) { return {.outputs = {args.tensor(0)}, .mutates = {}}; }
+meshrt::Signature triple_shape(const meshrt::ArgMetas& args) {
+  return {.outputs = {args.tensor(0)}, .mutates = {}};
+}
 
 }  // namespace
 

@@ -36,7 +36,8 @@ TEST(Value, KindsAndAccessors) {
   EXPECT_EQ(Value(std::vector<std::int64_t>{3, 4}), (Value{3, 4}));
   EXPECT_EQ(usage_error([] { (void)Value("x").as_int(); }), "expected int, found string 'x'");
   EXPECT_EQ(usage_error([] { (void)Value(true).as_number(); }), "expected a number (int or double), found bool true");
-  EXPECT_EQ(usage_error([] { (void)Value(std::uint64_t{1} << 63); }), "Value: expected an integer <= 9223372036854775807, found 9223372036854775808");
+  EXPECT_EQ(usage_error([] { (void)Value(std::uint64_t{1} << 63); }),
+            "Value: expected an integer <= 9223372036854775807, found 9223372036854775808");
   EXPECT_EQ(usage_error([&] { (void)l.at(5); }), "list: expected an index < 3, found 5");
 }
 
@@ -49,8 +50,9 @@ TEST(Value, DictKeepsOrderAndNamesMissingKeys) {
 }
 
 TEST(Value, FlattenAndMapFollowTreeOrder) {
-  const Value tree = Value::list({Value(Ref{1}), Value::dict({{"b", Value(Ref{2})}, {"a", Value{Value(Ref{3}), Value(4)}}}),
-                                  Value("s"), Value(Ref{4})});
+  const Value tree =
+      Value::list({Value(Ref{1}), Value::dict({{"b", Value(Ref{2})}, {"a", Value{Value(Ref{3}), Value(4)}}}),
+                   Value("s"), Value(Ref{4})});
   EXPECT_EQ(tree.refs(), (std::vector<Ref>{{1}, {2}, {3}, {4}}));
   const auto ints = tree.flatten([](const Value& v) { return v.is_int(); });
   ASSERT_EQ(ints.size(), 1u);
