@@ -2,6 +2,8 @@
 # The whole test suite: sets up, builds with warnings as errors, runs every test through
 # ctest. Extra arguments go to ctest (e.g. -R ndslice). Settings (environment):
 #   MESHRT_TEST_LARGE=1   also run the tests labelled "large" (over 2 GiB of data)
+#   MESHRT_TEST_FUZZ=0    skip the fuzzer run (MESHRT_FUZZ_SECONDS sets its length)
+#   MESHRT_TEST_SLURM=0   skip the Slurm templates
 source "$(dirname "$0")/common.sh"
 ensure_packages "${MESHRT_PACKAGES[@]}"
 configure_and_build -DMESHRT_WERROR=ON
@@ -11,6 +13,12 @@ exclude=()
 [ "${MESHRT_TEST_LARGE:-0}" = 1 ] || exclude=(-LE large)
 echo "== ctest"
 ctest --test-dir "$MESHRT_BUILD_DIR" --output-on-failure -j "$MESHRT_JOBS" "${exclude[@]}" "$@"
+
+# The protocol decoder under libFuzzer with ASan+UBSan, for a bounded time (~70 s).
+if [ "${MESHRT_TEST_FUZZ:-1}" = 1 ]; then
+  echo "== fuzzing the protocol decoder for ${MESHRT_FUZZ_SECONDS:-30} s"
+  "$MESHRT_ROOT/scripts/fuzz.sh"
+fi
 
 # The Slurm templates on a throw-away one-node cluster (needs root; about 12 s).
 if [ "${MESHRT_TEST_SLURM:-1}" = 1 ]; then

@@ -2,8 +2,8 @@
 // choice of a hand-written codec (src/protocol/codec.cpp). Targets: <= 1 us to encode and
 // decode a small command; >= 2 GB/s for a 1 MiB FetchResult.
 //
-//   meshrt-bench-codec                               # table
-//   meshrt-bench-codec --benchmark_format=json       # for scripts
+//   meshrt-bench codec                               # table
+//   meshrt-bench codec --benchmark_format=json       # for scripts
 //
 // The Boost side is given every advantage: archives without headers, over reused string
 // buffers through Boost.Iostreams devices (no std::stringstream reallocation), and the
@@ -22,6 +22,7 @@
 #include <boost/serialization/vector.hpp>
 #include <string>
 
+#include "bench.hpp"
 #include "meshrt/protocol.hpp"
 #include "meshrt/tensor_serialization.hpp"
 
@@ -187,7 +188,6 @@ void BM_Codec_SmallCommand(benchmark::State& state) {
   }
   state.counters["frame_bytes"] = static_cast<double>(buffer.size());
 }
-BENCHMARK(BM_Codec_SmallCommand);
 
 void BM_Codec_SmallCommand_EncodeOnly(benchmark::State& state) {
   const Command c = small_command();
@@ -198,7 +198,6 @@ void BM_Codec_SmallCommand_EncodeOnly(benchmark::State& state) {
     benchmark::DoNotOptimize(buffer.data());
   }
 }
-BENCHMARK(BM_Codec_SmallCommand_EncodeOnly);
 
 void BM_Codec_SmallCommand_DecodeOnly(benchmark::State& state) {
   const std::vector<std::byte> bytes = encode(Command{small_command()});
@@ -207,7 +206,6 @@ void BM_Codec_SmallCommand_DecodeOnly(benchmark::State& state) {
     benchmark::DoNotOptimize(back);
   }
 }
-BENCHMARK(BM_Codec_SmallCommand_DecodeOnly);
 
 void BM_Codec_FetchResult1MiB(benchmark::State& state) {
   const Reply r = large_result();
@@ -221,7 +219,6 @@ void BM_Codec_FetchResult1MiB(benchmark::State& state) {
   // Payload bytes through encode + decode (each moves them once).
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * (1 << 20));
 }
-BENCHMARK(BM_Codec_FetchResult1MiB);
 
 void BM_Codec_FetchResult1MiB_EncodeOnly(benchmark::State& state) {
   const Reply r = large_result();
@@ -233,7 +230,6 @@ void BM_Codec_FetchResult1MiB_EncodeOnly(benchmark::State& state) {
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * (1 << 20));
 }
-BENCHMARK(BM_Codec_FetchResult1MiB_EncodeOnly);
 
 void BM_Codec_FetchResult1MiB_DecodeOnly(benchmark::State& state) {
   const std::vector<std::byte> bytes = encode(Reply{large_result()});
@@ -243,7 +239,6 @@ void BM_Codec_FetchResult1MiB_DecodeOnly(benchmark::State& state) {
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * (1 << 20));
 }
-BENCHMARK(BM_Codec_FetchResult1MiB_DecodeOnly);
 
 template <class T>
 void boost_round_trip(const T& message, std::string& buffer) {
@@ -266,7 +261,6 @@ void BM_Boost_SmallCommand(benchmark::State& state) {
   for (auto _ : state) boost_round_trip(c, buffer);
   state.counters["frame_bytes"] = static_cast<double>(buffer.size());
 }
-BENCHMARK(BM_Boost_SmallCommand);
 
 void BM_Boost_FetchResult1MiB(benchmark::State& state) {
   const FetchResult r = large_result();
@@ -274,6 +268,21 @@ void BM_Boost_FetchResult1MiB(benchmark::State& state) {
   for (auto _ : state) boost_round_trip(r, buffer);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * (1 << 20));
 }
-BENCHMARK(BM_Boost_FetchResult1MiB);
+
+void register_codec(meshrt::bench::Context&) {
+  benchmark::RegisterBenchmark("codec/Codec_SmallCommand", BM_Codec_SmallCommand);
+  benchmark::RegisterBenchmark("codec/Codec_SmallCommand_EncodeOnly", BM_Codec_SmallCommand_EncodeOnly);
+  benchmark::RegisterBenchmark("codec/Codec_SmallCommand_DecodeOnly", BM_Codec_SmallCommand_DecodeOnly);
+  benchmark::RegisterBenchmark("codec/Codec_FetchResult1MiB", BM_Codec_FetchResult1MiB);
+  benchmark::RegisterBenchmark("codec/Codec_FetchResult1MiB_EncodeOnly", BM_Codec_FetchResult1MiB_EncodeOnly);
+  benchmark::RegisterBenchmark("codec/Codec_FetchResult1MiB_DecodeOnly", BM_Codec_FetchResult1MiB_DecodeOnly);
+  benchmark::RegisterBenchmark("codec/Boost_SmallCommand", BM_Boost_SmallCommand);
+  benchmark::RegisterBenchmark("codec/Boost_FetchResult1MiB", BM_Boost_FetchResult1MiB);
+}
 
 }  // namespace
+
+namespace meshrt::bench {
+MESHRT_BENCH_SUITE("codec", "encode + decode of commands: the hand-written codec against Boost.Serialization",
+                   register_codec);
+}  // namespace meshrt::bench

@@ -96,7 +96,7 @@ class RandomMessages {
       case 1:
         return CreateStream{ref(), coin()};
       case 2: {
-        CallFunction m{rng_(), refs(), refs(), string(20), {}, ref()};
+        CallFunction m{rng_(), refs(), refs(), string(20), {}, ref(), ref()};
         for (int i = 0, n = static_cast<int>(uniform(0, 5)); i < n; ++i) m.args.push_back(value());
         return m;
       }
@@ -134,7 +134,7 @@ class RandomMessages {
       case 11:
         return RequestStatus{rng_()};
       default:
-        return Exit{};
+        return Exit{coin()};
     }
   }
 
@@ -143,7 +143,7 @@ class RandomMessages {
     if (tag < 0) tag = static_cast<int>(uniform(0, 3));
     switch (tag) {
       case 0:
-        return Status{rng_()};
+        return Status{rng_(), rng_()};
       case 1:
         return RemoteFunctionFailed{rng_(), string(40), static_cast<std::int32_t>(uniform(-1, 1000)), string(),
                                     string()};
