@@ -276,6 +276,12 @@ class Controller {
   // are gone (using an old handle raises UsageError).
   void restart_workers();
 
+  // Every worker writes its flight recorder (its last MESHRT_FLIGHT_RECORDER commands,
+  // with state and times) to its log; returns them, rank by rank.
+  std::string dump_flight_recorder();
+  // Ends the whole job now (MPI_Abort), after telling the workers why.
+  [[noreturn]] void abort(const std::string& reason);
+
   int world_size() const;
   // Ranks that run workers (all ranks, or all but 0 with a dedicated controller).
   const NDSlice& worker_ranks() const;

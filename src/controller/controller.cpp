@@ -9,6 +9,7 @@
 #include "controller/state.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
+#include "meshrt/settings.hpp"
 
 namespace meshrt {
 
@@ -643,6 +644,25 @@ void Controller::restart_workers() {
   }
   ctl.ident_what.clear();
 }
+
+std::string Controller::dump_flight_recorder() {
+  double wait = 2.0;
+  try {
+    wait = settings::get_double("MESHRT_STATE_QUERY_TIMEOUT");
+  } catch (const std::exception&) {
+  }
+  const auto answers = state_->query({{"op", "dump"}, {"why", "Controller::dump_flight_recorder()"}},
+                                     std::chrono::duration<double>(wait));
+  std::string out;
+  for (int rank : state_->all_dests) {
+    auto it = answers.find(rank);
+    out += it == answers.end() ? fmt::format("rank {}: no answer within {} s\n", rank, wait)
+                               : it->second.value("dump", std::string("(empty)"));
+  }
+  return out;
+}
+
+void Controller::abort(const std::string& reason) { state_->abort_job(reason); }
 
 int Controller::world_size() const { return state_->world_size; }
 const NDSlice& Controller::worker_ranks() const { return state_->worker_ranks; }

@@ -9,6 +9,8 @@
 
 #include "controller/state.hpp"
 #include "meshrt/log.hpp"
+#include "meshrt/settings.hpp"
+#include "worker/watch.hpp"
 
 namespace meshrt::detail {
 
@@ -235,10 +237,13 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
       for (const auto& [rank, w] : workers) {
         if (!w.outstanding.empty() && w.outstanding.front() <= ident) missing.push_back(rank);
       }
-      throw TimeoutError(fmt::format("{} did not complete within {:.3g} s: rank{} {} not reached it:{}", what,
-                                     timeout->count(), missing.size() == 1 ? "" : "s", fmt::join(missing, ", "),
-                                     lagging_report(ident)),
-                         missing);
+      const std::string head = fmt::format("{} did not complete within {:.3g} s: rank{} {} {} not reached it:{}", what,
+                                           timeout->count(), missing.size() == 1 ? "" : "s", fmt::join(missing, ", "),
+                                           missing.size() == 1 ? "has" : "have", lagging_report(ident));
+      const std::string report = desync_report(head);
+      MESHRT_LOG(warning) << head << "\n" << report;
+      if (settings::get("MESHRT_TIMEOUT_ACTION") == "abort") abort_job(head + "\n" + report);
+      throw TimeoutError(head + "\n" + report, missing);
     }
     backoff.pause();
   }
@@ -312,6 +317,104 @@ std::exception_ptr ControllerState::failure_of(const std::shared_ptr<Node>& root
     text = fmt::format("{} depends on a failed invocation: {}\n  chain: {}", subject, head, fmt::join(chain, " <- "));
   }
   return std::make_exception_ptr(RemoteError(text, cause->ident, f.function, ranks, f.message, cause->issued_at));
+}
+
+}  // namespace meshrt::detail
+
+namespace meshrt::detail {
+
+std::map<int, nlohmann::json> ControllerState::query(nlohmann::json request, std::chrono::duration<double> timeout) {
+  const std::uint64_t id = next_query++;
+  request["query"] = id;
+  const std::string text = request.dump();
+  const auto* bytes = reinterpret_cast<const std::byte*>(text.data());
+  channel.send(all_dests, kQueryTag, std::make_shared<Bytes>(bytes, bytes + text.size()));
+  std::map<int, nlohmann::json> answers;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);
+  Bytes rx;
+  int from = -1;
+  Backoff backoff;
+  while (answers.size() < all_dests.size() && std::chrono::steady_clock::now() < deadline) {
+    if (!channel.try_receive(MPI_ANY_SOURCE, kStateTag, rx, &from)) {
+      backoff.pause();
+      continue;
+    }
+    try {
+      auto j = nlohmann::json::parse(reinterpret_cast<const char*>(rx.data()),
+                                     reinterpret_cast<const char*>(rx.data()) + rx.size());
+      if (j.value("query", std::uint64_t{0}) == id) answers[from] = std::move(j);  // older answers are stale
+    } catch (const std::exception& e) {
+      MESHRT_LOG(warning) << "rank " << from << " answered a state query with something unreadable: " << e.what();
+    }
+  }
+  channel.reap();
+  return answers;
+}
+
+std::string ControllerState::desync_report(const std::string& what) {
+  std::chrono::duration<double> wait{2.0};
+  try {
+    wait = settings::get_seconds("MESHRT_STATE_QUERY_TIMEOUT");
+  } catch (const std::exception&) {
+  }
+  // Each worker writes the end of its flight recorder to its log; then the state table.
+  query({{"op", "dump"}, {"limit", 50}, {"why", what}}, wait);
+  const auto states = query({{"op", "state"}}, wait);
+  auto current_result = [&](int rank) -> std::uint64_t {
+    auto it = states.find(rank);
+    if (it == states.end() || it->second["current"].is_null()) return 0;
+    return it->second["current"].value("result", std::uint64_t{0});
+  };
+  // "done before": every invocation this worker was sent before that ident has finished.
+  auto done_before = [](const nlohmann::json& st) {
+    const auto f = st.value("first_uncompleted", 0ull);
+    return f == 0 ? std::string("-") : std::to_string(f);
+  };
+  std::string out = "desync report: what every worker is doing now\n";
+  out += fmt::format("  {:>5}  {:>11}  {:>9}  {}\n", "rank", "done before", "for", "current command");
+  for (int rank : all_dests) {
+    auto it = states.find(rank);
+    if (it == states.end()) {
+      out += fmt::format("  {:>5}  no answer within {:.3g} s (the process may be stopped or gone)\n", rank, wait.count());
+      continue;
+    }
+    const nlohmann::json& st = it->second;
+    const nlohmann::json& cur = st["current"];
+    if (cur.is_null()) {
+      out += fmt::format("  {:>5}  {:>11}  {:>9}  idle ({} queued)\n", rank, done_before(st), "",
+                         st.value("queued", 0ull));
+      continue;
+    }
+    std::string cmd = cur.value("kind", std::string("?"));
+    const auto ident_of = cur.value("ident", 0ull);
+    auto w = ident_of ? ident_what.find(ident_of) : ident_what.end();
+    if (w != ident_what.end()) {
+      cmd += fmt::format(" {} (invocation {})", w->second, ident_of);
+    } else {
+      if (const auto n = cur.value("name", std::string()); !n.empty()) cmd += " " + n;
+      if (ident_of) cmd += fmt::format(" (invocation {})", ident_of);
+    }
+    const std::uint64_t result = cur.value("result", std::uint64_t{0});
+    std::vector<int> waiting;
+    if (cur.contains("peers") && result != 0) {
+      for (int p : cur["peers"].get<std::vector<int>>()) {
+        if (p != rank && current_result(p) != result) waiting.push_back(p);
+      }
+    }
+    if (!waiting.empty()) cmd += fmt::format("; waiting for rank{} {} to join", waiting.size() == 1 ? "" : "s", fmt::join(waiting, ", "));
+    out += fmt::format("  {:>5}  {:>11}  {:>7.3f} s  {}\n", rank, done_before(st),
+                       cur.value("seconds", 0.0), cmd);
+  }
+  return out;
+}
+
+void ControllerState::abort_job(const std::string& reason) {
+  MESHRT_LOG(fatal) << "aborting the job: " << reason;
+  std::fprintf(stderr, "meshrt: aborting the job: %s\n", reason.c_str());
+  std::fflush(stderr);
+  query({{"op", "abort"}, {"reason", reason}}, std::chrono::milliseconds(500));
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
 }
 
 }  // namespace meshrt::detail

@@ -12,6 +12,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "meshrt/controller.hpp"
 #include "meshrt/protocol.hpp"
 #include "worker/channel.hpp"
@@ -145,6 +147,14 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   // Waits until frontier() >= ident; throws TimeoutError after `timeout`.
   void wait_for(Ident ident, std::optional<std::chrono::duration<double>> timeout, const std::string& what);
   std::string lagging_report(Ident ident) const;
+
+  // Out-of-band queries to every worker's watch thread (answered even while a worker is
+  // stuck): the answers by rank; ranks that do not answer within `timeout` are missing.
+  std::map<int, nlohmann::json> query(nlohmann::json request, std::chrono::duration<double> timeout);
+  // The table of what every worker is doing, for a timeout.
+  std::string desync_report(const std::string& what);
+  [[noreturn]] void abort_job(const std::string& reason);
+  std::uint64_t next_query = 1;
 
   // The failure a node depends on (smallest ident), with the chain to it; nullopt when clean.
   std::exception_ptr failure_of(const std::shared_ptr<Node>& node, const std::string& subject);

@@ -13,7 +13,10 @@
 #include "meshrt/log.hpp"
 #include "meshrt/protocol.hpp"
 #include "meshrt/version.hpp"
+#include "meshrt/settings.hpp"
 #include "meshrt/worker.hpp"
+#include "worker/monitor.hpp"
+#include "worker/watch.hpp"
 
 namespace meshrt {
 
@@ -27,6 +30,11 @@ struct Runtime::Impl {
   MPI_Comm control = MPI_COMM_NULL;
   MPI_Comm p2p = MPI_COMM_NULL;
   NDSlice worker_ranks = NDSlice::row_major({1});
+  // This rank's flight recorder and the thread that answers the controller's queries.
+  std::unique_ptr<detail::Monitor> monitor;
+  std::unique_ptr<detail::Watch> watch;
+
+  bool runs_worker() const { return !(options.dedicated_controller && rank == 0); }
 
   void free_comms() {
     for (MPI_Comm* c : {&world, &control, &p2p}) {
@@ -34,7 +42,7 @@ struct Runtime::Impl {
     }
   }
 
-  WorkerOptions worker_options() const { return WorkerOptions{rank, world, control, p2p, 1.0}; }
+  WorkerOptions worker_options() const { return WorkerOptions{rank, world, control, p2p, 1.0, monitor.get()}; }
 
   // Every rank sends rank 0 its handshake (or why it cannot run); rank 0 compares them
   // and broadcasts the verdict, so all ranks fail the start together, naming the culprits.
@@ -170,7 +178,15 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
     } else {
       i.worker_ranks = NDSlice::row_major({i.size});
     }
+    if (i.runs_worker()) {
+      i.monitor = std::make_unique<detail::Monitor>(
+          i.rank, static_cast<std::size_t>(std::max<std::int64_t>(1, settings::get_int("MESHRT_FLIGHT_RECORDER"))));
+      i.watch = std::make_unique<detail::Watch>(i.control, *i.monitor);
+      detail::install_signal_handlers(i.monitor.get());
+    }
   } catch (...) {
+    if (i.monitor) detail::uninstall_signal_handlers();
+    i.watch.reset();
     i.free_comms();
     if (i.initialized_mpi) MPI_Finalize();
     throw;
@@ -178,6 +194,8 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
 }
 
 Runtime::~Runtime() {
+  if (impl_->monitor) detail::uninstall_signal_handlers();
+  impl_->watch.reset();
   impl_->free_comms();
   if (impl_->initialized_mpi) MPI_Finalize();
 }

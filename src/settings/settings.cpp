@@ -23,6 +23,12 @@ constexpr std::array kSettings{
     Setting{"MESHRT_GROUP_CHUNK_BYTES", "1073741824",
             "Largest single MPI message of a StatelessGroup transfer; bigger objects are chunked"},
     Setting{"MESHRT_FLIGHT_RECORDER", "1000", "Commands each worker keeps in its flight recorder"},
+    Setting{"MESHRT_TIMEOUT_ACTION", "raise",
+            "What a Future/synchronize timeout does after its desync report: raise (TimeoutError) or abort (the job)"},
+    Setting{"MESHRT_SIGNAL_HANDLER", "1",
+            "On a fatal signal, print the rank, the command and a backtrace, then MPI_Abort the job (0 = off)"},
+    Setting{"MESHRT_STATE_QUERY_TIMEOUT", "2",
+            "Seconds the controller waits for workers' answers when it builds a desync report"},
     Setting{"MESHRT_TEST_WATCHDOG", "",
             "Seconds after which an MPI test binary names the running test and aborts the job"},
 };

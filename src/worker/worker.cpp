@@ -17,6 +17,7 @@
 #include "meshrt/log.hpp"
 #include "meshrt/protocol.hpp"
 #include "worker/channel.hpp"
+#include "worker/monitor.hpp"
 
 namespace meshrt {
 namespace {
@@ -42,16 +43,29 @@ struct Poisoned {
 }  // namespace
 
 struct Worker::Impl {
-  explicit Impl(WorkerOptions o) : opt(o), channel(o.control) {}
+  explicit Impl(WorkerOptions o)
+      : opt(o), channel(o.control), own_monitor(o.monitor ? nullptr : std::make_unique<detail::Monitor>(o.rank, 1000)),
+        monitor(o.monitor ? *o.monitor : *own_monitor) {
+    monitor.reset_queue();
+  }
 
   WorkerOptions opt;
   detail::Channel channel;
+  std::unique_ptr<detail::Monitor> own_monitor;
+  detail::Monitor& monitor;
   std::unordered_map<std::uint64_t, EnvValue> env;
-  std::deque<Command> queue;
+  struct Queued {
+    std::uint64_t seq;
+    Command command;
+  };
+  std::deque<Queued> queue;
+  bool current_failed = false;
+  std::uint64_t current_seq = 0;
 
   struct InFlight {
     std::unique_ptr<Pending> op;
     std::optional<Ref> result;  // defined when the operation completes
+    std::uint64_t seq = 0;
   };
   std::optional<InFlight> in_flight;
 
@@ -76,6 +90,7 @@ struct Worker::Impl {
   }
 
   void report_failure(Ident ident, const std::string& function, const std::exception& e) {
+    current_failed = true;
     MESHRT_LOG(info) << "function " << function << " (ident " << ident << ") failed: " << e.what();
     reply(RemoteFunctionFailed{ident, e.what(), opt.rank, function, boost::core::demangle(typeid(e).name())});
   }
@@ -150,6 +165,7 @@ struct Worker::Impl {
       report_failure(ident, function, e);
     }
     first_uncompleted = std::max(first_uncompleted, ident + 1);
+    monitor.completed_ident(first_uncompleted);
   }
 
   void run(CallFunction& c) {
@@ -189,11 +205,20 @@ struct Worker::Impl {
 
   void run(Reduce& c) {
     const auto& mesh = std::get<std::shared_ptr<WorkerMesh>>(get(c.mesh, "mesh"));
+    // Until the collective is posted this rank may block in the first use of the
+    // dimension's communicator, which needs every member of the mesh.
+    std::vector<int> members;
+    for (auto r : mesh->ranks()) members.push_back(static_cast<int>(r));
+    monitor.describe(current_seq, fmt::format("{} over '{}', joining (a dimension's first use sets up its "
+                                              "communicator with every mesh member)",
+                                              meshrt::name(c.reduction), c.dim),
+                     std::move(members), c.factory.nbytes());
     in_flight = InFlight{start_reduce(*mesh, c.dim, c.reduction, c.scatter, c.inplace, input(c.tensor), c.factory),
                          c.result};
   }
 
   void run(SendTensor& c) {
+    monitor.describe(current_seq, "joining the send", peers_of(Command{c}), c.factory.nbytes());
     const bool sends = c.from_ranks.contains(opt.rank);
     const bool receives = c.to_ranks.contains(opt.rank);
     Input in = sends ? input(c.tensor) : Input(Tensor());
@@ -202,6 +227,7 @@ struct Worker::Impl {
   }
 
   void finish_in_flight() {
+    monitor.finished(in_flight->seq, false);
     Outcome out = in_flight->op->take();
     if (in_flight->result) {
       if (out.broken) define(*in_flight->result, *out.broken);
@@ -222,13 +248,11 @@ struct Worker::Impl {
     for (Ref r : c.refs) env.erase(r.id);
   }
 
-  void run(CommandGroup& c) {
-    // Its commands run next, in order, before anything that arrived after the group.
-    for (auto it = c.commands.rbegin(); it != c.commands.rend(); ++it) queue.push_front(std::move(*it));
-  }
+  void run(CommandGroup&) {}  // flattened when it arrives (enqueue)
 
   void run(RequestStatus& c) {
     first_uncompleted = std::max(first_uncompleted, c.ident + 1);
+    monitor.completed_ident(first_uncompleted);
     send_status(true);
   }
 
@@ -236,9 +260,18 @@ struct Worker::Impl {
 
   // Runs one command; a failure outside any invocation (a broken collective set-up, a
   // bad ref) is logged and reported with ident 0 so it is never silent.
-  void step(Command command) {
+  void step(Queued q) {
+    Command& command = q.command;
+    current_seq = q.seq;
+    monitor.running(q.seq);
+    current_failed = false;
     try {
       execute(command);
+      if (in_flight) {
+        in_flight->seq = q.seq;
+        monitor.describe(q.seq, in_flight->op->describe(), peers_of(command), 0);
+        return;
+      }
     } catch (const Poisoned&) {
       // A mesh or stream that depends on a failure: nothing to run.
     } catch (const std::exception& e) {
@@ -246,7 +279,73 @@ struct Worker::Impl {
       // Ident 0: tied to no invocation; the controller raises it at the next synchronize.
       reply(RemoteFunctionFailed{0, fmt::format("{} failed: {}", name(command), e.what()), opt.rank,
                                  std::string(name(command)), boost::core::demangle(typeid(e).name())});
+      current_failed = true;
     }
+    monitor.finished(q.seq, current_failed);
+  }
+
+  // World ranks taking part in a collective or send with this rank.
+  std::vector<int> peers_of(const Command& command) const {
+    std::vector<int> peers;
+    if (const auto* r = std::get_if<Reduce>(&command)) {
+      const auto& mesh = std::get<std::shared_ptr<WorkerMesh>>(get(r->mesh, "mesh"));
+      peers = mesh->line_world_ranks(mesh->dim_index(r->dim));
+    } else if (const auto* s = std::get_if<SendTensor>(&command)) {
+      for (std::int64_t i = 0; i < s->from_ranks.len(); ++i) {
+        if (s->from_ranks[i] == opt.rank) peers.push_back(static_cast<int>(s->to_ranks[i]));
+        if (s->to_ranks[i] == opt.rank) peers.push_back(static_cast<int>(s->from_ranks[i]));
+      }
+    }
+    return peers;
+  }
+
+  // What the flight recorder keeps of a command.
+  static detail::CommandRecord record_of(const Command& command) {
+    detail::CommandRecord r;
+    r.kind = name(command).data();
+    std::visit(
+        [&r](const auto& c) {
+          using C = std::decay_t<decltype(c)>;
+          if constexpr (std::is_same_v<C, CallFunction>) {
+            r.ident = c.ident;
+            r.name = c.function;
+            r.mesh = c.mesh.id;
+            r.stream = c.stream.id;
+            if (!c.results.empty()) r.result = c.results.front().id;
+          } else if constexpr (std::is_same_v<C, FetchValue>) {
+            r.ident = c.ident;
+            r.name = c.function.value_or("");
+            r.stream = c.stream.id;
+          } else if constexpr (std::is_same_v<C, Reduce>) {
+            r.name = std::string(meshrt::name(c.reduction)) + (c.scatter ? " scatter" : "") + (c.inplace ? " in place" : "");
+            r.result = c.result.id;
+            r.mesh = c.mesh.id;
+            r.stream = c.stream.id;
+            r.dim = c.dim;
+            r.bytes = c.factory.nbytes();
+          } else if constexpr (std::is_same_v<C, SendTensor>) {
+            r.result = c.result.id;
+            r.stream = c.stream.id;
+            r.bytes = c.factory.nbytes();
+          } else if constexpr (std::is_same_v<C, RequestStatus>) {
+            r.ident = c.ident;
+          } else if constexpr (std::is_same_v<C, CreateDeviceMesh> || std::is_same_v<C, CreateStream> ||
+                               std::is_same_v<C, BorrowCreate>) {
+            r.result = c.result.id;
+          }
+        },
+        command);
+    return r;
+  }
+
+  // Queues a command (a group's commands one by one) and records it.
+  void enqueue(Command command) {
+    if (auto* group = std::get_if<CommandGroup>(&command)) {
+      for (Command& c : group->commands) enqueue(std::move(c));
+      return;
+    }
+    const std::uint64_t seq = monitor.queued(record_of(command));
+    queue.push_back(Queued{seq, std::move(command)});
   }
 
   bool receive() {
@@ -254,7 +353,7 @@ struct Worker::Impl {
     while (channel.try_receive(detail::kControllerRank, detail::kCommandTag, rx)) {
       any = true;
       try {
-        queue.push_back(decode_command(rx));
+        enqueue(decode_command(rx));
       } catch (const ProtocolError& e) {
         MESHRT_LOG(error) << "rank " << opt.rank << ": dropped an undecodable command of " << rx.size()
                           << " bytes: " << e.what();
@@ -275,9 +374,9 @@ struct Worker::Impl {
         worked = true;
       }
       while (!in_flight && !queue.empty() && !exit) {
-        Command command = std::move(queue.front());
+        Queued q = std::move(queue.front());
         queue.pop_front();
-        step(std::move(command));
+        step(std::move(q));
         worked = true;
       }
       if (Clock::now() - last_status_time > interval) send_status(false);

@@ -1,11 +1,17 @@
 // Whole programs around meshrt::run, chosen by argv[1]:
 //   dedicated   a dedicated controller on rank 0 drives workers on ranks 1..N-1
 //   throws      the controller function throws: run() returns non-zero, nothing hangs
+//   crash       a kernel segfaults on rank 2: the handler names the rank and the command,
+//               prints a backtrace and ends the whole job
+//   abort       the controller calls Controller::abort(reason)
+//   timeout     a get(timeout) expires with MESHRT_TIMEOUT_ACTION=abort: report, then abort
+//   usr1        a worker receives SIGUSR1 and writes its flight recorder to its log
 //   plain       does a little work (with MESHRT_EXTRA_FUNCTION defined at compile time
 //               the binary has one more function: the handshake must refuse to start)
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "meshrt/meshrt.hpp"
 
@@ -36,6 +42,22 @@ int main(int argc, char** argv) {
           std::printf("dedicated controller: %lld workers, sum %.1f\n", static_cast<long long>(n), got);
         }
         if (mode == "throws") throw std::runtime_error("the controller gave up on purpose");
+        if (mode == "crash") {
+          DTensor c = mesh.call("test.crash", {2});
+          ctl.fetch_shard(c.reduce("w", Reduction::Sum), {{"w", 0}}).get();
+          throw Error("the crash did not end the job");
+        }
+        if (mode == "abort") ctl.abort("the controller decided to stop here");
+        if (mode == "timeout") {
+          DTensor s = mesh.call("test.sleep", 30.0, {1});
+          ctl.fetch_shard(s.reduce("w", Reduction::Sum), {{"w", 0}}).get(std::chrono::milliseconds(300));
+          throw Error("the timeout did not end the job");
+        }
+        if (mode == "usr1") {
+          mesh.call("test.usr1", {1});
+          ctl.synchronize();
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the watch thread polls every 2 ms
+        }
       },
       options);
 }

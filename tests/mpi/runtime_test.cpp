@@ -7,6 +7,8 @@
 #include <cmath>
 #include <numeric>
 
+#include <fmt/format.h>
+
 #include "runtime_support.hpp"
 
 using namespace meshrt;
@@ -382,11 +384,37 @@ TEST(Runtime, GetWithTimeoutNamesTheRankThatHangs) {
       EXPECT_NE(what.find("rank " + std::to_string(slow) + ": finished everything before invocation"), std::string::npos)
           << what;
       EXPECT_NE(what.find("test.sleep"), std::string::npos) << what;
+      // The desync report: the sleeping rank inside its function, its peers in the
+      // reduction waiting for it.
+      EXPECT_NE(what.find("desync report"), std::string::npos) << what;
+      const std::string slow_row = fmt::format("\n  {:>5}  ", slow);
+      const auto row = what.find(slow_row);
+      ASSERT_NE(row, std::string::npos) << what;
+      EXPECT_NE(what.substr(row, what.find('\n', row + 1) - row).find("CallFunction test.sleep"), std::string::npos)
+          << what;
+      EXPECT_NE(what.find("Reduce sum over 'gpu'"), std::string::npos) << what;
+      EXPECT_NE(what.find(fmt::format("waiting for rank {} to join", slow)), std::string::npos) << what;
     }
     EXPECT_FALSE(fut.done());
     EXPECT_EQ(fut.get().item(), 0.0);  // it completes once the sleeper wakes
     EXPECT_TRUE(fut.done());
     EXPECT_EQ(fut.exception(), nullptr);
+  });
+}
+
+TEST(Runtime, FlightRecorderOnRequest) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
+    DTensor y = x.reduce("gpu", Reduction::Sum);
+    ctl.synchronize();
+    const std::string dump = ctl.dump_flight_recorder();
+    for (int r = 0; r < ctl.world_size(); ++r) {
+      EXPECT_NE(dump.find(fmt::format("flight recorder of rank {}", r)), std::string::npos) << dump;
+    }
+    EXPECT_NE(dump.find("done     CallFunction test.pattern (invocation 1)"), std::string::npos) << dump;
+    EXPECT_NE(dump.find("done     Reduce all_reduce sum over dimension 'gpu'"), std::string::npos) << dump;
+    EXPECT_NE(dump.find("took "), std::string::npos) << dump;
   });
 }
 

@@ -1,5 +1,6 @@
 // Remote functions the runtime tests use.
 #include <chrono>
+#include <csignal>
 #include <thread>
 
 #include "meshrt/functions.hpp"
@@ -40,7 +41,29 @@ std::vector<Tensor> sleep_kernel(CallContext& ctx, Args& args) {
   return {Tensor::zeros(TensorMeta({}, DType::Float32))};
 }
 
+// test.crash(ranks): a kernel that dereferences a null pointer on the listed ranks.
+std::vector<Tensor> crash_kernel(CallContext& ctx, Args& args) {
+  for (const Value& r : args.value(0).as_list()) {
+    if (r.as_int() == ctx.rank()) {
+      volatile int* p = nullptr;
+      *p = 42;  // SIGSEGV on purpose
+    }
+  }
+  return {Tensor::zeros(TensorMeta({}, DType::Float32))};
+}
+Signature one_scalar_shape(const ArgMetas& args) { return {{TensorMeta({}, DType::Float32, args.device())}, {}}; }
+
+// test.usr1(ranks): sends SIGUSR1 to itself on the listed ranks.
+std::vector<Tensor> usr1_kernel(CallContext& ctx, Args& args) {
+  for (const Value& r : args.value(0).as_list()) {
+    if (r.as_int() == ctx.rank()) std::raise(SIGUSR1);
+  }
+  return {Tensor::zeros(TensorMeta({}, DType::Float32))};
+}
+
 }  // namespace
 
+MESHRT_REGISTER_FUNCTION("test.crash", crash_kernel, one_scalar_shape);
+MESHRT_REGISTER_FUNCTION("test.usr1", usr1_kernel, one_scalar_shape);
 MESHRT_REGISTER_FUNCTION("test.pattern", pattern_kernel, pattern_shape);
 MESHRT_REGISTER_FUNCTION("test.sleep", sleep_kernel, sleep_shape);

@@ -1,0 +1,137 @@
+#include "worker/monitor.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace meshrt::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const char* state_name(CommandState s) {
+  switch (s) {
+    case CommandState::Queued: return "queued";
+    case CommandState::Running: return "running";
+    case CommandState::Done: return "done";
+    case CommandState::Failed: return "failed";
+  }
+  return "?";
+}
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+Monitor::Monitor(int rank, std::size_t capacity) : rank_(rank), capacity_(std::max<std::size_t>(capacity, 1)) {
+  ring_.resize(capacity_);
+}
+
+std::uint64_t Monitor::queued(CommandRecord record) {
+  std::lock_guard lock(mutex_);
+  record.seq = next_seq_++;
+  record.queued = Clock::now();
+  record.state = CommandState::Queued;
+  const std::uint64_t seq = record.seq;
+  ring_[seq % capacity_] = std::move(record);
+  return seq;
+}
+
+void Monitor::running(std::uint64_t seq) {
+  std::lock_guard lock(mutex_);
+  CommandRecord& r = ring_[seq % capacity_];
+  if (r.seq != seq) return;  // overwritten: the recorder is smaller than the queue
+  r.state = CommandState::Running;
+  r.started = Clock::now();
+  current_.store(seq);
+}
+
+void Monitor::describe(std::uint64_t seq, std::string name, std::vector<int> peers, std::uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  CommandRecord& r = ring_[seq % capacity_];
+  if (r.seq != seq) return;
+  r.name = std::move(name);
+  r.peers = std::move(peers);
+  if (bytes) r.bytes = bytes;
+}
+
+void Monitor::finished(std::uint64_t seq, bool failed) {
+  std::lock_guard lock(mutex_);
+  CommandRecord& r = ring_[seq % capacity_];
+  if (r.seq == seq) {
+    r.state = failed ? CommandState::Failed : CommandState::Done;
+    r.ended = Clock::now();
+  }
+  std::uint64_t expected = seq;
+  current_.compare_exchange_strong(expected, 0);
+}
+
+void Monitor::reset_queue() {
+  std::lock_guard lock(mutex_);
+  for (auto& r : ring_) {
+    if (r.seq != 0 && (r.state == CommandState::Queued || r.state == CommandState::Running)) {
+      r.state = CommandState::Failed;
+      r.ended = Clock::now();
+    }
+  }
+  current_.store(0);
+  first_uncompleted_.store(0);
+}
+
+std::string Monitor::line(const CommandRecord& r, Clock::time_point now) {
+  std::string what = r.kind;
+  if (!r.name.empty()) what += " " + r.name;
+  if (r.ident) what += fmt::format(" (invocation {})", r.ident);
+  if (r.result) what += fmt::format(" [result ref {}]", r.result);
+  if (!r.dim.empty()) what += fmt::format(" dim '{}'", r.dim);
+  const double age = seconds(now - r.queued);
+  std::string timing;
+  switch (r.state) {
+    case CommandState::Queued: timing = fmt::format("queued {:.3f} s ago", age); break;
+    case CommandState::Running: timing = fmt::format("running for {:.3f} s", seconds(now - r.started)); break;
+    default: timing = fmt::format("took {:.6f} s, ended {:.3f} s ago", seconds(r.ended - r.started), seconds(now - r.ended));
+  }
+  return fmt::format("  #{:<8} {:<8} {}; {}", r.seq, state_name(r.state), what, timing);
+}
+
+nlohmann::json Monitor::state() const {
+  std::lock_guard lock(mutex_);
+  nlohmann::json j{{"rank", rank_}, {"first_uncompleted", first_uncompleted_.load()}};
+  const auto now = Clock::now();
+  std::size_t queued = 0;
+  for (const auto& r : ring_) {
+    if (r.seq != 0 && r.state == CommandState::Queued) ++queued;
+  }
+  j["queued"] = queued;
+  const std::uint64_t cur = current_.load();
+  const CommandRecord* r = cur ? &ring_[cur % capacity_] : nullptr;
+  if (r && r->seq == cur) {
+    j["current"] = {{"kind", r->kind}, {"name", r->name}, {"ident", r->ident}, {"result", r->result},
+                    {"dim", r->dim}, {"peers", r->peers}, {"bytes", r->bytes},
+                    {"seconds", seconds(now - r->started)}};
+  } else {
+    j["current"] = nullptr;
+  }
+  return j;
+}
+
+std::string Monitor::dump(std::size_t limit) const {
+  std::lock_guard lock(mutex_);
+  const auto now = Clock::now();
+  const std::size_t keep = std::min(limit, capacity_);
+  std::string out = fmt::format("flight recorder of rank {} (oldest first, the last {} commands):\n", rank_, keep);
+  const std::uint64_t first = next_seq_ > keep ? next_seq_ - keep : 1;
+  for (std::uint64_t s = first; s < next_seq_; ++s) {
+    const CommandRecord& r = ring_[s % capacity_];
+    if (r.seq == s) out += line(r, now) + "\n";
+  }
+  return out;
+}
+
+std::string Monitor::current_unlocked() const {
+  const std::uint64_t cur = current_.load();
+  if (cur == 0) return "no command (idle in the event loop)";
+  const CommandRecord& r = ring_[cur % capacity_];
+  return line(r, Clock::now());
+}
+
+}  // namespace meshrt::detail

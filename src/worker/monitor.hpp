@@ -1,0 +1,69 @@
+// What a worker is doing, readable from other threads: the flight recorder (the last N
+// commands with their state and times) and the command running now. The worker's event
+// loop writes it; the watch thread reads it to answer the controller's state queries
+// (also while the loop is stuck inside a function) and to dump it on SIGUSR1; the fatal
+// signal handler reads it to say what was running.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace meshrt::detail {
+
+enum class CommandState : std::uint8_t { Queued, Running, Done, Failed };
+
+struct CommandRecord {
+  std::uint64_t seq = 0;     // arrival number on this worker
+  std::uint64_t ident = 0;   // the invocation's ident, 0 for commands without one
+  const char* kind = "";     // "CallFunction", "Reduce", ... (static strings)
+  std::string name;          // function name, or what a collective does
+  std::uint64_t result = 0;  // the result ref: the same command has the same one on every rank
+  std::uint64_t mesh = 0;
+  std::uint64_t stream = 0;
+  std::string dim;
+  std::uint64_t bytes = 0;
+  std::vector<int> peers;    // world ranks taking part in a collective or send
+  std::chrono::steady_clock::time_point queued{}, started{}, ended{};
+  CommandState state = CommandState::Queued;
+};
+
+class Monitor {
+ public:
+  Monitor(int rank, std::size_t capacity);
+
+  int rank() const noexcept { return rank_; }
+  // Records a command as queued and returns its seq.
+  std::uint64_t queued(CommandRecord record);
+  void running(std::uint64_t seq);
+  // Adds what only the start of a collective knows (its description and peers).
+  void describe(std::uint64_t seq, std::string name, std::vector<int> peers, std::uint64_t bytes);
+  void finished(std::uint64_t seq, bool failed);
+  void completed_ident(std::uint64_t first_uncompleted) noexcept { first_uncompleted_.store(first_uncompleted); }
+  // A new event loop (after a restart) starts from an empty queue.
+  void reset_queue();
+
+  // {"rank", "first_uncompleted", "queued", "current": {...} or null}
+  nlohmann::json state() const;
+  // The flight recorder as a table, oldest first; `limit` keeps only the newest entries.
+  std::string dump(std::size_t limit = SIZE_MAX) const;
+  // For a fatal signal: the running command, without taking locks (best effort).
+  std::string current_unlocked() const;
+
+ private:
+  static std::string line(const CommandRecord& r, std::chrono::steady_clock::time_point now);
+  int rank_;
+  std::size_t capacity_;
+  mutable std::mutex mutex_;
+  std::vector<CommandRecord> ring_;
+  std::uint64_t next_seq_ = 1;
+  std::atomic<std::uint64_t> current_{0};  // seq of the running command, 0 when idle
+  std::atomic<std::uint64_t> first_uncompleted_{0};
+};
+
+}  // namespace meshrt::detail
