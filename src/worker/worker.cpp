@@ -18,6 +18,7 @@
 #include "meshrt/protocol.hpp"
 #include "worker/channel.hpp"
 #include "worker/monitor.hpp"
+#include "worker/streams.hpp"
 
 namespace meshrt {
 namespace {
@@ -28,6 +29,7 @@ using Clock = std::chrono::steady_clock;
 struct StreamValue {
   std::uint64_t id = 0;
   bool is_default = true;
+  detail::StreamHandle handle;
 };
 
 // A worker's value for a ref: a tensor, the marker of a failed dependency, a mesh or a
@@ -134,9 +136,9 @@ struct Worker::Impl {
 
   CallContext context(Ref mesh_ref, Ref stream_ref) const {
     const StreamValue& stream = get_as<StreamValue>(stream_ref, "stream");
-    if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, stream.id);
+    if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, stream.id, Device::cpu(), stream.handle.native());
     const auto& mesh = get_as<std::shared_ptr<WorkerMesh>>(mesh_ref, "mesh");
-    return CallContext(opt.rank, mesh->names(), mesh->coordinates(), stream.id);
+    return CallContext(opt.rank, mesh->names(), mesh->coordinates(), stream.id, Device::cpu(), stream.handle.native());
   }
 
   // ------------------------------------------------------------------ commands
@@ -149,7 +151,7 @@ struct Worker::Impl {
     define(c.result, std::make_shared<WorkerMesh>(c.names, c.ranks, opt.world));
   }
 
-  void run(CreateStream& c) { define(c.result, StreamValue{c.result.id, c.is_default}); }
+  void run(CreateStream& c) { define(c.result, StreamValue{c.result.id, c.is_default, detail::make_stream(c.is_default)}); }
 
   template <class Body>
   void invocation(Ident ident, const std::string& function, const std::vector<Ref>& results,
@@ -213,7 +215,18 @@ struct Worker::Impl {
                                               "communicator with every mesh member)",
                                               meshrt::name(c.reduction), c.dim),
                      std::move(members), c.factory.nbytes());
-    in_flight = InFlight{start_reduce(*mesh, c.dim, c.reduction, c.scatter, c.inplace, input(c.tensor), c.factory),
+    Input in = input(c.tensor);
+#if MESHRT_HAVE_NCCL
+    // CUDA tensors (and the factory of a broken CUDA input) go through NCCL on the stream.
+    if (c.factory.device().is_cuda()) {
+      const StreamValue& stream = get_as<StreamValue>(c.stream, "stream");
+      in_flight = InFlight{start_reduce_nccl(*mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory,
+                                             stream.handle.native()),
+                           c.result};
+      return;
+    }
+#endif
+    in_flight = InFlight{start_reduce(*mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory),
                          c.result};
   }
 
@@ -236,13 +249,40 @@ struct Worker::Impl {
     in_flight.reset();
   }
 
-  void run(BorrowCreate& c) {
-    // On the CPU the streams of a worker run in order, so a borrow is an alias whose
-    // rules the controller enforces; the value (or its failure marker) is shared.
-    define(c.result, get(c.tensor, "borrowed tensor"));
+  struct BorrowRecord {
+    Ref from, to;
+    detail::BorrowEvents events;
+  };
+  std::unordered_map<std::uint64_t, BorrowRecord> borrows;
+
+  const detail::StreamHandle* stream_handle(Ref r) const {
+    auto it = env.find(r.id);
+    if (it == env.end()) return nullptr;
+    const auto* s = std::get_if<StreamValue>(&it->second);
+    return s ? &s->handle : nullptr;
   }
-  void run(BorrowFirstUse&) {}
-  void run(BorrowDrop&) {}
+
+  void run(BorrowCreate& c) {
+    // The borrow shares the value (or its failure marker). On the CPU streams run in
+    // order; on CUDA an event orders the borrower after the origin's work.
+    define(c.result, get(c.tensor, "borrowed tensor"));
+    const detail::StreamHandle* from = stream_handle(c.from_stream);
+    borrows[c.result.id] = BorrowRecord{c.from_stream, c.to_stream,
+                                        from ? detail::borrow_create(*from) : detail::BorrowEvents{}};
+  }
+  void run(BorrowFirstUse& c) {
+    auto it = borrows.find(c.borrow.id);
+    if (it == borrows.end()) return;
+    if (const detail::StreamHandle* to = stream_handle(it->second.to)) detail::borrow_first_use(it->second.events, *to);
+  }
+  void run(BorrowDrop& c) {
+    auto it = borrows.find(c.borrow.id);
+    if (it == borrows.end()) return;
+    const detail::StreamHandle* from = stream_handle(it->second.from);
+    const detail::StreamHandle* to = stream_handle(it->second.to);
+    if (from && to) detail::borrow_drop(it->second.events, *from, *to);
+    borrows.erase(it);
+  }
 
   void run(DeleteRefs& c) {
     for (Ref r : c.refs) env.erase(r.id);
