@@ -217,8 +217,8 @@ std::string ControllerState::lagging_report(Ident ident) const {
     if (w.outstanding.empty() || w.outstanding.front() > ident) continue;
     const Ident on = w.outstanding.front();
     auto it = ident_what.find(on);
-    out += fmt::format("\n  rank {}: finished everything before invocation {}; it is on invocation {} ({})", rank, on,
-                       on, it != ident_what.end() ? it->second : "?");
+    out += fmt::format("\n  rank {}: has not reported invocation {} done ({})", rank, on,
+                       it != ident_what.end() ? it->second : "?");
   }
   return out;
 }
