@@ -53,9 +53,20 @@ ControllerState::ControllerState(MPI_Comm control, int size, NDSlice workers_sli
     : channel(control), world_size(size), worker_ranks(std::move(workers_slice)) {
   all_dests = to_dests(worker_ranks);
   for (int r : all_dests) workers[r];
+  flusher = std::thread([this] {
+    log::set_thread_role("controller flusher");
+    while (!stop_flusher.load()) {
+      std::this_thread::sleep_for(batch_time_limit / 2);
+      std::lock_guard lock(batch_mutex);
+      if (!batch.empty() && std::chrono::steady_clock::now() - batch_started > batch_time_limit) flush_locked();
+    }
+  });
 }
 
-ControllerState::~ControllerState() = default;
+ControllerState::~ControllerState() {
+  stop_flusher.store(true);
+  if (flusher.joinable()) flusher.join();
+}
 
 void ControllerState::check_epoch(std::uint64_t e, std::string_view what) const {
   if (e != epoch) {
@@ -104,7 +115,8 @@ void ControllerState::ensure_stream(StreamState& stream) {
 }
 
 void ControllerState::append(const std::vector<int>& dests, protocol::Command c, Ident ident) {
-  if (!batch.empty() && dests != batch_dests) flush();
+  std::unique_lock lock(batch_mutex);
+  if (!batch.empty() && dests != batch_dests) flush_locked();
   if (batch.empty()) {
     batch_dests = dests;
     batch_started = std::chrono::steady_clock::now();
@@ -119,11 +131,17 @@ void ControllerState::append(const std::vector<int>& dests, protocol::Command c,
   if (ident != 0) {
     for (int r : dests) workers[r].outstanding.push_back(ident);
   }
-  if (batch.size() >= batch_limit || std::chrono::steady_clock::now() - batch_started > batch_time_limit) flush();
+  if (batch.size() >= batch_limit || std::chrono::steady_clock::now() - batch_started > batch_time_limit) flush_locked();
+  lock.unlock();
   if (pending_delete_count > 4096) flush_deferred();
 }
 
 void ControllerState::flush() {
+  std::lock_guard lock(batch_mutex);
+  flush_locked();
+}
+
+void ControllerState::flush_locked() {
   if (batch.empty()) return;
   std::shared_ptr<Bytes> bytes;
   if (batch.size() == 1) {

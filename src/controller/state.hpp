@@ -3,7 +3,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <atomic>
 #include <deque>
+#include <mutex>
+#include <thread>
 #include <map>
 #include <memory>
 #include <optional>
@@ -120,7 +123,13 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   std::vector<protocol::Command> batch;
   std::size_t batch_limit = 256;
   std::chrono::steady_clock::time_point batch_started;
-  std::chrono::duration<double> batch_time_limit{0.005};
+  std::chrono::duration<double> batch_time_limit{0.002};
+  // A batch the program leaves alone is sent by the flusher thread after the time bound,
+  // so workers start while the controller does something else.
+  std::mutex batch_mutex;
+  std::atomic<bool> stop_flusher{false};
+  std::thread flusher;
+  void flush_locked();
   // Work that handle destructors leave for the next command: deletes per rank set, and
   // borrows dropped implicitly.
   std::map<std::vector<int>, std::vector<Ref>> pending_deletes;

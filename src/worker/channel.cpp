@@ -18,6 +18,7 @@ Channel::~Channel() {
 }
 
 bool Channel::try_receive(int source, int tag, Bytes& out, int* from) {
+  std::lock_guard lock(mutex_);
   int flag = 0;
   MPI_Message message;
   MPI_Status status;
@@ -36,15 +37,21 @@ void Channel::send(const std::vector<int>& dests, int tag, std::shared_ptr<const
     throw UsageError("control message of " + std::to_string(bytes->size()) +
                      " bytes: expected at most 2 GiB; fetch large tensors in pieces");
   }
+  std::lock_guard lock(mutex_);
   for (int dest : dests) {
     Send s{MPI_REQUEST_NULL, bytes};
     MESHRT_MPI_CHECK(MPI_Isend(bytes->data(), static_cast<int>(bytes->size()), MPI_BYTE, dest, tag, comm_, &s.request));
     sends_.push_back(std::move(s));
   }
-  reap();
+  reap_locked();
 }
 
 void Channel::reap() {
+  std::lock_guard lock(mutex_);
+  reap_locked();
+}
+
+void Channel::reap_locked() {
   while (!sends_.empty()) {
     int done = 0;
     MESHRT_MPI_CHECK(MPI_Test(&sends_.front().request, &done, MPI_STATUS_IGNORE));
@@ -57,8 +64,11 @@ bool Channel::drain(std::chrono::duration<double> timeout) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);
   Backoff backoff;
   for (;;) {
-    reap();
-    if (sends_.empty()) return true;
+    {
+      std::lock_guard lock(mutex_);
+      reap_locked();
+      if (sends_.empty()) return true;
+    }
     if (std::chrono::steady_clock::now() > deadline) return false;
     backoff.pause();
   }

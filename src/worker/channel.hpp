@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace meshrt::detail {
@@ -45,11 +46,13 @@ class Channel {
   std::size_t in_flight() const noexcept { return sends_.size(); }
 
  private:
+  void reap_locked();
   struct Send {
     MPI_Request request;
     std::shared_ptr<const Bytes> bytes;
   };
   MPI_Comm comm_;
+  std::mutex mutex_;  // the controller's batch flusher sends from its own thread
   std::deque<Send> sends_;
 };
 

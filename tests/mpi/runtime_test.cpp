@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -415,6 +416,20 @@ TEST(Runtime, FlightRecorderOnRequest) {
     EXPECT_NE(dump.find("done     CallFunction test.pattern (invocation 1)"), std::string::npos) << dump;
     EXPECT_NE(dump.find("done     Reduce all_reduce sum over dimension 'gpu'"), std::string::npos) << dump;
     EXPECT_NE(dump.find("took "), std::string::npos) << dump;
+  });
+}
+
+TEST(Runtime, AnIdleBatchIsSentAfterTheTimeBound) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
+    // No fetch, no synchronize: the controller only "does something else".
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // The flight recorders are read out of band, without flushing anything.
+    const std::string dump = ctl.dump_flight_recorder();
+    for (int r = 0; r < ctl.world_size(); ++r) {
+      EXPECT_NE(dump.find("done     CallFunction test.pattern (invocation 1)"), std::string::npos) << dump;
+    }
   });
 }
 
