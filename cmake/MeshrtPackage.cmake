@@ -28,3 +28,4 @@ install(FILES ${PROJECT_BINARY_DIR}/install/meshrtConfig.cmake
               ${PROJECT_BINARY_DIR}/meshrtConfigVersion.cmake
               cmake/MeshrtTesting.cmake
         DESTINATION ${MESHRT_INSTALL_CMAKEDIR})
+install(PROGRAMS cmake/meshrt_expect_output.sh DESTINATION ${MESHRT_INSTALL_CMAKEDIR})

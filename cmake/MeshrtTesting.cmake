@@ -6,13 +6,15 @@
 #   MPIEXEC_POSTFLAGS <args>.
 #
 # meshrt_add_mpi_command_test(NAME <name> NP <ranks> COMMAND <exe> [args...]
-#                             [TIMEOUT <s>] [LABELS <l>...])
-#   Registers any program (an example, a tool) the same way.
+#                             [TIMEOUT <s>] [LABELS <l>...] [EXPECT <regex>...])
+#   Registers any program (an example, a tool) the same way. With EXPECT, the test also
+#   requires every regex in the output (and still a zero exit code).
 #
 # Both work as root and oversubscribed on a small machine: the Open MPI settings below
 # are passed in the test's environment (MPICH ignores them). Every test has a timeout
 # and runs serially so that `ctest -j` cannot starve it.
 include_guard(GLOBAL)
+set(MESHRT_TESTING_DIR "${CMAKE_CURRENT_LIST_DIR}")
 
 if(NOT MPIEXEC_EXECUTABLE)
   find_package(MPI REQUIRED COMPONENTS CXX)
@@ -31,7 +33,7 @@ set(MESHRT_MPI_TEST_ENVIRONMENT
 set(MESHRT_MPI_TEST_DEFAULT_TIMEOUT 60 CACHE STRING "Default timeout of an MPI test, in seconds")
 
 function(meshrt_add_mpi_command_test)
-  cmake_parse_arguments(PARSE_ARGV 0 arg "" "NAME;NP;TIMEOUT" "COMMAND;LABELS")
+  cmake_parse_arguments(PARSE_ARGV 0 arg "" "NAME;NP;TIMEOUT" "COMMAND;LABELS;EXPECT")
   if(NOT arg_NAME OR NOT arg_NP OR NOT arg_COMMAND)
     message(FATAL_ERROR "meshrt_add_mpi_command_test: NAME, NP and COMMAND are required")
   endif()
@@ -42,8 +44,12 @@ function(meshrt_add_mpi_command_test)
   if(TARGET ${_exe})
     set(_exe $<TARGET_FILE:${_exe}>)
   endif()
+  set(_wrap)
+  if(arg_EXPECT)
+    set(_wrap ${MESHRT_TESTING_DIR}/meshrt_expect_output.sh ${arg_EXPECT} --)
+  endif()
   add_test(NAME ${arg_NAME}
-           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${arg_NP} ${MPIEXEC_PREFLAGS}
+           COMMAND ${_wrap} ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${arg_NP} ${MPIEXEC_PREFLAGS}
                    ${_exe} ${MPIEXEC_POSTFLAGS} ${arg_COMMAND})
   # The watchdog in the test main fires a little before CTest's timeout, so a hung rank
   # is named in the output and MPI_Abort takes every process down with it.

@@ -214,6 +214,8 @@ class Mesh {
   friend struct detail::ControllerState;
   explicit Mesh(std::shared_ptr<detail::MeshState> s) : state_(std::move(s)) {}
   DTensor one(std::vector<DTensor> outputs) const;
+  std::vector<DTensor> call_n_impl(FunctionName fn, std::vector<Arg> args) const;
+  std::vector<DTensor> call_on_impl(const Stream& stream, FunctionName fn, std::vector<Arg> args) const;
   std::shared_ptr<detail::MeshState> state_;
 };
 

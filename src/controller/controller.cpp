@@ -103,6 +103,17 @@ void use_tensor(ControllerState& ctl, TensorState& t, const MeshState& mesh, con
   }
 }
 
+
+// Call-site mistakes name the line of the controller program that made them.
+template <class F>
+auto at_site(const std::source_location& where, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const UsageError& e) {
+    throw UsageError(fmt::format("{} (at {})", e.what(), detail::describe(where)));
+  }
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------ Arg
@@ -127,6 +138,7 @@ Arg::Arg(std::initializer_list<Arg> items) {
 const std::string& Stream::name() const { return state_->name; }
 
 DTensor Stream::borrow(const DTensor& t, bool mutable_borrow, std::source_location where) const {
+  return at_site(where, [&] {
   auto ctl = lock(state_->controller);
   if (!t.state_) throw UsageError("borrow: an undefined DTensor");
   TensorState& origin = *t.state_;
@@ -158,6 +170,7 @@ DTensor Stream::borrow(const DTensor& t, bool mutable_borrow, std::source_locati
   }
   ctl->append(origin.home->dests, protocol::BorrowCreate{b->ref, origin.ref, origin.stream->ref, state_->ref, already});
   return DTensor(b, t.mesh_);
+});
 }
 
 // ------------------------------------------------------------------ DTensor
@@ -167,6 +180,7 @@ Mesh DTensor::mesh() const { return Mesh(mesh_); }
 Stream DTensor::stream() const { return Stream(state_->stream); }
 
 DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter, std::source_location where) const {
+  return at_site(where, [&] {
   if (!state_) throw UsageError("reduce: an undefined DTensor");
   auto ctl = lock(state_->controller);
   MeshState& mesh = *mesh_;
@@ -208,9 +222,11 @@ DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter,
   ctl->append(mesh.dests, protocol::Reduce{result->ref, state_->ref, in, mesh.ref, state_->stream->ref, std::string(dim),
                                            reduction, scatter, false});
   return DTensor(result, mesh_);
+});
 }
 
 DTensor& DTensor::reduce_(std::string_view dim, Reduction reduction, bool scatter, std::source_location where) {
+  return at_site(where, [&]() -> DTensor& {
   if (!state_) throw UsageError("reduce_: an undefined DTensor");
   const std::string what = fmt::format("reduce_ {}{} over '{}'", name(reduction), scatter ? " with scatter" : "", dim);
   if (scatter != (reduction == Reduction::Stack)) {
@@ -242,9 +258,11 @@ DTensor& DTensor::reduce_(std::string_view dim, Reduction reduction, bool scatte
   ctl->append(mesh.dests, protocol::Reduce{state_->ref, state_->ref, in, mesh.ref, state_->stream->ref, std::string(dim),
                                            reduction, scatter, true});
   return *this;
+});
 }
 
 DTensor DTensor::to_mesh(const Mesh& target, std::source_location where) const {
+  return at_site(where, [&] {
   if (!state_) throw UsageError("to_mesh: an undefined DTensor");
   auto ctl = lock(state_->controller);
   const MeshState& from = *mesh_;
@@ -266,6 +284,7 @@ DTensor DTensor::to_mesh(const Mesh& target, std::source_location where) const {
   ctl->append(dests, protocol::SendTensor{result->ref, from.ranks, to.ranks, state_->ref, state_->meta,
                                           state_->stream->ref});
   return DTensor(result, target.state_);
+});
 }
 
 DTensor DTensor::slice_mesh(std::string_view dim, std::int64_t index) const {
@@ -274,6 +293,7 @@ DTensor DTensor::slice_mesh(std::string_view dim, std::int64_t index) const {
 }
 
 void DTensor::drop(std::source_location where) {
+  return at_site(where, [&] {
   if (!state_) throw UsageError("drop: an undefined DTensor");
   auto ctl = lock(state_->controller);
   TensorState& b = *state_;
@@ -290,6 +310,7 @@ void DTensor::drop(std::source_location where) {
                                  {origin.node, b.node});
   }
   ctl->append(b.home->dests, protocol::BorrowDrop{b.ref});
+});
 }
 
 // ------------------------------------------------------------------ Mesh
@@ -403,6 +424,11 @@ DTensor Mesh::one(std::vector<DTensor> outputs) const {
 }
 
 std::vector<DTensor> Mesh::call_n(FunctionName fn, std::vector<Arg> args) const {
+  const std::source_location where = fn.where;
+  return at_site(where, [&] { return call_n_impl(std::move(fn), std::move(args)); });
+}
+
+std::vector<DTensor> Mesh::call_n_impl(FunctionName fn, std::vector<Arg> args) const {
   auto ctl = lock(state_->controller);
   // The stream is the one the tensor arguments are on.
   std::shared_ptr<StreamState> stream;
@@ -416,10 +442,15 @@ std::vector<DTensor> Mesh::call_n(FunctionName fn, std::vector<Arg> args) const 
     }
   }
   if (!stream) stream = ctl->stream("default");
-  return call_on(Stream(stream), std::move(fn), std::move(args));
+  return call_on_impl(Stream(stream), std::move(fn), std::move(args));
 }
 
 std::vector<DTensor> Mesh::call_on(const Stream& stream, FunctionName fn, std::vector<Arg> args) const {
+  const std::source_location where = fn.where;
+  return at_site(where, [&] { return call_on_impl(stream, std::move(fn), std::move(args)); });
+}
+
+std::vector<DTensor> Mesh::call_on_impl(const Stream& stream, FunctionName fn, std::vector<Arg> args) const {
   auto ctl = lock(state_->controller);
   ctl->check_epoch(state_->epoch, "mesh");
   const functions::Function& f = functions::lookup(fn.name);
@@ -543,6 +574,7 @@ Stream Controller::default_stream() { return stream("default"); }
 
 Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<std::string, std::int64_t>> coords,
                                        std::optional<std::string> preprocess, std::source_location where) {
+  return at_site(where, [&] {
   if (!t.state_) throw UsageError("fetch_shard: an undefined DTensor");
   ControllerState& ctl = *state_;
   const MeshState& mesh = *t.mesh_;
@@ -581,6 +613,7 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
   ctl.append({rank}, protocol::FetchValue{ident, {}, preprocess, Value(t.state_->ref), t.state_->stream->ref}, ident);
   ctl.flush();
   return Future<Tensor>(f);
+});
 }
 
 void Controller::synchronize() {

@@ -11,8 +11,16 @@
 TEST(GroupNccl, CommunicatorFromGroupAllReduces) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) GTEST_SKIP() << "no CUDA device";
+  // One GPU per rank of a node: NCCL refuses two ranks of a communicator on one device.
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local_rank = 0, local_size = 1;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_size(node, &local_size);
+  MPI_Comm_free(&node);
+  if (devices < local_size) GTEST_SKIP() << local_size << " ranks on this node but only " << devices << " GPUs";
   auto g = meshrt::StatelessGroup::from_comm(MPI_COMM_WORLD);
-  const int device = g.rank() % devices;
+  const int device = local_rank;
   ncclComm_t comm = meshrt::make_nccl_comm(g, device, std::chrono::seconds(30));
   ASSERT_NE(comm, nullptr);
   int nranks = 0, rank = -1;
