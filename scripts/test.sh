@@ -2,6 +2,8 @@
 # The whole test suite: sets up, builds with warnings as errors, runs every test through
 # ctest. Extra arguments go to ctest (e.g. -R ndslice). Settings (environment):
 #   MESHRT_TEST_LARGE=1   also run the tests labelled "large" (over 2 GiB of data)
+#   MESHRT_TEST_SANITIZERS=1  also run the suite under ASan+UBSan (scripts/test-sanitizers.sh;
+#                         a second full build in build-asan: off by default, see its timing)
 source "$(dirname "$0")/common.sh"
 ensure_packages "${MESHRT_PACKAGES[@]}"
 configure_and_build -DMESHRT_WERROR=ON
@@ -11,6 +13,11 @@ exclude=()
 [ "${MESHRT_TEST_LARGE:-0}" = 1 ] || exclude=(-LE large)
 echo "== ctest"
 ctest --test-dir "$MESHRT_BUILD_DIR" --output-on-failure -j "$MESHRT_JOBS" "${exclude[@]}" "$@"
+
+if [ "${MESHRT_TEST_SANITIZERS:-0}" = 1 ]; then
+  echo "== sanitizers (ASan + UBSan)"
+  "$MESHRT_ROOT/scripts/test-sanitizers.sh" asan
+fi
 
 # The Slurm templates on a throw-away one-node cluster (needs root; about 12 s).
 if [ "${MESHRT_TEST_SLURM:-1}" = 1 ]; then
