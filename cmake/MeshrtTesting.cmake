@@ -30,6 +30,38 @@ set(MESHRT_MPI_TEST_ENVIRONMENT
   OMPI_MCA_btl_vader_single_copy_mechanism=none
   PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
   CACHE STRING "Environment of every MPI test")
+# Sanitizer runs (MESHRT_SANITIZE, see CMakePresets.json): every report fails the test;
+# the suppressions in tests/sanitizers/ cover only Open MPI and the libraries under it,
+# which are not built with sanitizers. A normal variable, so a cached environment from an
+# earlier configure cannot hide it.
+set(MESHRT_SANITIZER_TEST_ENVIRONMENT)      # unit tests (no Open MPI inside)
+set(MESHRT_SANITIZER_MPI_TEST_ENVIRONMENT)  # tests under mpiexec
+option(MESHRT_SANITIZE_MPI_LEAKS "Leak-check the MPI tests too (slow unwinder: several times slower)" OFF)
+if(MESHRT_SANITIZE)
+  set(_supp ${PROJECT_SOURCE_DIR}/tests/sanitizers)
+  set(_ubsan "UBSAN_OPTIONS=suppressions=${_supp}/ubsan.supp:print_stacktrace=1:halt_on_error=1")
+  set(_tsan "TSAN_OPTIONS=suppressions=${_supp}/tsan.supp:halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0")
+  set(_lsan "LSAN_OPTIONS=suppressions=${_supp}/lsan.supp:print_suppressions=0")
+  list(APPEND MESHRT_SANITIZER_TEST_ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1" ${_lsan} ${_ubsan} ${_tsan})
+  if(MESHRT_SANITIZE_MPI_LEAKS)
+    # Open MPI is built without frame pointers: only the slow unwinder gives leak stacks
+    # that reach its libraries (so lsan.supp matches), and its components must stay
+    # loaded at exit or their frames show as "<unknown module>". Every malloc then
+    # unwinds fully: runtime_2x2's 10^5-call test outlives its timeout.
+    list(APPEND MESHRT_SANITIZER_MPI_TEST_ENVIRONMENT
+      "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:fast_unwind_on_malloc=0")
+  else()
+    # Open MPI's exit-time allocations cannot be told from meshrt's with the fast
+    # unwinder (its frames are garbage), so the MPI tests check memory errors and UB
+    # only; leaks in meshrt's own code are checked by the unit tests.
+    list(APPEND MESHRT_SANITIZER_MPI_TEST_ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1")
+  endif()
+  # Open MPI's components stay loaded at exit: TSan refuses a called_from_lib
+  # suppression whose library was unloaded, and LSan cannot name its frames.
+  list(APPEND MESHRT_SANITIZER_MPI_TEST_ENVIRONMENT ${_lsan} ${_ubsan} ${_tsan} "OMPI_MCA_mca_base_component_disable_dlclose=1")
+endif()
+set(MESHRT_MPI_TEST_ENVIRONMENT ${MESHRT_MPI_TEST_ENVIRONMENT} ${MESHRT_SANITIZER_MPI_TEST_ENVIRONMENT})
+
 set(MESHRT_MPI_TEST_DEFAULT_TIMEOUT 60 CACHE STRING "Default timeout of an MPI test, in seconds")
 
 function(meshrt_add_mpi_command_test)

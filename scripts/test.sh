@@ -4,6 +4,8 @@
 #   MESHRT_TEST_LARGE=1   also run the tests labelled "large" (over 2 GiB of data)
 #   MESHRT_TEST_FUZZ=0    skip the fuzzer run (MESHRT_FUZZ_SECONDS sets its length)
 #   MESHRT_TEST_SLURM=0   skip the Slurm templates
+#   MESHRT_TEST_SANITIZERS=1  also run the suite under ASan+UBSan (scripts/test-sanitizers.sh;
+#                         a second full build in build-asan: off by default, see its timing)
 source "$(dirname "$0")/common.sh"
 ensure_packages "${MESHRT_PACKAGES[@]}"
 configure_and_build -DMESHRT_WERROR=ON
@@ -18,6 +20,11 @@ ctest --test-dir "$MESHRT_BUILD_DIR" --output-on-failure -j "$MESHRT_JOBS" "${ex
 if [ "${MESHRT_TEST_FUZZ:-1}" = 1 ]; then
   echo "== fuzzing the protocol decoder for ${MESHRT_FUZZ_SECONDS:-30} s"
   "$MESHRT_ROOT/scripts/fuzz.sh"
+fi
+
+if [ "${MESHRT_TEST_SANITIZERS:-0}" = 1 ]; then
+  echo "== sanitizers (ASan + UBSan)"
+  "$MESHRT_ROOT/scripts/test-sanitizers.sh" asan
 fi
 
 # The Slurm templates on a throw-away one-node cluster (needs root; about 12 s).

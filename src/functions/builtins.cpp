@@ -283,7 +283,7 @@ Signature scale_shape(const ArgMetas& args) {
   (void)args.number(1);
   return {.outputs = {x}, .mutates = {}};
 }
-std::vector<Tensor> scale_kernel(CallContext& ctx, Args& args) {
+std::vector<Tensor> scale_kernel([[maybe_unused]] CallContext& ctx, Args& args) {  // ctx: CUDA builds only
   const Tensor& x = args.tensor(0);
   const double factor = args.number(1);
   Tensor out = Tensor::empty(x.meta());

@@ -1,0 +1,204 @@
+// soak: one long session that must not grow (issue 9). A ring of live DTensors on the
+// world mesh; every step replaces one slot with a new call result (so each step is one
+// CallFunction plus the deletion of the value it replaces), with a reduction, a fetch and
+// a synchronize now and then. After a warm-up (every slot replaced twice, every lazy
+// communicator made) and at the end it measures on every rank:
+//   - resident memory (VmRSS; rank 0 holds the controller and worker 0),
+//   - open file descriptors (/proc/self/fd), which also covers shared-memory segments
+//     and sockets MPI would open for new communicators or connections,
+//   - the values each worker holds (Status live_values),
+// and fails (exit 1) if RSS grew by 5% or more, descriptors grew, or a worker holds more
+// than the ring plus the mesh and streams. MPI communicators and requests have no
+// portable counter; Open MPI's MPI_T exposes none for communicators, so they are not
+// counted here (descriptors are the visible cost of a leaked communicator).
+//
+//   mpiexec -n 4 meshrt-bench soak            # 10^6 commands, 10^4 live tensors
+//   mpiexec -n 2 meshrt-bench soak --quick    # 10^5 commands (CI)
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "bench.hpp"
+#include "meshrt/meshrt.hpp"
+
+namespace meshrt::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// VmRSS in kB, from /proc/self/status (0 if unreadable: then the check reports it).
+std::int64_t resident_kb() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return 0;
+}
+
+std::int64_t open_fds() {
+  std::int64_t n = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec); !ec && it != std::filesystem::end(it);
+       it.increment(ec)) {
+    n++;
+  }
+  return n - 1;  // the directory iterator's own descriptor
+}
+
+// bench.rss(): this rank's [VmRSS kB, open descriptors] as an int64 [2] tensor.
+Signature rss_shape(const ArgMetas& a) {
+  a.expect_count(0, 0);
+  return {{TensorMeta({2}, DType::Int64, a.device())}, {}};
+}
+std::vector<Tensor> rss_kernel(CallContext&, Args&) {
+  Tensor t = Tensor::empty(TensorMeta({2}, DType::Int64));
+  t.data<std::int64_t>()[0] = resident_kb();
+  t.data<std::int64_t>()[1] = open_fds();
+  return {t};
+}
+
+struct Sample {
+  std::vector<std::int64_t> rss_kb, fds;
+  std::vector<std::uint64_t> live_values;
+};
+
+Sample sample(Controller& ctl, const Mesh& mesh) {
+  ctl.synchronize();
+  DTensor probe = mesh.call("bench.rss");
+  Sample s;
+  for (std::int64_t r = 0; r < ctl.world_size(); ++r) {
+    const Tensor t = ctl.fetch_shard(probe, {{"rank", r}}).get();
+    s.rss_kb.push_back(t.data<std::int64_t>()[0]);
+    s.fds.push_back(t.data<std::int64_t>()[1]);
+  }
+  ctl.synchronize();  // a fresh Status from every worker for live_values
+  for (auto r : ctl.worker_ranks()) s.live_values.push_back(ctl.live_values(static_cast<int>(r)));
+  return s;
+}
+
+int run_soak(Context& ctx, int argc, char** argv, const std::string& json_path) {
+  const std::int64_t commands = ctx.quick ? 100'000 : 1'000'000;
+  const std::int64_t ring_size = 10'000;
+  const double max_growth = 0.05;
+  Runtime runtime(argc, argv);
+  int rc = 0;
+  runtime.session([&](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"rank", ctl.world_size()}});
+    const std::vector<std::pair<std::string, std::int64_t>> last{{"rank", ctl.world_size() - 1}};
+    std::vector<DTensor> ring(static_cast<std::size_t>(ring_size));
+    std::int64_t fetches = 0, reductions = 0, syncs = 0;
+    // One step: slot i % ring_size gets a fresh value made from two other slots.
+    auto step = [&](std::int64_t i) {
+      const auto slot = static_cast<std::size_t>(i % ring_size);
+      const auto a = static_cast<std::size_t>((i * 7 + 1) % ring_size);
+      const auto b = static_cast<std::size_t>((i * 13 + 3) % ring_size);
+      if (!ring[a].defined() || !ring[b].defined() || i % 5 == 0) {
+        ring[slot] = mesh.call("meshrt.zeros", {4}, DType::Float32);
+      } else if (i % 1000 == 1) {
+        ring[slot] = ring[a].reduce("rank", Reduction::Sum);
+        reductions++;
+      } else {
+        ring[slot] = mesh.call("meshrt.add", ring[a], ring[b]);
+      }
+      if (i % 10'000 == 7) {
+        // Zeros added to zeros: any other value means a command ran wrongly.
+        const Tensor t = ctl.fetch_shard(ring[slot], last).get();
+        if (t.data<float>()[0] != 0.0f) throw Error(fmt::format("soak: step {}: fetched {}, expected 0", i, t.data<float>()[0]));
+        fetches++;
+      }
+      if (i % 100'000 == 99'999) {
+        ctl.synchronize();
+        syncs++;
+      }
+    };
+    // Warm-up: every slot filled and replaced once, so the ring, the controller's tables
+    // and the workers' maps are at their steady size before the first sample.
+    const std::int64_t warmup = 2 * ring_size;
+    for (std::int64_t i = 0; i < warmup; ++i) step(i);
+    const Sample start = sample(ctl, mesh);
+    const auto t0 = Clock::now();
+    for (std::int64_t i = warmup; i < warmup + commands; ++i) step(i);
+    ctl.synchronize();
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    const Sample end = sample(ctl, mesh);
+
+    // The checks: every violation names the rank, the quantity and both figures.
+    std::vector<std::string> violations;
+    double worst_growth = 0;
+    for (std::size_t r = 0; r < start.rss_kb.size(); ++r) {
+      const double growth = start.rss_kb[r] > 0
+                                ? static_cast<double>(end.rss_kb[r] - start.rss_kb[r]) / static_cast<double>(start.rss_kb[r])
+                                : 1.0;
+      worst_growth = std::max(worst_growth, growth);
+      if (start.rss_kb[r] <= 0 || growth >= max_growth) {
+        violations.push_back(fmt::format("rank {}: resident memory grew from {} kB to {} kB ({:+.1f}%), expected < {:.0f}%",
+                                         r, start.rss_kb[r], end.rss_kb[r], growth * 100, max_growth * 100));
+      }
+      if (end.fds[r] > start.fds[r]) {
+        violations.push_back(fmt::format("rank {}: open descriptors grew from {} to {}, expected no growth", r,
+                                         start.fds[r], end.fds[r]));
+      }
+    }
+    // The ring, plus the mesh, the default stream and the probe's output.
+    const auto bound = static_cast<std::uint64_t>(ring_size) + 8;
+    for (std::size_t k = 0; k < end.live_values.size(); ++k) {
+      if (end.live_values[k] > bound) {
+        violations.push_back(fmt::format("worker {}: holds {} values after the run, expected at most {} (the ring of {} "
+                                         "and the mesh, stream and probe)",
+                                         ctl.worker_ranks()[static_cast<std::int64_t>(k)], end.live_values[k], bound,
+                                         ring_size));
+      }
+    }
+
+    fmt::print("\nsoak at {} ranks: {} commands ({} reductions, {} fetches, {} synchronizes) with {} live tensors in "
+               "{:.1f} s ({:.0f} commands/s)\n",
+               ctl.world_size(), commands, reductions, fetches, syncs, ring_size, seconds,
+               static_cast<double>(commands) / seconds);
+    fmt::print("{:<6} {:>14} {:>14} {:>8} {:>10} {:>8} {:>12} {:>12}\n", "rank", "rss start kB", "rss end kB", "growth",
+               "fds start", "fds end", "live start", "live end");
+    for (std::size_t r = 0; r < start.rss_kb.size(); ++r) {
+      const bool worker = r < start.live_values.size();
+      fmt::print("{:<6} {:>14} {:>14} {:>7.2f}% {:>10} {:>8} {:>12} {:>12}\n", r, start.rss_kb[r], end.rss_kb[r],
+                 100.0 * static_cast<double>(end.rss_kb[r] - start.rss_kb[r]) / static_cast<double>(std::max<std::int64_t>(1, start.rss_kb[r])),
+                 start.fds[r], end.fds[r], worker ? std::to_string(start.live_values[r]) : "-",
+                 worker ? std::to_string(end.live_values[r]) : "-");
+    }
+    fmt::print("(rank 0 holds the controller and worker 0; MPI communicators and requests are not counted: no API)\n");
+    nlohmann::json j{{"suite", "soak"},
+                     {"ranks", ctl.world_size()},
+                     {"commands", commands},
+                     {"live_tensors", ring_size},
+                     {"seconds", seconds},
+                     {"commands_per_s", static_cast<double>(commands) / seconds},
+                     {"rss_kb_start", start.rss_kb},
+                     {"rss_kb_end", end.rss_kb},
+                     {"rss_growth_max", worst_growth},
+                     {"fds_start", start.fds},
+                     {"fds_end", end.fds},
+                     {"live_values_start", start.live_values},
+                     {"live_values_end", end.live_values},
+                     {"ok", violations.empty()}};
+    if (!json_path.empty()) std::ofstream(json_path, std::ios::app) << j.dump() << "\n";
+    else fmt::print("{}\n", j.dump());
+    for (const std::string& v : violations) fmt::print(stderr, "soak: FAILED: {}\n", v);
+    if (!violations.empty()) rc = 1;
+  });
+  return rc;
+}
+
+}  // namespace
+
+MESHRT_BENCH_SUITE_RUN("soak", "10^6 commands with 10^4 live tensors: memory, descriptors and values must not grow",
+                       run_soak);
+
+}  // namespace meshrt::bench
+
+MESHRT_REGISTER_FUNCTION("bench.rss", meshrt::bench::rss_kernel, meshrt::bench::rss_shape);

@@ -1,0 +1,251 @@
+// Bad input at the controller (issue 9): every mistake a user can make at a call site is
+// refused there, before anything is sent, with a message that says what was expected,
+// what was found and where (function, mesh dimension, rank); and the session keeps
+// working afterwards. Runs at 4 ranks as a 2x2 mesh; every TEST is one session.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "meshrt/protocol.hpp"
+#include "runtime_support.hpp"
+
+using namespace meshrt;
+using meshrt::testing::session;
+
+MESHRT_RUNTIME_TEST_ENVIRONMENT();
+
+namespace {
+
+using Coords = std::vector<std::pair<std::string, std::int64_t>>;
+
+Mesh make_mesh(Controller& ctl) { return ctl.world_mesh({{"host", 2}, {"gpu", 2}}); }
+
+// Runs `f`, expects it to throw E, and returns the message ("" and a failure otherwise).
+template <class E, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected " << ::testing::internal::GetTypeName<E>() << ", got another exception: " << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "expected " << ::testing::internal::GetTypeName<E>() << ", nothing was thrown";
+  return "";
+}
+
+// Every part must appear in the message, in this order.
+void expect_parts(const std::string& text, const std::vector<std::string>& parts) {
+  std::size_t at = 0;
+  for (const std::string& p : parts) {
+    const std::size_t found = text.find(p, at);
+    EXPECT_NE(found, std::string::npos) << "expected \"" << p << "\" (after offset " << at << ") in: " << text;
+    if (found != std::string::npos) at = found + p.size();
+  }
+}
+
+// The session still computes: a reduction over each dimension, fetched from every rank
+// (element 0 of test.pattern on rank r is r * 100 + 1).
+void expect_session_works(Controller& ctl, const Mesh& mesh) {
+  DTensor x = mesh.call("test.pattern", {2}, DType::Float64);
+  DTensor over_gpu = x.reduce("gpu", Reduction::Sum);
+  for (std::int64_t h = 0; h < 2; ++h) {
+    for (std::int64_t g = 0; g < 2; ++g) {
+      const Tensor t = ctl.fetch_shard(over_gpu, {{"host", h}, {"gpu", g}}).get(std::chrono::seconds(30));
+      const double r0 = static_cast<double>(h * 2), r1 = static_cast<double>(h * 2 + 1);
+      EXPECT_EQ(t.span<double>()[0], r0 * 100 + 1 + r1 * 100 + 1) << "host " << h << " gpu " << g;
+    }
+  }
+  EXPECT_NO_THROW(ctl.synchronize(std::chrono::seconds(30)));
+}
+
+}  // namespace
+
+TEST(BadInput, UnknownFunction) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor x = mesh.call("test.pattern", {3}, DType::Float32);
+    // A typo: the closest registered names are suggested.
+    expect_parts(error_of<UsageError>([&] { mesh.call("meshrt.ad", x, x); }),
+                 {"unknown function 'meshrt.ad'", "did you mean", "meshrt.add", "functions registered"});
+    // Nothing close: every registered name is listed, so the user sees what exists.
+    expect_parts(error_of<UsageError>([&] { mesh.call("zzzzzzzzzzzzzzzzzzzz"); }),
+                 {"unknown function 'zzzzzzzzzzzzzzzzzzzz'", "registered:", "meshrt.add", "test.pattern"});
+    // The same for a fetch's preprocessing function, checked before anything is sent.
+    expect_parts(error_of<UsageError>([&] { ctl.fetch_shard(x, {{"host", 0}, {"gpu", 1}}, std::string("no.such")); }),
+                 {"unknown function 'no.such'"});
+    expect_session_works(ctl, mesh);
+  });
+}
+
+TEST(BadInput, ShapeFunctionErrorsNameTheFunctionAndBothShapes) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor a = mesh.call("test.pattern", {5}, DType::Float32);
+    DTensor b = mesh.call("test.pattern", {4}, DType::Float32);
+    expect_parts(error_of<UsageError>([&] { mesh.call("meshrt.add", a, b); }),
+                 {"meshrt.add", "expected arguments 0 and 1 of one shape, dtype and device", "found",
+                  "float32[5] on cpu", "float32[4] on cpu"});
+    DTensor m23 = mesh.call("test.pattern", {2, 3}, DType::Float32);
+    DTensor m45 = mesh.call("test.pattern", {4, 5}, DType::Float32);
+    expect_parts(error_of<UsageError>([&] { mesh.call("meshrt.matmul", m23, m45); }),
+                 {"meshrt.matmul", "expected [m, k] and [k, n] matrices", "found", "float32[2, 3]", "float32[4, 5]"});
+    // Wrong argument count and kind name the function and the argument's position.
+    expect_parts(error_of<UsageError>([&] { mesh.call("meshrt.matmul", m23); }),
+                 {"meshrt.matmul", "expected 2 arguments, found 1"});
+    expect_parts(error_of<UsageError>([&] { mesh.call("meshrt.matmul", m23, 1.5); }),
+                 {"meshrt.matmul argument 1", "expected a tensor, found"});
+    expect_session_works(ctl, mesh);
+  });
+}
+
+TEST(BadInput, BitwiseReductionOnAFloatDtype) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor x = mesh.call("test.pattern", {3}, DType::Float32);
+    for (Reduction r : {Reduction::Band, Reduction::Bor, Reduction::Bxor}) {
+      expect_parts(error_of<UsageError>([&] { x.reduce("gpu", r); }),
+                   {std::string("reduce ") + std::string(name(r)) + " over 'gpu'",
+                    "a bitwise reduction needs an integer or bool dtype, found float32"});
+      expect_parts(error_of<UsageError>([&] { x.reduce_("host", r); }),
+                   {std::string("reduce_ ") + std::string(name(r)) + " over 'host'",
+                    "a bitwise reduction needs an integer or bool dtype, found float32"});
+    }
+    // The same reductions on an integer dtype are fine.
+    DTensor i = mesh.call("test.pattern", {3}, DType::Int64);
+    const Tensor got = ctl.fetch_shard(i.reduce("gpu", Reduction::Bor), {{"host", 0}, {"gpu", 0}}).get();
+    EXPECT_EQ(got.span<std::int64_t>()[0], std::int64_t{1} | std::int64_t{101});
+    expect_session_works(ctl, mesh);
+  });
+}
+
+TEST(BadInput, ScatterNeedsDimZeroOfTheDimensionSize) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor x = mesh.call("test.pattern", {5, 3}, DType::Float32);
+    expect_parts(error_of<UsageError>([&] { x.reduce("gpu", Reduction::Sum, /*scatter=*/true); }),
+                 {"reduce sum with scatter over 'gpu'", "scatter needs size(0) == 2", "the size of dimension 'gpu'",
+                  "found shape [5, 3]"});
+    expect_parts(error_of<UsageError>([&] { x.reduce_("host", Reduction::Stack, /*scatter=*/true); }),
+                 {"reduce_ stack with scatter over 'host'", "scatter needs size(0) == 2", "found shape [5, 3]"});
+    DTensor scalar = mesh.call("meshrt.zeros", std::vector<std::int64_t>{}, DType::Float32);
+    expect_parts(error_of<UsageError>([&] { scalar.reduce("gpu", Reduction::Stack, true); }),
+                 {"scatter needs size(0) == 2", "found shape []"});
+    expect_session_works(ctl, mesh);
+  });
+}
+
+TEST(BadInput, UnknownDimensionListsTheMeshDimensions) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
+    const std::vector<std::string> parts{"unknown mesh dimension 'tp'", "the mesh has dimensions [host, gpu]"};
+    expect_parts(error_of<UsageError>([&] { x.reduce("tp", Reduction::Sum); }), parts);
+    expect_parts(error_of<UsageError>([&] { x.reduce_("tp", Reduction::Sum); }), parts);
+    expect_parts(error_of<UsageError>([&] { ctl.fetch_shard(x, {{"tp", 0}}); }), parts);
+    expect_parts(error_of<UsageError>([&] { mesh.slice("tp", 0); }), parts);
+    expect_parts(error_of<UsageError>([&] { (void)mesh.size("tp"); }), parts);
+    // A sliced-away dimension is unknown on the slice, which lists what is left.
+    expect_parts(error_of<UsageError>([&] { x.slice_mesh("host", 0).reduce("host", Reduction::Sum); }),
+                 {"unknown mesh dimension 'host'", "the mesh has dimensions [gpu]"});
+    expect_session_works(ctl, mesh);
+  });
+}
+
+TEST(BadInput, ToMeshBetweenMeshesOfDifferentShapes) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
+    expect_parts(error_of<UsageError>([&] { x.to_mesh(mesh.slice("host", 0)); }),
+                 {"to_mesh", "the meshes must have the same sizes", "from [2, 2] to [2]"});
+    expect_parts(error_of<UsageError>([&] { x.slice_mesh("host", 1).to_mesh(mesh.slice("gpu", 0, 1)); }),
+                 {"to_mesh", "the meshes must have the same sizes", "from [2] to [2, 1]"});
+    // Same sizes work, even across a renamed dimension.
+    DTensor moved = x.slice_mesh("host", 0).to_mesh(mesh.slice("host", 1));
+    EXPECT_EQ(ctl.fetch_shard(moved, {{"gpu", 1}}).get().span<float>()[0], 101.0f);
+    expect_session_works(ctl, mesh);
+  });
+}
+
+TEST(BadInput, FetchFromACoordinateOutsideTheMesh) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
+    expect_parts(error_of<UsageError>([&] { ctl.fetch_shard(x, {{"host", 0}, {"gpu", 2}}); }),
+                 {"fetch_shard", "coordinate 2 of dimension 'gpu' is outside the mesh (size 2)"});
+    expect_parts(error_of<UsageError>([&] { ctl.fetch_shard(x, {{"host", -1}, {"gpu", 0}}); }),
+                 {"fetch_shard", "coordinate -1 of dimension 'host' is outside the mesh (size 2)"});
+    expect_parts(error_of<UsageError>([&] { ctl.fetch_shard(x, {{"host", 1}}); }),
+                 {"fetch_shard", "no coordinate for dimension 'gpu' (size 2)", "the mesh has [host, gpu]"});
+    expect_parts(error_of<UsageError>([&] { ctl.fetch_shard(x, {{"gpu", 0}, {"host", 0}, {"gpu", 1}}); }),
+                 {"fetch_shard", "dimension 'gpu' given twice"});
+    expect_session_works(ctl, mesh);
+  });
+}
+
+TEST(BadInput, UseOfADroppedBorrow) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    Stream comms = ctl.stream("comms");
+    DTensor y = mesh.call("test.pattern", {2}, DType::Float64);
+    DTensor b = comms.borrow(y);
+    b.drop();
+    const std::vector<std::string> dropped{"the tensor (borrowed on stream 'comms') was dropped",
+                                           "it cannot be used any more"};
+    expect_parts(error_of<UsageError>([&] { b.reduce("gpu", Reduction::Sum); }),
+                 {"reduce sum over 'gpu': ", dropped[0], dropped[1]});
+    expect_parts(error_of<UsageError>([&] { ctl.fetch_shard(b, {{"host", 0}, {"gpu", 0}}); }),
+                 {"fetch_shard: ", dropped[0], dropped[1]});
+    expect_parts(error_of<UsageError>([&] { mesh.call_on(comms, "meshrt.copy", {b}); }),
+                 {"meshrt.copy: ", dropped[0], dropped[1]});
+    expect_parts(error_of<UsageError>([&] { b.drop(); }), {"drop: the borrow was already dropped"});
+    // The origin is usable again.
+    EXPECT_EQ(ctl.fetch_shard(y, {{"host", 1}, {"gpu", 1}}).get().span<double>()[1], 302.0);
+    expect_session_works(ctl, mesh);
+  });
+}
+
+TEST(BadInput, UseAfterRestartWorkers) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
+    ctl.synchronize();
+    ctl.restart_workers();
+    const std::string gone = "made before restart_workers(); the workers no longer have it";
+    expect_parts(error_of<UsageError>([&] { x.reduce("gpu", Reduction::Sum); }), {"tensor", gone});
+    expect_parts(error_of<UsageError>([&] { ctl.fetch_shard(x, {{"host", 0}, {"gpu", 0}}); }), {"tensor", gone});
+    expect_parts(error_of<UsageError>([&] { mesh.call("test.pattern", {2}, DType::Float32); }), {"mesh", gone});
+    Mesh fresh = make_mesh(ctl);
+    expect_parts(error_of<UsageError>([&] { fresh.call("meshrt.copy", x); }), {"tensor", gone});
+    expect_session_works(ctl, fresh);
+  });
+}
+
+// The decoder refuses garbage with a ProtocolError naming the field and byte offset
+// (the live worker's handling of such frames is tested in worker_garbage_test.cpp).
+TEST(BadInput, GarbageDecodedAsACommand) {
+  std::mt19937 rng(9);
+  for (int i = 0; i < 200; ++i) {
+    std::vector<std::byte> bytes(static_cast<std::size_t>(rng() % 64));
+    for (auto& b : bytes) b = static_cast<std::byte>(rng());
+    if (i % 2 == 0 && bytes.size() >= 2) {  // half with a valid magic, to get past the header
+      bytes[0] = std::byte{'m'};
+      bytes[1] = std::byte{'r'};
+    }
+    expect_parts(error_of<ProtocolError>([&] { (void)protocol::decode_command(bytes); }),
+                 {"protocol: decoding ", " at byte ", "-byte frame: "});
+  }
+  // A valid frame cut short says how far it got and what it was reading.
+  const auto frame = protocol::encode(protocol::Command{protocol::CallFunction{7, {Ref{3}}, {}, "meshrt.add",
+                                                                              {Value(Ref{1}), Value(Ref{2})}, Ref{4}, Ref{5}}});
+  const std::span<const std::byte> cut(frame.data(), frame.size() - 3);
+  expect_parts(error_of<ProtocolError>([&] { (void)protocol::decode_command(cut); }),
+               {"protocol: decoding ", "of a " + std::to_string(cut.size()) + "-byte frame"});
+  // Everything is fine on the controller afterwards.
+  session([](Controller& ctl) { expect_session_works(ctl, make_mesh(ctl)); });
+}
