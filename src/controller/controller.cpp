@@ -488,7 +488,7 @@ std::vector<DTensor> Mesh::call_on_impl(const Stream& stream, FunctionName fn, s
   }
   ctl->ensure_mesh(*state_);
   ctl->ensure_stream(*stream.state_);
-  const protocol::Ident ident = ctl->new_ident(fmt::format("{}, issued at {}", fn.name, detail::describe(fn.where)));
+  const protocol::Ident ident = ctl->new_ident();
   auto node = ctl->make_node(ident, fn.name, fn.where, std::move(inputs));
   std::vector<DTensor> outputs;
   std::vector<Ref> results;
@@ -602,13 +602,13 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
   const int rank = static_cast<int>(mesh.ranks.location(at));
   use_tensor(ctl, *t.state_, mesh, *t.state_->stream, false, "fetch_shard");
   ctl.ensure_stream(*t.state_->stream);
-  const protocol::Ident ident =
-      ctl.new_ident(fmt::format("fetch from rank {}, issued at {}", rank, detail::describe(where)));
+  const protocol::Ident ident = ctl.new_ident();
   auto f = std::make_shared<detail::FutureState>();
   f->controller = state_;
   f->ident = ident;
   f->rank = rank;
-  f->node = ctl.make_node(ident, preprocess ? "fetch via " + *preprocess : "fetch", where, {t.state_->node});
+  f->node = ctl.make_node(ident, fmt::format("fetch from rank {}{}", rank, preprocess ? " via " + *preprocess : ""), where,
+                          {t.state_->node});
   ctl.fetches[ident] = f;
   ctl.append({rank}, protocol::FetchValue{ident, {}, preprocess, Value(t.state_->ref), t.state_->stream->ref}, ident);
   ctl.flush();

@@ -27,6 +27,15 @@ std::vector<int> to_dests(const NDSlice& slice) {
   return out;
 }
 
+std::string Node::issued_at() const { return describe(where); }
+
+std::string ControllerState::describe_ident(Ident ident) const {
+  auto it = ident_what.find(ident);
+  if (it == ident_what.end()) return "?";
+  if (auto n = it->second.node.lock()) return fmt::format("{}, issued at {}", n->what, n->issued_at());
+  return it->second.label ? it->second.label : "?";
+}
+
 std::int64_t MeshState::dim_index(std::string_view dim) const {
   for (std::size_t i = 0; i < names.size(); ++i) {
     if (names[i] == dim) return static_cast<std::int64_t>(i);
@@ -79,12 +88,50 @@ std::shared_ptr<Node> ControllerState::make_node(Ident ident, std::string what, 
   auto n = std::make_shared<Node>();
   n->ident = ident;
   n->what = std::move(what);
-  n->issued_at = describe(where);
+  n->where = where;
+  if (ident != 0) {
+    if (auto it = ident_what.find(ident); it != ident_what.end()) it->second.node = n;
+  }
   // Inputs already known clean add nothing: drop them so chains stay short.
   for (auto& i : inputs) {
     if (i && !i->clean) n->inputs.push_back(std::move(i));
   }
+  young_nodes.push_back(n);
+  // A program that never waits still gets its graph pruned.
+  if (++nodes_since_prune >= 1024) {
+    nodes_since_prune = 0;
+    poll_replies();
+  }
   return n;
+}
+
+void ControllerState::prune() {
+  const Ident done = frontier();
+  while (!young_nodes.empty()) {
+    auto n = young_nodes.front().lock();
+    if (!n) {
+      young_nodes.pop_front();
+      continue;
+    }
+    if (n->ident != 0 && n->ident > done) break;  // still running somewhere
+    const bool failed = n->ident != 0 && failures.count(n->ident) > 0;
+    bool inputs_settled = true, inputs_poisoned = false;
+    for (const auto& in : n->inputs) {
+      if (in->poisoned) inputs_poisoned = true;
+      else if (!in->clean) inputs_settled = false;
+    }
+    if (failed || inputs_poisoned) {
+      n->poisoned = true;
+    } else if (inputs_settled) {
+      n->clean = true;
+      n->inputs.clear();
+    } else {
+      break;  // an input is still pending (e.g. a borrow's drop comes later)
+    }
+    young_nodes.pop_front();
+  }
+  // Futures dropped without get() leave only expired entries behind.
+  if (fetches.size() > 1024) std::erase_if(fetches, [](const auto& f) { return f.second.expired(); });
 }
 
 std::shared_ptr<StreamState> ControllerState::stream(const std::string& name) {
@@ -204,6 +251,7 @@ void ControllerState::poll_replies() {
   // Forget what every worker has finished.
   const Ident done = frontier();
   ident_what.erase(ident_what.begin(), ident_what.upper_bound(done));
+  prune();
 }
 
 Ident ControllerState::frontier() const {
@@ -234,9 +282,7 @@ std::string ControllerState::lagging_report(Ident ident) const {
   for (const auto& [rank, w] : workers) {
     if (w.outstanding.empty() || w.outstanding.front() > ident) continue;
     const Ident on = w.outstanding.front();
-    auto it = ident_what.find(on);
-    out += fmt::format("\n  rank {}: has not reported invocation {} done ({})", rank, on,
-                       it != ident_what.end() ? it->second : "?");
+    out += fmt::format("\n  rank {}: has not reported invocation {} done ({})", rank, on, describe_ident(on));
   }
   return out;
 }
@@ -319,7 +365,7 @@ std::exception_ptr ControllerState::failure_of(const std::shared_ptr<Node>& root
   f.observed = true;
   const std::vector<int> ranks(f.ranks.begin(), f.ranks.end());
   std::string head = fmt::format("{} failed on rank{} {} (invocation {}, issued at {}): {}", f.function,
-                                 ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "), cause->ident, cause->issued_at,
+                                 ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "), cause->ident, cause->issued_at(),
                                  f.message);
   std::string text;
   if (cause == root.get()) {
@@ -328,13 +374,13 @@ std::exception_ptr ControllerState::failure_of(const std::shared_ptr<Node>& root
     std::vector<std::string> chain;
     for (std::size_t i = best; i != SIZE_MAX; i = seen[i].parent) {
       const Node* n = seen[i].node;
-      chain.push_back(n->ident ? fmt::format("{} (invocation {}, {})", n->what, n->ident, n->issued_at)
-                               : fmt::format("{} ({})", n->what, n->issued_at));
+      chain.push_back(n->ident ? fmt::format("{} (invocation {}, {})", n->what, n->ident, n->issued_at())
+                               : fmt::format("{} ({})", n->what, n->issued_at()));
     }
     std::reverse(chain.begin(), chain.end());
     text = fmt::format("{} depends on a failed invocation: {}\n  chain: {}", subject, head, fmt::join(chain, " <- "));
   }
-  return std::make_exception_ptr(RemoteError(text, cause->ident, f.function, ranks, f.message, cause->issued_at));
+  return std::make_exception_ptr(RemoteError(text, cause->ident, f.function, ranks, f.message, cause->issued_at()));
 }
 
 }  // namespace meshrt::detail
@@ -407,7 +453,7 @@ std::string ControllerState::desync_report(const std::string& what) {
     const auto ident_of = cur.value("ident", 0ull);
     auto w = ident_of ? ident_what.find(ident_of) : ident_what.end();
     if (w != ident_what.end()) {
-      cmd += fmt::format(" {} (invocation {})", w->second, ident_of);
+      cmd += fmt::format(" {} (invocation {})", describe_ident(ident_of), ident_of);
     } else {
       if (const auto n = cur.value("name", std::string()); !n.empty()) cmd += " " + n;
       if (ident_of) cmd += fmt::format(" (invocation {})", ident_of);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <source_location>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -29,10 +30,12 @@ using protocol::Ident;
 // from others without one (a reduction, a send, a borrow).
 struct Node {
   Ident ident = 0;
-  std::string what;       // "meshrt.fail", "reduce sum over 'gpu'", "fetch"
-  std::string issued_at;  // "file.cpp:31 (function)"
+  std::string what;            // "meshrt.fail", "reduce sum over 'gpu'", "fetch"
+  std::source_location where;  // the controller call that issued it (formatted only for errors)
+  std::string issued_at() const;
   std::vector<std::shared_ptr<Node>> inputs;
-  bool clean = false;  // known complete without failure: inputs dropped
+  bool clean = false;     // known complete without failure: inputs dropped
+  bool poisoned = false;  // known to depend on a failure: inputs kept for the error's chain
 };
 
 struct Failure {
@@ -113,9 +116,21 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   Ident next_ident = 1;
   std::map<int, WorkerTrack> workers;
   std::map<Ident, Failure> failures;
-  std::map<Ident, std::string> ident_what;  // outstanding invocations, for timeout reports
+  // Outstanding invocations, for timeout reports: the node, or a label for the runtime's own.
+  struct IdentInfo {
+    std::weak_ptr<Node> node;
+    const char* label = nullptr;
+  };
+  std::map<Ident, IdentInfo> ident_what;
+  std::string describe_ident(Ident ident) const;
   std::unordered_map<Ident, std::weak_ptr<FutureState>> fetches;
   std::map<std::string, std::shared_ptr<StreamState>> streams;
+  // Nodes not yet known clean or poisoned, oldest first. prune() settles them as the
+  // workers report progress, so a long-running program's graph stays as small as the
+  // work in flight.
+  std::deque<std::weak_ptr<Node>> young_nodes;
+  std::size_t nodes_since_prune = 0;
+  void prune();
   int restarted = 0;
 
   // The batch being built: consecutive commands for the same ranks.
@@ -137,9 +152,9 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   std::vector<std::pair<std::vector<int>, Ref>> pending_drops;
 
   Ref new_ref() { return Ref{next_ref++}; }
-  Ident new_ident(std::string what) {
+  Ident new_ident(const char* label = nullptr) {
     const Ident i = next_ident++;
-    ident_what.emplace(i, std::move(what));
+    ident_what.emplace(i, IdentInfo{{}, label});
     return i;
   }
 
