@@ -184,6 +184,16 @@ Outcome reduce(WorkerMesh& mesh, std::string_view dim, Reduction reduction, bool
 Outcome send_tensor(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks, const NDSlice& to_ranks, Input input,
                     const TensorMeta& factory);
 
+// CPU outputs of 256 KiB and more come from a pool of warm buffers (first touch of fresh
+// memory costs ~10x a copy into a warm one): a buffer returns to it when the last handle
+// of its tensor goes, up to MESHRT_COMM_POOL_BYTES per rank.
+struct OutputPoolStats {
+  std::uint64_t hits = 0;    // outputs served by a cached buffer
+  std::uint64_t misses = 0;  // outputs that needed a fresh one
+  std::size_t cached_bytes = 0;
+};
+OutputPoolStats output_pool_stats();
+
 #if MESHRT_HAVE_NCCL
 // The CUDA stream the NCCL data plane enqueues on (a cudaStream_t; nullptr is the legacy
 // default stream). Kept opaque so this header needs no CUDA header.

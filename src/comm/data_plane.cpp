@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "comm/mpi_types.hpp"
+#include "comm/output_pool.hpp"
 #include "comm/plan.hpp"
 #include "common/checks.hpp"
 #include "meshrt/comm.hpp"
@@ -98,14 +99,14 @@ std::unique_ptr<Pending> start_reduce(WorkerMesh& mesh, std::string_view dim, Re
   MPI_Request* req = &p->reqs[0];
 
   if (reduction == Reduction::Stack && !scatter) {
-    Tensor out = plan.out_meta.empty();
+    Tensor out = detail::output_tensor(plan.out_meta(factory));
     const int count = as_count(numel);
     if (blocking) MESHRT_MPI_CHECK(MPI_Allgather(src, count, type, out.raw_data(), count, type, comm));
     else MESHRT_MPI_CHECK(MPI_Iallgather(src, count, type, out.raw_data(), count, type, comm, req));
     p->result.tensor = std::move(out);
   } else if (reduction == Reduction::Stack) {
     const int count = as_count(numel / plan.n);
-    Tensor out = inplace ? in.tensor : plan.out_meta.empty();
+    Tensor out = inplace ? in.tensor : detail::output_tensor(plan.out_meta(factory));
     // In place is allowed (the prototype refused it: a known bug, not ported).
     const void* send_buf = inplace ? MPI_IN_PLACE : src;
     const MPI_Datatype send_type = inplace ? MPI_DATATYPE_NULL : type;
@@ -115,14 +116,14 @@ std::unique_ptr<Pending> start_reduce(WorkerMesh& mesh, std::string_view dim, Re
   } else {
     const MPI_Op op = detail::mpi_op(reduction, factory.dtype());
     if (scatter) {
-      Tensor out = plan.out_meta.empty();
+      Tensor out = detail::output_tensor(plan.out_meta(factory));
       const int count = as_count(numel / plan.n);
       if (blocking) MESHRT_MPI_CHECK(MPI_Reduce_scatter_block(src, out.raw_data(), count, type, op, comm));
       else MESHRT_MPI_CHECK(MPI_Ireduce_scatter_block(src, out.raw_data(), count, type, op, comm, req));
       p->result.tensor = std::move(out);
     } else {
       // In place, the output is the input's storage (for a broken input: the zeros).
-      Tensor out = inplace ? in.tensor : plan.out_meta.empty();
+      Tensor out = inplace ? in.tensor : detail::output_tensor(plan.out_meta(factory));
       const void* send_buf = inplace ? MPI_IN_PLACE : src;
       const int count = as_count(numel);
       if (blocking) MESHRT_MPI_CHECK(MPI_Allreduce(send_buf, out.raw_data(), count, type, op, comm));
@@ -169,7 +170,8 @@ std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSl
       // The local copy is a new tensor (the prototype handed back the input and then
       // overwrote it with the receive: a known bug, not ported). Only here can a
       // receiver know its value is broken: it is its own sender.
-      p->result.tensor = in.tensor.clone();
+      p->result.tensor = detail::output_tensor(factory);
+      std::memcpy(p->result.tensor.raw_data(), in.tensor.raw_data(), factory.nbytes());
       p->result.broken = in.broken;
       p->complete();
       return p;
@@ -181,7 +183,7 @@ std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSl
   // Receive first, then send: with both posted before waiting, a ring of ranks that each
   // send and receive cannot deadlock however large the message.
   if (plan.recv_from >= 0) {
-    p->result.tensor = factory.empty();
+    p->result.tensor = detail::output_tensor(factory);
     MESHRT_MPI_CHECK(MPI_Irecv(p->result.tensor.raw_data(), count, type, plan.recv_from, kSendTensorTag, p2p,
                                &p->reqs[static_cast<std::size_t>(p->nreqs++)]));
   }

@@ -111,13 +111,13 @@ std::unique_ptr<Pending> start_reduce_nccl(WorkerMesh& mesh, std::string_view di
   const auto n = static_cast<std::size_t>(plan.n);
   void* src = in.tensor.raw_data();
   if (reduction == Reduction::Stack && !scatter) {
-    Tensor out = plan.out_meta.empty();
+    Tensor out = plan.out_meta(factory).empty();
     MESHRT_NCCL_CHECK(ncclAllGather(src, out.raw_data(), numel, type, comm, stream));
     p->result.tensor = std::move(out);
   } else if (reduction == Reduction::Stack) {
     // NCCL has no in-place all-to-all: in place goes through a scratch output that is
     // copied back on the same stream.
-    Tensor out = plan.out_meta.empty();
+    Tensor out = plan.out_meta(factory).empty();
     const std::size_t chunk = numel / n;
     const std::size_t chunk_bytes = factory.nbytes() / n;
     auto* in_bytes = static_cast<char*>(src);
@@ -136,11 +136,11 @@ std::unique_ptr<Pending> start_reduce_nccl(WorkerMesh& mesh, std::string_view di
       p->result.tensor = std::move(out);
     }
   } else if (scatter) {
-    Tensor out = plan.out_meta.empty();
+    Tensor out = plan.out_meta(factory).empty();
     MESHRT_NCCL_CHECK(ncclReduceScatter(src, out.raw_data(), numel / n, type, nccl_op(reduction), comm, stream));
     p->result.tensor = std::move(out);
   } else {
-    Tensor out = inplace ? in.tensor : plan.out_meta.empty();
+    Tensor out = inplace ? in.tensor : plan.out_meta(factory).empty();
     MESHRT_NCCL_CHECK(ncclAllReduce(src, out.raw_data(), numel, type, nccl_op(reduction), comm, stream));
     p->result.tensor = std::move(out);
   }

@@ -68,16 +68,14 @@ ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim_name, Reduct
     plan.collective = "all_gather";
     std::vector<std::int64_t> shape{plan.n};
     shape.insert(shape.end(), factory.shape().begin(), factory.shape().end());
-    plan.out_meta = factory.with_shape(std::move(shape));
+    plan.reshaped = factory.with_shape(std::move(shape));
   } else if (stack) {
     plan.collective = "all_to_all";
-    plan.out_meta = factory;
   } else if (scatter) {
     plan.collective = "reduce_scatter";
-    plan.out_meta = factory.with_shape({factory.shape().begin() + 1, factory.shape().end()});
+    plan.reshaped = factory.with_shape({factory.shape().begin() + 1, factory.shape().end()});
   } else {
     plan.collective = "all_reduce";
-    plan.out_meta = factory;
   }
   check_count(factory.numel(), plan.collective);
   return plan;

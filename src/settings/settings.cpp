@@ -23,6 +23,8 @@ constexpr std::array kSettings{
     Setting{"MESHRT_GROUP_CHUNK_BYTES", "1073741824",
             "Largest single MPI message of a StatelessGroup transfer; bigger objects are chunked"},
     Setting{"MESHRT_FLIGHT_RECORDER", "1000", "Commands each worker keeps in its flight recorder"},
+    Setting{"MESHRT_COMM_POOL_BYTES", "1073741824",
+            "Bytes of freed CPU collective outputs (256 KiB and up) each rank keeps warm for reuse (0 = none)"},
     Setting{"MESHRT_TEST_WATCHDOG", "",
             "Seconds after which an MPI test binary names the running test and aborts the job"},
 };

@@ -303,6 +303,36 @@ TEST(CommReduce, DescribeNamesTheCollectiveAndPeers) {
   (void)wait(*p);
 }
 
+// Outputs of 256 KiB and more reuse the buffer of a dropped output (warm memory), never
+// one still held, and stay correct.
+TEST(CommReduce, LargeOutputsComeFromThePool) {
+  World world;
+  WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
+  const TensorMeta meta({world_size(), 1 << 16}, DType::Float32);  // 256 KiB per rank
+  const Tensor input = make_input(meta, Reduction::Sum, world_rank());
+  const std::vector<int> line = line_of(mesh.ranks(), 0);
+  const Tensor expected = expected_output(Reduction::Sum, meta, false, line, world_rank());
+  const OutputPoolStats before = output_pool_stats();
+  const void* first_address = nullptr;
+  {
+    const Outcome first = reduce(mesh, "x", Reduction::Sum, false, false, input, meta);
+    EXPECT_EQ(compare(first.tensor, expected), "");
+    first_address = first.tensor.raw_data();
+  }
+  const Outcome second = reduce(mesh, "x", Reduction::Sum, false, false, input, meta);
+  const Outcome third = reduce(mesh, "x", Reduction::Sum, false, false, input, meta);
+  EXPECT_EQ(second.tensor.raw_data(), first_address) << "the dropped output's buffer is reused";
+  EXPECT_NE(third.tensor.raw_data(), second.tensor.raw_data()) << "a held output is never handed out again";
+  EXPECT_EQ(compare(second.tensor, expected), "");
+  EXPECT_EQ(compare(third.tensor, expected), "");
+  const OutputPoolStats after = output_pool_stats();
+  EXPECT_GE(after.hits - before.hits, 1u);
+  // Small outputs bypass the pool.
+  const TensorMeta small({4}, DType::Float32);
+  (void)reduce(mesh, "x", Reduction::Sum, false, false, small.zeros(), small);
+  EXPECT_EQ(output_pool_stats().hits + output_pool_stats().misses, after.hits + after.misses);
+}
+
 TEST(CommReduce, EmptyAndZeroDimensionalTensors) {
   World world;
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
