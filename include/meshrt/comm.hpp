@@ -18,6 +18,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -127,6 +128,10 @@ class Pending {
   // for an input that did not match its factory (that rank joined with zeros so its
   // peers could complete).
   Outcome take();
+  // What wait() does between two test() calls once spinning and yielding are over: sleep
+  // for at most `at_most`. An operation that can signal its completion (one run on the
+  // comm thread) wakes the caller as soon as it is done instead.
+  virtual void idle(std::chrono::microseconds at_most);
   // For desync and timeout reports: "all_reduce sum over dimension 'gpu' of mesh
   // [host=2, gpu=2], 4096 bytes, peers world ranks 1,3".
   virtual std::string describe() const = 0;
@@ -147,10 +152,15 @@ class Pending {
   std::string deferred_error_;
 };
 
-// How the CPU data plane drives MPI. NonBlocking posts MPI_I* and completes through
-// test(); Blocking runs the plain blocking call inside start_* (test() is then true at
-// once), which an event loop cannot interleave with its control channel.
-enum class Completion : std::uint8_t { NonBlocking, Blocking };
+// How the CPU data plane drives MPI:
+// - NonBlocking posts MPI_I* and completes through test(). Open MPI's non-blocking
+//   collectives progress only inside MPI calls, so an idle (sleeping) wait stalls them.
+// - Blocking runs the plain blocking call inside start_* (test() is then true at once);
+//   the calling thread cannot answer anything meanwhile.
+// - Thread runs the plain blocking call on meshrt's comm thread (one per process, FIFO,
+//   so operations keep the order they were started in); test() reads a flag, so the
+//   caller's loop stays free for its control channel. Needs MPI_THREAD_MULTIPLE.
+enum class Completion : std::uint8_t { NonBlocking, Blocking, Thread };
 
 // Reduce over mesh dimension `dim` (DESIGN.md section 3, "Reductions"). Usage errors
 // that every member sees alike (unknown dimension, dtype, scatter size, in place where

@@ -93,7 +93,9 @@ int sweep(WorkerMesh& mesh, std::size_t dim, Completion completion) {
         for (bool inplace : {false, true}) {
           SCOPED_TRACE(fmt::format("{} {} scatter={} inplace={} dim {} of {} ({})", name(red), name(dtype), scatter,
                                    inplace, dim_name, mesh.to_string(),
-                                   completion == Completion::Blocking ? "blocking" : "non-blocking"));
+                                   completion == Completion::Blocking ? "blocking"
+                                   : completion == Completion::Thread ? "comm thread"
+                                                                      : "non-blocking"));
           const TensorMeta meta(scatter ? std::vector<std::int64_t>{n, 3} : std::vector<std::int64_t>{2, 3}, dtype);
           const Tensor input = make_input(meta, red, world_rank());
           const Tensor pristine = input.clone();
@@ -133,11 +135,12 @@ int expected_runs() {
   return n;
 }
 
-TEST(CommReduce, WorldMeshBothCompletions) {
+TEST(CommReduce, WorldMeshEveryCompletion) {
   World world;
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
   EXPECT_EQ(sweep(mesh, 0, Completion::NonBlocking), expected_runs());
   EXPECT_EQ(sweep(mesh, 0, Completion::Blocking), expected_runs());
+  EXPECT_EQ(sweep(mesh, 0, Completion::Thread), expected_runs());
 }
 
 TEST(CommReduce, TwoDimensionalMesh) {
@@ -162,9 +165,10 @@ TEST(CommReduce, StridedSlicesAndThreeDimensions) {
     for (std::size_t d = 0; d < 3; ++d) EXPECT_EQ(sweep(mesh, d, Completion::NonBlocking), expected_runs());
   }
   if (me >= 3) {
-    // host=1 of a 2x3 mesh while ranks 0..2 run the blocking sweep on host=0.
+    // host=1 of a 2x3 mesh on the comm thread while ranks 0..2 run the blocking sweep
+    // on host=0.
     WorkerMesh mesh({"gpu"}, NDSlice::row_major({2, 3}).at(0, 1), world.comm());
-    EXPECT_EQ(sweep(mesh, 0, Completion::NonBlocking), expected_runs());
+    EXPECT_EQ(sweep(mesh, 0, Completion::Thread), expected_runs());
   } else {
     WorkerMesh mesh({"gpu"}, NDSlice::row_major({2, 3}).at(0, 0), world.comm());
     EXPECT_EQ(sweep(mesh, 0, Completion::Blocking), expected_runs());
@@ -186,7 +190,7 @@ TEST(CommReduce, BrokenInputJoinsWithZeros) {
   };
   for (Case c : {Case{Reduction::Sum, false, false}, Case{Reduction::Max, false, true}, Case{Reduction::Stack, false, false},
                  Case{Reduction::Stack, true, true}, Case{Reduction::Avg, true, false}}) {
-    for (Completion completion : {Completion::NonBlocking, Completion::Blocking}) {
+    for (Completion completion : {Completion::NonBlocking, Completion::Blocking, Completion::Thread}) {
       SCOPED_TRACE(fmt::format("{} scatter={} inplace={}", name(c.red), c.scatter, c.inplace));
       const TensorMeta meta({n, 4}, DType::Float32);
       Input input = me == broken_rank ? Input(DependentOnError{42}) : Input(make_input(meta, c.red, me));
