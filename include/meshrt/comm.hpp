@@ -160,7 +160,13 @@ class Pending {
 // - Thread runs the plain blocking call on meshrt's comm thread (one per process, FIFO,
 //   so operations keep the order they were started in); test() reads a flag, so the
 //   caller's loop stays free for its control channel. Needs MPI_THREAD_MULTIPLE.
-enum class Completion : std::uint8_t { NonBlocking, Blocking, Thread };
+// - Auto: Blocking below kThreadMinBytes (the caller is held a few microseconds, less
+//   than handing the call to another thread costs), Thread from there on.
+// Modes may be mixed only between operations, not while one is in flight: MPI needs the
+// collectives of one communicator issued in the same order everywhere, and one thread
+// at a time.
+enum class Completion : std::uint8_t { NonBlocking, Blocking, Thread, Auto };
+inline constexpr std::size_t kThreadMinBytes = std::size_t{64} << 10;
 
 // Reduce over mesh dimension `dim` (DESIGN.md section 3, "Reductions"). Usage errors
 // that every member sees alike (unknown dimension, dtype, scatter size, in place where

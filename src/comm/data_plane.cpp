@@ -212,12 +212,18 @@ class MpiPending final : public Pending {
 
 int as_count(std::int64_t n) { return static_cast<int>(n); }  // plan_* checked the range
 
+Completion resolve(Completion c, std::size_t bytes) {
+  if (c != Completion::Auto) return c;
+  return bytes < kThreadMinBytes ? Completion::Blocking : Completion::Thread;
+}
+
 }  // namespace
 
 std::unique_ptr<Pending> start_reduce(WorkerMesh& mesh, std::string_view dim, Reduction reduction, bool scatter,
                                       bool inplace, Input input, const TensorMeta& factory, Completion completion) {
   const detail::ReducePlan plan =
       detail::plan_reduce(mesh, dim, reduction, scatter, inplace, factory, detail::Backend::Mpi);
+  completion = resolve(completion, factory.nbytes());
   auto p = std::make_unique<MpiPending>();
   p->mesh = &mesh;
   p->dim = plan.dim;
@@ -285,6 +291,7 @@ std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSl
   MESHRT_MPI_CHECK(MPI_Comm_size(p2p, &comm_size));
   const detail::SendPlan plan = detail::plan_send(my_rank, comm_size, from_ranks, to_ranks, factory,
                                                   detail::Backend::Mpi);
+  completion = resolve(completion, factory.nbytes());
   auto p = std::make_unique<MpiPending>();
   p->send = plan;
   p->my_rank = my_rank;

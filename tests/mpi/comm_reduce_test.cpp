@@ -95,6 +95,7 @@ int sweep(WorkerMesh& mesh, std::size_t dim, Completion completion) {
                                    inplace, dim_name, mesh.to_string(),
                                    completion == Completion::Blocking ? "blocking"
                                    : completion == Completion::Thread ? "comm thread"
+                                   : completion == Completion::Auto   ? "auto"
                                                                       : "non-blocking"));
           const TensorMeta meta(scatter ? std::vector<std::int64_t>{n, 3} : std::vector<std::int64_t>{2, 3}, dtype);
           const Tensor input = make_input(meta, red, world_rank());
@@ -141,6 +142,7 @@ TEST(CommReduce, WorldMeshEveryCompletion) {
   EXPECT_EQ(sweep(mesh, 0, Completion::NonBlocking), expected_runs());
   EXPECT_EQ(sweep(mesh, 0, Completion::Blocking), expected_runs());
   EXPECT_EQ(sweep(mesh, 0, Completion::Thread), expected_runs());
+  EXPECT_EQ(sweep(mesh, 0, Completion::Auto), expected_runs());
 }
 
 TEST(CommReduce, TwoDimensionalMesh) {
