@@ -9,6 +9,7 @@
 //             on the caller's thread (what a worker loop that must keep answering its
 //             control channel can use)
 //   <op>_nb   Completion::NonBlocking: MPI_I* completed by wait()'s test-and-back-off loop
+//   <op>_auto Completion::Auto: _nb below kThreadMinBytes, _th from there on (the worker)
 // so the table shows what each way of not blocking the caller costs.
 #include <mpi.h>
 
@@ -115,7 +116,8 @@ void register_collectives(Context& ctx) {
         else if (n >= 2 && rank < h) MPI_Send(b.in.data(), cw, MPI_FLOAT, rank + h, 0, p2p);
         else if (n >= 2 && rank < 2 * h) MPI_Recv(b.out.data(), cw, MPI_FLOAT, rank - h, 0, p2p, MPI_STATUS_IGNORE);
       };
-      for (Completion completion : {Completion::Blocking, Completion::NonBlocking, Completion::Thread}) {
+      for (Completion completion :
+           {Completion::Blocking, Completion::Auto, Completion::Thread, Completion::NonBlocking}) {
         auto meshrt_side = [=] {
           Buffers& b = buffers(bytes, op.in_b, op.out_b, op.meta);
           std::unique_ptr<Pending> p =
@@ -126,7 +128,10 @@ void register_collectives(Context& ctx) {
         // The non-blocking path stalls between MPI_Test calls (see comm.hpp): at 16 MiB
         // and up it runs minutes, so it is measured up to 16 MiB only.
         if (completion == Completion::NonBlocking && bytes > (std::size_t{16} << 20)) continue;
-        const char* suffix = completion == Completion::Blocking ? "" : completion == Completion::Thread ? "_th" : "_nb";
+        const char* suffix = completion == Completion::Blocking ? ""
+                             : completion == Completion::Auto   ? "_auto"
+                             : completion == Completion::Thread ? "_th"
+                                                                : "_nb";
         by_op[std::string(op.name) + suffix].push_back({.suite = "collectives",
                        .op = std::string(op.name) + suffix,
                        .bytes = bytes,
@@ -139,10 +144,10 @@ void register_collectives(Context& ctx) {
     }
   }
   }
-  for (const char* op : {"all_reduce", "all_reduce_th", "all_reduce_nb", "all_gather", "all_gather_th", "all_gather_nb",
-                         "reduce_scatter", "reduce_scatter_th", "reduce_scatter_nb", "all_to_all", "all_to_all_th",
-                         "all_to_all_nb", "send", "send_th", "send_nb"}) {
-    for (Pair& p : by_op[op]) add_pair(ctx, std::move(p));
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send"}) {
+    for (const char* suffix : {"", "_auto", "_th", "_nb"}) {
+      for (Pair& p : by_op[std::string(op) + suffix]) add_pair(ctx, std::move(p));
+    }
   }
 }
 

@@ -107,7 +107,8 @@ class WorkerMesh {
   ncclComm_t nccl_comm(std::size_t dim);
   // Which way nccl_comm creates communicators (default InitRank). Set before first use.
   void set_nccl_creation(NcclCreation how) noexcept;
-  // The NCCL communicator over all members (rank = index in ranks()), made on first use:
+  // The NCCL communicator over all members (rank = index in ranks()), made on first use
+  // (collective over every member: make it before a SendTensor that involves only some):
   // the parent of NcclCreation::Split and the channel of SendTensor for CUDA tensors.
   ncclComm_t nccl_mesh_comm();
 #endif
@@ -119,6 +120,9 @@ class WorkerMesh {
 
 // An operation in flight. The worker's event loop calls test() between control messages;
 // test() makes progress (MPI_Test or a CUDA event query) and returns true once complete.
+//
+// Destroying a Pending that has not completed waits for it: MPI or the comm thread still
+// use the buffers it keeps alive.
 class Pending {
  public:
   virtual ~Pending() = default;
@@ -160,13 +164,15 @@ class Pending {
 // - Thread runs the plain blocking call on meshrt's comm thread (one per process, FIFO,
 //   so operations keep the order they were started in); test() reads a flag, so the
 //   caller's loop stays free for its control channel. Needs MPI_THREAD_MULTIPLE.
-// - Auto: Blocking below kThreadMinBytes (the caller is held a few microseconds, less
-//   than handing the call to another thread costs), Thread from there on.
+// - Auto: NonBlocking below kThreadMinBytes (small collectives complete while wait()
+//   still spins, and cost ~1 us more than blocking, against ~17 us for the hand-off to
+//   the comm thread), Thread from there on (where NonBlocking stalls between tests).
+//   Neither holds the caller's thread: this is the worker loop's mode.
 // Modes may be mixed only between operations, not while one is in flight: MPI needs the
 // collectives of one communicator issued in the same order everywhere, and one thread
 // at a time.
 enum class Completion : std::uint8_t { NonBlocking, Blocking, Thread, Auto };
-inline constexpr std::size_t kThreadMinBytes = std::size_t{64} << 10;
+inline constexpr std::size_t kThreadMinBytes = std::size_t{512} << 10;
 
 // Reduce over mesh dimension `dim` (DESIGN.md section 3, "Reductions"). Usage errors
 // that every member sees alike (unknown dimension, dtype, scatter size, in place where
@@ -175,7 +181,7 @@ inline constexpr std::size_t kThreadMinBytes = std::size_t{64} << 10;
 [[nodiscard]] std::unique_ptr<Pending> start_reduce(WorkerMesh& mesh, std::string_view dim, Reduction reduction,
                                                     bool scatter, bool inplace, Input input,
                                                     const TensorMeta& factory,
-                                                    Completion completion = Completion::NonBlocking);
+                                                    Completion completion = Completion::Auto);
 
 // Positional point-to-point over `p2p`: from_ranks[i] sends to to_ranks[i] (ranks of
 // `p2p`; `my_rank` is this rank in it). A rank may send and receive in one command; a
@@ -184,14 +190,18 @@ inline constexpr std::size_t kThreadMinBytes = std::size_t{64} << 10;
 [[nodiscard]] std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks,
                                                          const NDSlice& to_ranks, Input input,
                                                          const TensorMeta& factory,
-                                                         Completion completion = Completion::NonBlocking);
+                                                         Completion completion = Completion::Auto);
 
 // Completes `pending` without burning a core: spins a few microseconds, then yields,
 // then sleeps with growing intervals up to about 1 ms, testing in between.
 Outcome wait(Pending& pending);
 
-// The completion the blocking conveniences use: the faster one measured by
-// meshrt-bench's "collectives" suite (see src/comm/README or the report in comm.cpp).
+// The completion the blocking conveniences (reduce, send_tensor) use. Measured with
+// meshrt-bench's "collectives" suite at 2 and 4 ranks (Open MPI 4.1, shared memory):
+// the plain blocking call is the fastest at every size; MPI_I* + MPI_Test with back-off
+// matches it below ~256 KiB but falls 2-30x behind above 1 MiB, because Open MPI's
+// non-blocking collectives only progress inside MPI calls and a backed-off waiter makes
+// few; the comm thread matches it from ~16 MiB but pays ~17 us of hand-off per call.
 inline constexpr Completion kDefaultCompletion = Completion::Blocking;
 
 // Blocking conveniences: start, then wait.

@@ -214,7 +214,7 @@ int as_count(std::int64_t n) { return static_cast<int>(n); }  // plan_* checked 
 
 Completion resolve(Completion c, std::size_t bytes) {
   if (c != Completion::Auto) return c;
-  return bytes < kThreadMinBytes ? Completion::Blocking : Completion::Thread;
+  return bytes < kThreadMinBytes ? Completion::NonBlocking : Completion::Thread;
 }
 
 }  // namespace

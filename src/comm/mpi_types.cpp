@@ -26,7 +26,7 @@ void combine16(void* in, void* inout, int* len, F&& f) {
 
 struct Sum { float operator()(float a, float b) const { return a + b; } };
 struct Prod { float operator()(float a, float b) const { return a * b; } };
-// Comparisons keep NaN, like torch.maximum / NCCL's min/max.
+// Comparisons propagate NaN, like torch.maximum and torch.minimum.
 struct Min { float operator()(float a, float b) const { return (a != a || a < b) ? a : b; } };
 struct Max { float operator()(float a, float b) const { return (a != a || a > b) ? a : b; } };
 
