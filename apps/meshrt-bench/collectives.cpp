@@ -74,8 +74,13 @@ void register_collectives(Context& ctx) {
     const std::int64_t total = std::max<std::int64_t>(static_cast<std::int64_t>(bytes / 4), n);
     const std::int64_t per_rank = std::max<std::int64_t>(total / n, 1);
     const std::int64_t whole = per_rank * n;  // divisible by n for the scatter ops
-    const int inner = bytes >= (std::size_t{16} << 20) ? 1 : bytes >= (std::size_t{1} << 20) ? 3 : 10;
-    const int iterations = bytes >= (std::size_t{16} << 20) ? 3 : bytes >= (std::size_t{1} << 20) ? 10 : 20;
+    // Small messages take a microsecond: many of them per timed iteration, or the
+    // timer and the slowest-rank reduction dominate.
+    const int inner = bytes >= (std::size_t{16} << 20) ? 1
+                      : bytes >= (std::size_t{1} << 20) ? 3
+                      : bytes >= (std::size_t{64} << 10) ? 10
+                                                         : 100;
+    const int iterations = bytes >= (std::size_t{16} << 20) ? 3 : bytes >= (std::size_t{1} << 20) ? 10 : 30;
     const int cw = static_cast<int>(whole), cp = static_cast<int>(per_rank);
 
     struct Op {

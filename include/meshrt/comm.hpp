@@ -93,7 +93,9 @@ class WorkerMesh {
   // The communicator of all members, rank = index in ranks().
   MPI_Comm comm() const noexcept;
   // The communicator of this rank's line along `dim` (rank = coordinate), created on
-  // first use and freed with the mesh. Collective over the members on first use.
+  // first use and freed with the mesh. Collective over the members on first use, and
+  // blocking: MPI_Comm_split has no non-blocking form, so the first operation on a
+  // dimension holds its caller until every member has reached it.
   MPI_Comm dim_comm(std::size_t dim);
   // World ranks of this rank's line along `dim`, by coordinate.
   std::vector<int> line_world_ranks(std::size_t dim) const;

@@ -108,6 +108,18 @@ std::string describe_reduce(const WorkerMesh& mesh, std::size_t dim, const char*
 }
 
 namespace {
+// The position of `value` in `s`, or -1. 1-D slices (the usual SendTensor between
+// sub-meshes) take no allocation: this runs on every send.
+NDSlice::Int position(const NDSlice& s, NDSlice::Int value) {
+  if (s.ndim() == 1) {
+    const NDSlice::Int rest = value - s.offset();
+    const NDSlice::Int stride = s.strides()[0];
+    if (rest < 0 || rest % stride != 0 || rest / stride >= s.sizes()[0]) return -1;
+    return rest / stride;
+  }
+  return s.contains(value) ? s.index(value) : -1;
+}
+
 NDSlice::Int slice_max(const NDSlice& s) {
   NDSlice::Int m = s.offset();
   for (std::size_t d = 0; d < s.ndim(); ++d) m += (s.sizes()[d] - 1) * s.strides()[d];
@@ -141,13 +153,10 @@ SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const 
   }
   check_count(factory.numel(), "send_tensor");
   SendPlan plan;
-  NDSlice::Int send_index = -1;
-  if (from_ranks.contains(my_rank)) {
-    send_index = from_ranks.index(my_rank);
-    plan.send_to = static_cast<int>(to_ranks[send_index]);
-  }
-  if (to_ranks.contains(my_rank)) {
-    const NDSlice::Int recv_index = to_ranks.index(my_rank);
+  const NDSlice::Int send_index = position(from_ranks, my_rank);
+  if (send_index >= 0) plan.send_to = static_cast<int>(to_ranks[send_index]);
+  const NDSlice::Int recv_index = position(to_ranks, my_rank);
+  if (recv_index >= 0) {
     plan.recv_from = static_cast<int>(from_ranks[recv_index]);
     // A rank appears at most once in each slice, so it is its own peer exactly when it
     // sends and receives through the same position.

@@ -5,7 +5,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <time.h>
+
 #include <array>
+#include <chrono>
+#include <thread>
 
 #include "comm_test_util.hpp"
 
@@ -337,6 +341,49 @@ TEST(CommReduce, LargeOutputsComeFromThePool) {
   const TensorMeta small({4}, DType::Float32);
   (void)reduce(mesh, "x", Reduction::Sum, false, false, small.zeros(), small);
   EXPECT_EQ(output_pool_stats().hits + output_pool_stats().misses, after.hits + after.misses);
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// A peer 300 ms late: wait() on the non-blocking path backs off to sleeping, so the
+// waiting thread uses a small fraction of a core, not all of it.
+TEST(CommReduce, IdleWaitDoesNotBurnACore) {
+  World world;
+  WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
+  const TensorMeta meta({16}, DType::Float32);
+  // The first operation on a dimension creates its communicator with MPI_Comm_split,
+  // which blocks (and polls) until the whole line arrives: create it first.
+  (void)mesh.dim_comm(0);
+  if (world_rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto wall0 = std::chrono::steady_clock::now();
+  const double cpu0 = thread_cpu_seconds();
+  auto p = start_reduce(mesh, "x", Reduction::Sum, false, false, meta.zeros(), meta, Completion::NonBlocking);
+  (void)wait(*p);
+  const double cpu = thread_cpu_seconds() - cpu0;
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  if (world_rank() != 0) {
+    EXPECT_GT(wall, 0.2) << "the late peer should have held this rank";
+    EXPECT_LT(cpu, 0.25 * wall) << "waited " << wall << " s using " << cpu << " s of CPU";
+  }
+}
+
+// Dropping an operation before it completes waits for it (MPI still uses its buffers);
+// the next operation then runs normally.
+TEST(CommReduce, DroppingAPendingOperationWaitsForIt) {
+  World world;
+  WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
+  const TensorMeta meta({world_size(), 1 << 17}, DType::Float32);  // 512 KiB per rank: Auto uses the thread
+  const Tensor input = make_input(meta, Reduction::Sum, world_rank());
+  const Tensor expected = expected_output(Reduction::Sum, meta, false, line_of(mesh.ranks(), 0), world_rank());
+  for (Completion completion : {Completion::NonBlocking, Completion::Thread, Completion::Auto}) {
+    { auto dropped = start_reduce(mesh, "x", Reduction::Sum, false, false, input, meta, completion); }
+    const Outcome out = wait(*start_reduce(mesh, "x", Reduction::Sum, false, false, input, meta, completion));
+    EXPECT_EQ(compare(out.tensor, expected), "");
+  }
 }
 
 TEST(CommReduce, EmptyAndZeroDimensionalTensors) {
