@@ -5,9 +5,9 @@ find_package(fmt REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 find_package(Threads REQUIRED)
-if(MESHRT_BUILD_TESTS)
-  find_package(GTest REQUIRED)
-endif()
+# Always: libmeshrt ships meshrt::gtest_main for users' MPI tests, even when meshrt's own
+# tests are off (MESHRT_BUILD_TESTS=OFF, as in the fuzz build).
+find_package(GTest REQUIRED)
 if(MESHRT_BUILD_APPS)
   find_package(benchmark REQUIRED)
 endif()

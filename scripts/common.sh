@@ -15,6 +15,8 @@ MESHRT_PACKAGES=(build-essential cmake ninja-build pkg-config
   libboost-serialization-dev libboost-log-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   libopenblas-dev)
+# Only scripts/fuzz.sh needs these (clang with libFuzzer and the sanitizer runtimes).
+MESHRT_FUZZ_PACKAGES=(clang libclang-rt-14-dev)
 
 # ensure_packages PKG... : installs the missing ones as root; otherwise prints the line.
 ensure_packages() {

@@ -56,17 +56,18 @@ namespace detail {
 // argument's position, what was expected and what was found.
 class ArgAccess {
  public:
-  ArgAccess(std::string function, std::vector<Value> values) : function_(std::move(function)), values_(std::move(values)) {}
+  ArgAccess(std::string function, std::vector<Value> values)
+      : function_(std::move(function)), values_(std::move(values)) {}
 
   std::size_t size() const noexcept { return values_.size(); }
   const std::string& function() const noexcept { return function_; }
   const Value& value(std::size_t i) const;
   const std::vector<Value>& values() const noexcept { return values_; }
-  double number(std::size_t i) const;          // int or double
-  std::int64_t integer(std::size_t i) const;   // int
-  bool boolean(std::size_t i) const;           // bool
+  double number(std::size_t i) const;         // int or double
+  std::int64_t integer(std::size_t i) const;  // int
+  bool boolean(std::size_t i) const;          // bool
   const std::string& string(std::size_t i) const;
-  DType dtype(std::size_t i) const;            // a dtype name such as "float32"
+  DType dtype(std::size_t i) const;                      // a dtype name such as "float32"
   std::vector<std::int64_t> shape(std::size_t i) const;  // a list of ints >= 0 (or one int)
   // Throws UsageError "<function>: <message>".
   [[noreturn]] void fail(std::string_view message) const;
@@ -120,7 +121,7 @@ struct Function {
   std::string name;
   Kernel kernel;
   ShapeFunction shape;
-  std::string file;     // where it was registered
+  std::string file;  // where it was registered
   int line = 0;
   std::string library;  // the library path given to load_library, or "" for the program and libmeshrt
 
@@ -165,6 +166,6 @@ struct Registrar {
 #define MESHRT_CONCAT_INNER_(a, b) a##b
 #define MESHRT_CONCAT_(a, b) MESHRT_CONCAT_INNER_(a, b)
 // At namespace scope: registers `kernel` and `shape_fn` as the remote function `name`.
-#define MESHRT_REGISTER_FUNCTION(name, kernel, shape_fn)                                          \
-  [[maybe_unused]] static const ::meshrt::functions::detail::Registrar MESHRT_CONCAT_(            \
+#define MESHRT_REGISTER_FUNCTION(name, kernel, shape_fn)                               \
+  [[maybe_unused]] static const ::meshrt::functions::detail::Registrar MESHRT_CONCAT_( \
       meshrt_function_registrar_, __COUNTER__)((name), (kernel), (shape_fn), __FILE__, __LINE__)

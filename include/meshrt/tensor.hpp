@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -48,10 +49,10 @@ template <class T>
 inline constexpr bool kIsElement = false;
 template <class T>
 inline constexpr DType dtype_of = DType::Bool;  // only meaningful where kIsElement<T>
-#define MESHRT_ELEMENT_(T, D)            \
-  template <>                            \
+#define MESHRT_ELEMENT_(T, D)                 \
+  template <>                                 \
   inline constexpr bool kIsElement<T> = true; \
-  template <>                            \
+  template <>                                 \
   inline constexpr DType dtype_of<T> = DType::D;
 MESHRT_ELEMENT_(bool, Bool)
 MESHRT_ELEMENT_(std::uint8_t, UInt8)
@@ -67,14 +68,22 @@ MESHRT_ELEMENT_(double, Float64)
 template <class F>
 decltype(auto) dispatch_dtype(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::Bool: return f(bool{});
-    case DType::UInt8: return f(std::uint8_t{});
-    case DType::Int32: return f(std::int32_t{});
-    case DType::Int64: return f(std::int64_t{});
-    case DType::Float16: return f(Half{});
-    case DType::BFloat16: return f(BFloat16{});
-    case DType::Float32: return f(float{});
-    case DType::Float64: return f(double{});
+    case DType::Bool:
+      return f(bool{});
+    case DType::UInt8:
+      return f(std::uint8_t{});
+    case DType::Int32:
+      return f(std::int32_t{});
+    case DType::Int64:
+      return f(std::int64_t{});
+    case DType::Float16:
+      return f(Half{});
+    case DType::BFloat16:
+      return f(BFloat16{});
+    case DType::Float32:
+      return f(float{});
+    case DType::Float64:
+      return f(double{});
   }
   throw UsageError("dispatch_dtype: expected a valid dtype, found " + std::to_string(static_cast<int>(dtype)));
 }

@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -39,8 +40,7 @@ class Value {
   Value(bool b) : v_(b) {}
   // Every integer type becomes int64 (an unsigned value above INT64_MAX raises UsageError).
   template <class I>
-    requires(std::is_integral_v<I> && !std::is_same_v<I, bool>)
-  Value(I i) : v_(to_int64(i)) {}
+  requires(std::is_integral_v<I> && !std::is_same_v<I, bool>) Value(I i) : v_(to_int64(i)) {}
   Value(double d) : v_(d) {}
   Value(float f) : v_(static_cast<double>(f)) {}
   Value(std::string s) : v_(std::move(s)) {}
@@ -54,7 +54,9 @@ class Value {
   // {1, 2, 3} and {"a", 1.0} build lists.
   Value(std::initializer_list<Value> items) : v_(List(items)) {}
   template <class T>
-  Value(const std::vector<T>& items) : v_(List(items.begin(), items.end())) {}
+  requires(!std::is_same_v<T, Value> && !std::is_same_v<T, std::pair<std::string, Value>>)
+      Value(const std::vector<T>& items)
+      : v_(List(items.begin(), items.end())) {}
 
   static Value list(List items = {}) { return Value(std::move(items)); }
   static Value dict(Dict items = {}) { return Value(std::move(items)); }

@@ -36,13 +36,17 @@ constexpr bool kIsHalf = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 
 template <class T>
 float to_float(T v) {
-  if constexpr (std::is_same_v<T, Half>) return half_to_float(v);
-  else return bfloat16_to_float(v);
+  if constexpr (std::is_same_v<T, Half>)
+    return half_to_float(v);
+  else
+    return bfloat16_to_float(v);
 }
 template <class T>
 T from_float(float v) {
-  if constexpr (std::is_same_v<T, Half>) return float_to_half(v);
-  else return float_to_bfloat16(v);
+  if constexpr (std::is_same_v<T, Half>)
+    return float_to_half(v);
+  else
+    return float_to_bfloat16(v);
 }
 
 // Bools: add is or, mul is and. Signed integers wrap (two's complement, as CUDA and
@@ -96,7 +100,8 @@ struct Scalar {
 Scalar fill_value(const detail::ArgAccess& args, std::size_t index, DType dtype) {
   const Value& v = args.value(index);
   const auto refuse = [&](std::string_view expected) {
-    args.fail(fmt::format("argument {}: expected {} for dtype {}, found {}", index, expected, name(dtype), v.to_string()));
+    args.fail(
+        fmt::format("argument {}: expected {} for dtype {}, found {}", index, expected, name(dtype), v.to_string()));
   };
   if (dtype == DType::Bool) {
     if (v.is_bool()) return {v.as_bool() ? 1.0 : 0.0, v.as_bool() ? 1 : 0};
@@ -110,7 +115,8 @@ Scalar fill_value(const detail::ArgAccess& args, std::size_t index, DType dtype)
   const auto [lo, hi] = dispatch_dtype(dtype, [](auto tag) -> std::pair<std::int64_t, std::int64_t> {
     using T = decltype(tag);
     if constexpr (std::is_integral_v<T>) {
-      return {static_cast<std::int64_t>(std::numeric_limits<T>::min()), static_cast<std::int64_t>(std::numeric_limits<T>::max())};
+      return {static_cast<std::int64_t>(std::numeric_limits<T>::min()),
+              static_cast<std::int64_t>(std::numeric_limits<T>::max())};
     } else {
       return {0, 0};
     }
@@ -121,10 +127,14 @@ Scalar fill_value(const detail::ArgAccess& args, std::size_t index, DType dtype)
 
 template <class T>
 T convert(const Scalar& s) {
-  if constexpr (std::is_same_v<T, bool>) return s.i != 0;
-  else if constexpr (std::is_integral_v<T>) return static_cast<T>(s.i);
-  else if constexpr (kIsHalf<T>) return from_float<T>(static_cast<float>(s.f));
-  else return static_cast<T>(s.f);
+  if constexpr (std::is_same_v<T, bool>)
+    return s.i != 0;
+  else if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(s.i);
+  else if constexpr (kIsHalf<T>)
+    return from_float<T>(static_cast<float>(s.f));
+  else
+    return static_cast<T>(s.f);
 }
 
 void fill(CallContext& ctx, Tensor& t, const Scalar& s) {
@@ -142,7 +152,9 @@ void fill(CallContext& ctx, Tensor& t, const Scalar& s) {
 }
 
 // Runs `host_fn` on host copies of CUDA inputs and moves the result back to `device`.
-Tensor on_device(const Tensor& host_result, const Device& device) { return host_result.to(device); }
+Tensor on_device(const Tensor& host_result, const Device& device) {
+  return host_result.to(device);
+}
 
 // ------------------------------------------------------------------ shape helpers
 
@@ -189,7 +201,8 @@ Signature arange_shape(const ArgMetas& args) {
   if (n < 0) args.fail(fmt::format("argument 0: expected a length >= 0, found {}", n));
   if (dtype == DType::Bool) args.fail("argument 1: expected a numeric dtype, found bool");
   if (dtype == DType::UInt8 && n > 256) args.fail(fmt::format("expected n <= 256 for uint8, found {}", n));
-  if (dtype == DType::Int32 && n > std::int64_t{1} << 31) args.fail(fmt::format("expected n <= 2^31 for int32, found {}", n));
+  if (dtype == DType::Int32 && n > std::int64_t{1} << 31)
+    args.fail(fmt::format("expected n <= 2^31 for int32, found {}", n));
   return {.outputs = {TensorMeta({n}, dtype, args.device())}, .mutates = {}};
 }
 std::vector<Tensor> arange_kernel(CallContext& ctx, Args& args) {
@@ -198,8 +211,10 @@ std::vector<Tensor> arange_kernel(CallContext& ctx, Args& args) {
     using T = decltype(tag);
     T* p = t.data<T>();
     for (std::int64_t i = 0; i < t.numel(); ++i) {
-      if constexpr (kIsHalf<T>) p[i] = from_float<T>(static_cast<float>(i));
-      else p[i] = static_cast<T>(i);
+      if constexpr (kIsHalf<T>)
+        p[i] = from_float<T>(static_cast<float>(i));
+      else
+        p[i] = static_cast<T>(i);
     }
   });
   return {on_device(t, ctx.device())};
@@ -232,8 +247,10 @@ std::vector<Tensor> rand_kernel(CallContext& ctx, Args& args) {
       for (std::int64_t i = 0; i < t.numel(); ++i) {
         // 53 random bits -> [0, 1)
         const double u = static_cast<double>(splitmix64(key + static_cast<std::uint64_t>(i)) >> 11) * 0x1.0p-53;
-        if constexpr (kIsHalf<T>) p[i] = from_float<T>(static_cast<float>(u));
-        else p[i] = static_cast<T>(u);
+        if constexpr (kIsHalf<T>)
+          p[i] = from_float<T>(static_cast<float>(u));
+        else
+          p[i] = static_cast<T>(u);
       }
     }
   });
@@ -246,7 +263,8 @@ Signature binary_shape(const ArgMetas& args, bool allow_bool) {
   args.expect_count(2, 2);
   const TensorMeta a = args.tensor(0), b = args.tensor(1);
   same_meta(args, a, b);
-  if (!allow_bool && a.dtype() == DType::Bool) args.fail("expected a numeric dtype, found bool (use add/mul for or/and)");
+  if (!allow_bool && a.dtype() == DType::Bool)
+    args.fail("expected a numeric dtype, found bool (use add/mul for or/and)");
   return {.outputs = {a}, .mutates = {}};
 }
 
@@ -271,7 +289,8 @@ std::vector<Tensor> scale_kernel(CallContext& ctx, Args& args) {
   Tensor out = Tensor::empty(x.meta());
   if (x.device().is_cuda()) {
 #if MESHRT_HAVE_CUDA
-    cuda_kernels::scale(static_cast<int>(x.dtype()), x.raw_data(), factor, out.raw_data(), x.numel(), ctx.native_stream());
+    cuda_kernels::scale(static_cast<int>(x.dtype()), x.raw_data(), factor, out.raw_data(), x.numel(),
+                        ctx.native_stream());
 #endif
     return {out};
   }
@@ -281,8 +300,10 @@ std::vector<Tensor> scale_kernel(CallContext& ctx, Args& args) {
       const T* p = x.data<T>();
       T* q = out.data<T>();
       for (std::int64_t i = 0; i < x.numel(); ++i) {
-        if constexpr (kIsHalf<T>) q[i] = from_float<T>(to_float(p[i]) * static_cast<float>(factor));
-        else q[i] = static_cast<T>(p[i] * static_cast<T>(factor));
+        if constexpr (kIsHalf<T>)
+          q[i] = from_float<T>(to_float(p[i]) * static_cast<float>(factor));
+        else
+          q[i] = static_cast<T>(p[i] * static_cast<T>(factor));
       }
     }
   });
@@ -293,7 +314,9 @@ Signature copy_shape(const ArgMetas& args) {
   args.expect_count(1, 1);
   return {.outputs = {args.tensor(0)}, .mutates = {}};
 }
-std::vector<Tensor> copy_kernel(CallContext&, Args& args) { return {args.tensor(0).clone()}; }
+std::vector<Tensor> copy_kernel(CallContext&, Args& args) {
+  return {args.tensor(0).clone()};
+}
 
 // ------------------------------------------------------------------ matmul, sum
 
@@ -315,7 +338,8 @@ Signature matmul_shape(const ArgMetas& args) {
     args.fail(fmt::format("expected [m, k] and [k, n] matrices, found {} and {}", a.to_string(), b.to_string()));
   }
   if (a.dtype() != b.dtype() || (a.dtype() != DType::Float32 && a.dtype() != DType::Float64)) {
-    args.fail(fmt::format("expected two float32 or two float64 matrices, found {} and {}", a.to_string(), b.to_string()));
+    args.fail(
+        fmt::format("expected two float32 or two float64 matrices, found {} and {}", a.to_string(), b.to_string()));
   }
   if (!(a.device() == b.device())) {
     args.fail(fmt::format("expected both matrices on one device, found {} and {}", a.to_string(), b.to_string()));
@@ -330,17 +354,19 @@ std::vector<Tensor> matmul_kernel(CallContext&, Args& args) {
   Tensor c = Tensor::zeros(TensorMeta({m, n}, a.dtype()));
   if (m > 0 && n > 0 && k > 0) {
     if (a.dtype() == DType::Float32) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data<float>(), k, b.data<float>(), n, 0.0f,
-                  c.data<float>(), n);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data<float>(), k, b.data<float>(), n,
+                  0.0f, c.data<float>(), n);
     } else {
-      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0, a.data<double>(), k, b.data<double>(), n, 0.0,
-                  c.data<double>(), n);
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0, a.data<double>(), k, b.data<double>(), n,
+                  0.0, c.data<double>(), n);
     }
   }
   return {on_device(c, args.tensor(0).device())};
 }
 
-DType sum_dtype(DType in) { return in == DType::Bool ? DType::Int64 : in; }
+DType sum_dtype(DType in) {
+  return in == DType::Bool ? DType::Int64 : in;
+}
 
 Signature sum_shape(const ArgMetas& args) {
   args.expect_count(1, 1);
@@ -363,11 +389,15 @@ std::vector<Tensor> sum_kernel(CallContext&, Args& args) {
     } else {
       double acc = 0;  // double accumulation: float32 sums of large tensors stay accurate
       for (std::int64_t i = 0; i < x.numel(); ++i) {
-        if constexpr (kIsHalf<T>) acc += to_float(p[i]);
-        else acc += static_cast<double>(p[i]);
+        if constexpr (kIsHalf<T>)
+          acc += to_float(p[i]);
+        else
+          acc += static_cast<double>(p[i]);
       }
-      if constexpr (kIsHalf<T>) *out.data<T>() = from_float<T>(static_cast<float>(acc));
-      else *out.data<T>() = static_cast<T>(acc);
+      if constexpr (kIsHalf<T>)
+        *out.data<T>() = from_float<T>(static_cast<float>(acc));
+      else
+        *out.data<T>() = static_cast<T>(acc);
     }
   });
   return {on_device(out, args.tensor(0).device())};
@@ -402,14 +432,16 @@ Signature fail_shape(const ArgMetas& args) {
   args.expect_count(2, 2);
   (void)args.string(0);
   for (const Value& r : args.value(1).as_list()) {
-    if (!r.is_int()) args.fail(fmt::format("argument 1: expected a list of ranks (ints), found {}", args.value(1).to_string()));
+    if (!r.is_int())
+      args.fail(fmt::format("argument 1: expected a list of ranks (ints), found {}", args.value(1).to_string()));
   }
   return {.outputs = {TensorMeta({}, DType::Float32, args.device())}, .mutates = {}};
 }
 // Throws on the listed ranks (every rank when the list is empty); for error-path tests.
 std::vector<Tensor> fail_kernel(CallContext& ctx, Args& args) {
   const auto& ranks = args.value(1).as_list();
-  const bool mine = ranks.empty() || std::any_of(ranks.begin(), ranks.end(), [&](const Value& r) { return r.as_int() == ctx.rank(); });
+  const bool mine = ranks.empty() ||
+                    std::any_of(ranks.begin(), ranks.end(), [&](const Value& r) { return r.as_int() == ctx.rank(); });
   if (mine) throw std::runtime_error(args.string(0));
   return {Tensor::zeros(TensorMeta({}, DType::Float32, ctx.device()))};
 }
@@ -420,9 +452,12 @@ MESHRT_REGISTER_FUNCTION("meshrt.full", full_kernel, full_shape);
 MESHRT_REGISTER_FUNCTION("meshrt.zeros", zeros_kernel, zeros_shape);
 MESHRT_REGISTER_FUNCTION("meshrt.arange", arange_kernel, arange_shape);
 MESHRT_REGISTER_FUNCTION("meshrt.rand", rand_kernel, rand_shape);
-MESHRT_REGISTER_FUNCTION("meshrt.add", binary_kernel<BinaryOp::Add>, [](const ArgMetas& a) { return binary_shape(a, true); });
-MESHRT_REGISTER_FUNCTION("meshrt.sub", binary_kernel<BinaryOp::Sub>, [](const ArgMetas& a) { return binary_shape(a, false); });
-MESHRT_REGISTER_FUNCTION("meshrt.mul", binary_kernel<BinaryOp::Mul>, [](const ArgMetas& a) { return binary_shape(a, true); });
+MESHRT_REGISTER_FUNCTION("meshrt.add", binary_kernel<BinaryOp::Add>,
+                         [](const ArgMetas& a) { return binary_shape(a, true); });
+MESHRT_REGISTER_FUNCTION("meshrt.sub", binary_kernel<BinaryOp::Sub>,
+                         [](const ArgMetas& a) { return binary_shape(a, false); });
+MESHRT_REGISTER_FUNCTION("meshrt.mul", binary_kernel<BinaryOp::Mul>,
+                         [](const ArgMetas& a) { return binary_shape(a, true); });
 MESHRT_REGISTER_FUNCTION("meshrt.scale", scale_kernel, scale_shape);
 MESHRT_REGISTER_FUNCTION("meshrt.matmul", matmul_kernel, matmul_shape);
 MESHRT_REGISTER_FUNCTION("meshrt.copy", copy_kernel, copy_shape);

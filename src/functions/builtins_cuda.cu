@@ -12,13 +12,13 @@
 
 // Not common/checks.hpp: this file is compiled as C++17 by nvcc, apart from libmeshrt's
 // C++20 sources, and needs neither MPI nor NCCL.
-#define MESHRT_CUDA_CHECK(call)                                                                       \
-  do {                                                                                                \
-    const cudaError_t meshrt_rc_ = (call);                                                            \
-    if (meshrt_rc_ != cudaSuccess) {                                                                  \
-      throw ::meshrt::SystemError(std::string(#call) + " failed: " + cudaGetErrorString(meshrt_rc_) + \
-                                  " at " + __FILE__ + ":" + std::to_string(__LINE__));               \
-    }                                                                                                 \
+#define MESHRT_CUDA_CHECK(call)                                                                                \
+  do {                                                                                                         \
+    const cudaError_t meshrt_rc_ = (call);                                                                     \
+    if (meshrt_rc_ != cudaSuccess) {                                                                           \
+      throw ::meshrt::SystemError(std::string(#call) + " failed: " + cudaGetErrorString(meshrt_rc_) + " at " + \
+                                  __FILE__ + ":" + std::to_string(__LINE__));                                  \
+    }                                                                                                          \
   } while (0)
 
 namespace meshrt::cuda_kernels {
@@ -28,15 +28,32 @@ namespace {
 template <class F>
 void dispatch(int dtype, F&& f) {
   switch (dtype) {
-    case 0: f(bool{}); return;
-    case 1: f(std::uint8_t{}); return;
-    case 2: f(std::int32_t{}); return;
-    case 3: f(std::int64_t{}); return;
-    case 4: f(__half{}); return;
-    case 5: f(__nv_bfloat16{}); return;
-    case 6: f(float{}); return;
-    case 7: f(double{}); return;
-    default: throw UsageError("CUDA kernel: expected a dtype in 0..7, found " + std::to_string(dtype));
+    case 0:
+      f(bool{});
+      return;
+    case 1:
+      f(std::uint8_t{});
+      return;
+    case 2:
+      f(std::int32_t{});
+      return;
+    case 3:
+      f(std::int64_t{});
+      return;
+    case 4:
+      f(__half{});
+      return;
+    case 5:
+      f(__nv_bfloat16{});
+      return;
+    case 6:
+      f(float{});
+      return;
+    case 7:
+      f(double{});
+      return;
+    default:
+      throw UsageError("CUDA kernel: expected a dtype in 0..7, found " + std::to_string(dtype));
   }
 }
 
@@ -55,7 +72,9 @@ __device__ T apply(int op, T a, T b) {
   } else if constexpr (std::is_integral_v<T>) {
     using U = std::make_unsigned_t<T>;
     const U x = static_cast<U>(a), y = static_cast<U>(b);
-    return static_cast<T>(op == kAdd ? static_cast<U>(x + y) : op == kSub ? static_cast<U>(x - y) : static_cast<U>(x * y));
+    return static_cast<T>(op == kAdd   ? static_cast<U>(x + y)
+                          : op == kSub ? static_cast<U>(x - y)
+                                       : static_cast<U>(x * y));
   } else {
     return op == kAdd ? a + b : op == kSub ? a - b : a * b;
   }
@@ -114,8 +133,8 @@ void scale(int dtype, const void* x, double factor, void* out, std::int64_t n, v
     if constexpr (std::is_same_v<T, bool> || std::is_integral_v<T>) {
       throw UsageError("CUDA scale: expected a floating dtype, found an integer one");
     } else {
-      scale_kernel<T><<<blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-          static_cast<const T*>(x), factor, static_cast<T*>(out), n);
+      scale_kernel<T><<<blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<const T*>(x), factor,
+                                                                                     static_cast<T*>(out), n);
     }
   });
   MESHRT_CUDA_CHECK(cudaGetLastError());

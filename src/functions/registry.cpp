@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "meshrt/functions.hpp"
+#include "meshrt/log.hpp"
 
 namespace meshrt {
 
@@ -30,15 +31,17 @@ std::int64_t CallContext::coordinate(std::string_view dim) const {
   for (std::size_t i = 0; i < dim_names_.size(); ++i) {
     if (dim_names_[i] == dim) return coordinates_[i];
   }
-  throw UsageError(fmt::format("rank {}: expected a mesh dimension in [{}], found '{}'", rank_,
-                               fmt::join(dim_names_, ", "), dim));
+  throw UsageError(
+      fmt::format("rank {}: expected a mesh dimension in [{}], found '{}'", rank_, fmt::join(dim_names_, ", "), dim));
 }
 
 // ------------------------------------------------------------------ argument access
 
 namespace detail {
 
-void ArgAccess::fail(std::string_view message) const { throw UsageError(fmt::format("{}: {}", function_, message)); }
+void ArgAccess::fail(std::string_view message) const {
+  throw UsageError(fmt::format("{}: {}", function_, message));
+}
 
 void ArgAccess::fail_arg(std::size_t i, std::string_view message) const {
   throw UsageError(fmt::format("{} argument {}: {}", function_, i, message));
@@ -57,18 +60,23 @@ const Value& ArgAccess::value(std::size_t i) const {
 }
 
 // The Value accessors already say "expected X, found Y"; prefix the function and position.
-#define MESHRT_ARG_(i, expr)                 \
-  try {                                      \
-    return expr;                             \
-  } catch (const UsageError& e) {            \
-    fail_arg(i, e.what());                   \
+#define MESHRT_ARG_(i, expr)      \
+  try {                           \
+    return expr;                  \
+  } catch (const UsageError& e) { \
+    fail_arg(i, e.what());        \
   }
 
-double ArgAccess::number(std::size_t i) const { MESHRT_ARG_(i, value(i).as_number()) }
-std::int64_t ArgAccess::integer(std::size_t i) const { MESHRT_ARG_(i, value(i).as_int()) }
-bool ArgAccess::boolean(std::size_t i) const { MESHRT_ARG_(i, value(i).as_bool()) }
-const std::string& ArgAccess::string(std::size_t i) const { MESHRT_ARG_(i, value(i).as_string()) }
-DType ArgAccess::dtype(std::size_t i) const { MESHRT_ARG_(i, parse_dtype(value(i).as_string())) }
+double ArgAccess::number(std::size_t i) const {
+    MESHRT_ARG_(i, value(i).as_number())} std::int64_t ArgAccess::integer(std::size_t i) const {
+  MESHRT_ARG_(i, value(i).as_int())
+}
+bool ArgAccess::boolean(std::size_t i) const {
+  MESHRT_ARG_(i, value(i).as_bool())
+}
+const std::string& ArgAccess::string(std::size_t i) const {
+    MESHRT_ARG_(i, value(i).as_string())} DType ArgAccess::dtype(std::size_t i) const {
+    MESHRT_ARG_(i, parse_dtype(value(i).as_string()))}
 #undef MESHRT_ARG_
 
 std::vector<std::int64_t> ArgAccess::shape(std::size_t i) const {
@@ -82,7 +90,8 @@ std::vector<std::int64_t> ArgAccess::shape(std::size_t i) const {
       out.push_back(d.as_int());
     }
   } else {
-    fail_arg(i, fmt::format("expected a shape (a list of ints), found {} {}", Value::kind_name(v.kind()), v.to_string()));
+    fail_arg(i,
+             fmt::format("expected a shape (a list of ints), found {} {}", Value::kind_name(v.kind()), v.to_string()));
   }
   for (std::size_t d = 0; d < out.size(); ++d) {
     if (out[d] < 0) fail_arg(i, fmt::format("expected a shape of sizes >= 0, found {} at dimension {}", out[d], d));
@@ -95,13 +104,15 @@ std::vector<std::int64_t> ArgAccess::shape(std::size_t i) const {
 Tensor& Args::tensor(std::size_t i) {
   (void)value(i);  // throws naming the function if i is out of range
   Value& v = values_[i];
-  if (!v.is_tensor()) fail_arg(i, fmt::format("expected a tensor, found {} {}", Value::kind_name(v.kind()), v.to_string()));
+  if (!v.is_tensor())
+    fail_arg(i, fmt::format("expected a tensor, found {} {}", Value::kind_name(v.kind()), v.to_string()));
   return v.as_tensor();
 }
 
 const Tensor& Args::tensor(std::size_t i) const {
   const Value& v = value(i);
-  if (!v.is_tensor()) fail_arg(i, fmt::format("expected a tensor, found {} {}", Value::kind_name(v.kind()), v.to_string()));
+  if (!v.is_tensor())
+    fail_arg(i, fmt::format("expected a tensor, found {} {}", Value::kind_name(v.kind()), v.to_string()));
   return v.as_tensor();
 }
 
@@ -138,10 +149,11 @@ std::string where(const char* file, int line, const std::string& library) {
 
 // Caller holds the lock.
 void add_locked(Table& t, std::string name, Kernel kernel, ShapeFunction shape, const char* file, int line) {
-  if (name.empty()) throw UsageError(fmt::format("register_function at {}:{}: expected a non-empty name, found ''", file, line));
+  if (name.empty())
+    throw UsageError(fmt::format("register_function at {}:{}: expected a non-empty name, found ''", file, line));
   if (!kernel || !shape) {
-    throw UsageError(fmt::format("register_function '{}' at {}:{}: expected a kernel and a shape function, found {}", name,
-                                 file, line, !kernel ? "no kernel" : "no shape function"));
+    throw UsageError(fmt::format("register_function '{}' at {}:{}: expected a kernel and a shape function, found {}",
+                                 name, file, line, !kernel ? "no kernel" : "no shape function"));
   }
   if (const auto it = t.functions.find(name); it != t.functions.end()) {
     throw UsageError(fmt::format("remote function '{}' registered twice: first at {}, again at {}; rename one", name,
@@ -174,7 +186,9 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
 
 }  // namespace
 
-std::string Function::where() const { return functions::where(file.c_str(), line, library); }
+std::string Function::where() const {
+  return functions::where(file.c_str(), line, library);
+}
 
 void register_function(std::string name, Kernel kernel, ShapeFunction shape, const char* file, int line) {
   Table& t = table();
@@ -182,7 +196,8 @@ void register_function(std::string name, Kernel kernel, ShapeFunction shape, con
   add_locked(t, std::move(name), std::move(kernel), std::move(shape), file, line);
 }
 
-detail::Registrar::Registrar(const char* name, Kernel kernel, ShapeFunction shape, const char* file, int line) noexcept {
+detail::Registrar::Registrar(const char* name, Kernel kernel, ShapeFunction shape, const char* file,
+                             int line) noexcept {
   try {
     Table& t = table();
     std::lock_guard lock(t.mutex);
@@ -280,6 +295,8 @@ std::vector<std::string> load_library(const std::string& path) {
   for (const auto& [n, f] : t.functions) {
     if (!std::binary_search(before.begin(), before.end(), n)) added.push_back(n);
   }
+  MESHRT_LOG(info) << "load_library " << path << ": added " << added.size()
+                   << " function(s): " << fmt::format("{}", fmt::join(added, ", "));
   return added;
 }
 
@@ -287,9 +304,10 @@ Signature infer(const Function& f, const ArgMetas& args) {
   Signature s = f.shape(args);
   for (const std::size_t m : s.mutates) {
     if (m >= args.size() || !(args.value(m).is_meta() || args.value(m).is_tensor())) {
-      throw UsageError(fmt::format("{} (registered at {}): its shape function declares argument {} mutated; expected the "
-                                   "index of a tensor argument among {} arguments",
-                                   f.name, f.where(), m, args.size()));
+      throw UsageError(
+          fmt::format("{} (registered at {}): its shape function declares argument {} mutated; expected the "
+                      "index of a tensor argument among {} arguments",
+                      f.name, f.where(), m, args.size()));
     }
   }
   return s;

@@ -1,17 +1,19 @@
 // The wire codec: hand-written, not Boost.Serialization.
 //
-// Why: the command path is the controller's hot loop (DESIGN.md section 8). Measured on
-// the CI machine with apps/meshrt-bench/codec.cpp (RelWithDebInfo, warm buffers), encode +
-// decode of a CallFunction with four tensor-reference arguments takes CODEC_SMALL_NS here
-// against BOOST_SMALL_NS with a Boost binary archive of the same fields, which misses the
-// <= 1 us target on its own; a 1 MiB FetchResult moves at CODEC_BULK_GBS here (one memcpy
-// each way) against BOOST_BULK_GBS through Boost. Boost.Serialization stays for
-// StatelessGroup's arbitrary objects (include/meshrt/tensor_serialization.hpp).
+// Why, by measurement (apps/meshrt-bench/codec.cpp, RelWithDebInfo, GCC 12, the shared
+// 2-core CI machine under load ~3, medians of 3 runs, CPU time / wall time):
+//   CallFunction with four ref arguments, encode + decode:  0.15 / 0.19 us here
+//                                      Boost binary archive:  2.7  / 4.6  us
+//   FetchResult with a 1 MiB float32 tensor, encode + decode: 47 / 70 us = 22 / 15 GB/s
+//                                      Boost binary archive:  67 / 78 us = 16 / 13 GB/s
+// Boost alone misses the <= 1 us target for small commands (archive construction and
+// per-field virtual dispatch dominate); for bulk data both are memcpy-bound. Boost stays
+// for StatelessGroup's arbitrary objects (include/meshrt/tensor_serialization.hpp).
 //
 // Format: fixed-width little-endian integers (a memcpy each: no varint branches), u32
 // lengths before strings and sequences, one tag byte per variant. Every length is checked
-// against the bytes left before anything is allocated, so a hostile frame can make the
-// decoder allocate at most about the frame's own size.
+// against the bytes left before anything is allocated, so a hostile frame of N bytes
+// makes the decoder allocate O(N): at worst one Value (~56 bytes) per 1-byte tag.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -32,14 +34,15 @@ static_assert(sizeof(Ref) == sizeof(std::uint64_t) && std::is_trivially_copyable
 
 namespace protocol {
 
-bool operator==(const CommandGroup& a, const CommandGroup& b) { return a.commands == b.commands; }
+bool operator==(const CommandGroup& a, const CommandGroup& b) {
+  return a.commands == b.commands;
+}
 
 namespace {
 
-constexpr std::string_view kCommandNames[] = {"CreateDeviceMesh", "CreateStream", "CallFunction",   "FetchValue",
-                                              "Reduce",           "SendTensor",   "BorrowCreate",   "BorrowFirstUse",
-                                              "BorrowDrop",       "DeleteRefs",   "CommandGroup",   "RequestStatus",
-                                              "Exit"};
+constexpr std::string_view kCommandNames[] = {
+    "CreateDeviceMesh", "CreateStream", "CallFunction", "FetchValue",   "Reduce",        "SendTensor", "BorrowCreate",
+    "BorrowFirstUse",   "BorrowDrop",   "DeleteRefs",   "CommandGroup", "RequestStatus", "Exit"};
 constexpr std::string_view kReplyNames[] = {"Status", "RemoteFunctionFailed", "FetchResult", "Restarted"};
 static_assert(std::size(kCommandNames) == std::variant_size_v<Command>);
 static_assert(std::size(kReplyNames) == std::variant_size_v<Reply>);
@@ -50,6 +53,9 @@ enum class FrameKind : std::uint8_t { Command = 1, Reply = 2, Handshake = 3, Val
 constexpr std::size_t kHeaderSize = 4;
 // More dimensions than any real tensor or mesh; bounds what a frame can ask for.
 constexpr std::uint32_t kMaxDims = 64;
+// Far above any MPI job today, far below what would make decoding a slice expensive.
+constexpr std::int64_t kMaxSliceRanks = std::int64_t{1} << 20;
+constexpr std::int64_t kMaxRank = std::numeric_limits<std::int32_t>::max();
 
 // ------------------------------------------------------------------ writer
 
@@ -99,10 +105,12 @@ class Writer {
     i64s(m.shape(), "tensor shape");
   }
   void tensor(const Tensor& t) {
-    if (!t.defined()) throw ProtocolError("protocol: encoding a tensor: expected a defined tensor, found an undefined one");
+    if (!t.defined())
+      throw ProtocolError("protocol: encoding a tensor: expected a defined tensor, found an undefined one");
     if (!t.device().is_cpu()) {
-      throw ProtocolError(fmt::format("protocol: encoding a tensor: expected a CPU tensor, found {}; copy it to the host first",
-                                      t.meta().to_string()));
+      throw ProtocolError(
+          fmt::format("protocol: encoding a tensor: expected a CPU tensor, found {}; copy it to the host first",
+                      t.meta().to_string()));
     }
     u8(static_cast<std::uint8_t>(t.dtype()));
     i64s(t.shape(), "tensor shape");
@@ -112,14 +120,22 @@ class Writer {
   void value(const Value& v) {
     u8(static_cast<std::uint8_t>(v.kind()));
     switch (v.kind()) {
-      case Value::Kind::None: return;
-      case Value::Kind::Bool: return boolean(v.as_bool());
-      case Value::Kind::Int: return pod(v.as_int());
-      case Value::Kind::Double: return pod(v.as_number());
-      case Value::Kind::String: return string(v.as_string(), "string value");
-      case Value::Kind::Ref: return ref(v.as_ref());
-      case Value::Kind::Tensor: return tensor(v.as_tensor());
-      case Value::Kind::Meta: return meta(v.as_meta());
+      case Value::Kind::None:
+        return;
+      case Value::Kind::Bool:
+        return boolean(v.as_bool());
+      case Value::Kind::Int:
+        return pod(v.as_int());
+      case Value::Kind::Double:
+        return pod(v.as_number());
+      case Value::Kind::String:
+        return string(v.as_string(), "string value");
+      case Value::Kind::Ref:
+        return ref(v.as_ref());
+      case Value::Kind::Tensor:
+        return tensor(v.as_tensor());
+      case Value::Kind::Meta:
+        return meta(v.as_meta());
       case Value::Kind::List:
         length(v.as_list().size(), "list");
         for (const Value& item : v.as_list()) value(item);
@@ -284,7 +300,8 @@ class Reader {
     const std::size_t n = pod<std::uint32_t>(field);
     if (min_item_bytes > 0 && n > left() / min_item_bytes) {
       fail_at(at, field,
-              fmt::format("expected a count the remaining {} bytes can hold ({} bytes each), found {}", left(), min_item_bytes, n));
+              fmt::format("expected a count the remaining {} bytes can hold ({} bytes each), found {}", left(),
+                          min_item_bytes, n));
     }
     return n;
   }
@@ -321,6 +338,20 @@ class Reader {
     const std::size_t n = ndim(field);
     auto sizes = dims(field, n);
     auto strides = dims(field, n);
+    // Ranks are MPI ranks (int) and a mesh has at most kMaxSliceRanks of them. Checked
+    // before NDSlice's own validation, which enumerates interleaved slices: without the
+    // bound a 100-byte frame could cost seconds and tens of MiB.
+    std::int64_t len = 1, last = offset;
+    for (std::size_t d = 0; d < n; ++d) {
+      std::int64_t extent = 0;
+      if (sizes[d] < 1 || strides[d] < 1) break;  // NDSlice names these precisely below
+      if (__builtin_mul_overflow(len, sizes[d], &len) || __builtin_mul_overflow(sizes[d] - 1, strides[d], &extent) ||
+          __builtin_add_overflow(last, extent, &last) || len > kMaxSliceRanks || last > kMaxRank) {
+        fail_at(at, field,
+                fmt::format("expected at most {} ranks, each <= {}, found sizes [{}] and strides [{}] from offset {}",
+                            kMaxSliceRanks, kMaxRank, fmt::join(sizes, ", "), fmt::join(strides, ", "), offset));
+      }
+    }
     try {
       return NDSlice(offset, std::move(sizes), std::move(strides));
     } catch (const SliceError& e) {
@@ -357,7 +388,8 @@ class Reader {
     const auto expected = static_cast<std::uint64_t>(numel) * element_size(dtype);
     if (nbytes != expected) {
       fail_at(nbytes_at, field,
-              fmt::format("expected nbytes = numel {} x {} bytes = {}, found {}", numel, element_size(dtype), expected, nbytes));
+              fmt::format("expected nbytes = numel {} x {} bytes = {}, found {}", numel, element_size(dtype), expected,
+                          nbytes));
     }
     need(nbytes, field);
     // One allocation and one memcpy: no per-element work on the bulk path.
@@ -370,14 +402,22 @@ class Reader {
     if (depth > kMaxDepth) fail(field, fmt::format("expected values nested at most {} deep, found deeper", kMaxDepth));
     const auto kind = enumeration<Value::Kind>(field, static_cast<int>(Value::Kind::Dict) + 1);
     switch (kind) {
-      case Value::Kind::None: return Value();
-      case Value::Kind::Bool: return Value(boolean(field));
-      case Value::Kind::Int: return Value(pod<std::int64_t>(field));
-      case Value::Kind::Double: return Value(pod<double>(field));
-      case Value::Kind::String: return Value(string(field));
-      case Value::Kind::Ref: return Value(ref(field));
-      case Value::Kind::Tensor: return Value(tensor(field));
-      case Value::Kind::Meta: return Value(meta(field));
+      case Value::Kind::None:
+        return Value();
+      case Value::Kind::Bool:
+        return Value(boolean(field));
+      case Value::Kind::Int:
+        return Value(pod<std::int64_t>(field));
+      case Value::Kind::Double:
+        return Value(pod<double>(field));
+      case Value::Kind::String:
+        return Value(string(field));
+      case Value::Kind::Ref:
+        return Value(ref(field));
+      case Value::Kind::Tensor:
+        return Value(tensor(field));
+      case Value::Kind::Meta:
+        return Value(meta(field));
       case Value::Kind::List: {
         const std::size_t n = length(field, 1);  // every value is at least its tag byte
         Value::List items;
@@ -489,9 +529,12 @@ class Reader {
         m.already_borrowed = boolean("BorrowCreate.already_borrowed");
         return m;
       }
-      case 7: return BorrowFirstUse{ref("BorrowFirstUse.borrow")};
-      case 8: return BorrowDrop{ref("BorrowDrop.borrow")};
-      case 9: return DeleteRefs{refs("DeleteRefs.refs")};
+      case 7:
+        return BorrowFirstUse{ref("BorrowFirstUse.borrow")};
+      case 8:
+        return BorrowDrop{ref("BorrowDrop.borrow")};
+      case 9:
+        return DeleteRefs{refs("DeleteRefs.refs")};
       case 10: {
         if (depth >= kMaxDepth) {
           fail_at(at, "CommandGroup", fmt::format("expected groups nested at most {} deep, found deeper", kMaxDepth));
@@ -502,10 +545,13 @@ class Reader {
         for (std::size_t i = 0; i < n; ++i) m.commands.push_back(command(depth + 1));
         return m;
       }
-      case 11: return RequestStatus{pod<Ident>("RequestStatus.ident")};
-      case 12: return Exit{};
+      case 11:
+        return RequestStatus{pod<Ident>("RequestStatus.ident")};
+      case 12:
+        return Exit{};
       default:
-        fail_at(at, "command tag", fmt::format("expected a command tag in 0..{}, found {}", std::size(kCommandNames) - 1, tag));
+        fail_at(at, "command tag",
+                fmt::format("expected a command tag in 0..{}, found {}", std::size(kCommandNames) - 1, tag));
     }
   }
 
@@ -513,7 +559,8 @@ class Reader {
     const std::size_t at = pos_;
     const std::uint8_t tag = u8("reply tag");
     switch (tag) {
-      case 0: return Status{pod<Ident>("Status.first_uncompleted_ident")};
+      case 0:
+        return Status{pod<Ident>("Status.first_uncompleted_ident")};
       case 1: {
         RemoteFunctionFailed m;
         m.ident = pod<Ident>("RemoteFunctionFailed.ident");
@@ -529,9 +576,11 @@ class Reader {
         m.value = value(1, "FetchResult.value");
         return m;
       }
-      case 3: return Restarted{};
+      case 3:
+        return Restarted{};
       default:
-        fail_at(at, "reply tag", fmt::format("expected a reply tag in 0..{}, found {}", std::size(kReplyNames) - 1, tag));
+        fail_at(at, "reply tag",
+                fmt::format("expected a reply tag in 0..{}, found {}", std::size(kReplyNames) - 1, tag));
     }
   }
 
@@ -555,12 +604,14 @@ class Reader {
     const auto version = std::to_integer<unsigned>(p_[2]);
     if (version != kVersion) {
       fail_at(2, "frame header",
-              fmt::format("expected protocol version {}, found {} (a rank runs a different meshrt build)", kVersion, version));
+              fmt::format("expected protocol version {}, found {} (a rank runs a different meshrt build)", kVersion,
+                          version));
     }
     const auto kind = std::to_integer<unsigned>(p_[3]);
     if (kind != static_cast<unsigned>(expected)) {
-      fail_at(3, "frame header", fmt::format("expected frame kind {} ({}), found {}", static_cast<unsigned>(expected),
-                                             kind_name(expected), kind));
+      fail_at(3, "frame header",
+              fmt::format("expected frame kind {} ({}), found {}", static_cast<unsigned>(expected), kind_name(expected),
+                          kind));
     }
     pos_ = kHeaderSize;
   }
@@ -570,10 +621,14 @@ class Reader {
 
   static std::string_view kind_name(FrameKind k) {
     switch (k) {
-      case FrameKind::Command: return "command";
-      case FrameKind::Reply: return "reply";
-      case FrameKind::Handshake: return "handshake";
-      case FrameKind::Value: return "value";
+      case FrameKind::Command:
+        return "command";
+      case FrameKind::Reply:
+        return "reply";
+      case FrameKind::Handshake:
+        return "handshake";
+      case FrameKind::Value:
+        return "value";
     }
     return "invalid";
   }
@@ -593,8 +648,12 @@ std::vector<std::byte> to_vector(F&& encode_fn) {
 
 }  // namespace
 
-std::string_view name(const Command& c) noexcept { return kCommandNames[c.index()]; }
-std::string_view name(const Reply& r) noexcept { return kReplyNames[r.index()]; }
+std::string_view name(const Command& c) noexcept {
+  return kCommandNames[c.index()];
+}
+std::string_view name(const Reply& r) noexcept {
+  return kReplyNames[r.index()];
+}
 
 void Buffer::reserve(std::size_t n) {
   if (n > capacity_) grow(n - size_);

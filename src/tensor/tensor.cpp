@@ -129,7 +129,8 @@ std::string Device::to_string() const {
 std::int64_t checked_numel(std::span<const std::int64_t> shape, DType dtype) {
   const std::size_t elsize = element_size(dtype);
   if (elsize == 0) {
-    throw UsageError(fmt::format("tensor: expected a dtype in 0..{}, found {}", kNumDTypes - 1, static_cast<int>(dtype)));
+    throw UsageError(
+        fmt::format("tensor: expected a dtype in 0..{}, found {}", kNumDTypes - 1, static_cast<int>(dtype)));
   }
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0) {
@@ -164,8 +165,12 @@ TensorMeta TensorMeta::with_shape(std::vector<std::int64_t> shape) const {
   return TensorMeta(std::move(shape), dtype_, device_);
 }
 
-Tensor TensorMeta::empty() const { return Tensor::empty(*this); }
-Tensor TensorMeta::zeros() const { return Tensor::zeros(*this); }
+Tensor TensorMeta::empty() const {
+  return Tensor::empty(*this);
+}
+Tensor TensorMeta::zeros() const {
+  return Tensor::zeros(*this);
+}
 
 std::string TensorMeta::to_string() const {
   return fmt::format("{}[{}] on {}", name(dtype_), fmt::join(shape_, ", "), device_.to_string());
@@ -216,12 +221,12 @@ void require_cuda(const Device& device, const char* what) {
     count = 0;
   }
   if (device.index() >= count) {
-    throw UsageError(fmt::format("{}: expected a visible CUDA device, found {} requested and {} device(s) visible", what,
-                                 device.to_string(), count));
+    throw UsageError(fmt::format("{}: expected a visible CUDA device, found {} requested and {} device(s) visible",
+                                 what, device.to_string(), count));
   }
 #else
-  throw UsageError(fmt::format("{}: expected a CPU device in this build (meshrt was built without CUDA), found {}", what,
-                               device.to_string()));
+  throw UsageError(fmt::format("{}: expected a CPU device in this build (meshrt was built without CUDA), found {}",
+                               what, device.to_string()));
 #endif
 }
 
@@ -230,7 +235,8 @@ void require_cuda(const Device& device, const char* what) {
 Tensor::Storage::Storage(std::size_t n, Device d) : bytes(n), device(d) {
   if (d.is_cpu()) {
     // Never a null pointer, even for 0 bytes: kernels and MPI may take the address.
-    const std::size_t rounded = std::max<std::size_t>(kHostAlignment, (n + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
+    const std::size_t rounded =
+        std::max<std::size_t>(kHostAlignment, (n + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
     ptr = ::operator new(rounded, std::align_val_t(kHostAlignment));
     return;
   }
@@ -312,11 +318,16 @@ Tensor Tensor::from_bytes(std::vector<std::int64_t> shape, DType dtype, const vo
   return t;
 }
 
-void* Tensor::raw_data() noexcept { return storage_ ? storage_->ptr : nullptr; }
-const void* Tensor::raw_data() const noexcept { return storage_ ? storage_->ptr : nullptr; }
+void* Tensor::raw_data() noexcept {
+  return storage_ ? storage_->ptr : nullptr;
+}
+const void* Tensor::raw_data() const noexcept {
+  return storage_ ? storage_->ptr : nullptr;
+}
 
 void Tensor::check_access(DType requested, bool is_element) const {
-  if (!defined()) throw UsageError("tensor data: expected a defined tensor, found an undefined (default-constructed) one");
+  if (!defined())
+    throw UsageError("tensor data: expected a defined tensor, found an undefined (default-constructed) one");
   if (!is_element || requested != dtype()) {
     throw UsageError(fmt::format("tensor data: expected element type {} for a {} tensor, found a request for {}",
                                  name(dtype()), name(dtype()), is_element ? name(requested) : "a non-element type"));
@@ -333,9 +344,12 @@ double Tensor::item() const {
   return dispatch_dtype(dtype(), [&](auto tag) -> double {
     using T = decltype(tag);
     const T v = *host.data<T>();
-    if constexpr (std::is_same_v<T, Half>) return half_to_float(v);
-    else if constexpr (std::is_same_v<T, BFloat16>) return bfloat16_to_float(v);
-    else return static_cast<double>(v);
+    if constexpr (std::is_same_v<T, Half>)
+      return half_to_float(v);
+    else if constexpr (std::is_same_v<T, BFloat16>)
+      return bfloat16_to_float(v);
+    else
+      return static_cast<double>(v);
   });
 }
 

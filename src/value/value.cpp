@@ -8,16 +8,26 @@ namespace meshrt {
 
 std::string_view Value::kind_name(Kind kind) noexcept {
   switch (kind) {
-    case Kind::None: return "none";
-    case Kind::Bool: return "bool";
-    case Kind::Int: return "int";
-    case Kind::Double: return "double";
-    case Kind::String: return "string";
-    case Kind::Ref: return "ref";
-    case Kind::Tensor: return "tensor";
-    case Kind::Meta: return "tensor meta";
-    case Kind::List: return "list";
-    case Kind::Dict: return "dict";
+    case Kind::None:
+      return "none";
+    case Kind::Bool:
+      return "bool";
+    case Kind::Int:
+      return "int";
+    case Kind::Double:
+      return "double";
+    case Kind::String:
+      return "string";
+    case Kind::Ref:
+      return "ref";
+    case Kind::Tensor:
+      return "tensor";
+    case Kind::Meta:
+      return "tensor meta";
+    case Kind::List:
+      return "list";
+    case Kind::Dict:
+      return "dict";
   }
   return "invalid";
 }
@@ -162,14 +172,22 @@ Value Value::map(const std::function<Value(const Value&)>& f) const {
 
 std::string Value::to_string() const {
   switch (kind()) {
-    case Kind::None: return "none";
-    case Kind::Bool: return std::get<bool>(v_) ? "true" : "false";
-    case Kind::Int: return std::to_string(std::get<std::int64_t>(v_));
-    case Kind::Double: return fmt::format("{}", std::get<double>(v_));
-    case Kind::String: return fmt::format("'{}'", std::get<std::string>(v_));
-    case Kind::Ref: return fmt::format("ref({})", std::get<meshrt::Ref>(v_).id);
-    case Kind::Tensor: return std::get<meshrt::Tensor>(v_).to_string();
-    case Kind::Meta: return std::get<TensorMeta>(v_).to_string();
+    case Kind::None:
+      return "none";
+    case Kind::Bool:
+      return std::get<bool>(v_) ? "true" : "false";
+    case Kind::Int:
+      return std::to_string(std::get<std::int64_t>(v_));
+    case Kind::Double:
+      return fmt::format("{}", std::get<double>(v_));
+    case Kind::String:
+      return fmt::format("'{}'", std::get<std::string>(v_));
+    case Kind::Ref:
+      return fmt::format("ref({})", std::get<meshrt::Ref>(v_).id);
+    case Kind::Tensor:
+      return std::get<meshrt::Tensor>(v_).to_string();
+    case Kind::Meta:
+      return std::get<TensorMeta>(v_).to_string();
     case Kind::List: {
       std::string s = "[";
       for (const auto& item : std::get<List>(v_)) s += (s.size() > 1 ? ", " : "") + item.to_string();
@@ -177,7 +195,8 @@ std::string Value::to_string() const {
     }
     case Kind::Dict: {
       std::string s = "{";
-      for (const auto& [k, v] : std::get<Dict>(v_)) s += fmt::format("{}'{}': {}", s.size() > 1 ? ", " : "", k, v.to_string());
+      for (const auto& [k, v] : std::get<Dict>(v_))
+        s += fmt::format("{}'{}': {}", s.size() > 1 ? ", " : "", k, v.to_string());
       return s + "}";
     }
   }
@@ -188,16 +207,26 @@ bool operator==(const Value& a, const Value& b) {
   if (a.kind() != b.kind()) return false;
   switch (a.kind()) {
     case Value::Kind::Double:
-      return std::bit_cast<std::uint64_t>(std::get<double>(a.v_)) == std::bit_cast<std::uint64_t>(std::get<double>(b.v_));
-    case Value::Kind::Tensor: return std::get<meshrt::Tensor>(a.v_).equals(std::get<meshrt::Tensor>(b.v_));
-    case Value::Kind::None: return true;
-    case Value::Kind::Bool: return std::get<bool>(a.v_) == std::get<bool>(b.v_);
-    case Value::Kind::Int: return std::get<std::int64_t>(a.v_) == std::get<std::int64_t>(b.v_);
-    case Value::Kind::String: return std::get<std::string>(a.v_) == std::get<std::string>(b.v_);
-    case Value::Kind::Ref: return std::get<meshrt::Ref>(a.v_) == std::get<meshrt::Ref>(b.v_);
-    case Value::Kind::Meta: return std::get<TensorMeta>(a.v_) == std::get<TensorMeta>(b.v_);
-    case Value::Kind::List: return std::get<Value::List>(a.v_) == std::get<Value::List>(b.v_);
-    case Value::Kind::Dict: return std::get<Value::Dict>(a.v_) == std::get<Value::Dict>(b.v_);
+      return std::bit_cast<std::uint64_t>(std::get<double>(a.v_)) ==
+             std::bit_cast<std::uint64_t>(std::get<double>(b.v_));
+    case Value::Kind::Tensor:
+      return std::get<meshrt::Tensor>(a.v_).equals(std::get<meshrt::Tensor>(b.v_));
+    case Value::Kind::None:
+      return true;
+    case Value::Kind::Bool:
+      return std::get<bool>(a.v_) == std::get<bool>(b.v_);
+    case Value::Kind::Int:
+      return std::get<std::int64_t>(a.v_) == std::get<std::int64_t>(b.v_);
+    case Value::Kind::String:
+      return std::get<std::string>(a.v_) == std::get<std::string>(b.v_);
+    case Value::Kind::Ref:
+      return std::get<meshrt::Ref>(a.v_) == std::get<meshrt::Ref>(b.v_);
+    case Value::Kind::Meta:
+      return std::get<TensorMeta>(a.v_) == std::get<TensorMeta>(b.v_);
+    case Value::Kind::List:
+      return std::get<Value::List>(a.v_) == std::get<Value::List>(b.v_);
+    case Value::Kind::Dict:
+      return std::get<Value::Dict>(a.v_) == std::get<Value::Dict>(b.v_);
   }
   return false;
 }

@@ -1,0 +1,14 @@
+#include "meshrt/functions.hpp"
+
+namespace {
+std::vector<meshrt::Tensor> kernel(meshrt::CallContext&, meshrt::Args&) {
+  return {};
+}
+meshrt::Signature shape(const meshrt::ArgMetas&) {
+  return {};
+}
+}  // namespace
+
+// The test checks that the error names this line.
+extern const int duplicate_b_line = __LINE__ + 1;
+MESHRT_REGISTER_FUNCTION("test.same_name", kernel, shape);

@@ -1,0 +1,347 @@
+#include "meshrt/functions.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+namespace meshrt {
+namespace {
+
+std::string usage_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a UsageError";
+  return {};
+}
+
+void expect_contains(const std::string& text, const std::string& part) {
+  EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
+}
+
+// Runs a registered function as a worker would: shape function on metas, then the kernel.
+std::vector<Tensor> call(const std::string& name, std::vector<Value> args, int rank = 0) {
+  const functions::Function& f = functions::lookup(name);
+  std::vector<Value> metas;
+  for (const Value& a : args)
+    metas.push_back(a.map([](const Value& v) { return v.is_tensor() ? Value(v.as_tensor().meta()) : v; }));
+  const Signature sig = functions::infer(f, ArgMetas(name, std::move(metas)));
+  CallContext ctx(rank, {"x"}, {rank});
+  Args a(name, std::move(args));
+  std::vector<Tensor> out = f.kernel(ctx, a);
+  EXPECT_EQ(out.size(), sig.outputs.size()) << name;
+  for (std::size_t i = 0; i < out.size() && i < sig.outputs.size(); ++i)
+    EXPECT_EQ(out[i].meta(), sig.outputs[i]) << name;
+  return out;
+}
+
+std::string shape_error(const std::string& name, std::vector<Value> metas) {
+  return usage_error([&] { (void)functions::infer(functions::lookup(name), ArgMetas(name, std::move(metas))); });
+}
+
+std::vector<Tensor> my_kernel(CallContext&, Args&) {
+  return {};
+}
+Signature my_shape(const ArgMetas&) {
+  return {};
+}
+MESHRT_REGISTER_FUNCTION("test.registered_by_macro", my_kernel, my_shape);
+
+TEST(Registry, BuiltinsAndMacroRegistrations) {
+  const auto names = functions::names();
+  for (const char* n : {"meshrt.full", "meshrt.zeros", "meshrt.arange", "meshrt.rand", "meshrt.add", "meshrt.sub",
+                        "meshrt.mul", "meshrt.scale", "meshrt.matmul", "meshrt.copy", "meshrt.sum", "meshrt.fill_",
+                        "meshrt.add_", "meshrt.fail", "test.registered_by_macro"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  }
+  EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
+  const auto& f = functions::lookup("test.registered_by_macro");
+  expect_contains(f.where(), "functions_test.cpp:");
+  EXPECT_TRUE(f.library.empty());
+}
+
+TEST(Registry, UnknownNamesSuggestOrList) {
+  expect_contains(usage_error([] { functions::lookup("meshrt.ad"); }),
+                  "unknown function 'meshrt.ad'; did you mean meshrt.add");
+  const std::string far = usage_error([] { functions::lookup("zzzzzzzzzzzzzzzzzzzzzzzzzz"); });
+  expect_contains(far, "unknown function 'zzzzzzzzzzzzzzzzzzzzzzzzzz'; registered: ");
+  expect_contains(far, "meshrt.matmul");
+  EXPECT_EQ(functions::find("nope"), nullptr);
+}
+
+TEST(Registry, DuplicatesAreRefusedNamingBothPlaces) {
+  functions::register_function("test.dup", my_kernel, my_shape, "first.cpp", 10);
+  const std::string e =
+      usage_error([] { functions::register_function("test.dup", my_kernel, my_shape, "second.cpp", 20); });
+  expect_contains(e, "remote function 'test.dup' registered twice: first at first.cpp:10, again at second.cpp:20");
+  expect_contains(usage_error([] { functions::register_function("", my_kernel, my_shape, "x.cpp", 1); }),
+                  "expected a non-empty name");
+  expect_contains(usage_error([] { functions::register_function("test.nokernel", nullptr, my_shape, "x.cpp", 1); }),
+                  "no kernel");
+  EXPECT_NO_THROW(functions::check_table());
+}
+
+TEST(Registry, TableHashIsStableAndSensitive) {
+  const std::uint64_t h = functions::table_hash();
+  EXPECT_EQ(functions::table_hash(), h);
+  functions::register_function("test.hash_changer", my_kernel, my_shape, __FILE__, __LINE__);
+  EXPECT_NE(functions::table_hash(), h);
+}
+
+TEST(Registry, ShapeFunctionMutatesAreChecked) {
+  functions::register_function(
+      "test.bad_mutates", my_kernel,
+      [](const ArgMetas&) {
+        return Signature{{}, {3}};
+      },
+      __FILE__, __LINE__);
+  expect_contains(shape_error("test.bad_mutates", {Value(TensorMeta())}),
+                  "declares argument 3 mutated; expected the index of a tensor argument among 1 arguments");
+}
+
+TEST(Registry, LoadLibraryAddsItsFunctions) {
+  const std::vector<std::string> added = functions::load_library(MESHRT_TEST_PLUGIN);
+  EXPECT_EQ(added, std::vector<std::string>{"plugin.triple"});
+  const auto& f = functions::lookup("plugin.triple");
+  EXPECT_EQ(f.library, MESHRT_TEST_PLUGIN);
+  expect_contains(f.where(), "test_plugin.cpp:");
+  const auto out = call("plugin.triple", {Value(Tensor::from<float>({2}, {1, 2}))});
+  EXPECT_TRUE(out.at(0).equals(Tensor::from<float>({2}, {3, 6})));
+
+  // A library that re-registers a built-in is refused, and the table stays usable.
+  const std::string e = usage_error([] { functions::load_library(MESHRT_TEST_PLUGIN_DUP); });
+  expect_contains(e, "remote function 'meshrt.add' registered twice: first at ");
+  expect_contains(e, "builtins.cpp:");
+  expect_contains(e, "test_plugin_dup.cpp:");
+  EXPECT_NO_THROW(functions::check_table());
+  EXPECT_NO_THROW(functions::lookup("meshrt.add"));
+
+  expect_contains(usage_error([] { functions::load_library("/nonexistent/libx.so"); }),
+                  "load_library: expected a loadable shared library at '/nonexistent/libx.so', found: ");
+}
+
+TEST(Args, AccessorsNameTheFunctionAndPosition) {
+  Args a("my.fn", {Value(1), Value("float32"), Value{2, 3}, Value(2.5), Value(Ref{1})});
+  EXPECT_EQ(a.integer(0), 1);
+  EXPECT_EQ(a.dtype(1), DType::Float32);
+  EXPECT_EQ(a.shape(2), (std::vector<std::int64_t>{2, 3}));
+  EXPECT_EQ(a.number(3), 2.5);
+  EXPECT_EQ(usage_error([&] { (void)a.integer(3); }), "my.fn argument 3: expected int, found double 2.5");
+  EXPECT_EQ(usage_error([&] { (void)a.tensor(4); }), "my.fn argument 4: expected a tensor, found ref ref(1)");
+  EXPECT_EQ(usage_error([&] { (void)a.value(9); }), "my.fn: expected an argument 9, found only 5 arguments");
+  expect_contains(usage_error([&] { (void)a.dtype(0); }), "my.fn argument 0: expected string, found int 1");
+  EXPECT_EQ(usage_error([&] { a.expect_count(2, 2); }), "my.fn: expected 2 arguments, found 5");
+  CallContext ctx(3, {"host", "gpu"}, {1, 0});
+  EXPECT_EQ(ctx.coordinate("gpu"), 0);
+  EXPECT_EQ(usage_error([&] { (void)ctx.coordinate("x"); }),
+            "rank 3: expected a mesh dimension in [host, gpu], found 'x'");
+}
+
+// ------------------------------------------------------------------ built-ins
+
+TEST(Builtins, Creation) {
+  auto t = call("meshrt.full", {Value{2, 3}, Value("int32"), Value(7)}).at(0);
+  EXPECT_EQ(t.shape(), (std::vector<std::int64_t>{2, 3}));
+  for (auto v : t.span<std::int32_t>()) EXPECT_EQ(v, 7);
+  t = call("meshrt.full", {Value{2}, Value("bfloat16"), Value(1.5)}).at(0);
+  EXPECT_EQ(t.data<BFloat16>()[1], float_to_bfloat16(1.5f));
+  t = call("meshrt.full", {Value{2}, Value("bool"), Value(true)}).at(0);
+  EXPECT_TRUE(t.data<bool>()[0]);
+  t = call("meshrt.zeros", {Value{4}, Value("float64")}).at(0);
+  for (auto v : t.span<double>()) EXPECT_EQ(v, 0.0);
+  t = call("meshrt.arange", {Value(5), Value("int64")}).at(0);
+  EXPECT_TRUE(t.equals(Tensor::from<std::int64_t>({5}, {0, 1, 2, 3, 4})));
+  t = call("meshrt.arange", {Value(3), Value("float16")}).at(0);
+  EXPECT_EQ(half_to_float(t.data<Half>()[2]), 2.0f);
+
+  const auto r0 = call("meshrt.rand", {Value{100}, Value("float32"), Value(42)}, 0).at(0);
+  const auto r0_again = call("meshrt.rand", {Value{100}, Value("float32"), Value(42)}, 0).at(0);
+  const auto r1 = call("meshrt.rand", {Value{100}, Value("float32"), Value(42)}, 1).at(0);
+  const auto r0_seed = call("meshrt.rand", {Value{100}, Value("float32"), Value(43)}, 0).at(0);
+  EXPECT_TRUE(r0.equals(r0_again));
+  EXPECT_FALSE(r0.equals(r1));  // one stream per rank
+  EXPECT_FALSE(r0.equals(r0_seed));
+  double mean = 0;
+  for (float v : r0.span<float>()) {
+    EXPECT_GE(v, 0.0f);
+    EXPECT_LT(v, 1.0f);
+    mean += v / 100.0;
+  }
+  EXPECT_NEAR(mean, 0.5, 0.15);
+}
+
+TEST(Builtins, CreationErrors) {
+  expect_contains(shape_error("meshrt.full", {Value{2, -1}, Value("float32"), Value(1)}),
+                  "meshrt.full argument 0: expected a shape of sizes >= 0, found -1 at dimension 1");
+  expect_contains(shape_error("meshrt.full", {Value{2}, Value("float"), Value(1)}),
+                  "meshrt.full argument 1: dtype: expected one of");
+  expect_contains(shape_error("meshrt.full", {Value{2}, Value("uint8"), Value(300)}),
+                  "meshrt.full: argument 2: expected an int in [0, 255] for dtype uint8, found 300");
+  expect_contains(shape_error("meshrt.full", {Value{2}, Value("int32"), Value(1.5)}),
+                  "expected an int in [-2147483648, 2147483647]");
+  expect_contains(shape_error("meshrt.full", {Value{2}, Value("bool"), Value(2)}),
+                  "expected a bool (or 0/1) for dtype bool, found 2");
+  expect_contains(shape_error("meshrt.full", {Value{2}}), "meshrt.full: expected 3 arguments, found 1");
+  expect_contains(shape_error("meshrt.arange", {Value(-1), Value("int32")}), "expected a length >= 0, found -1");
+  expect_contains(shape_error("meshrt.arange", {Value(3), Value("bool")}), "expected a numeric dtype, found bool");
+  expect_contains(shape_error("meshrt.rand", {Value{2}, Value("int32"), Value(1)}), "expected a floating dtype");
+}
+
+template <class T>
+Tensor filled(std::vector<std::int64_t> shape, std::initializer_list<double> values) {
+  std::vector<T> v;
+  for (double x : values) {
+    if constexpr (std::is_same_v<T, Half>)
+      v.push_back(float_to_half(static_cast<float>(x)));
+    else if constexpr (std::is_same_v<T, BFloat16>)
+      v.push_back(float_to_bfloat16(static_cast<float>(x)));
+    else
+      v.push_back(static_cast<T>(x));
+  }
+  return Tensor::from<T>(std::move(shape), std::span<const T>(v));
+}
+
+template <class T>
+class Elementwise : public ::testing::Test {};
+using NumericTypes = ::testing::Types<std::uint8_t, std::int32_t, std::int64_t, Half, BFloat16, float, double>;
+TYPED_TEST_SUITE(Elementwise, NumericTypes);
+
+TYPED_TEST(Elementwise, AddSubMulCopySum) {
+  using T = TypeParam;
+  const Tensor a = filled<T>({2, 2}, {1, 2, 3, 4});
+  const Tensor b = filled<T>({2, 2}, {5, 6, 7, 8});
+  EXPECT_TRUE(call("meshrt.add", {Value(a), Value(b)}).at(0).equals(filled<T>({2, 2}, {6, 8, 10, 12})));
+  EXPECT_TRUE(call("meshrt.sub", {Value(b), Value(a)}).at(0).equals(filled<T>({2, 2}, {4, 4, 4, 4})));
+  EXPECT_TRUE(call("meshrt.mul", {Value(a), Value(b)}).at(0).equals(filled<T>({2, 2}, {5, 12, 21, 32})));
+  const Tensor c = call("meshrt.copy", {Value(a)}).at(0);
+  EXPECT_TRUE(c.equals(a));
+  EXPECT_FALSE(c.same_storage(a));
+  EXPECT_TRUE(call("meshrt.sum", {Value(b)}).at(0).equals(filled<T>({}, {26})));
+  // In place: the argument itself changes and nothing is returned.
+  Tensor x = a.clone();
+  Args args("meshrt.add_", {Value(x), Value(b)});
+  CallContext ctx;
+  EXPECT_TRUE(functions::lookup("meshrt.add_").kernel(ctx, args).empty());
+  EXPECT_TRUE(x.equals(filled<T>({2, 2}, {6, 8, 10, 12})));
+  Args fill_args("meshrt.fill_", {Value(x), Value(3)});
+  EXPECT_TRUE(functions::lookup("meshrt.fill_").kernel(ctx, fill_args).empty());
+  EXPECT_TRUE(x.equals(filled<T>({2, 2}, {3, 3, 3, 3})));
+  const Signature sig =
+      functions::infer(functions::lookup("meshrt.add_"), ArgMetas("meshrt.add_", {Value(x.meta()), Value(b.meta())}));
+  EXPECT_EQ(sig.mutates, std::vector<std::size_t>{0});
+  EXPECT_TRUE(sig.outputs.empty());
+}
+
+TEST(Builtins, IntegersWrapAndBoolsAreLogical) {
+  const auto i32 = [](std::int32_t v) { return Tensor::from<std::int32_t>({1}, {v}); };
+  EXPECT_EQ(call("meshrt.add", {Value(i32(INT32_MAX)), Value(i32(1))}).at(0).item(), INT32_MIN);
+  EXPECT_EQ(call("meshrt.mul", {Value(i32(INT32_MIN)), Value(i32(-1))}).at(0).item(), INT32_MIN);
+  const auto u8 = Tensor::from<std::uint8_t>({1}, {250});
+  EXPECT_EQ(call("meshrt.add", {Value(u8), Value(u8)}).at(0).item(), 244);
+  const Tensor p = Tensor::from<bool>({4}, {false, false, true, true});
+  const Tensor q = Tensor::from<bool>({4}, {false, true, false, true});
+  EXPECT_TRUE(
+      call("meshrt.add", {Value(p), Value(q)}).at(0).equals(Tensor::from<bool>({4}, {false, true, true, true})));
+  EXPECT_TRUE(
+      call("meshrt.mul", {Value(p), Value(q)}).at(0).equals(Tensor::from<bool>({4}, {false, false, false, true})));
+  const Tensor s = call("meshrt.sum", {Value(q)}).at(0);
+  EXPECT_EQ(s.dtype(), DType::Int64);
+  EXPECT_EQ(s.item(), 2.0);
+  expect_contains(shape_error("meshrt.sub", {Value(p.meta()), Value(q.meta())}),
+                  "meshrt.sub: expected a numeric dtype, found bool");
+}
+
+TEST(Builtins, ElementwiseErrors) {
+  expect_contains(
+      shape_error("meshrt.add", {Value(TensorMeta({2, 3}, DType::Float32)), Value(TensorMeta({3}, DType::Float32))}),
+      "meshrt.add: expected arguments 0 and 1 of one shape, dtype and device, found float32[2, 3] on cpu and "
+      "float32[3] on cpu");
+  expect_contains(
+      shape_error("meshrt.mul", {Value(TensorMeta({2}, DType::Float32)), Value(TensorMeta({2}, DType::Float64))}),
+      "found float32[2] on cpu and float64[2] on cpu");
+  expect_contains(shape_error("meshrt.add", {Value(TensorMeta({2}, DType::Float32)), Value(1)}),
+                  "meshrt.add argument 1: expected a tensor, found int 1");
+  expect_contains(shape_error("meshrt.scale", {Value(TensorMeta({2}, DType::Int32)), Value(2)}),
+                  "meshrt.scale: argument 0: expected a floating dtype (float16, bfloat16, float32, float64), found "
+                  "int32[2] on cpu");
+  expect_contains(shape_error("meshrt.fill_", {Value(TensorMeta({2}, DType::UInt8)), Value(-1)}),
+                  "expected an int in [0, 255]");
+}
+
+TEST(Builtins, Scale) {
+  const Tensor x = Tensor::from<float>({3}, {1, -2, 4});
+  EXPECT_TRUE(call("meshrt.scale", {Value(x), Value(0.5)}).at(0).equals(Tensor::from<float>({3}, {0.5f, -1, 2})));
+  const Tensor h = filled<Half>({2}, {3, 5});
+  EXPECT_TRUE(call("meshrt.scale", {Value(h), Value(2)}).at(0).equals(filled<Half>({2}, {6, 10})));
+}
+
+template <class T>
+void check_matmul(std::int64_t m, std::int64_t k, std::int64_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<T> dist(-1, 1);
+  std::vector<T> av(static_cast<std::size_t>(m * k)), bv(static_cast<std::size_t>(k * n));
+  for (auto& v : av) v = dist(rng);
+  for (auto& v : bv) v = dist(rng);
+  const Tensor a = Tensor::from<T>({m, k}, std::span<const T>(av));
+  const Tensor b = Tensor::from<T>({k, n}, std::span<const T>(bv));
+  const Tensor c = call("meshrt.matmul", {Value(a), Value(b)}).at(0);
+  const double tolerance = std::is_same_v<T, float> ? 1e-4 : 1e-12;
+  ASSERT_EQ(c.shape(), (std::vector<std::int64_t>{m, n}));
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      double ref = 0;
+      for (std::int64_t l = 0; l < k; ++l) ref += static_cast<double>(av[i * k + l]) * bv[l * n + j];
+      EXPECT_NEAR(c.data<T>()[i * n + j], ref, tolerance) << i << "," << j;
+    }
+  }
+}
+
+TEST(Builtins, MatmulMatchesANaiveLoop) {
+  std::mt19937 rng(7);
+  check_matmul<float>(3, 5, 4, rng);
+  check_matmul<float>(1, 1, 1, rng);
+  check_matmul<double>(7, 2, 9, rng);
+  check_matmul<double>(16, 16, 16, rng);
+  const Tensor z = call("meshrt.matmul", {Value(Tensor::zeros(TensorMeta({2, 0}, DType::Float32))),
+                                          Value(Tensor::zeros(TensorMeta({0, 3}, DType::Float32)))})
+                       .at(0);
+  for (float v : z.span<float>()) EXPECT_EQ(v, 0.0f);
+  expect_contains(
+      shape_error("meshrt.matmul",
+                  {Value(TensorMeta({2, 3}, DType::Float32)), Value(TensorMeta({2, 3}, DType::Float32))}),
+      "meshrt.matmul: expected [m, k] and [k, n] matrices, found float32[2, 3] on cpu and float32[2, 3] on cpu");
+  expect_contains(
+      shape_error("meshrt.matmul", {Value(TensorMeta({2, 2}, DType::Int32)), Value(TensorMeta({2, 2}, DType::Int32))}),
+      "expected two float32 or two float64 matrices");
+}
+
+TEST(Builtins, FailThrowsOnTheChosenRanks) {
+  const auto run = [](int rank) { return call("meshrt.fail", {Value("boom"), Value{1, 3}}, rank); };
+  EXPECT_EQ(run(0).at(0).item(), 0.0);
+  try {
+    run(3);
+    ADD_FAILURE() << "expected std::runtime_error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "boom");
+  }
+  EXPECT_THROW(call("meshrt.fail", {Value("all"), Value::list()}, 5), std::runtime_error);
+}
+
+TEST(Builtins, CudaKernelsMatchTheCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
+  const Tensor a = Tensor::from<float>({3}, {1, 2, 3});
+  const Tensor b = Tensor::from<float>({3}, {4, 5, 6});
+  CallContext ctx(0, {}, {}, 0, Device::cuda(0));
+  Args args("meshrt.add", {Value(a.to(Device::cuda(0))), Value(b.to(Device::cuda(0)))});
+  const auto out = functions::lookup("meshrt.add").kernel(ctx, args);
+  EXPECT_TRUE(out.at(0).to(Device::cpu()).equals(Tensor::from<float>({3}, {5, 7, 9})));
+  Args full("meshrt.full", {Value{2}, Value("float16"), Value(2.5)});
+  const auto f = functions::lookup("meshrt.full").kernel(ctx, full).at(0);
+  EXPECT_TRUE(f.device().is_cuda());
+  EXPECT_TRUE(f.to(Device::cpu()).equals(filled<Half>({2}, {2.5, 2.5})));
+}
+
+}  // namespace
+}  // namespace meshrt

@@ -1,0 +1,194 @@
+#include "meshrt/tensor.hpp"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <boost/archive/binary_iarchive.hpp>
+#include <boost/archive/binary_oarchive.hpp>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "meshrt/tensor_serialization.hpp"
+
+namespace meshrt {
+namespace {
+
+std::string usage_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a UsageError";
+  return {};
+}
+
+void expect_contains(const std::string& text, const std::string& part) {
+  EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
+}
+
+TEST(DType, NamesSizesAndParsing) {
+  const std::size_t sizes[] = {1, 1, 4, 8, 2, 2, 4, 8};
+  for (int i = 0; i < kNumDTypes; ++i) {
+    const auto d = static_cast<DType>(i);
+    EXPECT_EQ(parse_dtype(name(d)), d);
+    EXPECT_EQ(element_size(d), sizes[i]) << name(d);
+  }
+  EXPECT_EQ(name(DType::BFloat16), "bfloat16");
+  expect_contains(usage_error([] { parse_dtype("float"); }),
+                  "expected one of bool, uint8, int32, int64, float16, bfloat16, float32, float64, found 'float'");
+  EXPECT_TRUE(is_floating(DType::BFloat16));
+  EXPECT_FALSE(is_floating(DType::Int64));
+}
+
+TEST(Device, ParseAndPrint) {
+  EXPECT_EQ(Device::parse("cpu"), Device::cpu());
+  EXPECT_EQ(Device::parse("cuda"), Device::cuda(0));
+  EXPECT_EQ(Device::parse("cuda:3").index(), 3);
+  EXPECT_EQ(Device::cuda(2).to_string(), "cuda:2");
+  EXPECT_EQ(Device::cpu().to_string(), "cpu");
+  for (const char* bad : {"gpu", "cuda:", "cuda:-1", "cuda:1x", "CPU"}) {
+    expect_contains(usage_error([&] { Device::parse(bad); }), std::string("found '") + bad + "'");
+  }
+  expect_contains(usage_error([] { Device::cuda(-2); }), "expected a device index >= 0, found -2");
+}
+
+TEST(TensorMeta, SizesAndErrors) {
+  const TensorMeta m({3, 4}, DType::Float16);
+  EXPECT_EQ(m.numel(), 12);
+  EXPECT_EQ(m.nbytes(), 24u);
+  EXPECT_EQ(m.to_string(), "float16[3, 4] on cpu");
+  EXPECT_EQ(TensorMeta().numel(), 1);  // 0-d
+  EXPECT_EQ(TensorMeta({5, 0, 7}, DType::Int64).nbytes(), 0u);
+  expect_contains(usage_error([] {
+                    TensorMeta({3, -2}, DType::Float32);
+                  }),
+                  "tensor shape [3, -2]: expected every dimension >= 0, found -2 at dimension 1");
+  expect_contains(usage_error([] {
+                    TensorMeta({std::int64_t{1} << 40, std::int64_t{1} << 40}, DType::Float32);
+                  }),
+                  "overflows");
+  expect_contains(usage_error([] { TensorMeta({2}, static_cast<DType>(17)); }), "expected a dtype in 0..7, found 17");
+  // The largest shape that fits: int64 max bytes of uint8.
+  EXPECT_EQ(TensorMeta({std::numeric_limits<std::int64_t>::max()}, DType::UInt8).numel(),
+            std::numeric_limits<std::int64_t>::max());
+  EXPECT_THROW(TensorMeta({std::numeric_limits<std::int64_t>::max()}, DType::Int32), UsageError);
+}
+
+TEST(Tensor, StorageIsSharedAlignedAndCloneable) {
+  Tensor a = Tensor::zeros(TensorMeta({5, 3}, DType::Float32));
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a.raw_data()) % 64, 0u);
+  for (float v : a.span<float>()) EXPECT_EQ(v, 0.0f);
+  Tensor shared = a;
+  Tensor copy = a.clone();
+  a.data<float>()[4] = 2.5f;
+  EXPECT_EQ(shared.data<float>()[4], 2.5f);
+  EXPECT_EQ(copy.data<float>()[4], 0.0f);
+  EXPECT_TRUE(shared.same_storage(a));
+  EXPECT_FALSE(copy.same_storage(a));
+  EXPECT_FALSE(copy.equals(a));
+  copy.copy_from(a);
+  EXPECT_TRUE(copy.equals(a));
+
+  Tensor r = a.reshape({15});
+  EXPECT_TRUE(r.same_storage(a));
+  EXPECT_EQ(r.data<float>()[4], 2.5f);
+  expect_contains(usage_error([&] {
+                    (void)a.reshape({4, 4});
+                  }),
+                  "expected a shape of 15 elements, found [4, 4] (16 elements)");
+  expect_contains(usage_error([&] { copy.copy_from(Tensor::zeros(TensorMeta({15}, DType::Float32))); }),
+                  "expected a source like float32[5, 3] on cpu, found float32[15] on cpu");
+
+  // Zero-size tensors still have an address.
+  EXPECT_NE(Tensor::empty(TensorMeta({0}, DType::Int64)).raw_data(), nullptr);
+}
+
+TEST(Tensor, TypedAccessChecksTheDType) {
+  Tensor t = Tensor::from<std::int32_t>({2, 2}, {1, 2, 3, 4});
+  EXPECT_EQ(t.dtype(), DType::Int32);
+  EXPECT_EQ(t.span<std::int32_t>()[3], 4);
+  expect_contains(usage_error([&] { (void)t.data<float>(); }),
+                  "expected element type int32 for a int32 tensor, found a request for float32");
+  expect_contains(usage_error([] { (void)Tensor().data<float>(); }), "expected a defined tensor");
+  expect_contains(usage_error([] {
+                    (void)Tensor::from<float>({3}, {1.0f, 2.0f});
+                  }),
+                  "expected 3 values for shape [3], found 2");
+  EXPECT_EQ(Tensor::from<double>({}, {2.5}).item(), 2.5);
+  EXPECT_EQ(Tensor::from<bool>({1}, {true}).item(), 1.0);
+  expect_contains(usage_error([&] { (void)t.item(); }), "expected one element, found int32[2, 2] on cpu");
+  EXPECT_EQ(t.to_string(), "Tensor(int32[2, 2] on cpu)");
+}
+
+TEST(Tensor, CudaWithoutAGpuIsAClearError) {
+  const Tensor t = Tensor::from<float>({2}, {1.0f, 2.0f});
+  if (cuda_available()) {
+    const Tensor d = t.to(Device::cuda(0));
+    EXPECT_TRUE(d.device().is_cuda());
+    EXPECT_THROW((void)d.data<float>(), UsageError);
+    const Tensor back = d.to(Device::cpu());
+    EXPECT_TRUE(back.equals(t));
+    EXPECT_TRUE(d.clone().to(Device::cpu()).equals(t));
+    GTEST_SKIP() << "GPU present: round trip checked; the no-GPU error path is not reachable";
+  }
+  const std::string e = usage_error([&] { (void)t.to(Device::cuda(0)); });
+  expect_contains(e, "Tensor::to");
+  expect_contains(e, "cuda:0");
+  expect_contains(usage_error([] { (void)Tensor::empty(TensorMeta({2}, DType::Float32, Device::cuda(0))); }),
+                  "tensor allocation");
+}
+
+TEST(HalfFloat, KnownValues) {
+  EXPECT_EQ(float_to_half(1.0f).bits, 0x3c00);
+  EXPECT_EQ(float_to_half(-2.0f).bits, 0xc000);
+  EXPECT_EQ(float_to_half(65504.0f).bits, 0x7bff);                          // largest finite
+  EXPECT_EQ(float_to_half(65520.0f).bits, 0x7c00);                          // rounds to infinity
+  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -24)).bits, 0x0001);             // smallest denormal
+  EXPECT_EQ(float_to_half(1.0f + std::ldexp(1.0f, -11)).bits, 0x3c00);      // tie -> even
+  EXPECT_EQ(float_to_half(1.0f + 3 * std::ldexp(1.0f, -11)).bits, 0x3c02);  // tie -> even (up)
+  EXPECT_TRUE(std::isnan(half_to_float(float_to_half(std::nanf("")))));
+  EXPECT_EQ(half_to_float(Half{0x7c00}), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(float_to_bfloat16(1.0f).bits, 0x3f80);
+  EXPECT_EQ(float_to_bfloat16(1.0f + std::ldexp(1.0f, -8)).bits, 0x3f80);      // tie -> even
+  EXPECT_EQ(float_to_bfloat16(1.0f + 3 * std::ldexp(1.0f, -8)).bits, 0x3f82);  // tie -> even (up)
+  EXPECT_TRUE(std::isnan(bfloat16_to_float(float_to_bfloat16(std::nanf("")))));
+}
+
+TEST(HalfFloat, EveryValueRoundTrips) {
+  for (std::uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const Half h{static_cast<std::uint16_t>(bits)};
+    const float f = half_to_float(h);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(float_to_half(f).bits, bits) << std::hex << bits;
+    const BFloat16 b{static_cast<std::uint16_t>(bits)};
+    const float g = bfloat16_to_float(b);
+    if (std::isnan(g)) continue;
+    ASSERT_EQ(float_to_bfloat16(g).bits, bits) << std::hex << bits;
+  }
+}
+
+TEST(TensorSerialization, BoostRoundTrip) {
+  const Tensor t = Tensor::from<double>({2, 3}, {1, 2, 3, 4, 5, 6});
+  const TensorMeta m({7, 1}, DType::BFloat16, Device::cuda(1));
+  std::stringstream ss;
+  {
+    boost::archive::binary_oarchive oa(ss);
+    const Tensor undefined;
+    oa << t << m << undefined;
+  }
+  Tensor back, undefined_back = t;
+  TensorMeta m_back;
+  {
+    boost::archive::binary_iarchive ia(ss);
+    ia >> back >> m_back >> undefined_back;
+  }
+  EXPECT_TRUE(back.equals(t));
+  EXPECT_FALSE(back.same_storage(t));
+  EXPECT_EQ(m_back, m);
+  EXPECT_FALSE(undefined_back.defined());
+}
+
+}  // namespace
+}  // namespace meshrt
