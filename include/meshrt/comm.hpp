@@ -180,6 +180,13 @@ inline constexpr std::size_t kThreadMinBytes = std::size_t{512} << 10;
 // that every member sees alike (unknown dimension, dtype, scatter size, in place where
 // the collective has no in-place form) are thrown before anything is posted, so every
 // member throws and none waits. `factory` is the tensor the controller expects.
+//
+// Dtypes: bitwise reductions (band, bor, bxor) need an integer or bool dtype. bool
+// supports stack, min (all), max (any), band, bor and bxor; sum, avg and product are
+// refused (their result is not a bool). avg on integers is the sum, then a division
+// truncating toward zero, like NCCL's ncclAvg (a sum that overflows the dtype wraps
+// before the division). float16 and bfloat16 reduce through MPI user-defined operations
+// that compute each step in float and round to nearest even, as NCCL does on the GPU.
 [[nodiscard]] std::unique_ptr<Pending> start_reduce(WorkerMesh& mesh, std::string_view dim, Reduction reduction,
                                                     bool scatter, bool inplace, Input input,
                                                     const TensorMeta& factory,
