@@ -188,8 +188,7 @@ inline constexpr std::size_t kThreadMinBytes = std::size_t{512} << 10;
 // before the division). float16 and bfloat16 reduce through MPI user-defined operations
 // that compute each step in float and round to nearest even, as NCCL does on the GPU.
 [[nodiscard]] std::unique_ptr<Pending> start_reduce(WorkerMesh& mesh, std::string_view dim, Reduction reduction,
-                                                    bool scatter, bool inplace, Input input,
-                                                    const TensorMeta& factory,
+                                                    bool scatter, bool inplace, Input input, const TensorMeta& factory,
                                                     Completion completion = Completion::Auto);
 
 // Positional point-to-point over `p2p`: from_ranks[i] sends to to_ranks[i] (ranks of

@@ -31,7 +31,9 @@ Outcome Pending::take() {
   return std::move(outcome_);
 }
 
-void Pending::idle(std::chrono::microseconds at_most) { std::this_thread::sleep_for(at_most); }
+void Pending::idle(std::chrono::microseconds at_most) {
+  std::this_thread::sleep_for(at_most);
+}
 
 namespace {
 
@@ -54,7 +56,9 @@ class CommThread {
   }
 
  private:
-  CommThread() { std::thread([this] { loop(); }).detach(); }
+  CommThread() {
+    std::thread([this] { loop(); }).detach();
+  }
   [[noreturn]] void loop() {
     for (;;) {
       std::function<void()> job;
@@ -105,22 +109,34 @@ struct Call {
 
   void run() const {
     switch (kind) {
-      case Kind::AllGather: MESHRT_MPI_CHECK(MPI_Allgather(send, count, type, recv, count, type, comm)); break;
-      case Kind::AllToAll: MESHRT_MPI_CHECK(MPI_Alltoall(send, count, send_type, recv, count, type, comm)); break;
-      case Kind::ReduceScatter: MESHRT_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, count, type, op, comm)); break;
-      case Kind::AllReduce: MESHRT_MPI_CHECK(MPI_Allreduce(send, recv, count, type, op, comm)); break;
+      case Kind::AllGather:
+        MESHRT_MPI_CHECK(MPI_Allgather(send, count, type, recv, count, type, comm));
+        break;
+      case Kind::AllToAll:
+        MESHRT_MPI_CHECK(MPI_Alltoall(send, count, send_type, recv, count, type, comm));
+        break;
+      case Kind::ReduceScatter:
+        MESHRT_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, count, type, op, comm));
+        break;
+      case Kind::AllReduce:
+        MESHRT_MPI_CHECK(MPI_Allreduce(send, recv, count, type, op, comm));
+        break;
     }
   }
   void post(MPI_Request* req) const {
     switch (kind) {
-      case Kind::AllGather: MESHRT_MPI_CHECK(MPI_Iallgather(send, count, type, recv, count, type, comm, req)); break;
+      case Kind::AllGather:
+        MESHRT_MPI_CHECK(MPI_Iallgather(send, count, type, recv, count, type, comm, req));
+        break;
       case Kind::AllToAll:
         MESHRT_MPI_CHECK(MPI_Ialltoall(send, count, send_type, recv, count, type, comm, req));
         break;
       case Kind::ReduceScatter:
         MESHRT_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, count, type, op, comm, req));
         break;
-      case Kind::AllReduce: MESHRT_MPI_CHECK(MPI_Iallreduce(send, recv, count, type, op, comm, req)); break;
+      case Kind::AllReduce:
+        MESHRT_MPI_CHECK(MPI_Iallreduce(send, recv, count, type, op, comm, req));
+        break;
     }
   }
 };
@@ -154,8 +170,10 @@ class MpiPending final : public Pending {
   }
 
   void idle(std::chrono::microseconds at_most) override {
-    if (job) job->wait_for(at_most);
-    else Pending::idle(at_most);
+    if (job)
+      job->wait_for(at_most);
+    else
+      Pending::idle(at_most);
   }
 
   std::string describe() const override {
@@ -164,8 +182,8 @@ class MpiPending final : public Pending {
   }
 
   void complete() {
-    if (divide_by > 1) detail::divide_in_place(result.tensor.raw_data(), result.tensor.numel(), result.tensor.dtype(),
-                                               divide_by);
+    if (divide_by > 1)
+      detail::divide_in_place(result.tensor.raw_data(), result.tensor.numel(), result.tensor.dtype(), divide_by);
     sent = Tensor();
     finish(std::move(result));
   }
@@ -210,7 +228,9 @@ class MpiPending final : public Pending {
   std::int64_t divide_by = 0;
 };
 
-int as_count(std::int64_t n) { return static_cast<int>(n); }  // plan_* checked the range
+int as_count(std::int64_t n) {
+  return static_cast<int>(n);
+}  // plan_* checked the range
 
 Completion resolve(Completion c, std::size_t bytes) {
   if (c != Completion::Auto) return c;
@@ -289,8 +309,8 @@ std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSl
                                            Completion completion) {
   int comm_size = 0;
   MESHRT_MPI_CHECK(MPI_Comm_size(p2p, &comm_size));
-  const detail::SendPlan plan = detail::plan_send(my_rank, comm_size, from_ranks, to_ranks, factory,
-                                                  detail::Backend::Mpi);
+  const detail::SendPlan plan =
+      detail::plan_send(my_rank, comm_size, from_ranks, to_ranks, factory, detail::Backend::Mpi);
   completion = resolve(completion, factory.nbytes());
   auto p = std::make_unique<MpiPending>();
   p->send = plan;

@@ -74,7 +74,9 @@ OutputPool& pool() {
 }  // namespace meshrt::detail
 
 namespace meshrt {
-OutputPoolStats output_pool_stats() { return detail::pool().stats(); }
+OutputPoolStats output_pool_stats() {
+  return detail::pool().stats();
+}
 }  // namespace meshrt
 
 namespace meshrt::detail {

@@ -19,9 +19,10 @@ ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim_name, Reduct
   const DType dtype = factory.dtype();
   const bool on_cuda = factory.device().is_cuda();
   if (backend == Backend::Mpi && on_cuda) {
-    throw UsageError(fmt::format("{} over MPI: expected a CPU tensor, found {}; CUDA tensors go through the NCCL data "
-                                 "plane (start_reduce_nccl){}",
-                                 name(reduction), factory.to_string(), where_reduce(mesh, plan.dim)));
+    throw UsageError(
+        fmt::format("{} over MPI: expected a CPU tensor, found {}; CUDA tensors go through the NCCL data "
+                    "plane (start_reduce_nccl){}",
+                    name(reduction), factory.to_string(), where_reduce(mesh, plan.dim)));
   }
   if (backend == Backend::Nccl && !on_cuda) {
     throw UsageError(fmt::format("{} over NCCL: expected a CUDA tensor, found {}{}", name(reduction),
@@ -29,9 +30,10 @@ ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim_name, Reduct
   }
   if (is_bitwise(reduction)) {
     if (backend == Backend::Nccl) {
-      throw UsageError(fmt::format("bitwise reduction {} is not supported by NCCL, found a CUDA tensor {}; move it "
-                                   "to the CPU or use another reduction{}",
-                                   name(reduction), factory.to_string(), where_reduce(mesh, plan.dim)));
+      throw UsageError(
+          fmt::format("bitwise reduction {} is not supported by NCCL, found a CUDA tensor {}; move it "
+                      "to the CPU or use another reduction{}",
+                      name(reduction), factory.to_string(), where_reduce(mesh, plan.dim)));
     }
     if (is_floating(dtype)) {
       throw UsageError(fmt::format("bitwise reduction {} needs an integer or bool dtype, found {}{}", name(reduction),
@@ -40,29 +42,32 @@ ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim_name, Reduct
   }
   if (dtype == DType::Bool &&
       (reduction == Reduction::Sum || reduction == Reduction::Avg || reduction == Reduction::Product)) {
-    throw UsageError(fmt::format("reduction {} needs a numeric dtype, found bool; on bool use max or bor (any), min "
-                                 "or band (all), bxor (parity){}",
-                                 name(reduction), where_reduce(mesh, plan.dim)));
+    throw UsageError(
+        fmt::format("reduction {} needs a numeric dtype, found bool; on bool use max or bor (any), min "
+                    "or band (all), bxor (parity){}",
+                    name(reduction), where_reduce(mesh, plan.dim)));
   }
   const bool stack = reduction == Reduction::Stack;
   if (scatter) {
     if (factory.ndim() == 0 || factory.shape()[0] != plan.n) {
-      throw UsageError(fmt::format("{} with scatter over a dimension of size {} needs an input with size(0) == {}, "
-                                   "found {}{}",
-                                   name(reduction), plan.n, plan.n, factory.to_string(),
-                                   where_reduce(mesh, plan.dim)));
+      throw UsageError(
+          fmt::format("{} with scatter over a dimension of size {} needs an input with size(0) == {}, "
+                      "found {}{}",
+                      name(reduction), plan.n, plan.n, factory.to_string(), where_reduce(mesh, plan.dim)));
     }
   }
   if (inplace && !scatter && stack) {
-    throw UsageError(fmt::format("stack (all_gather) cannot run in place: its output [{}, ...] is larger than its "
-                                 "input {}{}",
-                                 plan.n, factory.to_string(), where_reduce(mesh, plan.dim)));
+    throw UsageError(
+        fmt::format("stack (all_gather) cannot run in place: its output [{}, ...] is larger than its "
+                    "input {}{}",
+                    plan.n, factory.to_string(), where_reduce(mesh, plan.dim)));
   }
   if (inplace && scatter && !stack) {
-    throw UsageError(fmt::format("{} with scatter (reduce_scatter) cannot run in place: its output {} is smaller "
-                                 "than its input {}{}",
-                                 name(reduction), factory.with_shape({factory.shape().begin() + 1, factory.shape().end()}).to_string(),
-                                 factory.to_string(), where_reduce(mesh, plan.dim)));
+    throw UsageError(fmt::format(
+        "{} with scatter (reduce_scatter) cannot run in place: its output {} is smaller "
+        "than its input {}{}",
+        name(reduction), factory.with_shape({factory.shape().begin() + 1, factory.shape().end()}).to_string(),
+        factory.to_string(), where_reduce(mesh, plan.dim)));
   }
   if (stack && !scatter) {
     plan.collective = "all_gather";
@@ -88,10 +93,10 @@ Joined join_input(Input&& input, const TensorMeta& factory, std::string_view op,
       j.tensor = std::move(*t);
       return j;
     }
-    j.mismatch = fmt::format("{}: expected an input {} as the controller computed, found {}; this rank joined with "
-                             "zeros so that its peers complete{}",
-                             op, factory.to_string(), t->defined() ? t->meta().to_string() : "an undefined tensor",
-                             where);
+    j.mismatch = fmt::format(
+        "{}: expected an input {} as the controller computed, found {}; this rank joined with "
+        "zeros so that its peers complete{}",
+        op, factory.to_string(), t->defined() ? t->meta().to_string() : "an undefined tensor", where);
   } else {
     j.broken = std::get<DependentOnError>(input);
   }
@@ -130,22 +135,24 @@ NDSlice::Int slice_max(const NDSlice& s) {
 SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const NDSlice& to_ranks,
                    const TensorMeta& factory, Backend backend) {
   if (from_ranks.len() != to_ranks.len()) {
-    throw UsageError(fmt::format("send_tensor: expected from_ranks and to_ranks of equal length, found {} ({}) and "
-                                 "{} ({}) (world rank {})",
-                                 from_ranks.len(), from_ranks.to_string(), to_ranks.len(), to_ranks.to_string(),
-                                 my_rank));
+    throw UsageError(
+        fmt::format("send_tensor: expected from_ranks and to_ranks of equal length, found {} ({}) and "
+                    "{} ({}) (world rank {})",
+                    from_ranks.len(), from_ranks.to_string(), to_ranks.len(), to_ranks.to_string(), my_rank));
   }
   for (const NDSlice* s : {&from_ranks, &to_ranks}) {
     if (slice_max(*s) >= comm_size) {
-      throw UsageError(fmt::format("send_tensor: expected ranks below the communicator size {}, found rank {} in {} "
-                                   "(world rank {})",
-                                   comm_size, slice_max(*s), s->to_string(), my_rank));
+      throw UsageError(
+          fmt::format("send_tensor: expected ranks below the communicator size {}, found rank {} in {} "
+                      "(world rank {})",
+                      comm_size, slice_max(*s), s->to_string(), my_rank));
     }
   }
   if (backend == Backend::Mpi && factory.device().is_cuda()) {
-    throw UsageError(fmt::format("send_tensor over MPI: expected a CPU tensor, found {}; CUDA tensors go through "
-                                 "NCCL (start_send_tensor_nccl) (world rank {})",
-                                 factory.to_string(), my_rank));
+    throw UsageError(
+        fmt::format("send_tensor over MPI: expected a CPU tensor, found {}; CUDA tensors go through "
+                    "NCCL (start_send_tensor_nccl) (world rank {})",
+                    factory.to_string(), my_rank));
   }
   if (backend == Backend::Nccl && !factory.device().is_cuda()) {
     throw UsageError(fmt::format("send_tensor over NCCL: expected a CUDA tensor, found {} (world rank {})",
@@ -176,9 +183,10 @@ std::string describe_send(const SendPlan& plan, int my_rank, std::size_t bytes, 
 
 void check_count(std::int64_t count, std::string_view what) {
   if (count > INT_MAX) {
-    throw UsageError(fmt::format("{}: expected at most {} elements in one message (MPI and NCCL counts are int), "
-                                 "found {}",
-                                 what, INT_MAX, count));
+    throw UsageError(
+        fmt::format("{}: expected at most {} elements in one message (MPI and NCCL counts are int), "
+                    "found {}",
+                    what, INT_MAX, count));
   }
 }
 

@@ -18,9 +18,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr std::array kReductions{Reduction::Stack, Reduction::Sum, Reduction::Avg, Reduction::Product, Reduction::Min,
+constexpr std::array kReductions{Reduction::Stack, Reduction::Sum,  Reduction::Avg, Reduction::Product, Reduction::Min,
                                  Reduction::Max,   Reduction::Band, Reduction::Bor, Reduction::Bxor};
-constexpr std::array kDTypes{DType::Bool,     DType::UInt8,   DType::Int32,   DType::Int64,
+constexpr std::array kDTypes{DType::Bool,    DType::UInt8,    DType::Int32,   DType::Int64,
                              DType::Float16, DType::BFloat16, DType::Float32, DType::Float64};
 
 // The world ranks of this rank's line along `dim`, computed from the NDSlice alone.
@@ -38,7 +38,8 @@ std::vector<int> line_of(const NDSlice& ranks, std::size_t dim) {
 bool refused(Reduction red, DType dtype, bool scatter, bool inplace) {
   const bool stack = red == Reduction::Stack;
   if (is_bitwise(red) && is_floating(dtype)) return true;
-  if (dtype == DType::Bool && (red == Reduction::Sum || red == Reduction::Avg || red == Reduction::Product)) return true;
+  if (dtype == DType::Bool && (red == Reduction::Sum || red == Reduction::Avg || red == Reduction::Product))
+    return true;
   if (stack && !scatter && inplace) return true;
   if (!stack && scatter && inplace) return true;
   return false;
@@ -62,7 +63,8 @@ Tensor expected_output(Reduction red, const TensorMeta& in_meta, bool scatter, c
     T* p = static_cast<T*>(out.raw_data());
     if (red == Reduction::Stack && !scatter) {
       for (std::int64_t k = 0; k < n; ++k) {
-        for (std::int64_t i = 0; i < numel; ++i) p[k * numel + i] = from_double<T>(value(line[static_cast<std::size_t>(k)], i));
+        for (std::int64_t i = 0; i < numel; ++i)
+          p[k * numel + i] = from_double<T>(value(line[static_cast<std::size_t>(k)], i));
       }
     } else if (red == Reduction::Stack) {
       const std::int64_t chunk = numel / n;
@@ -194,8 +196,9 @@ TEST(CommReduce, BrokenInputJoinsWithZeros) {
     Reduction red;
     bool scatter, inplace;
   };
-  for (Case c : {Case{Reduction::Sum, false, false}, Case{Reduction::Max, false, true}, Case{Reduction::Stack, false, false},
-                 Case{Reduction::Stack, true, true}, Case{Reduction::Avg, true, false}}) {
+  for (Case c :
+       {Case{Reduction::Sum, false, false}, Case{Reduction::Max, false, true}, Case{Reduction::Stack, false, false},
+        Case{Reduction::Stack, true, true}, Case{Reduction::Avg, true, false}}) {
     for (Completion completion : {Completion::NonBlocking, Completion::Blocking, Completion::Thread}) {
       SCOPED_TRACE(fmt::format("{} scatter={} inplace={}", name(c.red), c.scatter, c.inplace));
       const TensorMeta meta({n, 4}, DType::Float32);
@@ -220,8 +223,8 @@ TEST(CommReduce, MismatchedInputRaisesAfterCompletion) {
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
   const int me = world_rank();
   const TensorMeta meta({4}, DType::Int32);
-  const Tensor input = me == 0 ? make_input(TensorMeta({5}, DType::Int32), Reduction::Sum, me)
-                               : make_input(meta, Reduction::Sum, me);
+  const Tensor input =
+      me == 0 ? make_input(TensorMeta({5}, DType::Int32), Reduction::Sum, me) : make_input(meta, Reduction::Sum, me);
   auto p = start_reduce(mesh, "x", Reduction::Sum, false, false, input, meta);
   if (me == 0) {
     while (!p->test()) {
@@ -255,8 +258,7 @@ TEST(CommReduce, UsageErrors) {
   World world;
   const int n = world_size();
   WorkerMesh mesh({"gpu"}, NDSlice::row_major({n}), world.comm());
-  const std::string where =
-      fmt::format(" (dimension 'gpu' of mesh [gpu={}], world rank {})", n, world_rank());
+  const std::string where = fmt::format(" (dimension 'gpu' of mesh [gpu={}], world rank {})", n, world_rank());
   const TensorMeta f32({n, 2}, DType::Float32);
   auto start = [&](std::string_view dim, Reduction red, bool scatter, bool inplace, const TensorMeta& meta) {
     // The input is a broken marker: no tensor of a (possibly absent) device is needed.
@@ -268,7 +270,8 @@ TEST(CommReduce, UsageErrors) {
             "bitwise reduction band needs an integer or bool dtype, found float32" + where);
   EXPECT_EQ(start("gpu", Reduction::Sum, false, false, TensorMeta({2}, DType::Bool)),
             "reduction sum needs a numeric dtype, found bool; on bool use max or bor (any), min or band (all), bxor "
-            "(parity)" + where);
+            "(parity)" +
+                where);
   EXPECT_EQ(start("host", Reduction::Sum, false, false, f32),
             fmt::format("device mesh [gpu={}]: unknown dimension 'host', expected one of 'gpu' (world rank {})", n,
                         world_rank()));
@@ -392,8 +395,10 @@ TEST(CommReduce, EmptyAndZeroDimensionalTensors) {
   const TensorMeta empty({0, 3}, DType::Float32);
   EXPECT_EQ(wait(*start_reduce(mesh, "x", Reduction::Sum, false, false, empty.zeros(), empty)).tensor.numel(), 0);
   const TensorMeta scalar({}, DType::Int64);
-  const Outcome out = reduce(mesh, "x", Reduction::Sum, false, false, make_input(scalar, Reduction::Sum, world_rank()), scalar);
-  EXPECT_EQ(compare(out.tensor, expected_output(Reduction::Sum, scalar, false, line_of(mesh.ranks(), 0), world_rank())), "");
+  const Outcome out =
+      reduce(mesh, "x", Reduction::Sum, false, false, make_input(scalar, Reduction::Sum, world_rank()), scalar);
+  EXPECT_EQ(compare(out.tensor, expected_output(Reduction::Sum, scalar, false, line_of(mesh.ranks(), 0), world_rank())),
+            "");
 }
 
 }  // namespace

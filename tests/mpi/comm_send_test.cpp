@@ -117,8 +117,9 @@ TEST(CommSend, UsageErrors) {
             fmt::format("send_tensor: expected from_ranks and to_ranks of equal length, found 1 (NDSlice(offset=0, "
                         "sizes=[1], strides=[1])) and 2 (NDSlice(offset=0, sizes=[2], strides=[1])) (world rank {})",
                         me));
-  EXPECT_THAT(send(NDSlice(0, {1}, {1}), NDSlice(n, {1}, {1}), meta),
-              HasSubstr(fmt::format("send_tensor: expected ranks below the communicator size {}, found rank {} in", n, n)));
+  EXPECT_THAT(
+      send(NDSlice(0, {1}, {1}), NDSlice(n, {1}, {1}), meta),
+      HasSubstr(fmt::format("send_tensor: expected ranks below the communicator size {}, found rank {} in", n, n)));
   EXPECT_THAT(send(NDSlice(0, {1}, {1}), NDSlice(0, {1}, {1}), meta.with_device(Device::cuda(0))),
               HasSubstr("send_tensor over MPI: expected a CPU tensor, found float32[2] on cuda:0"));
   // A sender whose input does not match the factory sends zeros and raises after.
