@@ -205,11 +205,14 @@ inline constexpr std::size_t kThreadMinBytes = std::size_t{512} << 10;
 Outcome wait(Pending& pending);
 
 // The completion the blocking conveniences (reduce, send_tensor) use. Measured with
-// meshrt-bench's "collectives" suite at 2 and 4 ranks (Open MPI 4.1, shared memory):
-// the plain blocking call is the fastest at every size; MPI_I* + MPI_Test with back-off
-// matches it below ~256 KiB but falls 2-30x behind above 1 MiB, because Open MPI's
-// non-blocking collectives only progress inside MPI calls and a backed-off waiter makes
-// few; the comm thread matches it from ~16 MiB but pays ~17 us of hand-off per call.
+// meshrt-bench's "collectives" suite at 2 and 4 ranks (Open MPI 4.1, shared memory, a
+// 2-core machine shared with compiles): the plain blocking call is the fastest below
+// 1 MiB and level with raw MPI above; MPI_I* + MPI_Test with back-off matches it below
+// ~256 KiB but falls 2-30x behind above 1 MiB, because Open MPI's non-blocking
+// collectives only progress inside MPI calls and a backed-off waiter makes few; the comm
+// thread pays ~17 us of hand-off per call, is level with blocking from ~16 MiB on a
+// quiet machine, and ran 2-5x faster than the blocking call at 1 MiB and up whenever
+// the machine was loaded (load 5-10; reproducible, cause not yet understood).
 inline constexpr Completion kDefaultCompletion = Completion::Blocking;
 
 // Blocking conveniences: start, then wait.
