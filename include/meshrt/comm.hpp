@@ -18,6 +18,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -92,7 +93,9 @@ class WorkerMesh {
   // The communicator of all members, rank = index in ranks().
   MPI_Comm comm() const noexcept;
   // The communicator of this rank's line along `dim` (rank = coordinate), created on
-  // first use and freed with the mesh. Collective over the members on first use.
+  // first use and freed with the mesh. Collective over the members on first use, and
+  // blocking: MPI_Comm_split has no non-blocking form, so the first operation on a
+  // dimension holds its caller until every member has reached it.
   MPI_Comm dim_comm(std::size_t dim);
   // World ranks of this rank's line along `dim`, by coordinate.
   std::vector<int> line_world_ranks(std::size_t dim) const;
@@ -106,7 +109,8 @@ class WorkerMesh {
   ncclComm_t nccl_comm(std::size_t dim);
   // Which way nccl_comm creates communicators (default InitRank). Set before first use.
   void set_nccl_creation(NcclCreation how) noexcept;
-  // The NCCL communicator over all members (rank = index in ranks()), made on first use:
+  // The NCCL communicator over all members (rank = index in ranks()), made on first use
+  // (collective over every member: make it before a SendTensor that involves only some):
   // the parent of NcclCreation::Split and the channel of SendTensor for CUDA tensors.
   ncclComm_t nccl_mesh_comm();
 #endif
@@ -118,6 +122,9 @@ class WorkerMesh {
 
 // An operation in flight. The worker's event loop calls test() between control messages;
 // test() makes progress (MPI_Test or a CUDA event query) and returns true once complete.
+//
+// Destroying a Pending that has not completed waits for it: MPI or the comm thread still
+// use the buffers it keeps alive.
 class Pending {
  public:
   virtual ~Pending() = default;
@@ -127,6 +134,10 @@ class Pending {
   // for an input that did not match its factory (that rank joined with zeros so its
   // peers could complete).
   Outcome take();
+  // What wait() does between two test() calls once spinning and yielding are over: sleep
+  // for at most `at_most`. An operation that can signal its completion (one run on the
+  // comm thread) wakes the caller as soon as it is done instead.
+  virtual void idle(std::chrono::microseconds at_most);
   // For desync and timeout reports: "all_reduce sum over dimension 'gpu' of mesh
   // [host=2, gpu=2], 4096 bytes, peers world ranks 1,3".
   virtual std::string describe() const = 0;
@@ -147,19 +158,38 @@ class Pending {
   std::string deferred_error_;
 };
 
-// How the CPU data plane drives MPI. NonBlocking posts MPI_I* and completes through
-// test(); Blocking runs the plain blocking call inside start_* (test() is then true at
-// once), which an event loop cannot interleave with its control channel.
-enum class Completion : std::uint8_t { NonBlocking, Blocking };
+// How the CPU data plane drives MPI:
+// - NonBlocking posts MPI_I* and completes through test(). Open MPI's non-blocking
+//   collectives progress only inside MPI calls, so an idle (sleeping) wait stalls them.
+// - Blocking runs the plain blocking call inside start_* (test() is then true at once);
+//   the calling thread cannot answer anything meanwhile.
+// - Thread runs the plain blocking call on meshrt's comm thread (one per process, FIFO,
+//   so operations keep the order they were started in); test() reads a flag, so the
+//   caller's loop stays free for its control channel. Needs MPI_THREAD_MULTIPLE.
+// - Auto: NonBlocking below kThreadMinBytes (small collectives complete while wait()
+//   still spins, and cost ~1 us more than blocking, against ~17 us for the hand-off to
+//   the comm thread), Thread from there on (where NonBlocking stalls between tests).
+//   Neither holds the caller's thread: this is the worker loop's mode.
+// Modes may be mixed only between operations, not while one is in flight: MPI needs the
+// collectives of one communicator issued in the same order everywhere, and one thread
+// at a time.
+enum class Completion : std::uint8_t { NonBlocking, Blocking, Thread, Auto };
+inline constexpr std::size_t kThreadMinBytes = std::size_t{512} << 10;
 
 // Reduce over mesh dimension `dim` (DESIGN.md section 3, "Reductions"). Usage errors
 // that every member sees alike (unknown dimension, dtype, scatter size, in place where
 // the collective has no in-place form) are thrown before anything is posted, so every
 // member throws and none waits. `factory` is the tensor the controller expects.
+//
+// Dtypes: bitwise reductions (band, bor, bxor) need an integer or bool dtype. bool
+// supports stack, min (all), max (any), band, bor and bxor; sum, avg and product are
+// refused (their result is not a bool). avg on integers is the sum, then a division
+// truncating toward zero, like NCCL's ncclAvg (a sum that overflows the dtype wraps
+// before the division). float16 and bfloat16 reduce through MPI user-defined operations
+// that compute each step in float and round to nearest even, as NCCL does on the GPU.
 [[nodiscard]] std::unique_ptr<Pending> start_reduce(WorkerMesh& mesh, std::string_view dim, Reduction reduction,
-                                                    bool scatter, bool inplace, Input input,
-                                                    const TensorMeta& factory,
-                                                    Completion completion = Completion::NonBlocking);
+                                                    bool scatter, bool inplace, Input input, const TensorMeta& factory,
+                                                    Completion completion = Completion::Auto);
 
 // Positional point-to-point over `p2p`: from_ranks[i] sends to to_ranks[i] (ranks of
 // `p2p`; `my_rank` is this rank in it). A rank may send and receive in one command; a
@@ -168,14 +198,21 @@ enum class Completion : std::uint8_t { NonBlocking, Blocking };
 [[nodiscard]] std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks,
                                                          const NDSlice& to_ranks, Input input,
                                                          const TensorMeta& factory,
-                                                         Completion completion = Completion::NonBlocking);
+                                                         Completion completion = Completion::Auto);
 
 // Completes `pending` without burning a core: spins a few microseconds, then yields,
 // then sleeps with growing intervals up to about 1 ms, testing in between.
 Outcome wait(Pending& pending);
 
-// The completion the blocking conveniences use: the faster one measured by
-// meshrt-bench's "collectives" suite (see src/comm/README or the report in comm.cpp).
+// The completion the blocking conveniences (reduce, send_tensor) use. Measured with
+// meshrt-bench's "collectives" suite at 2 and 4 ranks (Open MPI 4.1, shared memory, a
+// 2-core machine shared with compiles): the plain blocking call is the fastest below
+// 1 MiB and level with raw MPI above; MPI_I* + MPI_Test with back-off matches it below
+// ~256 KiB but falls 2-30x behind above 1 MiB, because Open MPI's non-blocking
+// collectives only progress inside MPI calls and a backed-off waiter makes few; the comm
+// thread pays ~17 us of hand-off per call, is level with blocking from ~16 MiB on a
+// quiet machine, and ran 2-5x faster than the blocking call at 1 MiB and up whenever
+// the machine was loaded (load 5-10; reproducible, cause not yet understood).
 inline constexpr Completion kDefaultCompletion = Completion::Blocking;
 
 // Blocking conveniences: start, then wait.
@@ -183,6 +220,16 @@ Outcome reduce(WorkerMesh& mesh, std::string_view dim, Reduction reduction, bool
                const TensorMeta& factory);
 Outcome send_tensor(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks, const NDSlice& to_ranks, Input input,
                     const TensorMeta& factory);
+
+// CPU outputs of 256 KiB and more come from a pool of warm buffers (first touch of fresh
+// memory costs ~10x a copy into a warm one): a buffer returns to it when the last handle
+// of its tensor goes, up to MESHRT_COMM_POOL_BYTES per rank.
+struct OutputPoolStats {
+  std::uint64_t hits = 0;    // outputs served by a cached buffer
+  std::uint64_t misses = 0;  // outputs that needed a fresh one
+  std::size_t cached_bytes = 0;
+};
+OutputPoolStats output_pool_stats();
 
 #if MESHRT_HAVE_NCCL
 // The CUDA stream the NCCL data plane enqueues on (a cudaStream_t; nullptr is the legacy

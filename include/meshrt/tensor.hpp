@@ -158,6 +158,10 @@ class Tensor {
   Tensor() = default;
   static Tensor empty(const TensorMeta& meta);
   static Tensor zeros(const TensorMeta& meta);
+  // A CPU tensor over host memory that the caller owns: `buffer` must hold at least
+  // meta.nbytes() bytes, 64-byte aligned; its deleter runs when the last handle goes. This
+  // is how buffer pools (the comm data plane's output pool) hand out warm memory.
+  static Tensor adopt_host(const TensorMeta& meta, std::shared_ptr<void> buffer);
   // A CPU tensor holding a copy of `values` with the given shape.
   template <class T>
   static Tensor from(std::vector<std::int64_t> shape, std::span<const T> values);

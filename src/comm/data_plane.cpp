@@ -3,9 +3,17 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 #include "comm/mpi_types.hpp"
+#include "comm/output_pool.hpp"
 #include "comm/plan.hpp"
 #include "common/checks.hpp"
 #include "meshrt/comm.hpp"
@@ -23,19 +31,149 @@ Outcome Pending::take() {
   return std::move(outcome_);
 }
 
+void Pending::idle(std::chrono::microseconds at_most) {
+  std::this_thread::sleep_for(at_most);
+}
+
 namespace {
 
-// One MPI operation in flight: up to two requests (a send and a receive), the tensors
-// that must stay alive until they complete, and the avg division still to do.
+// meshrt's comm thread (Completion::Thread): runs blocking MPI calls one after another,
+// in the order they were started, off the caller's thread. One per process, started on
+// first use and never joined (it holds no MPI state between jobs, and blocks on a
+// condition variable when idle).
+class CommThread {
+ public:
+  static CommThread& get() {
+    static CommThread* t = new CommThread;  // never destroyed: see above
+    return *t;
+  }
+  void submit(std::function<void()> job) {
+    {
+      std::lock_guard lock(mutex_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  CommThread() {
+    std::thread([this] { loop(); }).detach();
+  }
+  [[noreturn]] void loop() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [this] { return !jobs_.empty(); });
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+};
+
+// Completion of a job on the comm thread, shared by the job and its Pending.
+struct ThreadJob {
+  std::atomic<bool> done{false};
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::exception_ptr error;
+  void finish(std::exception_ptr e) {
+    {
+      std::lock_guard lock(mutex);
+      error = std::move(e);
+      done.store(true, std::memory_order_release);
+    }
+    cv.notify_all();
+  }
+  void wait_for(std::chrono::microseconds at_most) {
+    std::unique_lock lock(mutex);
+    cv.wait_for(lock, at_most, [this] { return done.load(std::memory_order_acquire); });
+  }
+};
+
+// One collective call, described once and run blocking, non-blocking or on the thread.
+struct Call {
+  enum class Kind : std::uint8_t { AllGather, AllToAll, ReduceScatter, AllReduce } kind;
+  const void* send;
+  void* recv;
+  int count;
+  MPI_Datatype send_type;
+  MPI_Datatype type;
+  MPI_Op op;
+  MPI_Comm comm;
+
+  void run() const {
+    switch (kind) {
+      case Kind::AllGather:
+        MESHRT_MPI_CHECK(MPI_Allgather(send, count, type, recv, count, type, comm));
+        break;
+      case Kind::AllToAll:
+        MESHRT_MPI_CHECK(MPI_Alltoall(send, count, send_type, recv, count, type, comm));
+        break;
+      case Kind::ReduceScatter:
+        MESHRT_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, count, type, op, comm));
+        break;
+      case Kind::AllReduce:
+        MESHRT_MPI_CHECK(MPI_Allreduce(send, recv, count, type, op, comm));
+        break;
+    }
+  }
+  void post(MPI_Request* req) const {
+    switch (kind) {
+      case Kind::AllGather:
+        MESHRT_MPI_CHECK(MPI_Iallgather(send, count, type, recv, count, type, comm, req));
+        break;
+      case Kind::AllToAll:
+        MESHRT_MPI_CHECK(MPI_Ialltoall(send, count, send_type, recv, count, type, comm, req));
+        break;
+      case Kind::ReduceScatter:
+        MESHRT_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, count, type, op, comm, req));
+        break;
+      case Kind::AllReduce:
+        MESHRT_MPI_CHECK(MPI_Iallreduce(send, recv, count, type, op, comm, req));
+        break;
+    }
+  }
+};
+
+// One MPI operation in flight: up to two requests (a send and a receive) or a job on the
+// comm thread, the tensors that must stay alive until it completes, and the avg division
+// still to do.
 class MpiPending final : public Pending {
  public:
+  ~MpiPending() override {
+    // MPI still reads and writes the buffers this object keeps alive.
+    if (job) {
+      while (!job->done.load(std::memory_order_acquire)) job->wait_for(std::chrono::milliseconds(1));
+    } else if (!finished() && nreqs > 0) {
+      MPI_Waitall(nreqs, reqs.data(), MPI_STATUSES_IGNORE);
+    }
+  }
+
   bool test() override {
     if (finished()) return true;
-    int flag = 0;
-    MESHRT_MPI_CHECK(MPI_Testall(nreqs, reqs.data(), &flag, MPI_STATUSES_IGNORE));
-    if (!flag) return false;
+    if (job) {
+      if (!job->done.load(std::memory_order_acquire)) return false;
+      if (job->error) std::rethrow_exception(job->error);
+    } else {
+      int flag = 0;
+      MESHRT_MPI_CHECK(MPI_Testall(nreqs, reqs.data(), &flag, MPI_STATUSES_IGNORE));
+      if (!flag) return false;
+    }
     complete();
     return true;
+  }
+
+  void idle(std::chrono::microseconds at_most) override {
+    if (job)
+      job->wait_for(at_most);
+    else
+      Pending::idle(at_most);
   }
 
   std::string describe() const override {
@@ -44,10 +182,29 @@ class MpiPending final : public Pending {
   }
 
   void complete() {
-    if (divide_by > 1) detail::divide_in_place(result.tensor.raw_data(), result.tensor.numel(), result.tensor.dtype(),
-                                               divide_by);
+    if (divide_by > 1)
+      detail::divide_in_place(result.tensor.raw_data(), result.tensor.numel(), result.tensor.dtype(), divide_by);
     sent = Tensor();
     finish(std::move(result));
+  }
+
+  // Runs `fn` (blocking MPI calls) to completion according to `completion`.
+  template <class Fn>
+  void run(Completion completion, Fn&& fn) {
+    if (completion == Completion::Blocking) {
+      fn();
+      complete();
+      return;
+    }
+    job = std::make_shared<ThreadJob>();
+    CommThread::get().submit([j = job, f = std::forward<Fn>(fn)] {
+      try {
+        f();
+        j->finish(nullptr);
+      } catch (...) {
+        j->finish(std::current_exception());
+      }
+    });
   }
 
   void defer(std::string message) { fail_after_completion(std::move(message)); }
@@ -65,12 +222,20 @@ class MpiPending final : public Pending {
 
   std::array<MPI_Request, 2> reqs{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   int nreqs = 0;
+  std::shared_ptr<ThreadJob> job;
   Tensor sent;  // the input, kept alive while MPI reads it
   Outcome result;
   std::int64_t divide_by = 0;
 };
 
-int as_count(std::int64_t n) { return static_cast<int>(n); }  // plan_* checked the range
+int as_count(std::int64_t n) {
+  return static_cast<int>(n);
+}  // plan_* checked the range
+
+Completion resolve(Completion c, std::size_t bytes) {
+  if (c != Completion::Auto) return c;
+  return bytes < kThreadMinBytes ? Completion::NonBlocking : Completion::Thread;
+}
 
 }  // namespace
 
@@ -78,6 +243,7 @@ std::unique_ptr<Pending> start_reduce(WorkerMesh& mesh, std::string_view dim, Re
                                       bool inplace, Input input, const TensorMeta& factory, Completion completion) {
   const detail::ReducePlan plan =
       detail::plan_reduce(mesh, dim, reduction, scatter, inplace, factory, detail::Backend::Mpi);
+  completion = resolve(completion, factory.nbytes());
   auto p = std::make_unique<MpiPending>();
   p->mesh = &mesh;
   p->dim = plan.dim;
@@ -85,57 +251,49 @@ std::unique_ptr<Pending> start_reduce(WorkerMesh& mesh, std::string_view dim, Re
   p->reduction = reduction;
   p->bytes = factory.nbytes();
 
-  detail::Joined in = detail::join_input(std::move(input), factory, plan.collective,
-                                         std::string_view{});  // text completed below if needed
+  detail::Joined in = detail::join_input(std::move(input), factory, plan.collective, std::string_view{});
   if (!in.mismatch.empty()) p->defer(in.mismatch + detail::where_reduce(mesh, plan.dim));
   p->result.broken = in.broken;
 
-  const MPI_Comm comm = mesh.dim_comm(plan.dim);
   const MPI_Datatype type = detail::mpi_datatype(factory.dtype());
-  const bool blocking = completion == Completion::Blocking;
   const std::int64_t numel = factory.numel();
-  void* src = in.tensor.raw_data();
-  MPI_Request* req = &p->reqs[0];
-
+  Call call{Call::Kind::AllReduce, in.tensor.raw_data(), nullptr, 0, type, type, MPI_OP_NULL, mesh.dim_comm(plan.dim)};
+  Tensor out;
   if (reduction == Reduction::Stack && !scatter) {
-    Tensor out = plan.out_meta.empty();
-    const int count = as_count(numel);
-    if (blocking) MESHRT_MPI_CHECK(MPI_Allgather(src, count, type, out.raw_data(), count, type, comm));
-    else MESHRT_MPI_CHECK(MPI_Iallgather(src, count, type, out.raw_data(), count, type, comm, req));
-    p->result.tensor = std::move(out);
+    call.kind = Call::Kind::AllGather;
+    call.count = as_count(numel);
+    out = detail::output_tensor(plan.out_meta(factory));
   } else if (reduction == Reduction::Stack) {
-    const int count = as_count(numel / plan.n);
-    Tensor out = inplace ? in.tensor : plan.out_meta.empty();
     // In place is allowed (the prototype refused it: a known bug, not ported).
-    const void* send_buf = inplace ? MPI_IN_PLACE : src;
-    const MPI_Datatype send_type = inplace ? MPI_DATATYPE_NULL : type;
-    if (blocking) MESHRT_MPI_CHECK(MPI_Alltoall(send_buf, count, send_type, out.raw_data(), count, type, comm));
-    else MESHRT_MPI_CHECK(MPI_Ialltoall(send_buf, count, send_type, out.raw_data(), count, type, comm, req));
-    p->result.tensor = std::move(out);
+    call.kind = Call::Kind::AllToAll;
+    call.count = as_count(numel / plan.n);
+    out = inplace ? in.tensor : detail::output_tensor(plan.out_meta(factory));
+    if (inplace) {
+      call.send = MPI_IN_PLACE;
+      call.send_type = MPI_DATATYPE_NULL;
+    }
   } else {
-    const MPI_Op op = detail::mpi_op(reduction, factory.dtype());
+    call.op = detail::mpi_op(reduction, factory.dtype());
     if (scatter) {
-      Tensor out = plan.out_meta.empty();
-      const int count = as_count(numel / plan.n);
-      if (blocking) MESHRT_MPI_CHECK(MPI_Reduce_scatter_block(src, out.raw_data(), count, type, op, comm));
-      else MESHRT_MPI_CHECK(MPI_Ireduce_scatter_block(src, out.raw_data(), count, type, op, comm, req));
-      p->result.tensor = std::move(out);
+      call.kind = Call::Kind::ReduceScatter;
+      call.count = as_count(numel / plan.n);
+      out = detail::output_tensor(plan.out_meta(factory));
     } else {
       // In place, the output is the input's storage (for a broken input: the zeros).
-      Tensor out = inplace ? in.tensor : plan.out_meta.empty();
-      const void* send_buf = inplace ? MPI_IN_PLACE : src;
-      const int count = as_count(numel);
-      if (blocking) MESHRT_MPI_CHECK(MPI_Allreduce(send_buf, out.raw_data(), count, type, op, comm));
-      else MESHRT_MPI_CHECK(MPI_Iallreduce(send_buf, out.raw_data(), count, type, op, comm, req));
-      p->result.tensor = std::move(out);
+      call.count = as_count(numel);
+      out = inplace ? in.tensor : detail::output_tensor(plan.out_meta(factory));
+      if (inplace) call.send = MPI_IN_PLACE;
     }
     if (reduction == Reduction::Avg) p->divide_by = plan.n;
   }
+  call.recv = out.raw_data();
+  p->result.tensor = std::move(out);
   p->sent = std::move(in.tensor);
-  if (blocking) {
-    p->complete();
-  } else {
+  if (completion == Completion::NonBlocking) {
+    call.post(&p->reqs[0]);
     p->nreqs = 1;
+  } else {
+    p->run(completion, [call] { call.run(); });
   }
   return p;
 }
@@ -151,8 +309,9 @@ std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSl
                                            Completion completion) {
   int comm_size = 0;
   MESHRT_MPI_CHECK(MPI_Comm_size(p2p, &comm_size));
-  const detail::SendPlan plan = detail::plan_send(my_rank, comm_size, from_ranks, to_ranks, factory,
-                                                  detail::Backend::Mpi);
+  const detail::SendPlan plan =
+      detail::plan_send(my_rank, comm_size, from_ranks, to_ranks, factory, detail::Backend::Mpi);
+  completion = resolve(completion, factory.nbytes());
   auto p = std::make_unique<MpiPending>();
   p->send = plan;
   p->my_rank = my_rank;
@@ -169,7 +328,8 @@ std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSl
       // The local copy is a new tensor (the prototype handed back the input and then
       // overwrote it with the receive: a known bug, not ported). Only here can a
       // receiver know its value is broken: it is its own sender.
-      p->result.tensor = in.tensor.clone();
+      p->result.tensor = detail::output_tensor(factory);
+      std::memcpy(p->result.tensor.raw_data(), in.tensor.raw_data(), factory.nbytes());
       p->result.broken = in.broken;
       p->complete();
       return p;
@@ -181,7 +341,7 @@ std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSl
   // Receive first, then send: with both posted before waiting, a ring of ranks that each
   // send and receive cannot deadlock however large the message.
   if (plan.recv_from >= 0) {
-    p->result.tensor = factory.empty();
+    p->result.tensor = detail::output_tensor(factory);
     MESHRT_MPI_CHECK(MPI_Irecv(p->result.tensor.raw_data(), count, type, plan.recv_from, kSendTensorTag, p2p,
                                &p->reqs[static_cast<std::size_t>(p->nreqs++)]));
   }
@@ -189,9 +349,11 @@ std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSl
     MESHRT_MPI_CHECK(MPI_Isend(p->sent.raw_data(), count, type, plan.send_to, kSendTensorTag, p2p,
                                &p->reqs[static_cast<std::size_t>(p->nreqs++)]));
   }
-  if (completion == Completion::Blocking) {
-    MESHRT_MPI_CHECK(MPI_Waitall(p->nreqs, p->reqs.data(), MPI_STATUSES_IGNORE));
-    p->complete();
+  if (completion != Completion::NonBlocking) {
+    // Both requests are posted here, in command order; only their completion moves to
+    // the comm thread for Completion::Thread.
+    MpiPending* raw = p.get();
+    p->run(completion, [raw] { MESHRT_MPI_CHECK(MPI_Waitall(raw->nreqs, raw->reqs.data(), MPI_STATUSES_IGNORE)); });
   }
   return p;
 }

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <set>
 
-#include "common/checks.hpp"
 #include "comm/mesh_impl.hpp"
+#include "common/checks.hpp"
 #include "meshrt/comm.hpp"
 
 namespace meshrt {
@@ -31,10 +31,10 @@ WorkerMesh::WorkerMesh(std::vector<std::string> names, NDSlice ranks, MPI_Comm w
   // Every check below fails alike on every member (they all see the same command), so
   // throwing before the collective creation cannot leave a member waiting.
   if (m.names.size() != m.ranks.ndim()) {
-    throw UsageError(fmt::format("device mesh: expected one name per dimension of the ranks {} ({}), found {} names "
-                                 "[{}] (world rank {})",
-                                 m.ranks.to_string(), m.ranks.ndim(), m.names.size(), join_names(m.names),
-                                 m.world_rank));
+    throw UsageError(
+        fmt::format("device mesh: expected one name per dimension of the ranks {} ({}), found {} names "
+                    "[{}] (world rank {})",
+                    m.ranks.to_string(), m.ranks.ndim(), m.names.size(), join_names(m.names), m.world_rank));
   }
   std::set<std::string> seen;
   for (const auto& n : m.names) {
@@ -43,22 +43,25 @@ WorkerMesh::WorkerMesh(std::vector<std::string> names, NDSlice ranks, MPI_Comm w
                                    join_names(m.names), m.world_rank));
     }
     if (!seen.insert(n).second) {
-      throw UsageError(fmt::format("device mesh: expected unique dimension names, found '{}' twice in [{}] (world "
-                                   "rank {})",
-                                   n, join_names(m.names), m.world_rank));
+      throw UsageError(
+          fmt::format("device mesh: expected unique dimension names, found '{}' twice in [{}] (world "
+                      "rank {})",
+                      n, join_names(m.names), m.world_rank));
     }
   }
   const std::vector<NDSlice::Int> members = m.ranks.to_vector();
   const auto max_rank = *std::max_element(members.begin(), members.end());
   if (max_rank >= world_size) {
-    throw UsageError(fmt::format("device mesh: expected ranks below the world size {}, found rank {} in {} (world "
-                                 "rank {})",
-                                 world_size, max_rank, m.ranks.to_string(), m.world_rank));
+    throw UsageError(
+        fmt::format("device mesh: expected ranks below the world size {}, found rank {} in {} (world "
+                    "rank {})",
+                    world_size, max_rank, m.ranks.to_string(), m.world_rank));
   }
   if (!m.ranks.contains(m.world_rank)) {
-    throw UsageError(fmt::format("device mesh: world rank {} is not a member of {}; only members construct a "
-                                 "WorkerMesh",
-                                 m.world_rank, m.ranks.to_string()));
+    throw UsageError(
+        fmt::format("device mesh: world rank {} is not a member of {}; only members construct a "
+                    "WorkerMesh",
+                    m.world_rank, m.ranks.to_string()));
   }
   m.coords = m.ranks.coordinates(m.world_rank);
   m.dim_comms.assign(m.ranks.ndim(), MPI_COMM_NULL);
@@ -89,12 +92,24 @@ WorkerMesh::~WorkerMesh() {
   if (impl_->comm != MPI_COMM_NULL) MPI_Comm_free(&impl_->comm);
 }
 
-const std::vector<std::string>& WorkerMesh::names() const noexcept { return impl_->names; }
-const NDSlice& WorkerMesh::ranks() const noexcept { return impl_->ranks; }
-std::size_t WorkerMesh::ndim() const noexcept { return impl_->names.size(); }
-const std::vector<std::int64_t>& WorkerMesh::coordinates() const noexcept { return impl_->coords; }
-int WorkerMesh::world_rank() const noexcept { return impl_->world_rank; }
-MPI_Comm WorkerMesh::comm() const noexcept { return impl_->comm; }
+const std::vector<std::string>& WorkerMesh::names() const noexcept {
+  return impl_->names;
+}
+const NDSlice& WorkerMesh::ranks() const noexcept {
+  return impl_->ranks;
+}
+std::size_t WorkerMesh::ndim() const noexcept {
+  return impl_->names.size();
+}
+const std::vector<std::int64_t>& WorkerMesh::coordinates() const noexcept {
+  return impl_->coords;
+}
+int WorkerMesh::world_rank() const noexcept {
+  return impl_->world_rank;
+}
+MPI_Comm WorkerMesh::comm() const noexcept {
+  return impl_->comm;
+}
 
 std::int64_t WorkerMesh::size(std::size_t dim) const {
   if (dim >= ndim()) {
@@ -104,7 +119,9 @@ std::int64_t WorkerMesh::size(std::size_t dim) const {
   return impl_->ranks.sizes()[dim];
 }
 
-std::int64_t WorkerMesh::size(std::string_view name) const { return size(dim_index(name)); }
+std::int64_t WorkerMesh::size(std::string_view name) const {
+  return size(dim_index(name));
+}
 
 std::size_t WorkerMesh::dim_index(std::string_view name) const {
   const auto& names = impl_->names;

@@ -24,11 +24,19 @@ void combine16(void* in, void* inout, int* len, F&& f) {
   for (std::size_t i = 0; i < n; ++i) b[i] = FromFloat(f(ToFloat(a[i]), ToFloat(b[i])));
 }
 
-struct Sum { float operator()(float a, float b) const { return a + b; } };
-struct Prod { float operator()(float a, float b) const { return a * b; } };
-// Comparisons keep NaN, like torch.maximum / NCCL's min/max.
-struct Min { float operator()(float a, float b) const { return (a != a || a < b) ? a : b; } };
-struct Max { float operator()(float a, float b) const { return (a != a || a > b) ? a : b; } };
+struct Sum {
+  float operator()(float a, float b) const { return a + b; }
+};
+struct Prod {
+  float operator()(float a, float b) const { return a * b; }
+};
+// Comparisons propagate NaN, like torch.maximum and torch.minimum.
+struct Min {
+  float operator()(float a, float b) const { return (a != a || a < b) ? a : b; }
+};
+struct Max {
+  float operator()(float a, float b) const { return (a != a || a > b) ? a : b; }
+};
 
 template <class Op>
 void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -66,11 +74,16 @@ const Types16& types16() {
 std::size_t op16_index(Reduction r) {
   switch (r) {
     case Reduction::Sum:
-    case Reduction::Avg: return 0;
-    case Reduction::Product: return 1;
-    case Reduction::Min: return 2;
-    case Reduction::Max: return 3;
-    default: break;
+    case Reduction::Avg:
+      return 0;
+    case Reduction::Product:
+      return 1;
+    case Reduction::Min:
+      return 2;
+    case Reduction::Max:
+      return 3;
+    default:
+      break;
   }
   throw UsageError(fmt::format("reduction {} is not defined on float16/bfloat16", name(r)));
 }
@@ -80,13 +93,19 @@ std::size_t op16_index(Reduction r) {
 MPI_Datatype mpi_datatype(DType dtype) {
   switch (dtype) {
     case DType::Bool:
-    case DType::UInt8: return MPI_UINT8_T;
-    case DType::Int32: return MPI_INT32_T;
-    case DType::Int64: return MPI_INT64_T;
+    case DType::UInt8:
+      return MPI_UINT8_T;
+    case DType::Int32:
+      return MPI_INT32_T;
+    case DType::Int64:
+      return MPI_INT64_T;
     case DType::Float16:
-    case DType::BFloat16: return types16().type;
-    case DType::Float32: return MPI_FLOAT;
-    case DType::Float64: return MPI_DOUBLE;
+    case DType::BFloat16:
+      return types16().type;
+    case DType::Float32:
+      return MPI_FLOAT;
+    case DType::Float64:
+      return MPI_DOUBLE;
   }
   throw UsageError(fmt::format("expected a valid dtype, found code {}", static_cast<int>(dtype)));
 }
@@ -96,14 +115,22 @@ MPI_Op mpi_op(Reduction reduction, DType dtype) {
   if (dtype == DType::BFloat16) return types16().bf16[op16_index(reduction)];
   switch (reduction) {
     case Reduction::Sum:
-    case Reduction::Avg: return MPI_SUM;
-    case Reduction::Product: return MPI_PROD;
-    case Reduction::Min: return MPI_MIN;
-    case Reduction::Max: return MPI_MAX;
-    case Reduction::Band: return MPI_BAND;
-    case Reduction::Bor: return MPI_BOR;
-    case Reduction::Bxor: return MPI_BXOR;
-    case Reduction::Stack: break;
+    case Reduction::Avg:
+      return MPI_SUM;
+    case Reduction::Product:
+      return MPI_PROD;
+    case Reduction::Min:
+      return MPI_MIN;
+    case Reduction::Max:
+      return MPI_MAX;
+    case Reduction::Band:
+      return MPI_BAND;
+    case Reduction::Bor:
+      return MPI_BOR;
+    case Reduction::Bxor:
+      return MPI_BXOR;
+    case Reduction::Stack:
+      break;
   }
   throw UsageError("stack has no reduction operator: it is an all_gather or all_to_all");
 }

@@ -15,25 +15,38 @@ namespace {
 ncclDataType_t nccl_datatype(DType dtype) {
   switch (dtype) {
     case DType::Bool:  // one byte holding 0 or 1: min (all) and max (any) work on it
-    case DType::UInt8: return ncclUint8;
-    case DType::Int32: return ncclInt32;
-    case DType::Int64: return ncclInt64;
-    case DType::Float16: return ncclFloat16;
-    case DType::BFloat16: return ncclBfloat16;
-    case DType::Float32: return ncclFloat32;
-    case DType::Float64: return ncclFloat64;
+    case DType::UInt8:
+      return ncclUint8;
+    case DType::Int32:
+      return ncclInt32;
+    case DType::Int64:
+      return ncclInt64;
+    case DType::Float16:
+      return ncclFloat16;
+    case DType::BFloat16:
+      return ncclBfloat16;
+    case DType::Float32:
+      return ncclFloat32;
+    case DType::Float64:
+      return ncclFloat64;
   }
   throw UsageError(fmt::format("expected a valid dtype, found code {}", static_cast<int>(dtype)));
 }
 
 ncclRedOp_t nccl_op(Reduction r) {
   switch (r) {
-    case Reduction::Sum: return ncclSum;
-    case Reduction::Avg: return ncclAvg;
-    case Reduction::Product: return ncclProd;
-    case Reduction::Min: return ncclMin;
-    case Reduction::Max: return ncclMax;
-    default: break;
+    case Reduction::Sum:
+      return ncclSum;
+    case Reduction::Avg:
+      return ncclAvg;
+    case Reduction::Product:
+      return ncclProd;
+    case Reduction::Min:
+      return ncclMin;
+    case Reduction::Max:
+      return ncclMax;
+    default:
+      break;
   }
   // plan_reduce refuses bitwise reductions on NCCL before we get here.
   throw UsageError(fmt::format("reduction {} has no NCCL operator", name(r)));
@@ -94,14 +107,16 @@ class NcclPending final : public Pending {
 }  // namespace
 
 std::unique_ptr<Pending> start_reduce_nccl(WorkerMesh& mesh, std::string_view dim, Reduction reduction, bool scatter,
-                                           bool inplace, Input input, const TensorMeta& factory, CudaStream stream_handle) {
+                                           bool inplace, Input input, const TensorMeta& factory,
+                                           CudaStream stream_handle) {
   const detail::ReducePlan plan =
       detail::plan_reduce(mesh, dim, reduction, scatter, inplace, factory, detail::Backend::Nccl);
   DeviceScope device(factory.device().index());
   auto stream = static_cast<cudaStream_t>(stream_handle);
   auto p = std::make_unique<NcclPending>();
   p->text = detail::describe_reduce(mesh, plan.dim, plan.collective, reduction, factory.nbytes(), "NCCL");
-  detail::Joined in = detail::join_input(std::move(input), factory, plan.collective, detail::where_reduce(mesh, plan.dim));
+  detail::Joined in =
+      detail::join_input(std::move(input), factory, plan.collective, detail::where_reduce(mesh, plan.dim));
   if (!in.mismatch.empty()) p->defer(in.mismatch);
   p->result.broken = in.broken;
 
@@ -111,13 +126,13 @@ std::unique_ptr<Pending> start_reduce_nccl(WorkerMesh& mesh, std::string_view di
   const auto n = static_cast<std::size_t>(plan.n);
   void* src = in.tensor.raw_data();
   if (reduction == Reduction::Stack && !scatter) {
-    Tensor out = plan.out_meta.empty();
+    Tensor out = plan.out_meta(factory).empty();
     MESHRT_NCCL_CHECK(ncclAllGather(src, out.raw_data(), numel, type, comm, stream));
     p->result.tensor = std::move(out);
   } else if (reduction == Reduction::Stack) {
     // NCCL has no in-place all-to-all: in place goes through a scratch output that is
     // copied back on the same stream.
-    Tensor out = plan.out_meta.empty();
+    Tensor out = plan.out_meta(factory).empty();
     const std::size_t chunk = numel / n;
     const std::size_t chunk_bytes = factory.nbytes() / n;
     auto* in_bytes = static_cast<char*>(src);
@@ -136,11 +151,11 @@ std::unique_ptr<Pending> start_reduce_nccl(WorkerMesh& mesh, std::string_view di
       p->result.tensor = std::move(out);
     }
   } else if (scatter) {
-    Tensor out = plan.out_meta.empty();
+    Tensor out = plan.out_meta(factory).empty();
     MESHRT_NCCL_CHECK(ncclReduceScatter(src, out.raw_data(), numel / n, type, nccl_op(reduction), comm, stream));
     p->result.tensor = std::move(out);
   } else {
-    Tensor out = inplace ? in.tensor : plan.out_meta.empty();
+    Tensor out = inplace ? in.tensor : plan.out_meta(factory).empty();
     MESHRT_NCCL_CHECK(ncclAllReduce(src, out.raw_data(), numel, type, nccl_op(reduction), comm, stream));
     p->result.tensor = std::move(out);
   }
@@ -165,9 +180,10 @@ std::unique_ptr<Pending> start_send_tensor_nccl(WorkerMesh& mesh, const NDSlice&
   }
   for (int r : {plan.send_to, plan.recv_from}) {
     if (r >= 0 && !members.contains(r)) {
-      throw UsageError(fmt::format("send_tensor over NCCL: expected every peer in the mesh {} ({}), found rank {} "
-                                   "outside it (world rank {})",
-                                   mesh.to_string(), members.to_string(), r, me));
+      throw UsageError(
+          fmt::format("send_tensor over NCCL: expected every peer in the mesh {} ({}), found rank {} "
+                      "outside it (world rank {})",
+                      mesh.to_string(), members.to_string(), r, me));
     }
   }
   DeviceScope device(factory.device().index());
@@ -194,8 +210,8 @@ std::unique_ptr<Pending> start_send_tensor_nccl(WorkerMesh& mesh, const NDSlice&
   MESHRT_NCCL_CHECK(ncclGroupStart());
   if (plan.recv_from >= 0) {
     p->result.tensor = factory.empty();
-    MESHRT_NCCL_CHECK(ncclRecv(p->result.tensor.raw_data(), count, type, static_cast<int>(members.index(plan.recv_from)),
-                               comm, stream));
+    MESHRT_NCCL_CHECK(ncclRecv(p->result.tensor.raw_data(), count, type,
+                               static_cast<int>(members.index(plan.recv_from)), comm, stream));
   }
   if (plan.send_to >= 0) {
     MESHRT_NCCL_CHECK(

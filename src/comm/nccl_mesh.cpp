@@ -1,8 +1,8 @@
 // NCCL communicators of a WorkerMesh (built only with MESHRT_HAVE_NCCL).
 #include <fmt/format.h>
 
-#include "common/checks.hpp"
 #include "comm/mesh_impl.hpp"
+#include "common/checks.hpp"
 #include "meshrt/comm.hpp"
 
 namespace meshrt {
@@ -33,7 +33,9 @@ void WorkerMesh::Impl::free_nccl() noexcept {
   nccl_parent = nullptr;
 }
 
-void WorkerMesh::set_nccl_creation(NcclCreation how) noexcept { impl_->nccl_creation = how; }
+void WorkerMesh::set_nccl_creation(NcclCreation how) noexcept {
+  impl_->nccl_creation = how;
+}
 
 ncclComm_t WorkerMesh::nccl_mesh_comm() {
   if (!impl_->nccl_parent) impl_->nccl_parent = init_rank(impl_->comm);

@@ -19,9 +19,10 @@ ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim_name, Reduct
   const DType dtype = factory.dtype();
   const bool on_cuda = factory.device().is_cuda();
   if (backend == Backend::Mpi && on_cuda) {
-    throw UsageError(fmt::format("{} over MPI: expected a CPU tensor, found {}; CUDA tensors go through the NCCL data "
-                                 "plane (start_reduce_nccl){}",
-                                 name(reduction), factory.to_string(), where_reduce(mesh, plan.dim)));
+    throw UsageError(
+        fmt::format("{} over MPI: expected a CPU tensor, found {}; CUDA tensors go through the NCCL data "
+                    "plane (start_reduce_nccl){}",
+                    name(reduction), factory.to_string(), where_reduce(mesh, plan.dim)));
   }
   if (backend == Backend::Nccl && !on_cuda) {
     throw UsageError(fmt::format("{} over NCCL: expected a CUDA tensor, found {}{}", name(reduction),
@@ -29,9 +30,10 @@ ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim_name, Reduct
   }
   if (is_bitwise(reduction)) {
     if (backend == Backend::Nccl) {
-      throw UsageError(fmt::format("bitwise reduction {} is not supported by NCCL, found a CUDA tensor {}; move it "
-                                   "to the CPU or use another reduction{}",
-                                   name(reduction), factory.to_string(), where_reduce(mesh, plan.dim)));
+      throw UsageError(
+          fmt::format("bitwise reduction {} is not supported by NCCL, found a CUDA tensor {}; move it "
+                      "to the CPU or use another reduction{}",
+                      name(reduction), factory.to_string(), where_reduce(mesh, plan.dim)));
     }
     if (is_floating(dtype)) {
       throw UsageError(fmt::format("bitwise reduction {} needs an integer or bool dtype, found {}{}", name(reduction),
@@ -40,44 +42,45 @@ ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim_name, Reduct
   }
   if (dtype == DType::Bool &&
       (reduction == Reduction::Sum || reduction == Reduction::Avg || reduction == Reduction::Product)) {
-    throw UsageError(fmt::format("reduction {} needs a numeric dtype, found bool; on bool use max or bor (any), min "
-                                 "or band (all), bxor (parity){}",
-                                 name(reduction), where_reduce(mesh, plan.dim)));
+    throw UsageError(
+        fmt::format("reduction {} needs a numeric dtype, found bool; on bool use max or bor (any), min "
+                    "or band (all), bxor (parity){}",
+                    name(reduction), where_reduce(mesh, plan.dim)));
   }
   const bool stack = reduction == Reduction::Stack;
   if (scatter) {
     if (factory.ndim() == 0 || factory.shape()[0] != plan.n) {
-      throw UsageError(fmt::format("{} with scatter over a dimension of size {} needs an input with size(0) == {}, "
-                                   "found {}{}",
-                                   name(reduction), plan.n, plan.n, factory.to_string(),
-                                   where_reduce(mesh, plan.dim)));
+      throw UsageError(
+          fmt::format("{} with scatter over a dimension of size {} needs an input with size(0) == {}, "
+                      "found {}{}",
+                      name(reduction), plan.n, plan.n, factory.to_string(), where_reduce(mesh, plan.dim)));
     }
   }
   if (inplace && !scatter && stack) {
-    throw UsageError(fmt::format("stack (all_gather) cannot run in place: its output [{}, ...] is larger than its "
-                                 "input {}{}",
-                                 plan.n, factory.to_string(), where_reduce(mesh, plan.dim)));
+    throw UsageError(
+        fmt::format("stack (all_gather) cannot run in place: its output [{}, ...] is larger than its "
+                    "input {}{}",
+                    plan.n, factory.to_string(), where_reduce(mesh, plan.dim)));
   }
   if (inplace && scatter && !stack) {
-    throw UsageError(fmt::format("{} with scatter (reduce_scatter) cannot run in place: its output {} is smaller "
-                                 "than its input {}{}",
-                                 name(reduction), factory.with_shape({factory.shape().begin() + 1, factory.shape().end()}).to_string(),
-                                 factory.to_string(), where_reduce(mesh, plan.dim)));
+    throw UsageError(fmt::format(
+        "{} with scatter (reduce_scatter) cannot run in place: its output {} is smaller "
+        "than its input {}{}",
+        name(reduction), factory.with_shape({factory.shape().begin() + 1, factory.shape().end()}).to_string(),
+        factory.to_string(), where_reduce(mesh, plan.dim)));
   }
   if (stack && !scatter) {
     plan.collective = "all_gather";
     std::vector<std::int64_t> shape{plan.n};
     shape.insert(shape.end(), factory.shape().begin(), factory.shape().end());
-    plan.out_meta = factory.with_shape(std::move(shape));
+    plan.reshaped = factory.with_shape(std::move(shape));
   } else if (stack) {
     plan.collective = "all_to_all";
-    plan.out_meta = factory;
   } else if (scatter) {
     plan.collective = "reduce_scatter";
-    plan.out_meta = factory.with_shape({factory.shape().begin() + 1, factory.shape().end()});
+    plan.reshaped = factory.with_shape({factory.shape().begin() + 1, factory.shape().end()});
   } else {
     plan.collective = "all_reduce";
-    plan.out_meta = factory;
   }
   check_count(factory.numel(), plan.collective);
   return plan;
@@ -90,10 +93,10 @@ Joined join_input(Input&& input, const TensorMeta& factory, std::string_view op,
       j.tensor = std::move(*t);
       return j;
     }
-    j.mismatch = fmt::format("{}: expected an input {} as the controller computed, found {}; this rank joined with "
-                             "zeros so that its peers complete{}",
-                             op, factory.to_string(), t->defined() ? t->meta().to_string() : "an undefined tensor",
-                             where);
+    j.mismatch = fmt::format(
+        "{}: expected an input {} as the controller computed, found {}; this rank joined with "
+        "zeros so that its peers complete{}",
+        op, factory.to_string(), t->defined() ? t->meta().to_string() : "an undefined tensor", where);
   } else {
     j.broken = std::get<DependentOnError>(input);
   }
@@ -110,6 +113,18 @@ std::string describe_reduce(const WorkerMesh& mesh, std::size_t dim, const char*
 }
 
 namespace {
+// The position of `value` in `s`, or -1. 1-D slices (the usual SendTensor between
+// sub-meshes) take no allocation: this runs on every send.
+NDSlice::Int position(const NDSlice& s, NDSlice::Int value) {
+  if (s.ndim() == 1) {
+    const NDSlice::Int rest = value - s.offset();
+    const NDSlice::Int stride = s.strides()[0];
+    if (rest < 0 || rest % stride != 0 || rest / stride >= s.sizes()[0]) return -1;
+    return rest / stride;
+  }
+  return s.contains(value) ? s.index(value) : -1;
+}
+
 NDSlice::Int slice_max(const NDSlice& s) {
   NDSlice::Int m = s.offset();
   for (std::size_t d = 0; d < s.ndim(); ++d) m += (s.sizes()[d] - 1) * s.strides()[d];
@@ -120,22 +135,24 @@ NDSlice::Int slice_max(const NDSlice& s) {
 SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const NDSlice& to_ranks,
                    const TensorMeta& factory, Backend backend) {
   if (from_ranks.len() != to_ranks.len()) {
-    throw UsageError(fmt::format("send_tensor: expected from_ranks and to_ranks of equal length, found {} ({}) and "
-                                 "{} ({}) (world rank {})",
-                                 from_ranks.len(), from_ranks.to_string(), to_ranks.len(), to_ranks.to_string(),
-                                 my_rank));
+    throw UsageError(
+        fmt::format("send_tensor: expected from_ranks and to_ranks of equal length, found {} ({}) and "
+                    "{} ({}) (world rank {})",
+                    from_ranks.len(), from_ranks.to_string(), to_ranks.len(), to_ranks.to_string(), my_rank));
   }
   for (const NDSlice* s : {&from_ranks, &to_ranks}) {
     if (slice_max(*s) >= comm_size) {
-      throw UsageError(fmt::format("send_tensor: expected ranks below the communicator size {}, found rank {} in {} "
-                                   "(world rank {})",
-                                   comm_size, slice_max(*s), s->to_string(), my_rank));
+      throw UsageError(
+          fmt::format("send_tensor: expected ranks below the communicator size {}, found rank {} in {} "
+                      "(world rank {})",
+                      comm_size, slice_max(*s), s->to_string(), my_rank));
     }
   }
   if (backend == Backend::Mpi && factory.device().is_cuda()) {
-    throw UsageError(fmt::format("send_tensor over MPI: expected a CPU tensor, found {}; CUDA tensors go through "
-                                 "NCCL (start_send_tensor_nccl) (world rank {})",
-                                 factory.to_string(), my_rank));
+    throw UsageError(
+        fmt::format("send_tensor over MPI: expected a CPU tensor, found {}; CUDA tensors go through "
+                    "NCCL (start_send_tensor_nccl) (world rank {})",
+                    factory.to_string(), my_rank));
   }
   if (backend == Backend::Nccl && !factory.device().is_cuda()) {
     throw UsageError(fmt::format("send_tensor over NCCL: expected a CUDA tensor, found {} (world rank {})",
@@ -143,13 +160,10 @@ SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const 
   }
   check_count(factory.numel(), "send_tensor");
   SendPlan plan;
-  NDSlice::Int send_index = -1;
-  if (from_ranks.contains(my_rank)) {
-    send_index = from_ranks.index(my_rank);
-    plan.send_to = static_cast<int>(to_ranks[send_index]);
-  }
-  if (to_ranks.contains(my_rank)) {
-    const NDSlice::Int recv_index = to_ranks.index(my_rank);
+  const NDSlice::Int send_index = position(from_ranks, my_rank);
+  if (send_index >= 0) plan.send_to = static_cast<int>(to_ranks[send_index]);
+  const NDSlice::Int recv_index = position(to_ranks, my_rank);
+  if (recv_index >= 0) {
     plan.recv_from = static_cast<int>(from_ranks[recv_index]);
     // A rank appears at most once in each slice, so it is its own peer exactly when it
     // sends and receives through the same position.
@@ -169,9 +183,10 @@ std::string describe_send(const SendPlan& plan, int my_rank, std::size_t bytes, 
 
 void check_count(std::int64_t count, std::string_view what) {
   if (count > INT_MAX) {
-    throw UsageError(fmt::format("{}: expected at most {} elements in one message (MPI and NCCL counts are int), "
-                                 "found {}",
-                                 what, INT_MAX, count));
+    throw UsageError(
+        fmt::format("{}: expected at most {} elements in one message (MPI and NCCL counts are int), "
+                    "found {}",
+                    what, INT_MAX, count));
   }
 }
 

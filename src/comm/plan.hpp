@@ -16,7 +16,10 @@ struct ReducePlan {
   std::size_t dim = 0;
   std::int64_t n = 1;           // size of the dimension
   const char* collective = "";  // "all_reduce", "all_gather", "all_to_all", "reduce_scatter"
-  TensorMeta out_meta;          // the output's shape, dtype and device
+  // The output's meta when it differs from the factory's (all_gather, reduce_scatter);
+  // not copied otherwise: a TensorMeta copy allocates, and this is the 8-byte hot path.
+  std::optional<TensorMeta> reshaped;
+  const TensorMeta& out_meta(const TensorMeta& factory) const { return reshaped ? *reshaped : factory; }
 };
 
 // Every check depends only on the command (the mesh, `factory`, the flags), never on the

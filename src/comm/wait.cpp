@@ -15,8 +15,8 @@ using std::chrono::microseconds;
 // one trip through the scheduler. Past that, yielding still reacts within microseconds
 // but lets an oversubscribed peer run. Past that, the operation is long or a peer is
 // late: sleep, with intervals that grow with the time already waited (so oversleeping
-// adds at most ~1/8 to a long operation) up to 1 ms (so an idle wait wakes ~1000 times a
-// second, not millions).
+// adds at most ~1/32 to a long operation) up to 1 ms (so an idle wait wakes ~1000 times
+// a second, not millions). An operation on the comm thread wakes the waiter at once.
 constexpr microseconds kSpin{20};
 constexpr microseconds kYield{200};
 constexpr microseconds kMinSleep{10};
@@ -30,7 +30,7 @@ Outcome wait(Pending& pending) {
   for (;;) {
     const auto waited = std::chrono::duration_cast<microseconds>(Clock::now() - start);
     if (waited >= kYield) {
-      std::this_thread::sleep_for(std::clamp(waited / 8, kMinSleep, kMaxSleep));
+      pending.idle(std::clamp(waited / 32, kMinSleep, kMaxSleep));
     } else if (waited >= kSpin) {
       std::this_thread::yield();
     }

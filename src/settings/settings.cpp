@@ -29,6 +29,8 @@ constexpr std::array kSettings{
             "On a fatal signal, print the rank, the command and a backtrace, then MPI_Abort the job (0 = off)"},
     Setting{"MESHRT_STATE_QUERY_TIMEOUT", "2",
             "Seconds the controller waits for workers' answers when it builds a desync report"},
+    Setting{"MESHRT_COMM_POOL_BYTES", "1073741824",
+            "Bytes of freed CPU collective outputs (256 KiB and up) each rank keeps warm for reuse (0 = none)"},
     Setting{"MESHRT_TEST_WATCHDOG", "",
             "Seconds after which an MPI test binary names the running test and aborts the job"},
 };

@@ -183,7 +183,10 @@ struct Tensor::Storage {
   std::size_t bytes = 0;
   Device device;
 
+  std::shared_ptr<void> adopted;  // set for adopt_host: the owner frees, not ~Storage
+
   Storage(std::size_t n, Device d);
+  Storage(std::shared_ptr<void> buffer, std::size_t n) : ptr(buffer.get()), bytes(n), adopted(std::move(buffer)) {}
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -245,6 +248,7 @@ Tensor::Storage::Storage(std::size_t n, Device d) : bytes(n), device(d) {
 }
 
 Tensor::Storage::~Storage() {
+  if (adopted) return;
   if (device.is_cpu()) {
     ::operator delete(ptr, std::align_val_t(kHostAlignment));
     return;
@@ -280,6 +284,14 @@ void copy_bytes(void* dst, const Device& dst_device, const void* src, const Devi
 
 Tensor Tensor::empty(const TensorMeta& meta) {
   return Tensor(meta, std::make_shared<Storage>(meta.nbytes(), meta.device()));
+}
+
+Tensor Tensor::adopt_host(const TensorMeta& meta, std::shared_ptr<void> buffer) {
+  if (!meta.device().is_cpu()) {
+    throw UsageError(fmt::format("Tensor::adopt_host: expected a CPU tensor, found {}", meta.to_string()));
+  }
+  if (!buffer) throw UsageError(fmt::format("Tensor::adopt_host: expected a buffer for {}, found null", meta.to_string()));
+  return Tensor(meta, std::make_shared<Storage>(std::move(buffer), meta.nbytes()));
 }
 
 Tensor Tensor::zeros(const TensorMeta& meta) {

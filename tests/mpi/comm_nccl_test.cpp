@@ -34,9 +34,8 @@ TEST(CommNccl, BitwiseRefusedBeforeAnyDeviceWork) {
   WorkerMesh mesh({"gpu"}, NDSlice::row_major({world_size()}), world.comm());
   const TensorMeta meta({4}, DType::Int32, Device::cuda(0));
   for (Reduction red : {Reduction::Band, Reduction::Bor, Reduction::Bxor}) {
-    EXPECT_EQ(usage_error_text([&] {
-                (void)start_reduce_nccl(mesh, "gpu", red, false, false, DependentOnError{1}, meta, nullptr);
-              }),
+    EXPECT_EQ(usage_error_text(
+                  [&] { (void)start_reduce_nccl(mesh, "gpu", red, false, false, DependentOnError{1}, meta, nullptr); }),
               fmt::format("bitwise reduction {} is not supported by NCCL, found a CUDA tensor int32[4] on cuda:0; "
                           "move it to the CPU or use another reduction (dimension 'gpu' of mesh [gpu={}], world "
                           "rank {})",
@@ -58,7 +57,9 @@ bool one_gpu_per_rank() {
   return count >= world_size();
 }
 
-Device my_device() { return Device::cuda(world_rank()); }
+Device my_device() {
+  return Device::cuda(world_rank());
+}
 
 TEST(CommNccl, AllReduceGatherScatterAllToAll) {
   if (!one_gpu_per_rank()) GTEST_SKIP() << "needs one CUDA device per rank";
@@ -155,7 +156,8 @@ TEST(CommNccl, CreationTimeInitRankAgainstSplit) {
     (void)mesh.nccl_comm(0);
     (void)mesh.nccl_comm(1);
     MPI_Barrier(world.comm());
-    seconds[how == NcclCreation::Split ? 1 : 0] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    seconds[how == NcclCreation::Split ? 1 : 0] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   if (world_rank() == 0) {
     std::printf("NCCL communicator creation, 2 dimensions of [host=2, gpu=%d]: InitRank %.1f ms, Split %.1f ms\n",
@@ -166,7 +168,9 @@ TEST(CommNccl, CreationTimeInitRankAgainstSplit) {
 }
 
 #else
-TEST(CommNccl, BuiltWithoutNccl) { GTEST_SKIP() << "meshrt was built without NCCL"; }
+TEST(CommNccl, BuiltWithoutNccl) {
+  GTEST_SKIP() << "meshrt was built without NCCL";
+}
 #endif
 
 }  // namespace

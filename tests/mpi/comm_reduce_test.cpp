@@ -5,7 +5,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <time.h>
+
 #include <array>
+#include <chrono>
+#include <thread>
 
 #include "comm_test_util.hpp"
 
@@ -14,9 +18,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr std::array kReductions{Reduction::Stack, Reduction::Sum, Reduction::Avg, Reduction::Product, Reduction::Min,
+constexpr std::array kReductions{Reduction::Stack, Reduction::Sum,  Reduction::Avg, Reduction::Product, Reduction::Min,
                                  Reduction::Max,   Reduction::Band, Reduction::Bor, Reduction::Bxor};
-constexpr std::array kDTypes{DType::Bool,     DType::UInt8,   DType::Int32,   DType::Int64,
+constexpr std::array kDTypes{DType::Bool,    DType::UInt8,    DType::Int32,   DType::Int64,
                              DType::Float16, DType::BFloat16, DType::Float32, DType::Float64};
 
 // The world ranks of this rank's line along `dim`, computed from the NDSlice alone.
@@ -34,7 +38,8 @@ std::vector<int> line_of(const NDSlice& ranks, std::size_t dim) {
 bool refused(Reduction red, DType dtype, bool scatter, bool inplace) {
   const bool stack = red == Reduction::Stack;
   if (is_bitwise(red) && is_floating(dtype)) return true;
-  if (dtype == DType::Bool && (red == Reduction::Sum || red == Reduction::Avg || red == Reduction::Product)) return true;
+  if (dtype == DType::Bool && (red == Reduction::Sum || red == Reduction::Avg || red == Reduction::Product))
+    return true;
   if (stack && !scatter && inplace) return true;
   if (!stack && scatter && inplace) return true;
   return false;
@@ -58,7 +63,8 @@ Tensor expected_output(Reduction red, const TensorMeta& in_meta, bool scatter, c
     T* p = static_cast<T*>(out.raw_data());
     if (red == Reduction::Stack && !scatter) {
       for (std::int64_t k = 0; k < n; ++k) {
-        for (std::int64_t i = 0; i < numel; ++i) p[k * numel + i] = from_double<T>(value(line[static_cast<std::size_t>(k)], i));
+        for (std::int64_t i = 0; i < numel; ++i)
+          p[k * numel + i] = from_double<T>(value(line[static_cast<std::size_t>(k)], i));
       }
     } else if (red == Reduction::Stack) {
       const std::int64_t chunk = numel / n;
@@ -93,7 +99,10 @@ int sweep(WorkerMesh& mesh, std::size_t dim, Completion completion) {
         for (bool inplace : {false, true}) {
           SCOPED_TRACE(fmt::format("{} {} scatter={} inplace={} dim {} of {} ({})", name(red), name(dtype), scatter,
                                    inplace, dim_name, mesh.to_string(),
-                                   completion == Completion::Blocking ? "blocking" : "non-blocking"));
+                                   completion == Completion::Blocking ? "blocking"
+                                   : completion == Completion::Thread ? "comm thread"
+                                   : completion == Completion::Auto   ? "auto"
+                                                                      : "non-blocking"));
           const TensorMeta meta(scatter ? std::vector<std::int64_t>{n, 3} : std::vector<std::int64_t>{2, 3}, dtype);
           const Tensor input = make_input(meta, red, world_rank());
           const Tensor pristine = input.clone();
@@ -133,11 +142,13 @@ int expected_runs() {
   return n;
 }
 
-TEST(CommReduce, WorldMeshBothCompletions) {
+TEST(CommReduce, WorldMeshEveryCompletion) {
   World world;
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
   EXPECT_EQ(sweep(mesh, 0, Completion::NonBlocking), expected_runs());
   EXPECT_EQ(sweep(mesh, 0, Completion::Blocking), expected_runs());
+  EXPECT_EQ(sweep(mesh, 0, Completion::Thread), expected_runs());
+  EXPECT_EQ(sweep(mesh, 0, Completion::Auto), expected_runs());
 }
 
 TEST(CommReduce, TwoDimensionalMesh) {
@@ -162,9 +173,10 @@ TEST(CommReduce, StridedSlicesAndThreeDimensions) {
     for (std::size_t d = 0; d < 3; ++d) EXPECT_EQ(sweep(mesh, d, Completion::NonBlocking), expected_runs());
   }
   if (me >= 3) {
-    // host=1 of a 2x3 mesh while ranks 0..2 run the blocking sweep on host=0.
+    // host=1 of a 2x3 mesh on the comm thread while ranks 0..2 run the blocking sweep
+    // on host=0.
     WorkerMesh mesh({"gpu"}, NDSlice::row_major({2, 3}).at(0, 1), world.comm());
-    EXPECT_EQ(sweep(mesh, 0, Completion::NonBlocking), expected_runs());
+    EXPECT_EQ(sweep(mesh, 0, Completion::Thread), expected_runs());
   } else {
     WorkerMesh mesh({"gpu"}, NDSlice::row_major({2, 3}).at(0, 0), world.comm());
     EXPECT_EQ(sweep(mesh, 0, Completion::Blocking), expected_runs());
@@ -184,9 +196,10 @@ TEST(CommReduce, BrokenInputJoinsWithZeros) {
     Reduction red;
     bool scatter, inplace;
   };
-  for (Case c : {Case{Reduction::Sum, false, false}, Case{Reduction::Max, false, true}, Case{Reduction::Stack, false, false},
-                 Case{Reduction::Stack, true, true}, Case{Reduction::Avg, true, false}}) {
-    for (Completion completion : {Completion::NonBlocking, Completion::Blocking}) {
+  for (Case c :
+       {Case{Reduction::Sum, false, false}, Case{Reduction::Max, false, true}, Case{Reduction::Stack, false, false},
+        Case{Reduction::Stack, true, true}, Case{Reduction::Avg, true, false}}) {
+    for (Completion completion : {Completion::NonBlocking, Completion::Blocking, Completion::Thread}) {
       SCOPED_TRACE(fmt::format("{} scatter={} inplace={}", name(c.red), c.scatter, c.inplace));
       const TensorMeta meta({n, 4}, DType::Float32);
       Input input = me == broken_rank ? Input(DependentOnError{42}) : Input(make_input(meta, c.red, me));
@@ -210,8 +223,8 @@ TEST(CommReduce, MismatchedInputRaisesAfterCompletion) {
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
   const int me = world_rank();
   const TensorMeta meta({4}, DType::Int32);
-  const Tensor input = me == 0 ? make_input(TensorMeta({5}, DType::Int32), Reduction::Sum, me)
-                               : make_input(meta, Reduction::Sum, me);
+  const Tensor input =
+      me == 0 ? make_input(TensorMeta({5}, DType::Int32), Reduction::Sum, me) : make_input(meta, Reduction::Sum, me);
   auto p = start_reduce(mesh, "x", Reduction::Sum, false, false, input, meta);
   if (me == 0) {
     while (!p->test()) {
@@ -245,8 +258,7 @@ TEST(CommReduce, UsageErrors) {
   World world;
   const int n = world_size();
   WorkerMesh mesh({"gpu"}, NDSlice::row_major({n}), world.comm());
-  const std::string where =
-      fmt::format(" (dimension 'gpu' of mesh [gpu={}], world rank {})", n, world_rank());
+  const std::string where = fmt::format(" (dimension 'gpu' of mesh [gpu={}], world rank {})", n, world_rank());
   const TensorMeta f32({n, 2}, DType::Float32);
   auto start = [&](std::string_view dim, Reduction red, bool scatter, bool inplace, const TensorMeta& meta) {
     // The input is a broken marker: no tensor of a (possibly absent) device is needed.
@@ -258,7 +270,8 @@ TEST(CommReduce, UsageErrors) {
             "bitwise reduction band needs an integer or bool dtype, found float32" + where);
   EXPECT_EQ(start("gpu", Reduction::Sum, false, false, TensorMeta({2}, DType::Bool)),
             "reduction sum needs a numeric dtype, found bool; on bool use max or bor (any), min or band (all), bxor "
-            "(parity)" + where);
+            "(parity)" +
+                where);
   EXPECT_EQ(start("host", Reduction::Sum, false, false, f32),
             fmt::format("device mesh [gpu={}]: unknown dimension 'host', expected one of 'gpu' (world rank {})", n,
                         world_rank()));
@@ -303,14 +316,89 @@ TEST(CommReduce, DescribeNamesTheCollectiveAndPeers) {
   (void)wait(*p);
 }
 
+// Outputs of 256 KiB and more reuse the buffer of a dropped output (warm memory), never
+// one still held, and stay correct.
+TEST(CommReduce, LargeOutputsComeFromThePool) {
+  World world;
+  WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
+  const TensorMeta meta({world_size(), 1 << 16}, DType::Float32);  // 256 KiB per rank
+  const Tensor input = make_input(meta, Reduction::Sum, world_rank());
+  const std::vector<int> line = line_of(mesh.ranks(), 0);
+  const Tensor expected = expected_output(Reduction::Sum, meta, false, line, world_rank());
+  const OutputPoolStats before = output_pool_stats();
+  const void* first_address = nullptr;
+  {
+    const Outcome first = reduce(mesh, "x", Reduction::Sum, false, false, input, meta);
+    EXPECT_EQ(compare(first.tensor, expected), "");
+    first_address = first.tensor.raw_data();
+  }
+  const Outcome second = reduce(mesh, "x", Reduction::Sum, false, false, input, meta);
+  const Outcome third = reduce(mesh, "x", Reduction::Sum, false, false, input, meta);
+  EXPECT_EQ(second.tensor.raw_data(), first_address) << "the dropped output's buffer is reused";
+  EXPECT_NE(third.tensor.raw_data(), second.tensor.raw_data()) << "a held output is never handed out again";
+  EXPECT_EQ(compare(second.tensor, expected), "");
+  EXPECT_EQ(compare(third.tensor, expected), "");
+  const OutputPoolStats after = output_pool_stats();
+  EXPECT_GE(after.hits - before.hits, 1u);
+  // Small outputs bypass the pool.
+  const TensorMeta small({4}, DType::Float32);
+  (void)reduce(mesh, "x", Reduction::Sum, false, false, small.zeros(), small);
+  EXPECT_EQ(output_pool_stats().hits + output_pool_stats().misses, after.hits + after.misses);
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// A peer 300 ms late: wait() on the non-blocking path backs off to sleeping, so the
+// waiting thread uses a small fraction of a core, not all of it.
+TEST(CommReduce, IdleWaitDoesNotBurnACore) {
+  World world;
+  WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
+  const TensorMeta meta({16}, DType::Float32);
+  // The first operation on a dimension creates its communicator with MPI_Comm_split,
+  // which blocks (and polls) until the whole line arrives: create it first.
+  (void)mesh.dim_comm(0);
+  if (world_rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto wall0 = std::chrono::steady_clock::now();
+  const double cpu0 = thread_cpu_seconds();
+  auto p = start_reduce(mesh, "x", Reduction::Sum, false, false, meta.zeros(), meta, Completion::NonBlocking);
+  (void)wait(*p);
+  const double cpu = thread_cpu_seconds() - cpu0;
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  if (world_rank() != 0) {
+    EXPECT_GT(wall, 0.2) << "the late peer should have held this rank";
+    EXPECT_LT(cpu, 0.25 * wall) << "waited " << wall << " s using " << cpu << " s of CPU";
+  }
+}
+
+// Dropping an operation before it completes waits for it (MPI still uses its buffers);
+// the next operation then runs normally.
+TEST(CommReduce, DroppingAPendingOperationWaitsForIt) {
+  World world;
+  WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
+  const TensorMeta meta({world_size(), 1 << 17}, DType::Float32);  // 512 KiB per rank: Auto uses the thread
+  const Tensor input = make_input(meta, Reduction::Sum, world_rank());
+  const Tensor expected = expected_output(Reduction::Sum, meta, false, line_of(mesh.ranks(), 0), world_rank());
+  for (Completion completion : {Completion::NonBlocking, Completion::Thread, Completion::Auto}) {
+    { auto dropped = start_reduce(mesh, "x", Reduction::Sum, false, false, input, meta, completion); }
+    const Outcome out = wait(*start_reduce(mesh, "x", Reduction::Sum, false, false, input, meta, completion));
+    EXPECT_EQ(compare(out.tensor, expected), "");
+  }
+}
+
 TEST(CommReduce, EmptyAndZeroDimensionalTensors) {
   World world;
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
   const TensorMeta empty({0, 3}, DType::Float32);
   EXPECT_EQ(wait(*start_reduce(mesh, "x", Reduction::Sum, false, false, empty.zeros(), empty)).tensor.numel(), 0);
   const TensorMeta scalar({}, DType::Int64);
-  const Outcome out = reduce(mesh, "x", Reduction::Sum, false, false, make_input(scalar, Reduction::Sum, world_rank()), scalar);
-  EXPECT_EQ(compare(out.tensor, expected_output(Reduction::Sum, scalar, false, line_of(mesh.ranks(), 0), world_rank())), "");
+  const Outcome out =
+      reduce(mesh, "x", Reduction::Sum, false, false, make_input(scalar, Reduction::Sum, world_rank()), scalar);
+  EXPECT_EQ(compare(out.tensor, expected_output(Reduction::Sum, scalar, false, line_of(mesh.ranks(), 0), world_rank())),
+            "");
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ TEST(CommSend, FirstHalfToSecondHalfAndBack) {
   if (world_size() % 2 != 0) GTEST_SKIP() << "needs an even world";
   const int h = world_size() / 2;
   const NDSlice first(0, {h}, {1}), second(h, {h}, {1});
-  for (Completion c : {Completion::NonBlocking, Completion::Blocking}) {
+  for (Completion c : {Completion::NonBlocking, Completion::Blocking, Completion::Thread, Completion::Auto}) {
     check_send(first, second, TensorMeta({3, 5}, DType::Float32), c);
     check_send(second, first, TensorMeta({3, 5}, DType::Int64), c);
   }
@@ -58,7 +58,7 @@ TEST(CommSend, FirstHalfToSecondHalfAndBack) {
 
 TEST(CommSend, SelfPairsCopy) {
   const NDSlice all = NDSlice::row_major({world_size()});
-  for (Completion c : {Completion::NonBlocking, Completion::Blocking}) {
+  for (Completion c : {Completion::NonBlocking, Completion::Blocking, Completion::Thread, Completion::Auto}) {
     check_send(all, all, TensorMeta({7}, DType::Float16), c);
     check_send(all, all, TensorMeta({7}, DType::Bool), c, /*broken_sender=*/0);
   }
@@ -69,7 +69,7 @@ TEST(CommSend, SelfPairsCopy) {
 TEST(CommSend, ChainSendsAndReceives) {
   const int n = world_size();
   const NDSlice from(0, {n - 1}, {1}), to(1, {n - 1}, {1});
-  for (Completion c : {Completion::NonBlocking, Completion::Blocking}) {
+  for (Completion c : {Completion::NonBlocking, Completion::Blocking, Completion::Thread, Completion::Auto}) {
     check_send(from, to, TensorMeta({1 << 18}, DType::Float32), c);
     check_send(to, from, TensorMeta({5}, DType::BFloat16), c);
   }
@@ -81,7 +81,7 @@ TEST(CommSend, TransposedPairingMixesSelfAndPeers) {
   if (world_size() != 6) GTEST_SKIP() << "written for 6 ranks";
   const NDSlice from = NDSlice::row_major({2, 3});
   const NDSlice to(0, {2, 3}, {1, 2});
-  for (Completion c : {Completion::NonBlocking, Completion::Blocking}) {
+  for (Completion c : {Completion::NonBlocking, Completion::Blocking, Completion::Thread, Completion::Auto}) {
     check_send(from, to, TensorMeta({2, 2}, DType::UInt8), c);
     check_send(from, to, TensorMeta({2, 2}, DType::Int32), c, /*broken_sender=*/1);
     check_send(from, to, TensorMeta({2, 2}, DType::Int32), c, /*broken_sender=*/5);
@@ -117,8 +117,9 @@ TEST(CommSend, UsageErrors) {
             fmt::format("send_tensor: expected from_ranks and to_ranks of equal length, found 1 (NDSlice(offset=0, "
                         "sizes=[1], strides=[1])) and 2 (NDSlice(offset=0, sizes=[2], strides=[1])) (world rank {})",
                         me));
-  EXPECT_THAT(send(NDSlice(0, {1}, {1}), NDSlice(n, {1}, {1}), meta),
-              HasSubstr(fmt::format("send_tensor: expected ranks below the communicator size {}, found rank {} in", n, n)));
+  EXPECT_THAT(
+      send(NDSlice(0, {1}, {1}), NDSlice(n, {1}, {1}), meta),
+      HasSubstr(fmt::format("send_tensor: expected ranks below the communicator size {}, found rank {} in", n, n)));
   EXPECT_THAT(send(NDSlice(0, {1}, {1}), NDSlice(0, {1}, {1}), meta.with_device(Device::cuda(0))),
               HasSubstr("send_tensor over MPI: expected a CPU tensor, found float32[2] on cuda:0"));
   // A sender whose input does not match the factory sends zeros and raises after.

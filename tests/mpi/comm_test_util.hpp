@@ -2,8 +2,8 @@
 // rank, element index), so every rank can compute the expected result for all of them.
 #pragma once
 
-#include <gtest/gtest.h>
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cmath>
@@ -43,16 +43,23 @@ class World {
 
 template <class T>
 T from_double(double v) {
-  if constexpr (std::is_same_v<T, Half>) return float_to_half(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, BFloat16>) return float_to_bfloat16(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, bool>) return v != 0;
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, Half>)
+    return float_to_half(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return float_to_bfloat16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, bool>)
+    return v != 0;
+  else
+    return static_cast<T>(v);
 }
 template <class T>
 double to_double(T v) {
-  if constexpr (std::is_same_v<T, Half>) return half_to_float(v);
-  else if constexpr (std::is_same_v<T, BFloat16>) return bfloat16_to_float(v);
-  else return static_cast<double>(v);
+  if constexpr (std::is_same_v<T, Half>)
+    return half_to_float(v);
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return bfloat16_to_float(v);
+  else
+    return static_cast<double>(v);
 }
 
 // Input values by reduction family, small enough that every sum, product and average is
@@ -67,11 +74,14 @@ inline double fill_value(Reduction red, DType dtype, int rank, std::int64_t i) {
       return (!is_unsigned && (r * 3 + i) % 5 == 0) ? -mag : mag;
     }
     case Reduction::Min:
-    case Reduction::Max: return static_cast<double>((r * 5 + i * 3) % 13 - (is_unsigned ? 0 : 6));
+    case Reduction::Max:
+      return static_cast<double>((r * 5 + i * 3) % 13 - (is_unsigned ? 0 : 6));
     case Reduction::Band:
     case Reduction::Bor:
-    case Reduction::Bxor: return static_cast<double>((r * 37 + i * 11 + 5) % 128);
-    default: return static_cast<double>((r * 7 + i * 3) % 11 - (is_unsigned ? 0 : 5));
+    case Reduction::Bxor:
+      return static_cast<double>((r * 37 + i * 11 + 5) % 128);
+    default:
+      return static_cast<double>((r * 7 + i * 3) % 11 - (is_unsigned ? 0 : 5));
   }
 }
 
@@ -95,14 +105,29 @@ T reduce_values(Reduction red, const std::vector<double>& values) {
     const double v = values[k];
     switch (red) {
       case Reduction::Sum:
-      case Reduction::Avg: acc += v; break;
-      case Reduction::Product: acc *= v; break;
-      case Reduction::Min: acc = std::min(acc, v); break;
-      case Reduction::Max: acc = std::max(acc, v); break;
-      case Reduction::Band: acc = static_cast<double>(static_cast<std::int64_t>(acc) & static_cast<std::int64_t>(v)); break;
-      case Reduction::Bor: acc = static_cast<double>(static_cast<std::int64_t>(acc) | static_cast<std::int64_t>(v)); break;
-      case Reduction::Bxor: acc = static_cast<double>(static_cast<std::int64_t>(acc) ^ static_cast<std::int64_t>(v)); break;
-      case Reduction::Stack: break;
+      case Reduction::Avg:
+        acc += v;
+        break;
+      case Reduction::Product:
+        acc *= v;
+        break;
+      case Reduction::Min:
+        acc = std::min(acc, v);
+        break;
+      case Reduction::Max:
+        acc = std::max(acc, v);
+        break;
+      case Reduction::Band:
+        acc = static_cast<double>(static_cast<std::int64_t>(acc) & static_cast<std::int64_t>(v));
+        break;
+      case Reduction::Bor:
+        acc = static_cast<double>(static_cast<std::int64_t>(acc) | static_cast<std::int64_t>(v));
+        break;
+      case Reduction::Bxor:
+        acc = static_cast<double>(static_cast<std::int64_t>(acc) ^ static_cast<std::int64_t>(v));
+        break;
+      case Reduction::Stack:
+        break;
     }
   }
   T out = from_double<T>(acc);
