@@ -72,6 +72,9 @@ constexpr std::size_t kFirstMax = 64 + kMaxTypeName + kInlineMax;
 // shared-memory transfers only advance while a rank calls into MPI, and a completed
 // piece is the progress signal that keeps the waiting loop from sleeping mid-transfer.
 constexpr std::size_t kPipelineBytes = std::size_t{1} << 20;
+// Payloads up to this size are allocated as soon as their header is checked and every
+// chunk's receive posted at once; larger ones only once their first chunk is there.
+constexpr std::size_t kTrustedAlloc = std::size_t{1} << 20;
 
 struct WireHeader {
   std::uint32_t magic;
@@ -515,6 +518,16 @@ struct StatelessGroup::Impl {
       }
       return true;
     }
+    auto len = [&](std::size_t i) { return std::min<std::size_t>(h.chunk, h.total - i * h.chunk); };
+    if (h.total <= kTrustedAlloc) {
+      // Small enough to allocate on the header's word: every chunk's receive is posted
+      // at once (MPI checks the sizes: a longer chunk fails, a shorter one is caught by
+      // check_chunk), so the transfer starts without a probe round.
+      char* out = sink.prepare(h.total);
+      if (out_ptr) *out_ptr = out;
+      post_chunk_recvs(kind, h, src, out, 0, nchunks, len);
+      return true;
+    }
     // Allocate only once the first chunk is really there and has the declared size: a
     // corrupt header alone never makes this rank allocate what it declares.
     MPI_Message msg = MPI_MESSAGE_NULL;
@@ -539,19 +552,24 @@ struct StatelessGroup::Impl {
       throw ProtocolError(fmt::format("{}: {}", where(op, src), problem));
     }
     if (out_ptr) *out_ptr = out;
-    auto len = [&](std::size_t i) { return std::min<std::size_t>(h.chunk, h.total - i * h.chunk); };
     chunks.push_back(MPI_REQUEST_NULL);
     chunk_len.push_back(len(0));
     chunk_owner.push_back(src);
     MESHRT_MPI_CHECK(MPI_Imrecv(out, bytes, MPI_BYTE, &msg, &chunks.back()));
-    for (std::size_t i = 1; i < nchunks; ++i) {
+    post_chunk_recvs(kind, h, src, out, 1, nchunks, len);
+    return true;
+  }
+
+  template <class Len>
+  void post_chunk_recvs(Kind kind, const WireHeader& h, int src, char* out, std::size_t from, std::size_t nchunks,
+                        const Len& len) {
+    for (std::size_t i = from; i < nchunks; ++i) {
       chunks.push_back(MPI_REQUEST_NULL);
       chunk_len.push_back(len(i));
       chunk_owner.push_back(src);
       MESHRT_MPI_CHECK(
           MPI_Irecv(out + i * h.chunk, static_cast<int>(len(i)), MPI_BYTE, src, chunk_tag(kind), comm, &chunks.back()));
     }
-    return true;
   }
 
   [[noreturn]] void chunk_failed(const char* op, int src, std::size_t i, const std::string& what) {
@@ -575,7 +593,7 @@ struct StatelessGroup::Impl {
 
   // Waits for the receives start_payload posted, in order, sending each chunk on to
   // `forward` (broadcast relays) as soon as it is in. False on timeout (receives
-  // cancelled; the owners of the pending ones are in `late`).
+  // cancelled).
   bool finish_payload_in_order(const char* op, Kind kind, const char* out, std::size_t chunk_size,
                                std::span<const int> forward, std::size_t total) {
     Backoff backoff(spin_for(total));
