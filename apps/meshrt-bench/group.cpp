@@ -25,10 +25,10 @@ namespace {
 // Buffers shared by every size: pairs run one after another, so each side keeps one warm
 // buffer that grows to the largest size (resizing down keeps the capacity).
 struct Buffers {
-  std::vector<char> mine;                 // the StatelessGroup side's object
-  std::vector<std::vector<char>> parts;   // all_gather_obj_into's output
-  std::vector<char> raw;                  // the raw MPI side's buffer
-  std::vector<char> raw_all;              // MPI_Allgather's output
+  std::vector<char> mine;                // the StatelessGroup side's object
+  std::vector<std::vector<char>> parts;  // all_gather_obj_into's output
+  std::vector<char> raw;                 // the raw MPI side's buffer
+  std::vector<char> raw_all;             // MPI_Allgather's output
 };
 
 void fit(std::vector<char>& v, std::size_t bytes) {
@@ -55,8 +55,12 @@ void register_group(Context& ctx) {
   for (std::size_t bytes : sizes) {
     if (n < 2) break;
     const int cnt = static_cast<int>(bytes);
-    add_pair(ctx, {.suite = "group", .op = "pingpong", .bytes = bytes, .bus = BusFactor::one,
-                   .inner = inner_for(bytes), .iterations = iterations_for(bytes),
+    add_pair(ctx, {.suite = "group",
+                   .op = "pingpong",
+                   .bytes = bytes,
+                   .bus = BusFactor::one,
+                   .inner = inner_for(bytes),
+                   .iterations = iterations_for(bytes),
                    .meshrt =
                        [=] {
                          fit(b->mine, bytes);
@@ -82,8 +86,12 @@ void register_group(Context& ctx) {
   }
   for (std::size_t bytes : sizes) {
     const int cnt = static_cast<int>(bytes);
-    add_pair(ctx, {.suite = "group", .op = "broadcast", .bytes = bytes, .bus = BusFactor::one,
-                   .inner = inner_for(bytes), .iterations = iterations_for(bytes),
+    add_pair(ctx, {.suite = "group",
+                   .op = "broadcast",
+                   .bytes = bytes,
+                   .bus = BusFactor::one,
+                   .inner = inner_for(bytes),
+                   .iterations = iterations_for(bytes),
                    .meshrt =
                        [=] {
                          fit(b->mine, bytes);
@@ -99,8 +107,12 @@ void register_group(Context& ctx) {
     // `bytes` is the whole gathered array; each rank contributes bytes / n.
     const std::size_t part = std::max<std::size_t>(bytes / static_cast<std::size_t>(n), 1);
     const int cnt = static_cast<int>(part);
-    add_pair(ctx, {.suite = "group", .op = "all_gather", .bytes = part * static_cast<std::size_t>(n),
-                   .bus = BusFactor::gather_like, .inner = inner_for(bytes), .iterations = iterations_for(bytes),
+    add_pair(ctx, {.suite = "group",
+                   .op = "all_gather",
+                   .bytes = part * static_cast<std::size_t>(n),
+                   .bus = BusFactor::gather_like,
+                   .inner = inner_for(bytes),
+                   .iterations = iterations_for(bytes),
                    .meshrt =
                        [=] {
                          fit(b->mine, part);
@@ -113,8 +125,14 @@ void register_group(Context& ctx) {
                          MPI_Allgather(b->raw.data(), cnt, MPI_BYTE, b->raw_all.data(), cnt, MPI_BYTE, raw);
                        }});
   }
-  add_pair(ctx, {.suite = "group", .op = "barrier", .bytes = 0, .bus = BusFactor::one, .inner = 200,
-                 .iterations = 20, .meshrt = [=] { g->barrier(); }, .mpi = [=] { MPI_Barrier(raw); }});
+  add_pair(ctx, {.suite = "group",
+                 .op = "barrier",
+                 .bytes = 0,
+                 .bus = BusFactor::one,
+                 .inner = 200,
+                 .iterations = 20,
+                 .meshrt = [=] { g->barrier(); },
+                 .mpi = [=] { MPI_Barrier(raw); }});
 }
 
 }  // namespace
