@@ -1,154 +1,142 @@
-// meshrt-bench-group: StatelessGroup against the same transfer made with raw MPI, in the
-// same run: send/recv (ping-pong, one-way time = round trip / 2), broadcast_obj vs
-// MPI_Bcast, all_gather_obj vs MPI_Allgather, barrier vs MPI_Barrier, for
-// std::vector<char> payloads. Each point: a warm-up, then `reps` repetitions of a fixed
-// iteration count (the same on all ranks); a repetition's time is the max over ranks;
-// the point's time is the median repetition. Prints a table and, with --json, one JSON
-// line per point. (Standalone until the lead folds it into meshrt-bench.)
+// group: StatelessGroup (typed object collectives, DESIGN.md section 6) against the same
+// transfer made with raw MPI on a communicator of its own, for std::vector<char> payloads
+// of 8 B to 64 MiB:
+//   - pingpong: group ranks 0 and 1 only; one operation is a round trip, send_obj +
+//     recv_obj_into on rank 0 and the mirror on rank 1 (two transfers of `bytes`; half of
+//     it is the one-way latency). Raw MPI: MPI_Send + MPI_Recv. Other ranks idle.
+//   - broadcast: broadcast_obj from rank 0 against MPI_Bcast.
+//   - all_gather: all_gather_obj_into against MPI_Allgather (bytes = the whole array,
+//     n parts, as nccl-tests count it).
+//   - barrier: barrier() against MPI_Barrier.
+//
+//   mpiexec -n 2 meshrt-bench group [--quick] [--json out.jsonl] [--benchmark_filter=pingpong]
 #include <mpi.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <fmt/format.h>
-#include <functional>
-#include <nlohmann/json.hpp>
-#include <string>
+#include <memory>
 #include <vector>
 
+#include "bench.hpp"
 #include "meshrt/group.hpp"
 
+namespace meshrt::bench {
 namespace {
 
-struct Point {
-  std::string op;
-  std::size_t bytes;
-  double meshrt_us;
-  double mpi_us;
+// Buffers shared by every size: pairs run one after another, so each side keeps one warm
+// buffer that grows to the largest size (resizing down keeps the capacity).
+struct Buffers {
+  std::vector<char> mine;                // the StatelessGroup side's object
+  std::vector<std::vector<char>> parts;  // all_gather_obj_into's output
+  std::vector<char> raw;                 // the raw MPI side's buffer
+  std::vector<char> raw_all;             // MPI_Allgather's output
 };
 
-// Median over reps of the max over ranks of one iteration's time, in microseconds.
-double measure(MPI_Comm comm, int iters, int reps, const std::function<void()>& once) {
-  once();  // warm-up: connections, buffers, first touch
-  std::vector<double> times;
-  for (int r = 0; r < reps; ++r) {
-    MPI_Barrier(comm);
-    const double t0 = MPI_Wtime();
-    for (int i = 0; i < iters; ++i) once();
-    double mine = (MPI_Wtime() - t0) / iters, worst = 0;
-    MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, comm);
-    times.push_back(worst * 1e6);
+void fit(std::vector<char>& v, std::size_t bytes) {
+  if (v.size() != bytes) v.assign(bytes, 'x');
+}
+
+void register_group(Context& ctx) {
+  auto g = std::make_shared<StatelessGroup>(StatelessGroup::from_comm(ctx.comm));
+  MPI_Comm raw = MPI_COMM_NULL;  // never freed: the benchmarks hold it until exit
+  MPI_Comm_dup(ctx.comm, &raw);
+  auto b = std::make_shared<Buffers>();
+  const int rank = ctx.rank;
+  const int n = ctx.size;
+
+  std::vector<std::size_t> sizes = sizes_up_to(std::size_t{64} << 20, ctx.quick);
+  if (!ctx.quick && sizes.back() != (std::size_t{64} << 20)) sizes.push_back(std::size_t{64} << 20);
+
+  // Fixed counts, the same on every rank: ~10 ms per timed iteration at the small end.
+  auto inner_for = [](std::size_t bytes) {
+    return static_cast<int>(std::clamp<std::size_t>((std::size_t{8} << 20) / std::max<std::size_t>(bytes, 1), 1, 200));
+  };
+  auto iterations_for = [](std::size_t bytes) { return bytes >= (std::size_t{16} << 20) ? 8 : 20; };
+
+  for (std::size_t bytes : sizes) {
+    if (n < 2) break;
+    const int cnt = static_cast<int>(bytes);
+    add_pair(ctx, {.suite = "group",
+                   .op = "pingpong",
+                   .bytes = bytes,
+                   .bus = BusFactor::one,
+                   .inner = inner_for(bytes),
+                   .iterations = iterations_for(bytes),
+                   .meshrt =
+                       [=] {
+                         fit(b->mine, bytes);
+                         if (rank == 0) {
+                           g->send_obj(b->mine, 1);
+                           g->recv_obj_into(b->mine, 1);
+                         } else if (rank == 1) {
+                           g->recv_obj_into(b->mine, 0);
+                           g->send_obj(b->mine, 0);
+                         }
+                       },
+                   .mpi =
+                       [=] {
+                         fit(b->raw, bytes);
+                         if (rank == 0) {
+                           MPI_Send(b->raw.data(), cnt, MPI_BYTE, 1, 0, raw);
+                           MPI_Recv(b->raw.data(), cnt, MPI_BYTE, 1, 0, raw, MPI_STATUS_IGNORE);
+                         } else if (rank == 1) {
+                           MPI_Recv(b->raw.data(), cnt, MPI_BYTE, 0, 0, raw, MPI_STATUS_IGNORE);
+                           MPI_Send(b->raw.data(), cnt, MPI_BYTE, 0, 0, raw);
+                         }
+                       }});
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  for (std::size_t bytes : sizes) {
+    const int cnt = static_cast<int>(bytes);
+    add_pair(ctx, {.suite = "group",
+                   .op = "broadcast",
+                   .bytes = bytes,
+                   .bus = BusFactor::one,
+                   .inner = inner_for(bytes),
+                   .iterations = iterations_for(bytes),
+                   .meshrt =
+                       [=] {
+                         fit(b->mine, bytes);
+                         b->mine = g->broadcast_obj(std::move(b->mine), 0);
+                       },
+                   .mpi =
+                       [=] {
+                         fit(b->raw, bytes);
+                         MPI_Bcast(b->raw.data(), cnt, MPI_BYTE, 0, raw);
+                       }});
+  }
+  for (std::size_t bytes : sizes) {
+    // `bytes` is the whole gathered array; each rank contributes bytes / n.
+    const std::size_t part = std::max<std::size_t>(bytes / static_cast<std::size_t>(n), 1);
+    const int cnt = static_cast<int>(part);
+    add_pair(ctx, {.suite = "group",
+                   .op = "all_gather",
+                   .bytes = part * static_cast<std::size_t>(n),
+                   .bus = BusFactor::gather_like,
+                   .inner = inner_for(bytes),
+                   .iterations = iterations_for(bytes),
+                   .meshrt =
+                       [=] {
+                         fit(b->mine, part);
+                         g->all_gather_obj_into(b->mine, b->parts);
+                       },
+                   .mpi =
+                       [=] {
+                         fit(b->raw, part);
+                         b->raw_all.resize(part * static_cast<std::size_t>(n));
+                         MPI_Allgather(b->raw.data(), cnt, MPI_BYTE, b->raw_all.data(), cnt, MPI_BYTE, raw);
+                       }});
+  }
+  add_pair(ctx, {.suite = "group",
+                 .op = "barrier",
+                 .bytes = 0,
+                 .bus = BusFactor::one,
+                 .inner = 200,
+                 .iterations = 20,
+                 .meshrt = [=] { g->barrier(); },
+                 .mpi = [=] { MPI_Barrier(raw); }});
 }
 
 }  // namespace
-
-int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  CLI::App app{"StatelessGroup vs raw MPI latency"};
-  std::size_t max_bytes = std::size_t{64} << 20;
-  int reps = 5;
-  bool json = false;
-  std::vector<std::string> ops{"send", "broadcast", "all_gather", "barrier"};
-  app.add_option("--max-bytes", max_bytes, "Largest payload");
-  app.add_option("--reps", reps, "Repetitions per point (median reported)");
-  app.add_option("--ops", ops, "Operations: send broadcast all_gather barrier");
-  app.add_flag("--json", json, "Also print one JSON line per point");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    MPI_Finalize();
-    return rc;
-  }
-  MPI_Comm raw = MPI_COMM_NULL;  // the raw-MPI side gets its own communicator too
-  MPI_Comm_dup(MPI_COMM_WORLD, &raw);
-  int rank = 0, n = 0;
-  MPI_Comm_rank(raw, &rank);
-  MPI_Comm_size(raw, &n);
-  auto g = meshrt::StatelessGroup::from_comm(MPI_COMM_WORLD);
-
-  std::vector<std::size_t> sizes;
-  for (std::size_t b = 8; b <= max_bytes; b *= 8) sizes.push_back(b);
-  if (sizes.back() != max_bytes) sizes.push_back(max_bytes);
-  std::vector<Point> points;
-  auto iters_for = [](std::size_t bytes) {
-    return static_cast<int>(std::clamp<std::size_t>((std::size_t{64} << 20) / std::max<std::size_t>(bytes, 1), 3, 300));
-  };
-  for (const std::string& op : ops) {
-    for (std::size_t bytes : (op == "barrier" ? std::vector<std::size_t>{0} : sizes)) {
-      if (op == "send" && n < 2) continue;
-      const int iters = iters_for(bytes);
-      std::vector<char> v(bytes, 'x'), buf(bytes, 'x'), all(bytes * static_cast<std::size_t>(n));
-      std::vector<std::vector<char>> parts;
-      std::function<void()> mine, theirs;
-      if (op == "send") {
-        mine = [&] {
-          if (rank == 0) {
-            g.send_obj(v, 1);
-            g.recv_obj_into(v, 1);
-          } else if (rank == 1) {
-            g.recv_obj_into(v, 0);
-            g.send_obj(v, 0);
-          }
-        };
-        theirs = [&] {
-          const int cnt = static_cast<int>(bytes);
-          if (rank == 0) {
-            MPI_Send(buf.data(), cnt, MPI_BYTE, 1, 0, raw);
-            MPI_Recv(buf.data(), cnt, MPI_BYTE, 1, 0, raw, MPI_STATUS_IGNORE);
-          } else if (rank == 1) {
-            MPI_Recv(buf.data(), cnt, MPI_BYTE, 0, 0, raw, MPI_STATUS_IGNORE);
-            MPI_Send(buf.data(), cnt, MPI_BYTE, 0, 0, raw);
-          }
-        };
-      } else if (op == "broadcast") {
-        mine = [&] { v = g.broadcast_obj(std::move(v), 0); };
-        theirs = [&] { MPI_Bcast(buf.data(), static_cast<int>(bytes), MPI_BYTE, 0, raw); };
-      } else if (op == "all_gather") {
-        mine = [&] { g.all_gather_obj_into(v, parts); };
-        theirs = [&] {
-          MPI_Allgather(buf.data(), static_cast<int>(bytes), MPI_BYTE, all.data(), static_cast<int>(bytes), MPI_BYTE,
-                        raw);
-        };
-      } else {
-        mine = [&] { g.barrier(); };
-        theirs = [&] { MPI_Barrier(raw); };
-      }
-      // Alternate the two sides so drift on a shared machine hits both alike.
-      const double m = measure(raw, iters, reps, mine);
-      const double r = measure(raw, iters, reps, theirs);
-      double m2 = measure(raw, iters, reps, mine), r2 = measure(raw, iters, reps, theirs);
-      Point p{op, bytes, std::min(m, m2), std::min(r, r2)};
-      if (op == "send") {  // one-way
-        p.meshrt_us /= 2;
-        p.mpi_us /= 2;
-      }
-      points.push_back(p);
-      if (rank == 0) {
-        if (points.size() == 1) {
-          std::printf("%-11s %10s %5s %12s %12s %7s\n", "op", "bytes", "ranks", "meshrt_us", "mpi_us", "ratio");
-        }
-        std::printf("%-11s %10zu %5d %12.2f %12.2f %7.2f\n", p.op.c_str(), p.bytes, n, p.meshrt_us, p.mpi_us,
-                    p.meshrt_us / p.mpi_us);
-        std::fflush(stdout);
-      }
-    }
-  }
-  if (rank == 0 && json) {
-    for (const Point& p : points) {
-      nlohmann::json j{{"bench", "group"}, {"op", p.op},         {"bytes", p.bytes},
-                       {"ranks", n},       {"meshrt_us", p.meshrt_us}, {"mpi_us", p.mpi_us},
-                       {"ratio", p.meshrt_us / p.mpi_us}};
-      std::printf("%s\n", j.dump().c_str());
-    }
-  }
-  g.disconnect();
-  MPI_Comm_free(&raw);
-  MPI_Finalize();
-  return 0;
-}
+MESHRT_BENCH_SUITE("group",
+                   "StatelessGroup (pingpong = round trip, broadcast, all_gather, barrier) vs raw MPI, 8 B - 64 MiB",
+                   register_group);
+}  // namespace meshrt::bench

@@ -8,9 +8,19 @@
 // or the serialization buffer. MPI matches by (source, tag) and never overtakes between
 // a pair, so messages of different senders never mix and one sender's are FIFO.
 //
-// Waiting: non-blocking MPI progressed with MPI_Test/MPI_Improbe in a loop that yields
-// for a short while and then sleeps with growing intervals (up to 1 ms), so a waiting
-// rank does not burn a core on an oversubscribed machine.
+// Receiving: a first message is received with a pre-posted MPI_Irecv into a per-peer
+// buffer of the largest first-message size (kFirstMax), straight from MPI's eager path
+// (no probe, no unexpected-queue copy); a receive that times out is cancelled, so the
+// late message stays queued for the next call. The first chunk of a large payload is
+// probed before anything is allocated (a corrupt header never makes a rank allocate),
+// then every chunk is received in place. all_gather_obj posts all its receives before it
+// sends, and takes the parts in whatever order they come.
+//
+// Waiting: non-blocking MPI progressed with MPI_Test/MPI_Testsome in a loop that polls
+// back to back for a few dozen tries, then yields between polls for a while (200 us, or
+// about twice a transfer's time at 1 GB/s while a large payload moves: a sleeping rank
+// stalls a shared-memory transfer) and then sleeps with growing intervals (up to 1 ms),
+// so a waiting rank does not burn a core on an oversubscribed machine.
 #include "meshrt/group.hpp"
 
 #include <fmt/format.h>
@@ -56,10 +66,15 @@ constexpr std::uint16_t kVersion = 1;
 // above it the payload is sent from the object's memory without a packing copy.
 constexpr std::size_t kInlineMax = 16 * 1024;
 constexpr std::size_t kMaxTypeName = 4096;
+// The largest first message: what a first-message receive is posted for.
+constexpr std::size_t kFirstMax = 64 + kMaxTypeName + kInlineMax;
 // Payloads move in messages of at most this size (or the group's chunk size if smaller):
 // shared-memory transfers only advance while a rank calls into MPI, and a completed
 // piece is the progress signal that keeps the waiting loop from sleeping mid-transfer.
 constexpr std::size_t kPipelineBytes = std::size_t{1} << 20;
+// Payloads up to this size are allocated as soon as their header is checked and every
+// chunk's receive posted at once; larger ones only once their first chunk is there.
+constexpr std::size_t kTrustedAlloc = std::size_t{1} << 20;
 
 struct WireHeader {
   std::uint32_t magic;
@@ -91,26 +106,45 @@ Clock::time_point deadline_after(Seconds t) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(t);
 }
 
-// Yields briefly (low latency when the peer is about to arrive), then sleeps with a
-// doubling interval up to 1 ms.
+// While nothing is moving a waiting rank polls back to back for a few dozen tries (no
+// clock reads), then yields the core between polls until `spin` has passed (cheap when
+// the peer is about to answer, polite on an oversubscribed machine), then sleeps for an
+// eighth of the time it has waited so far (20 us to 1 ms): at most ~1/8 added latency
+// when a peer was descheduled for a while, about a thousand wakeups a second when idle.
+// `spin` grows with the bytes in flight (spin_for): shared-memory transfers only advance
+// while both ranks call into MPI, and a sleeping sender stalls its receiver.
+constexpr Clock::duration kSpin = std::chrono::microseconds(200);
+constexpr int kHotPolls = 64;
+
+Clock::duration spin_for(std::size_t bytes) {
+  // About twice as long as the bytes take at 1 GB/s.
+  return std::max<Clock::duration>(kSpin, std::chrono::nanoseconds(2 * bytes));
+}
+
 class Backoff {
  public:
+  explicit Backoff(Clock::duration spin = kSpin) : spin_(spin) {}
   void reset() {
     start_ = Clock::now();
-    sleep_ = std::chrono::microseconds(1);
+    polls_ = 0;
   }
+  // True once `dl` has passed; the clock is only read after the hot polls.
+  bool expired(Clock::time_point dl) const { return polls_ >= kHotPolls && Clock::now() >= dl; }
   void pause() {
-    if (Clock::now() - start_ < std::chrono::microseconds(200)) {
+    if (++polls_ <= kHotPolls) return;
+    const auto waited = Clock::now() - start_;
+    if (waited < spin_) {
       std::this_thread::yield();
       return;
     }
-    std::this_thread::sleep_for(sleep_);
-    sleep_ = std::min(sleep_ * 2, std::chrono::microseconds(1000));
+    std::this_thread::sleep_for(std::clamp<Clock::duration>(waited / 8, std::chrono::microseconds(20),
+                                                            std::chrono::milliseconds(1)));
   }
 
  private:
+  Clock::duration spin_;
   Clock::time_point start_ = Clock::now();
-  std::chrono::microseconds sleep_{1};
+  int polls_ = 0;
 };
 
 std::string int_list(const std::vector<int>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); }
@@ -155,11 +189,16 @@ struct StatelessGroup::Impl {
   struct Buffers {
     std::string scratch;                 // serialization buffer
     std::string first;                   // the first message being sent
-    std::vector<char> incoming;          // the first message received
+    std::vector<std::vector<char>> inbox;  // per peer: its first message, received in place (kFirstMax)
     std::vector<std::uint64_t> tokens;   // barrier: [0] sent, [1 + p] from peer p
   };
   std::unique_ptr<Buffers> buf = std::make_unique<Buffers>();
   std::size_t max_object = physical_memory();
+  // Request lists reused across calls (no allocation on the hot path).
+  std::vector<MPI_Request> sends, recvs, chunks;
+  std::vector<int> send_owner, recv_owner, chunk_owner, idx;
+  std::vector<std::size_t> chunk_len;
+  std::vector<MPI_Status> statuses;
 
   ~Impl() { release(); }
 
@@ -196,6 +235,7 @@ struct StatelessGroup::Impl {
     for (int r : rs) p.push_back(parent_ranks[static_cast<std::size_t>(r)]);
     return fmt::format("group ranks {} (parent ranks {})", int_list(rs), int_list(p));
   }
+  std::string where(const char* op, int src) const { return fmt::format("{} on {} from {}", op, me(), peer(src)); }
 
   void check_usable(const char* op) const {
     if (comm == MPI_COMM_NULL) throw UsageError(fmt::format("{}: the group has been disconnected or moved from", op));
@@ -226,14 +266,25 @@ struct StatelessGroup::Impl {
 
   void break_group(std::string why) {
     unusable_after = std::move(why);
-    (void)buf.release();  // abandoned to pending sends, see Buffers
+    (void)buf.release();  // abandoned to pending sends and receives, see Buffers
     buf = std::make_unique<Buffers>();
   }
 
   // Tests every request until all are done or the deadline passes; false on timeout.
-  bool wait_all(std::span<MPI_Request> reqs, Clock::time_point dl) {
-    Backoff backoff;
-    std::vector<int> idx(reqs.size());
+  // `bytes`: how much data the requests move (how long to poll closely).
+  bool wait_all(std::span<MPI_Request> reqs, Clock::time_point dl, std::size_t bytes) {
+    if (reqs.empty()) return true;
+    Backoff backoff(spin_for(bytes));
+    if (reqs.size() == 1) {
+      for (;;) {
+        int done = 0;
+        MESHRT_MPI_CHECK(MPI_Test(&reqs[0], &done, MPI_STATUS_IGNORE));
+        if (done) return true;
+        if (backoff.expired(dl)) return false;
+        backoff.pause();
+      }
+    }
+    idx.resize(reqs.size());
     for (;;) {
       int outcount = 0;
       MESHRT_MPI_CHECK(MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &outcount, idx.data(),
@@ -243,7 +294,7 @@ struct StatelessGroup::Impl {
         backoff.reset();  // data is moving: keep polling closely
         continue;
       }
-      if (Clock::now() >= dl) return false;
+      if (backoff.expired(dl)) return false;
       backoff.pause();
     }
   }
@@ -267,6 +318,79 @@ struct StatelessGroup::Impl {
       MPI_Cancel(&r);
       MPI_Request_free(&r);
     }
+  }
+
+  // Withdraws a pending receive after a timeout. Cancelled: nothing was consumed.
+  // Completed: the message arrived meanwhile (`st` is its status). Stuck: it matched a
+  // message that is still arriving; the request is freed, its buffer must be abandoned.
+  enum class Withdrawn { Cancelled, Completed, Stuck };
+  static Withdrawn withdraw(MPI_Request& r, MPI_Status& st) {
+    MPI_Cancel(&r);
+    const auto until = Clock::now() + std::chrono::milliseconds(50);
+    for (;;) {
+      int done = 0;
+      MPI_Test(&r, &done, &st);
+      if (done) {
+        int cancelled = 0;
+        MPI_Test_cancelled(&st, &cancelled);
+        return cancelled ? Withdrawn::Cancelled : Withdrawn::Completed;
+      }
+      if (Clock::now() >= until) {
+        MPI_Request_free(&r);
+        return Withdrawn::Stuck;
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  // The buffer first messages from `src` are received into (allocated on first use).
+  char* inbox(int src) {
+    auto& in = buf->inbox;
+    if (in.size() != static_cast<std::size_t>(size)) in.resize(static_cast<std::size_t>(size));
+    auto& b = in[static_cast<std::size_t>(src)];
+    if (b.size() != kFirstMax) b.resize(kFirstMax);
+    return b.data();
+  }
+
+  void post_first_recv(int src, Kind kind, MPI_Request& r) {
+    MESHRT_MPI_CHECK(MPI_Irecv(inbox(src), static_cast<int>(kFirstMax), MPI_BYTE, src, header_tag(kind), comm, &r));
+  }
+
+  [[noreturn]] void first_failed(const char* op, int src, int rc) const {
+    throw ProtocolError(fmt::format("{}: receiving the first message failed ({}): larger than any group message "
+                                    "(at most {} bytes), so not sent by a StatelessGroup",
+                                    where(op, src), detail::mpi_error_string(rc), kFirstMax));
+  }
+
+  // Receives the first message of an operation from `src` into its inbox: its size, or
+  // -1 on timeout with nothing consumed, or -2 on timeout with a message half received
+  // (the group must break).
+  int recv_first(const char* op, Kind kind, int src, Clock::time_point dl) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    post_first_recv(src, kind, r);
+    MPI_Status st;
+    Backoff backoff;
+    for (;;) {
+      int done = 0;
+      const int rc = MPI_Test(&r, &done, &st);
+      if (rc != MPI_SUCCESS) first_failed(op, src, rc);
+      if (done) break;
+      if (backoff.expired(dl)) {
+        const Withdrawn w = withdraw(r, st);
+        if (w == Withdrawn::Cancelled) return -1;
+        if (w == Withdrawn::Stuck) {
+          (void)buf.release();  // MPI may still write into the inbox
+          buf = std::make_unique<Buffers>();
+          return -2;
+        }
+        if (st.MPI_ERROR != MPI_SUCCESS) first_failed(op, src, st.MPI_ERROR);
+        break;  // arrived just in time
+      }
+      backoff.pause();
+    }
+    int bytes = 0;
+    MPI_Get_count(&st, MPI_BYTE, &bytes);
+    return bytes;
   }
 
   // Packs the first message: header, type name, and the payload when it is small.
@@ -323,78 +447,87 @@ struct StatelessGroup::Impl {
         MESHRT_MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
         return true;
       }
-      if (Clock::now() >= dl) return false;
+      if (backoff.expired(dl)) return false;
       backoff.pause();
     }
   }
 
-  // Receives a matched first message (already in flight from a live sender) and checks it
-  // against what this rank expects. Returns the header; the message stays in `incoming`.
-  // `root` < 0: a point-to-point message (no sequence check: FIFO per pair suffices).
-  WireHeader take_first(const char* op, Kind kind, const detail::TypeTag& type, bool raw, int src, int root,
-                        std::uint64_t my_seq, MPI_Message& msg, int bytes) {
-    buf->incoming.resize(static_cast<std::size_t>(std::max(bytes, 1)));  // bounded by what arrived
-    MESHRT_MPI_CHECK(MPI_Mrecv(buf->incoming.data(), bytes, MPI_BYTE, &msg, MPI_STATUS_IGNORE));
-    const std::string where = fmt::format("{} on {} from {}", op, me(), peer(src));
+  // Checks a first message received from `src` (`bytes` of it in the inbox) against what
+  // this rank expects and returns its header. `root` < 0: a point-to-point message (no
+  // sequence check: FIFO per pair suffices).
+  WireHeader check_first(const char* op, Kind kind, const detail::TypeTag& type, bool raw, int src, int root,
+                         std::uint64_t my_seq, int bytes) {
+    const char* data = buf->inbox[static_cast<std::size_t>(src)].data();
     const auto n = static_cast<std::size_t>(bytes);
     if (n < sizeof(WireHeader)) {
       throw ProtocolError(fmt::format("{}: expected a message of at least the {}-byte group header, found {} bytes "
                                       "(truncated, or not sent by a StatelessGroup)",
-                                      where, sizeof(WireHeader), n));
+                                      where(op, src), sizeof(WireHeader), n));
     }
     WireHeader h;
-    std::memcpy(&h, buf->incoming.data(), sizeof h);
+    std::memcpy(&h, data, sizeof h);
     if (h.magic != kMagic || h.version != kVersion) {
       throw ProtocolError(fmt::format("{}: expected group header magic {:#x} version {}, found {:#x} version {} "
                                       "(garbage, or not sent by a StatelessGroup)",
-                                      where, kMagic, kVersion, h.magic, h.version));
+                                      where(op, src), kMagic, kVersion, h.magic, h.version));
     }
     if (h.kind != static_cast<std::uint8_t>(kind) || h.sender != src) {
       // Relayed broadcasts carry the relaying rank as sender, so this holds for them too.
-      throw ProtocolError(fmt::format("{}: expected a {} message from group rank {}, found kind {} from rank {}", where,
-                                      kind_name(kind), src, h.kind, h.sender));
+      throw ProtocolError(fmt::format("{}: expected a {} message from group rank {}, found kind {} from rank {}",
+                                      where(op, src), kind_name(kind), src, h.kind, h.sender));
     }
-    if (h.name_len > kMaxTypeName || n != sizeof h + h.name_len + h.inline_bytes) {
+    if (h.name_len > kMaxTypeName || h.inline_bytes > kInlineMax || n != sizeof h + h.name_len + h.inline_bytes) {
       throw ProtocolError(fmt::format("{}: header declares {} + {} name + {} payload bytes, found a {}-byte message "
                                       "(truncated or corrupt)",
-                                      where, sizeof h, h.name_len, h.inline_bytes, n));
+                                      where(op, src), sizeof h, h.name_len, h.inline_bytes, n));
     }
-    const std::string_view their_name(buf->incoming.data() + sizeof h, h.name_len);
+    const std::string_view their_name(data + sizeof h, h.name_len);
     if (h.type_hash != type.hash || their_name != type.name || h.raw != (raw ? 1 : 0)) {
-      throw UsageError(fmt::format("{}: type mismatch: expected {} (tag {:016x}), found {} (tag {:016x})", where,
-                                   type.name, type.hash, their_name, h.type_hash));
+      throw UsageError(fmt::format("{}: type mismatch: expected {} (tag {:016x}), found {} (tag {:016x})",
+                                   where(op, src), type.name, type.hash, their_name, h.type_hash));
     }
     if (root >= 0 && (h.seq != my_seq || h.root != root)) {
       throw ProtocolError(fmt::format("{}: mismatched collective: expected {} #{} with root {}, found #{} with root {} "
                                       "(the members did not make the same calls in the same order)",
-                                      where, kind_name(kind), my_seq, root, h.seq, h.root));
+                                      where(op, src), kind_name(kind), my_seq, root, h.seq, h.root));
     }
     if (h.inline_bytes != h.total && (h.inline_bytes != 0 || h.chunk == 0 || h.chunk > INT32_MAX)) {
       throw ProtocolError(fmt::format("{}: header declares {} payload bytes, {} inline, chunks of {}: inconsistent",
-                                      where, h.total, h.inline_bytes, h.chunk));
+                                      where(op, src), h.total, h.inline_bytes, h.chunk));
     }
     if (h.total > max_object) {
       throw ProtocolError(fmt::format("{}: header declares a {}-byte object, more than this machine's {} bytes of "
                                       "memory (corrupt header)",
-                                      where, h.total, max_object));
+                                      where(op, src), h.total, max_object));
     }
     return h;
   }
 
-
-  // Receives the payload described by `h` (its first message is in buf->incoming) from
-  // `src` into `sink`, chunks straight into the sink's memory. Each chunk is sent on to
-  // `forward` as soon as it is in (broadcast relays), requests appended to `sends`.
-  // False on timeout (receives cancelled).
-  bool receive_payload(const char* op, Kind kind, const WireHeader& h, int src, detail::PayloadSink& sink,
-                       Clock::time_point dl, std::span<const int> forward, std::vector<MPI_Request>& sends) {
+  // Starts receiving the payload described by `h` (its first message is in src's inbox)
+  // into `sink`: an inline payload is copied now; otherwise the first chunk is awaited
+  // and checked, the object allocated and a receive posted for every chunk, straight into
+  // the sink's memory (appended to `chunks`, with their lengths and owner). False on
+  // timeout (nothing consumed).
+  bool start_payload(const char* op, Kind kind, const WireHeader& h, int src, detail::PayloadSink& sink,
+                     Clock::time_point dl, char** out_ptr = nullptr) {
     const std::size_t nchunks = chunks_of(h);
     if (nchunks == 0) {
       char* out = sink.prepare(h.total);
-      if (h.total) std::memcpy(out, buf->incoming.data() + sizeof h + h.name_len, h.total);
+      if (h.total) {
+        std::memcpy(out, buf->inbox[static_cast<std::size_t>(src)].data() + sizeof h + h.name_len, h.total);
+      }
       return true;
     }
-    const std::string where = fmt::format("{} on {} from {}", op, me(), peer(src));
+    auto len = [&](std::size_t i) { return std::min<std::size_t>(h.chunk, h.total - i * h.chunk); };
+    if (h.total <= kTrustedAlloc) {
+      // Small enough to allocate on the header's word: every chunk's receive is posted
+      // at once (MPI checks the sizes: a longer chunk fails, a shorter one is caught by
+      // check_chunk), so the transfer starts without a probe round.
+      char* out = sink.prepare(h.total);
+      if (out_ptr) *out_ptr = out;
+      post_chunk_recvs(kind, h, src, out, 0, nchunks, len);
+      return true;
+    }
     // Allocate only once the first chunk is really there and has the declared size: a
     // corrupt header alone never makes this rank allocate what it declares.
     MPI_Message msg = MPI_MESSAGE_NULL;
@@ -416,54 +549,111 @@ struct StatelessGroup::Impl {
       std::vector<char> sinkhole(static_cast<std::size_t>(std::max(bytes, 1)));  // a matched message must be received
       MPI_Mrecv(sinkhole.data(), bytes, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
       break_group(fmt::format("a broken chunked message in {}", op));
-      throw ProtocolError(fmt::format("{}: {}", where, problem));
+      throw ProtocolError(fmt::format("{}: {}", where(op, src), problem));
     }
-    std::vector<MPI_Request> recvs(nchunks, MPI_REQUEST_NULL);
-    auto len = [&](std::size_t i) { return std::min<std::size_t>(h.chunk, h.total - i * h.chunk); };
-    MESHRT_MPI_CHECK(MPI_Imrecv(out, bytes, MPI_BYTE, &msg, &recvs[0]));
-    for (std::size_t i = 1; i < nchunks; ++i) {
+    if (out_ptr) *out_ptr = out;
+    chunks.push_back(MPI_REQUEST_NULL);
+    chunk_len.push_back(len(0));
+    chunk_owner.push_back(src);
+    MESHRT_MPI_CHECK(MPI_Imrecv(out, bytes, MPI_BYTE, &msg, &chunks.back()));
+    post_chunk_recvs(kind, h, src, out, 1, nchunks, len);
+    return true;
+  }
+
+  template <class Len>
+  void post_chunk_recvs(Kind kind, const WireHeader& h, int src, char* out, std::size_t from, std::size_t nchunks,
+                        const Len& len) {
+    for (std::size_t i = from; i < nchunks; ++i) {
+      chunks.push_back(MPI_REQUEST_NULL);
+      chunk_len.push_back(len(i));
+      chunk_owner.push_back(src);
       MESHRT_MPI_CHECK(
-          MPI_Irecv(out + i * h.chunk, static_cast<int>(len(i)), MPI_BYTE, src, chunk_tag(kind), comm, &recvs[i]));
+          MPI_Irecv(out + i * h.chunk, static_cast<int>(len(i)), MPI_BYTE, src, chunk_tag(kind), comm, &chunks.back()));
     }
-    for (std::size_t i = 0; i < nchunks; ++i) {
-      Backoff backoff;
+  }
+
+  [[noreturn]] void chunk_failed(const char* op, int src, std::size_t i, const std::string& what) {
+    cancel_receives(chunks);
+    break_group(fmt::format("a broken chunked message in {}", op));
+    throw ProtocolError(fmt::format("{}: chunk {}: {}", where(op, src), i, what));
+  }
+
+  // Checks a completed chunk receive's status against its expected length.
+  void check_chunk(const char* op, std::size_t i, const MPI_Status& st, int rc) {
+    const int src = chunk_owner[i];
+    if (rc != MPI_SUCCESS) {
+      chunk_failed(op, src, i, fmt::format("{} bytes expected, failed: {}", chunk_len[i], detail::mpi_error_string(rc)));
+    }
+    int got = 0;
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    if (static_cast<std::size_t>(got) != chunk_len[i]) {
+      chunk_failed(op, src, i, fmt::format("expected {} bytes, found {} (truncated stream)", chunk_len[i], got));
+    }
+  }
+
+  // Waits for the receives start_payload posted, in order, sending each chunk on to
+  // `forward` (broadcast relays) as soon as it is in. False on timeout (receives
+  // cancelled).
+  bool finish_payload_in_order(const char* op, Kind kind, const char* out, std::size_t chunk_size,
+                               std::span<const int> forward, std::size_t total) {
+    Backoff backoff(spin_for(total));
+    for (std::size_t i = 0; i < chunks.size(); ++i) {
       MPI_Status st;
       for (;;) {
         int done = 0;
-        const int rc = MPI_Test(&recvs[i], &done, &st);
-        if (rc != MPI_SUCCESS) {
-          cancel_receives(recvs);
-          break_group(fmt::format("a broken chunked message in {}", op));
-          throw ProtocolError(fmt::format("{}: chunk {} of {} ({} bytes expected) failed: {}", where, i, nchunks,
-                                          len(i), detail::mpi_error_string(rc)));
-        }
+        const int rc = MPI_Test(&chunks[i], &done, &st);
+        if (rc != MPI_SUCCESS) check_chunk(op, i, st, rc);
         if (done) break;
-        if (Clock::now() >= dl) {
-          cancel_receives(recvs);
+        if (backoff.expired(dl_)) {
+          cancel_receives(chunks);
           return false;
         }
         backoff.pause();
       }
-      int got = 0;
-      MPI_Get_count(&st, MPI_BYTE, &got);
-      if (static_cast<std::size_t>(got) != len(i)) {
-        cancel_receives(recvs);
-        break_group(fmt::format("a broken chunked message in {}", op));
-        throw ProtocolError(fmt::format("{}: chunk {} of {}: expected {} bytes, found {} (truncated stream)", where, i,
-                                        nchunks, len(i), got));
-      }
+      backoff.reset();
+      check_chunk(op, i, st, MPI_SUCCESS);
       for (int dst : forward) {
         MPI_Request r = MPI_REQUEST_NULL;
-        MESHRT_MPI_CHECK(
-            MPI_Isend(out + i * h.chunk, static_cast<int>(len(i)), MPI_BYTE, dst, chunk_tag(kind), comm, &r));
+        MESHRT_MPI_CHECK(MPI_Isend(out + i * chunk_size, static_cast<int>(chunk_len[i]), MPI_BYTE, dst,
+                                   chunk_tag(kind), comm, &r));
         sends.push_back(r);
+        send_owner.push_back(dst);
       }
     }
     return true;
   }
 
-  // The ranks among `dsts` (parallel to `reqs`' owners) whose sends are still pending.
-  std::vector<int> late_receivers(std::span<MPI_Request> reqs, const std::vector<int>& owner) {
+  // Waits for every receive start_payload posted, in any order. False on timeout (the
+  // pending ones are left for the caller to name and cancel).
+  bool finish_payload_any(const char* op, std::size_t total) {
+    if (chunks.empty()) return true;
+    Backoff backoff(spin_for(total));
+    idx.resize(chunks.size());
+    statuses.resize(chunks.size());
+    for (;;) {
+      int outcount = 0;
+      const int rc = MPI_Testsome(static_cast<int>(chunks.size()), chunks.data(), &outcount, idx.data(),
+                                  statuses.data());
+      if (outcount == MPI_UNDEFINED) return true;
+      if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+        chunk_failed(op, chunk_owner[0], 0, detail::mpi_error_string(rc));
+      }
+      for (int k = 0; k < outcount; ++k) {
+        const auto i = static_cast<std::size_t>(idx[static_cast<std::size_t>(k)]);
+        const MPI_Status& st = statuses[static_cast<std::size_t>(k)];
+        check_chunk(op, i, st, rc == MPI_ERR_IN_STATUS ? st.MPI_ERROR : MPI_SUCCESS);
+      }
+      if (outcount > 0) {
+        backoff.reset();
+        continue;
+      }
+      if (backoff.expired(dl_)) return false;
+      backoff.pause();
+    }
+  }
+
+  // The ranks among `owner` whose requests in `reqs` are still pending.
+  std::vector<int> late_of(std::span<MPI_Request> reqs, const std::vector<int>& owner) {
     std::vector<int> out;
     for (std::size_t i : pending(reqs)) {
       if (std::find(out.begin(), out.end(), owner[i]) == out.end()) out.push_back(owner[i]);
@@ -473,17 +663,29 @@ struct StatelessGroup::Impl {
   }
 
   // Sends the packed first message and the payload's chunks to each of `dsts`.
-  void post_sends(Kind kind, std::span<const char> payload, std::span<const int> dsts, std::vector<MPI_Request>& reqs,
-                  std::vector<int>& owner) {
+  void post_sends(Kind kind, std::span<const char> payload, std::span<const int> dsts) {
     for (int dst : dsts) {
       MPI_Request r = MPI_REQUEST_NULL;
       MESHRT_MPI_CHECK(MPI_Isend(buf->first.data(), static_cast<int>(buf->first.size()), MPI_BYTE, dst,
                                  header_tag(kind), comm, &r));
-      reqs.push_back(r);
-      post_chunk_sends(kind, payload, dst, reqs);
-      owner.resize(reqs.size(), dst);
+      sends.push_back(r);
+      post_chunk_sends(kind, payload, dst, sends);
+      send_owner.resize(sends.size(), dst);
     }
   }
+
+  // Starts an operation: the request lists are empty, the deadline set.
+  void begin(const Timeout& t) {
+    sends.clear();
+    recvs.clear();
+    chunks.clear();
+    send_owner.clear();
+    recv_owner.clear();
+    chunk_owner.clear();
+    chunk_len.clear();
+    dl_ = deadline(t);
+  }
+  Clock::time_point dl_{};
 };
 
 // ---- construction -------------------------------------------------------------------
@@ -725,13 +927,11 @@ void StatelessGroup::send_bytes(const detail::TypeTag& type, bool raw, std::span
   Impl& g = *impl_;
   g.check_usable("send_obj");
   g.check_peer("send_obj", dst, "destination");
-  const auto dl = g.deadline(timeout);
+  g.begin(timeout);
   g.pack_first(Kind::Send, type, raw, payload, g.rank, 0);
-  std::vector<MPI_Request> reqs;
-  std::vector<int> owner;
   const int dsts[] = {dst};
-  g.post_sends(Kind::Send, payload, dsts, reqs, owner);
-  if (!g.wait_all(reqs, dl)) {
+  g.post_sends(Kind::Send, payload, dsts);
+  if (!g.wait_all(g.sends, g.dl_, payload.size())) {
     g.timed_out("send_obj", timeout,
                 fmt::format("{} has not received the {}-byte object", g.peer(dst), payload.size()), {dst}, true);
   }
@@ -742,16 +942,18 @@ void StatelessGroup::recv_bytes(const detail::TypeTag& type, bool raw, detail::P
   Impl& g = *impl_;
   g.check_usable("recv_obj");
   g.check_peer("recv_obj", src, "source");
-  const auto dl = g.deadline(timeout);
-  MPI_Message msg = MPI_MESSAGE_NULL;
-  int bytes = 0;
-  if (!g.probe(src, header_tag(Kind::Send), dl, msg, bytes)) {
-    g.timed_out("recv_obj", timeout, fmt::format("no {} object from {} arrived", type.name, g.peer(src)), {src},
-                false);
+  g.begin(timeout);
+  const int bytes = g.recv_first("recv_obj", Kind::Send, src, g.dl_);
+  if (bytes < 0) {
+    g.timed_out("recv_obj", timeout,
+                bytes == -1 ? fmt::format("no {} object from {} arrived", type.name, g.peer(src))
+                            : fmt::format("a message from {} was still arriving", g.peer(src)),
+                {src}, bytes != -1);
   }
-  const WireHeader h = g.take_first("recv_obj", Kind::Send, type, raw, src, -1, 0, msg, bytes);
-  std::vector<MPI_Request> none;
-  if (!g.receive_payload("recv_obj", Kind::Send, h, src, sink, dl, {}, none)) {
+  const WireHeader h = g.check_first("recv_obj", Kind::Send, type, raw, src, -1, 0, bytes);
+  char* out = nullptr;
+  if (!g.start_payload("recv_obj", Kind::Send, h, src, sink, g.dl_, &out) ||
+      !g.finish_payload_in_order("recv_obj", Kind::Send, out, h.chunk, {}, h.total)) {
     g.timed_out("recv_obj", timeout,
                 fmt::format("the header of a {}-byte object from {} arrived, its chunks did not", h.total, g.peer(src)),
                 {src}, true);
@@ -766,7 +968,7 @@ void StatelessGroup::broadcast_bytes(const detail::TypeTag& type, bool raw, std:
   g.check_usable("broadcast_obj");
   g.check_peer("broadcast_obj", src, "root");
   const std::uint64_t seq = g.seq[static_cast<std::size_t>(Kind::Broadcast)]++;
-  const auto dl = g.deadline(timeout);
+  g.begin(timeout);
   const int n = g.size;
   // Binomial tree over ranks relative to the root: log2(n) rounds, like MPI_Bcast.
   const int rel = (g.rank - src + n) % n;
@@ -781,19 +983,19 @@ void StatelessGroup::broadcast_bytes(const detail::TypeTag& type, bool raw, std:
       break;
     }
   }
-  std::vector<int> children;
+  std::array<int, 32> child_buf{};
+  std::size_t nchildren = 0;
   for (int mask = limit >> 1; mask >= 1; mask >>= 1) {
-    if (rel + mask < n) children.push_back((rel + mask + src) % n);
+    if (rel + mask < n) child_buf[nchildren++] = (rel + mask + src) % n;
   }
-  std::vector<MPI_Request> sends;
-  std::vector<int> owner;
+  const std::span<const int> children(child_buf.data(), nchildren);
+  std::size_t total = payload.size();
   if (parent < 0) {
     g.pack_first(Kind::Broadcast, type, raw, payload, src, seq);
-    g.post_sends(Kind::Broadcast, payload, children, sends, owner);
+    g.post_sends(Kind::Broadcast, payload, children);
   } else {
-    MPI_Message msg = MPI_MESSAGE_NULL;
-    int bytes = 0;
-    if (!g.probe(parent, header_tag(Kind::Broadcast), dl, msg, bytes)) {
+    const int bytes = g.recv_first("broadcast_obj", Kind::Broadcast, parent, g.dl_);
+    if (bytes < 0) {
       std::vector<int> missing{src};
       if (parent != src) missing.push_back(parent);
       std::sort(missing.begin(), missing.end());
@@ -803,30 +1005,31 @@ void StatelessGroup::broadcast_bytes(const detail::TypeTag& type, bool raw, std:
                                               g.peer(parent)),
                   missing, true);
     }
-    const WireHeader h = g.take_first("broadcast_obj", Kind::Broadcast, type, raw, parent, src, seq, msg, bytes);
+    const WireHeader h = g.check_first("broadcast_obj", Kind::Broadcast, type, raw, parent, src, seq, bytes);
+    total = h.total;
     // Relay the first message with this rank as its sender, then each chunk as it lands.
-    g.buf->first.assign(g.buf->incoming.data(), g.buf->incoming.size());
+    const char* in = g.buf->inbox[static_cast<std::size_t>(parent)].data();
+    g.buf->first.assign(in, static_cast<std::size_t>(bytes));
     const std::int32_t me = g.rank;
     std::memcpy(g.buf->first.data() + offsetof(WireHeader, sender), &me, sizeof me);
     for (int c : children) {
       MPI_Request r = MPI_REQUEST_NULL;
       MESHRT_MPI_CHECK(MPI_Isend(g.buf->first.data(), static_cast<int>(g.buf->first.size()), MPI_BYTE, c,
                                  header_tag(Kind::Broadcast), g.comm, &r));
-      sends.push_back(r);
-      owner.push_back(c);
+      g.sends.push_back(r);
+      g.send_owner.push_back(c);
     }
-    const std::size_t before = sends.size();
-    if (!g.receive_payload("broadcast_obj", Kind::Broadcast, h, parent, sink, dl, children, sends)) {
+    char* out = nullptr;
+    if (!g.start_payload("broadcast_obj", Kind::Broadcast, h, parent, sink, g.dl_, &out) ||
+        !g.finish_payload_in_order("broadcast_obj", Kind::Broadcast, out, h.chunk, children, h.total)) {
       g.timed_out("broadcast_obj", timeout,
                   fmt::format("the header of a {}-byte object from {} arrived, its chunks did not", h.total,
                               g.peer(parent)),
                   {parent}, true);
     }
-    // Chunk sends were appended child by child, chunk by chunk.
-    for (std::size_t i = before; i < sends.size(); ++i) owner.push_back(children[(i - before) % children.size()]);
   }
-  if (!g.wait_all(sends, dl)) {
-    const auto late = g.late_receivers(sends, owner);
+  if (!g.wait_all(g.sends, g.dl_, total * nchildren)) {
+    const auto late = g.late_of(g.sends, g.send_owner);
     g.timed_out("broadcast_obj", timeout,
                 fmt::format("{} (this rank's subtree of the broadcast) did not receive", g.peers(late)), late, true);
   }
@@ -837,49 +1040,92 @@ void StatelessGroup::all_gather_bytes(const detail::TypeTag& type, bool raw, std
   Impl& g = *impl_;
   g.check_usable("all_gather_obj");
   const std::uint64_t seq = g.seq[static_cast<std::size_t>(Kind::AllGather)]++;
-  const auto dl = g.deadline(timeout);
+  g.begin(timeout);
   const int n = g.size;
   // Direct exchange: every rank sends to and receives from every other, so each rank
-  // knows exactly whose part is missing. Peers in ring order spread the load.
-  std::vector<int> to, from;
+  // knows exactly whose part is missing. Peers in ring order spread the load. Every
+  // first-message receive is posted before anything is sent, so parts land in place.
   for (int i = 1; i < n; ++i) {
-    to.push_back((g.rank + i) % n);
-    from.push_back((g.rank - i + n) % n);
+    const int p = (g.rank - i + n) % n;
+    g.recvs.push_back(MPI_REQUEST_NULL);
+    g.recv_owner.push_back(p);
+    g.post_first_recv(p, Kind::AllGather, g.recvs.back());
   }
-  std::vector<MPI_Request> sends;
-  std::vector<int> owner;
   g.pack_first(Kind::AllGather, type, raw, payload, g.rank, seq);
-  g.post_sends(Kind::AllGather, payload, to, sends, owner);
+  for (int i = 1; i < n; ++i) {
+    const int dst[] = {(g.rank + i) % n};
+    g.post_sends(Kind::AllGather, payload, dst);
+  }
   char* own = sinks[static_cast<std::size_t>(g.rank)]->prepare(payload.size());
   if (!payload.empty()) std::memcpy(own, payload.data(), payload.size());
-  for (std::size_t k = 0; k < from.size(); ++k) {
-    const int p = from[k];
-    MPI_Message msg = MPI_MESSAGE_NULL;
-    int bytes = 0;
-    if (!g.probe(p, header_tag(Kind::AllGather), dl, msg, bytes)) {
-      // Who else is missing: the peers not yet taken whose part has not arrived either.
-      std::vector<int> missing{p};
-      for (std::size_t j = k + 1; j < from.size(); ++j) {
-        int found = 0;
-        MESHRT_MPI_CHECK(MPI_Iprobe(from[j], header_tag(Kind::AllGather), g.comm, &found, MPI_STATUS_IGNORE));
-        if (!found) missing.push_back(from[j]);
+
+  // First messages, in whatever order they come; chunked parts start as their header lands.
+  std::size_t expected = payload.size() * static_cast<std::size_t>(n);
+  const char* op = "all_gather_obj";
+  // Any error from here on leaves receives posted into the inboxes and parts of this
+  // operation in flight: they are withdrawn, and the group breaks.
+  try {
+    Backoff backoff;
+    g.idx.resize(g.recvs.size());
+    g.statuses.resize(g.recvs.size());
+    std::size_t left = g.recvs.size();
+    while (left > 0) {
+      int outcount = 0;
+      const int rc = MPI_Testsome(static_cast<int>(g.recvs.size()), g.recvs.data(), &outcount, g.idx.data(),
+                                  g.statuses.data());
+      if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) MESHRT_MPI_CHECK(rc);
+      if (outcount == MPI_UNDEFINED) break;
+      for (int k = 0; k < outcount; ++k) {
+        const auto i = static_cast<std::size_t>(g.idx[static_cast<std::size_t>(k)]);
+        const MPI_Status st = g.statuses[static_cast<std::size_t>(k)];
+        const int p = g.recv_owner[i];
+        if (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR != MPI_SUCCESS) g.first_failed(op, p, st.MPI_ERROR);
+        int bytes = 0;
+        MPI_Get_count(&st, MPI_BYTE, &bytes);
+        const WireHeader h = g.check_first(op, Kind::AllGather, type, raw, p, p, seq, bytes);
+        if (!g.start_payload(op, Kind::AllGather, h, p, *sinks[static_cast<std::size_t>(p)], g.dl_)) {
+          g.timed_out(op, timeout,
+                      fmt::format("the header of a {}-byte part from {} arrived, its chunks did not", h.total,
+                                  g.peer(p)),
+                      {p}, true);
+        }
+        expected += static_cast<std::size_t>(h.total);
+        --left;
       }
-      std::sort(missing.begin(), missing.end());
-      g.timed_out("all_gather_obj", timeout, fmt::format("the parts of {} did not arrive", g.peers(missing)), missing,
-                  true);
+      if (outcount > 0) {
+        backoff.reset();
+        continue;
+      }
+      if (backoff.expired(g.dl_)) {
+        // Missing: the peers whose first message has not arrived (withdrawing a receive
+        // that completes meanwhile means that peer did arrive).
+        std::vector<int> missing;
+        for (std::size_t i = 0; i < g.recvs.size(); ++i) {
+          if (g.recvs[i] == MPI_REQUEST_NULL) continue;
+          MPI_Status st;
+          if (Impl::withdraw(g.recvs[i], st) != Impl::Withdrawn::Completed) missing.push_back(g.recv_owner[i]);
+        }
+        std::sort(missing.begin(), missing.end());
+        g.timed_out(op, timeout, fmt::format("the parts of {} did not arrive", g.peers(missing)), missing, true);
+      }
+      backoff.pause();
     }
-    const WireHeader h = g.take_first("all_gather_obj", Kind::AllGather, type, raw, p, p, seq, msg, bytes);
-    if (!g.receive_payload("all_gather_obj", Kind::AllGather, h, p, *sinks[static_cast<std::size_t>(p)], dl, {},
-                           sends)) {
-      g.timed_out("all_gather_obj", timeout,
-                  fmt::format("the header of a {}-byte part from {} arrived, its chunks did not", h.total, g.peer(p)),
-                  {p}, true);
+  } catch (...) {
+    for (auto& r : g.recvs) {
+      MPI_Status st;
+      if (r != MPI_REQUEST_NULL) (void)Impl::withdraw(r, st);
     }
+    if (g.unusable_after.empty()) g.break_group(fmt::format("a failed {}", op));
+    throw;
   }
-  if (!g.wait_all(sends, dl)) {
-    const auto late = g.late_receivers(sends, owner);
-    g.timed_out("all_gather_obj", timeout, fmt::format("{} did not receive this rank's part", g.peers(late)), late,
-                true);
+  if (!g.finish_payload_any(op, expected)) {
+    const auto late = g.late_of(g.chunks, g.chunk_owner);
+    Impl::cancel_receives(g.chunks);
+    g.timed_out(op, timeout, fmt::format("the chunks of {}'s parts did not arrive", g.peers(late)), late, true);
+  }
+  if (!g.wait_all(g.sends, g.dl_, payload.size() * static_cast<std::size_t>(n))) {
+    const auto late = g.late_of(g.sends, g.send_owner);
+    g.timed_out(op, timeout, fmt::format("{} did not receive this rank's part", g.peers(late)), late, true);
   }
 }
 
@@ -887,33 +1133,35 @@ void StatelessGroup::barrier(Timeout timeout) {
   Impl& g = *impl_;
   g.check_usable("barrier");
   const std::uint64_t seq = g.seq[static_cast<std::size_t>(Kind::Barrier)]++;
-  const auto dl = g.deadline(timeout);
+  g.begin(timeout);
   const int n = g.size;
   if (n == 1) return;
-  // Every rank tells every other that it arrived (O(n^2) tiny messages; groups are small
-  // and this way every rank can name exactly who did not arrive).
+  // Every rank tells every other that it arrived (O(n^2) tiny messages, n - 1 per rank:
+  // at 2 and 4 ranks as many as a dissemination barrier's, and every rank can name
+  // exactly who did not arrive).
   auto& tokens = g.buf->tokens;
   tokens.assign(static_cast<std::size_t>(n) + 1, ~std::uint64_t{0});
   tokens[0] = seq;
-  std::vector<MPI_Request> recvs, sends;
-  std::vector<int> recv_owner;
-  for (int p = 0; p < n; ++p) {
-    if (p == g.rank) continue;
-    MPI_Request r = MPI_REQUEST_NULL;
+  for (int i = 1; i < n; ++i) {
+    const int p = (g.rank - i + n) % n;
+    g.recvs.push_back(MPI_REQUEST_NULL);
+    g.recv_owner.push_back(p);
     MESHRT_MPI_CHECK(MPI_Irecv(&tokens[static_cast<std::size_t>(p) + 1], 8, MPI_BYTE, p, header_tag(Kind::Barrier),
-                               g.comm, &r));
-    recvs.push_back(r);
-    recv_owner.push_back(p);
-    MESHRT_MPI_CHECK(MPI_Isend(&tokens[0], 8, MPI_BYTE, p, header_tag(Kind::Barrier), g.comm, &r));
-    sends.push_back(r);
+                               g.comm, &g.recvs.back()));
   }
-  if (!g.wait_all(recvs, dl)) {
+  for (int i = 1; i < n; ++i) {
+    const int p = (g.rank + i) % n;
+    g.sends.push_back(MPI_REQUEST_NULL);
+    MESHRT_MPI_CHECK(MPI_Isend(&tokens[0], 8, MPI_BYTE, p, header_tag(Kind::Barrier), g.comm, &g.sends.back()));
+  }
+  if (!g.wait_all(g.recvs, g.dl_, 0)) {
     std::vector<int> missing;
-    for (std::size_t i : Impl::pending(recvs)) missing.push_back(recv_owner[i]);
-    Impl::cancel_receives(recvs);
+    for (std::size_t i : Impl::pending(g.recvs)) missing.push_back(g.recv_owner[i]);
+    std::sort(missing.begin(), missing.end());
+    Impl::cancel_receives(g.recvs);
     g.timed_out("barrier", timeout, fmt::format("{} did not arrive", g.peers(missing)), missing, true);
   }
-  if (!g.wait_all(sends, dl)) {
+  if (!g.wait_all(g.sends, g.dl_, 0)) {
     g.timed_out("barrier", timeout, "every rank arrived, but this rank's tokens were not taken", {}, true);
   }
   for (int p = 0; p < n; ++p) {
