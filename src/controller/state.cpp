@@ -32,7 +32,7 @@ std::string Node::issued_at() const { return describe(where); }
 std::string ControllerState::describe_ident(Ident ident) const {
   auto it = ident_what.find(ident);
   if (it == ident_what.end()) return "?";
-  if (auto n = it->second.node.lock()) return fmt::format("{}, issued at {}", n->what, n->issued_at());
+  if (!it->second.what.empty()) return fmt::format("{}, issued at {}", it->second.what, describe(it->second.where));
   return it->second.label ? it->second.label : "?";
 }
 
@@ -90,7 +90,10 @@ std::shared_ptr<Node> ControllerState::make_node(Ident ident, std::string what, 
   n->what = std::move(what);
   n->where = where;
   if (ident != 0) {
-    if (auto it = ident_what.find(ident); it != ident_what.end()) it->second.node = n;
+    if (auto it = ident_what.find(ident); it != ident_what.end()) {
+      it->second.what = n->what;
+      it->second.where = where;
+    }
   }
   // Inputs already known clean add nothing: drop them so chains stay short.
   for (auto& i : inputs) {
@@ -422,7 +425,7 @@ std::string ControllerState::desync_report(const std::string& what) {
   } catch (const std::exception&) {
   }
   // Each worker writes the end of its flight recorder to its log; then the state table.
-  query({{"op", "dump"}, {"limit", 50}, {"why", what}}, wait);
+  query({{"op", "dump"}, {"limit", 20}, {"why", what}}, wait);
   const auto states = query({{"op", "state"}}, wait);
   auto current_result = [&](int rank) -> std::uint64_t {
     auto it = states.find(rank);

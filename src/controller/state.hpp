@@ -118,7 +118,8 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   std::map<Ident, Failure> failures;
   // Outstanding invocations, for timeout reports: the node, or a label for the runtime's own.
   struct IdentInfo {
-    std::weak_ptr<Node> node;
+    std::string what;  // the function's name (short: no allocation), or empty
+    std::source_location where{};
     const char* label = nullptr;
   };
   std::map<Ident, IdentInfo> ident_what;
@@ -154,7 +155,7 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   Ref new_ref() { return Ref{next_ref++}; }
   Ident new_ident(const char* label = nullptr) {
     const Ident i = next_ident++;
-    ident_what.emplace(i, IdentInfo{{}, label});
+    ident_what.emplace(i, IdentInfo{{}, {}, label});
     return i;
   }
 
