@@ -425,7 +425,7 @@ std::string ControllerState::desync_report(const std::string& what) {
   } catch (const std::exception&) {
   }
   // Each worker writes the end of its flight recorder to its log; then the state table.
-  query({{"op", "dump"}, {"limit", 20}, {"why", what}}, wait);
+  query({{"op", "dump"}, {"limit", 20}, {"why", what.substr(0, what.find(':'))}}, wait);
   const auto states = query({{"op", "state"}}, wait);
   auto current_result = [&](int rank) -> std::uint64_t {
     auto it = states.find(rank);
