@@ -231,6 +231,10 @@ struct OutputPoolStats {
 };
 OutputPoolStats output_pool_stats();
 
+// Aborts every NCCL communicator of this process (ncclCommAbort inside one group call),
+// so kernels stuck in NCCL return before the job ends. No-op without NCCL.
+void abort_nccl_communicators() noexcept;
+
 #if MESHRT_HAVE_NCCL
 // The CUDA stream the NCCL data plane enqueues on (a cudaStream_t; nullptr is the legacy
 // default stream). Kept opaque so this header needs no CUDA header.

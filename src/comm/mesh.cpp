@@ -168,4 +168,8 @@ std::string WorkerMesh::to_string() const {
   return out + "]";
 }
 
+#if !MESHRT_HAVE_NCCL
+void abort_nccl_communicators() noexcept {}
+#endif
+
 }  // namespace meshrt

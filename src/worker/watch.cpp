@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "meshrt/comm.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/settings.hpp"
 
@@ -90,6 +91,7 @@ void Watch::loop() {
         answer = {{"rank", monitor_.rank()}, {"dump", text}};
       } else if (op == "abort") {
         MESHRT_LOG(fatal) << "the controller is aborting the job: " << request.value("reason", std::string("?"));
+        abort_nccl_communicators();
         answer = {{"rank", monitor_.rank()}, {"aborting", true}};
       } else {
         answer = {{"rank", monitor_.rank()}, {"error", "unknown query op '" + op + "'"}};

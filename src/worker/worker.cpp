@@ -419,7 +419,10 @@ struct Worker::Impl {
         step(std::move(q));
         worked = true;
       }
-      if (Clock::now() - last_status_time > interval) send_status(false);
+      // Status when the worker moved: about once a second while busy, and at once when it
+      // runs out of work, so a controller waiting on it rarely needs to ask (one message per
+      // batch of commands).
+      if ((worked && queue.empty() && !in_flight) || Clock::now() - last_status_time > interval) send_status(false);
       channel.reap();
       if (worked) backoff.reset();
       else backoff.pause();
