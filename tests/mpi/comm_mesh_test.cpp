@@ -110,16 +110,6 @@ TEST(CommMesh, StridedAndThreeDimensions) {
   MPI_Barrier(world.comm());
 }
 
-template <class F>
-std::string usage_error_text(F&& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(no UsageError)";
-}
-
 TEST(CommMesh, UsageErrors) {
   World world;
   const int me = world_rank();

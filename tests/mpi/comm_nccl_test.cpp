@@ -19,16 +19,6 @@ using ::testing::HasSubstr;
 
 #if MESHRT_HAVE_NCCL
 
-template <class F>
-std::string usage_error_text(F&& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(no UsageError)";
-}
-
 TEST(CommNccl, BitwiseRefusedBeforeAnyDeviceWork) {
   World world;
   WorkerMesh mesh({"gpu"}, NDSlice::row_major({world_size()}), world.comm());

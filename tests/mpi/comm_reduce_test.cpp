@@ -244,16 +244,6 @@ TEST(CommReduce, MismatchedInputRaisesAfterCompletion) {
   }
 }
 
-template <class F>
-std::string usage_error_text(F&& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(no UsageError)";
-}
-
 TEST(CommReduce, UsageErrors) {
   World world;
   const int n = world_size();

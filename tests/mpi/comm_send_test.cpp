@@ -94,16 +94,6 @@ TEST(CommSend, BrokenSenderSendsZeros) {
   check_send(NDSlice(0, {h}, {1}), NDSlice(h, {h}, {1}), TensorMeta({4}, DType::Float64), Completion::NonBlocking, 0);
 }
 
-template <class F>
-std::string usage_error_text(F&& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(no UsageError)";
-}
-
 TEST(CommSend, UsageErrors) {
   World world;
   const int me = world_rank();

@@ -17,6 +17,17 @@
 
 namespace meshrt::test {
 
+// The text of the UsageError `f` throws, or "(no UsageError)".
+template <class F>
+std::string usage_error_text(F&& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "(no UsageError)";
+}
+
 inline int world_rank() {
   int r = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
