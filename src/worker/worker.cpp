@@ -202,6 +202,9 @@ struct Worker::Impl {
         return leaf.is_tensor() && !leaf.as_tensor().device().is_cpu() ? Value(leaf.as_tensor().to(Device::cpu())) : leaf;
       });
       reply(FetchResult{c.ident, std::move(value)});
+      // The controller counts a FetchResult as the invocation's completion on this rank:
+      // no Status needs to follow it.
+      last_status_sent = std::max(last_status_sent, c.ident + 1);
     });
   }
 
