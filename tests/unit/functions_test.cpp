@@ -1,3 +1,4 @@
+#include "../support/expect_error.hpp"
 #include "meshrt/functions.hpp"
 
 #include <gtest/gtest.h>
@@ -8,19 +9,8 @@
 namespace meshrt {
 namespace {
 
-std::string usage_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a UsageError";
-  return {};
-}
-
-void expect_contains(const std::string& text, const std::string& part) {
-  EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
-}
+using test::expect_contains;
+using test::usage_error;
 
 // Runs a registered function as a worker would: shape function on metas, then the kernel.
 std::vector<Tensor> call(const std::string& name, std::vector<Value> args, int rank = 0) {

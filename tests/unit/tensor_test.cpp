@@ -1,3 +1,4 @@
+#include "../support/expect_error.hpp"
 #include "meshrt/tensor.hpp"
 
 #include <gtest/gtest.h>
@@ -14,19 +15,8 @@
 namespace meshrt {
 namespace {
 
-std::string usage_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a UsageError";
-  return {};
-}
-
-void expect_contains(const std::string& text, const std::string& part) {
-  EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
-}
+using test::expect_contains;
+using test::usage_error;
 
 TEST(DType, NamesSizesAndParsing) {
   const std::size_t sizes[] = {1, 1, 4, 8, 2, 2, 4, 8};

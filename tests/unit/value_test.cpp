@@ -1,3 +1,4 @@
+#include "../support/expect_error.hpp"
 #include "meshrt/value.hpp"
 
 #include <gtest/gtest.h>
@@ -7,15 +8,8 @@
 namespace meshrt {
 namespace {
 
-std::string usage_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a UsageError";
-  return {};
-}
+using test::expect_contains;
+using test::usage_error;
 
 TEST(Value, KindsAndAccessors) {
   EXPECT_TRUE(Value().is_none());

@@ -1,0 +1,28 @@
+// Helpers for tests that check an error's text.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "meshrt/error.hpp"
+
+namespace meshrt::test {
+
+// The text of the UsageError `f` throws; a test failure (and "") if it throws none.
+inline std::string usage_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a UsageError";
+  return {};
+}
+
+inline void expect_contains(const std::string& text, const std::string& part) {
+  EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
+}
+
+}  // namespace meshrt::test
