@@ -31,12 +31,12 @@ enum class BusFactor {
 double bus_factor(BusFactor f, int ranks);
 
 struct Pair {
-  std::string suite;   // "collectives"
-  std::string op;      // "all_reduce"
-  std::size_t bytes;   // the whole array, as nccl-tests count it
+  std::string suite;  // "collectives"
+  std::string op;     // "all_reduce"
+  std::size_t bytes;  // the whole array, as nccl-tests count it
   BusFactor bus = BusFactor::one;
-  int inner = 10;      // operations per timed iteration
-  int iterations = 20; // timed iterations (all ranks run the same number)
+  int inner = 10;                // operations per timed iteration
+  int iterations = 20;           // timed iterations (all ranks run the same number)
   std::function<void()> meshrt;  // one operation through meshrt
   std::function<void()> mpi;     // the same operation with raw MPI calls
 };

@@ -21,10 +21,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-Signature noop_shape(const ArgMetas&) { return {}; }
-std::vector<Tensor> noop_kernel(CallContext&, Args&) { return {}; }
-Signature scalar_shape(const ArgMetas& a) { return {{TensorMeta({}, DType::Float32, a.device())}, {}}; }
-std::vector<Tensor> scalar_kernel(CallContext&, Args&) { return {Tensor::zeros(TensorMeta({}, DType::Float32))}; }
+Signature noop_shape(const ArgMetas&) {
+  return {};
+}
+std::vector<Tensor> noop_kernel(CallContext&, Args&) {
+  return {};
+}
+Signature scalar_shape(const ArgMetas& a) {
+  return {{TensorMeta({}, DType::Float32, a.device())}, {}};
+}
+std::vector<Tensor> scalar_kernel(CallContext&, Args&) {
+  return {Tensor::zeros(TensorMeta({}, DType::Float32))};
+}
 
 constexpr int kBatch = 256;  // the controller's batch bound
 
@@ -51,7 +59,8 @@ double raw_batched(MPI_Comm comm, int rank, int size, int commands, std::size_t 
     MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
     for (int r = 1; r < size; ++r) MPI_Recv(nullptr, 0, MPI_BYTE, r, 2, comm, MPI_STATUS_IGNORE);
   } else {
-    for (int m = 0; m < messages; ++m) MPI_Recv(buf.data(), static_cast<int>(buf.size()), MPI_BYTE, 0, 1, comm, MPI_STATUS_IGNORE);
+    for (int m = 0; m < messages; ++m)
+      MPI_Recv(buf.data(), static_cast<int>(buf.size()), MPI_BYTE, 0, 1, comm, MPI_STATUS_IGNORE);
     MPI_Send(nullptr, 0, MPI_BYTE, 0, 2, comm);
   }
   const double t = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -119,19 +128,29 @@ int run_dispatch(Context& ctx, int argc, char** argv, const std::string& json_pa
     DTensor scalar = mesh.call("bench.scalar");
     ctl.synchronize();
     const std::vector<std::pair<std::string, std::int64_t>> last{{"rank", ctl.world_size() - 1}};
-    benchmark::RegisterBenchmark("dispatch/batched_calls", [&](benchmark::State& state) {
-      for (auto _ : state) {
-        for (int i = 0; i < commands; ++i) mesh.call("bench.noop");
-        ctl.synchronize();
-      }
-      state.counters["per_command"] = 0;
-    })->Unit(benchmark::kNanosecond)->Iterations(ctx.quick ? 2 : 5);
-    benchmark::RegisterBenchmark("dispatch/fetch", [&](benchmark::State& state) {
-      for (auto _ : state) benchmark::DoNotOptimize(ctl.fetch_shard(scalar, last).get());
-    })->Unit(benchmark::kNanosecond)->Iterations(pings);
-    benchmark::RegisterBenchmark("dispatch/call_and_fetch", [&](benchmark::State& state) {
-      for (auto _ : state) benchmark::DoNotOptimize(ctl.fetch_shard(mesh.call("bench.scalar"), last).get());
-    })->Unit(benchmark::kNanosecond)->Iterations(pings);
+    benchmark::RegisterBenchmark("dispatch/batched_calls",
+                                 [&](benchmark::State& state) {
+                                   for (auto _ : state) {
+                                     for (int i = 0; i < commands; ++i) mesh.call("bench.noop");
+                                     ctl.synchronize();
+                                   }
+                                   state.counters["per_command"] = 0;
+                                 })
+        ->Unit(benchmark::kNanosecond)
+        ->Iterations(ctx.quick ? 2 : 5);
+    benchmark::RegisterBenchmark("dispatch/fetch",
+                                 [&](benchmark::State& state) {
+                                   for (auto _ : state) benchmark::DoNotOptimize(ctl.fetch_shard(scalar, last).get());
+                                 })
+        ->Unit(benchmark::kNanosecond)
+        ->Iterations(pings);
+    benchmark::RegisterBenchmark("dispatch/call_and_fetch",
+                                 [&](benchmark::State& state) {
+                                   for (auto _ : state)
+                                     benchmark::DoNotOptimize(ctl.fetch_shard(mesh.call("bench.scalar"), last).get());
+                                 })
+        ->Unit(benchmark::kNanosecond)
+        ->Iterations(pings);
     Collect reporter;
     benchmark::RunSpecifiedBenchmarks(&reporter);
     const double per_command = reporter.seconds["dispatch/batched_calls"] / commands;

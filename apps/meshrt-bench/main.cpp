@@ -74,10 +74,14 @@ class RatioReporter : public benchmark::ConsoleReporter {
  private:
   static double time_unit_seconds(benchmark::TimeUnit u) {
     switch (u) {
-      case benchmark::kNanosecond: return 1e-9;
-      case benchmark::kMicrosecond: return 1e-6;
-      case benchmark::kMillisecond: return 1e-3;
-      case benchmark::kSecond: return 1;
+      case benchmark::kNanosecond:
+        return 1e-9;
+      case benchmark::kMicrosecond:
+        return 1e-6;
+      case benchmark::kMillisecond:
+        return 1e-3;
+      case benchmark::kSecond:
+        return 1;
     }
     return 1;
   }
@@ -102,17 +106,26 @@ class RatioReporter : public benchmark::ConsoleReporter {
       const double ratio = m->second / r->second;
       fmt::print("{:<16} {:>10} {:>12.2f} {:>12.2f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>7.2f}\n", info.op,
                  info.bytes, m->second * 1e6, r->second * 1e6, alg_m, alg_m * factor, alg_r, alg_r * factor, ratio);
-      lines.push_back({{"suite", info.suite}, {"op", info.op}, {"bytes", info.bytes}, {"ranks", info.ranks},
-                       {"meshrt_us", m->second * 1e6}, {"mpi_us", r->second * 1e6}, {"meshrt_algbw_gbs", alg_m},
-                       {"meshrt_busbw_gbs", alg_m * factor}, {"mpi_algbw_gbs", alg_r},
-                       {"mpi_busbw_gbs", alg_r * factor}, {"ratio", ratio}});
+      lines.push_back({{"suite", info.suite},
+                       {"op", info.op},
+                       {"bytes", info.bytes},
+                       {"ranks", info.ranks},
+                       {"meshrt_us", m->second * 1e6},
+                       {"mpi_us", r->second * 1e6},
+                       {"meshrt_algbw_gbs", alg_m},
+                       {"meshrt_busbw_gbs", alg_m * factor},
+                       {"mpi_algbw_gbs", alg_r},
+                       {"mpi_busbw_gbs", alg_r * factor},
+                       {"ratio", ratio}});
     }
     std::FILE* out = stdout;
     std::ofstream file;
     if (json_path_) file.open(*json_path_, std::ios::app);
     for (const auto& j : lines) {
-      if (file.is_open()) file << j.dump() << "\n";
-      else std::fprintf(out, "%s\n", j.dump().c_str());
+      if (file.is_open())
+        file << j.dump() << "\n";
+      else
+        std::fprintf(out, "%s\n", j.dump().c_str());
     }
     std::fflush(stdout);
   }
@@ -129,7 +142,8 @@ class NullReporter : public benchmark::BenchmarkReporter {
 };
 
 void usage() {
-  std::printf("usage: mpiexec -n <ranks> meshrt-bench <suite> [--quick] [--json FILE] [Google Benchmark flags]\nsuites:\n");
+  std::printf(
+      "usage: mpiexec -n <ranks> meshrt-bench <suite> [--quick] [--json FILE] [Google Benchmark flags]\nsuites:\n");
   for (const Suite& s : suites()) std::printf("  %-12s %s\n", s.name, s.description);
 }
 
@@ -137,14 +151,19 @@ void usage() {
 
 double bus_factor(BusFactor f, int n) {
   switch (f) {
-    case BusFactor::one: return 1;
-    case BusFactor::all_reduce: return 2.0 * (n - 1) / n;
-    case BusFactor::gather_like: return static_cast<double>(n - 1) / n;
+    case BusFactor::one:
+      return 1;
+    case BusFactor::all_reduce:
+      return 2.0 * (n - 1) / n;
+    case BusFactor::gather_like:
+      return static_cast<double>(n - 1) / n;
   }
   return 1;
 }
 
-SuiteRegistrar::SuiteRegistrar(Suite suite) { suites().push_back(suite); }
+SuiteRegistrar::SuiteRegistrar(Suite suite) {
+  suites().push_back(suite);
+}
 
 void print_rows(const std::vector<Row>& rows, int ranks, const std::string& json_path) {
   std::ofstream file;
@@ -159,11 +178,18 @@ void print_rows(const std::vector<Row>& rows, int ranks, const std::string& json
     }
     fmt::print("{:<34} {:>10} {:>12.3f} {:>12.3f} {:>7.2f}  {}\n", r.op, r.bytes, r.meshrt_seconds * 1e6,
                r.mpi_seconds * 1e6, r.meshrt_seconds / r.mpi_seconds, r.unit_note);
-    nlohmann::json j{{"suite", r.suite}, {"op", r.op}, {"bytes", r.bytes}, {"ranks", ranks},
-                     {"meshrt_us", r.meshrt_seconds * 1e6}, {"mpi_us", r.mpi_seconds * 1e6},
-                     {"ratio", r.meshrt_seconds / r.mpi_seconds}, {"note", r.unit_note}};
-    if (file.is_open()) file << j.dump() << "\n";
-    else std::printf("%s\n", j.dump().c_str());
+    nlohmann::json j{{"suite", r.suite},
+                     {"op", r.op},
+                     {"bytes", r.bytes},
+                     {"ranks", ranks},
+                     {"meshrt_us", r.meshrt_seconds * 1e6},
+                     {"mpi_us", r.mpi_seconds * 1e6},
+                     {"ratio", r.meshrt_seconds / r.mpi_seconds},
+                     {"note", r.unit_note}};
+    if (file.is_open())
+      file << j.dump() << "\n";
+    else
+      std::printf("%s\n", j.dump().c_str());
   }
   std::fflush(stdout);
 }

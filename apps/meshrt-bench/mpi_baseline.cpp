@@ -17,8 +17,12 @@ void register_baseline(Context& ctx) {
     const MPI_Comm comm = ctx.comm;
     const int count = static_cast<int>(bytes);
     auto all_reduce = [=] { MPI_Allreduce(buf->data(), out->data(), count, MPI_CHAR, MPI_BOR, comm); };
-    add_pair(ctx, {.suite = "baseline", .op = "all_reduce", .bytes = bytes, .bus = BusFactor::all_reduce,
-                   .meshrt = all_reduce, .mpi = all_reduce});
+    add_pair(ctx, {.suite = "baseline",
+                   .op = "all_reduce",
+                   .bytes = bytes,
+                   .bus = BusFactor::all_reduce,
+                   .meshrt = all_reduce,
+                   .mpi = all_reduce});
   }
 }
 

@@ -117,7 +117,8 @@ int run_soak(Context& ctx, int argc, char** argv, const std::string& json_path) 
       if (i % 10'000 == 7) {
         // Zeros added to zeros: any other value means a command ran wrongly.
         const Tensor t = ctl.fetch_shard(ring[slot], last).get();
-        if (t.data<float>()[0] != 0.0f) throw Error(fmt::format("soak: step {}: fetched {}, expected 0", i, t.data<float>()[0]));
+        if (t.data<float>()[0] != 0.0f)
+          throw Error(fmt::format("soak: step {}: fetched {}, expected 0", i, t.data<float>()[0]));
         fetches++;
       }
       if (i % 100'000 == 99'999) {
@@ -151,13 +152,14 @@ int run_soak(Context& ctx, int argc, char** argv, const std::string& json_path) 
     std::vector<std::string> violations;
     double worst_growth = 0;
     for (std::size_t r = 0; r < start.rss_kb.size(); ++r) {
-      const double growth = start.rss_kb[r] > 0
-                                ? static_cast<double>(end.rss_kb[r] - start.rss_kb[r]) / static_cast<double>(start.rss_kb[r])
-                                : 1.0;
+      const double growth = start.rss_kb[r] > 0 ? static_cast<double>(end.rss_kb[r] - start.rss_kb[r]) /
+                                                      static_cast<double>(start.rss_kb[r])
+                                                : 1.0;
       worst_growth = std::max(worst_growth, growth);
       if (start.rss_kb[r] <= 0 || growth >= max_growth) {
-        violations.push_back(fmt::format("rank {}: resident memory grew from {} kB to {} kB ({:+.1f}%), expected < {:.0f}%",
-                                         r, start.rss_kb[r], end.rss_kb[r], growth * 100, max_growth * 100));
+        violations.push_back(
+            fmt::format("rank {}: resident memory grew from {} kB to {} kB ({:+.1f}%), expected < {:.0f}%", r,
+                        start.rss_kb[r], end.rss_kb[r], growth * 100, max_growth * 100));
       }
       if (end.fds[r] > start.fds[r]) {
         violations.push_back(fmt::format("rank {}: open descriptors grew from {} to {}, expected no growth", r,
@@ -168,23 +170,25 @@ int run_soak(Context& ctx, int argc, char** argv, const std::string& json_path) 
     const auto bound = static_cast<std::uint64_t>(ring_size) + 8;
     for (std::size_t k = 0; k < end.live_values.size(); ++k) {
       if (end.live_values[k] > bound) {
-        violations.push_back(fmt::format("worker {}: holds {} values after the run, expected at most {} (the ring of {} "
-                                         "and the mesh, stream and probe)",
-                                         ctl.worker_ranks()[static_cast<std::int64_t>(k)], end.live_values[k], bound,
-                                         ring_size));
+        violations.push_back(
+            fmt::format("worker {}: holds {} values after the run, expected at most {} (the ring of {} "
+                        "and the mesh, stream and probe)",
+                        ctl.worker_ranks()[static_cast<std::int64_t>(k)], end.live_values[k], bound, ring_size));
       }
     }
 
-    fmt::print("\nsoak at {} ranks: {} commands ({} reductions, {} fetches, {} synchronizes) with {} live tensors in "
-               "{:.1f} s ({:.0f} commands/s)\n",
-               ctl.world_size(), commands, reductions, fetches, syncs, ring_size, seconds,
-               static_cast<double>(commands) / seconds);
+    fmt::print(
+        "\nsoak at {} ranks: {} commands ({} reductions, {} fetches, {} synchronizes) with {} live tensors in "
+        "{:.1f} s ({:.0f} commands/s)\n",
+        ctl.world_size(), commands, reductions, fetches, syncs, ring_size, seconds,
+        static_cast<double>(commands) / seconds);
     fmt::print("{:<6} {:>14} {:>14} {:>8} {:>10} {:>8} {:>12} {:>12}\n", "rank", "rss start kB", "rss end kB", "growth",
                "fds start", "fds end", "live start", "live end");
     for (std::size_t r = 0; r < start.rss_kb.size(); ++r) {
       const bool worker = r < start.live_values.size();
       fmt::print("{:<6} {:>14} {:>14} {:>7.2f}% {:>10} {:>8} {:>12} {:>12}\n", r, start.rss_kb[r], end.rss_kb[r],
-                 100.0 * static_cast<double>(end.rss_kb[r] - start.rss_kb[r]) / static_cast<double>(std::max<std::int64_t>(1, start.rss_kb[r])),
+                 100.0 * static_cast<double>(end.rss_kb[r] - start.rss_kb[r]) /
+                     static_cast<double>(std::max<std::int64_t>(1, start.rss_kb[r])),
                  start.fds[r], end.fds[r], worker ? std::to_string(start.live_values[r]) : "-",
                  worker ? std::to_string(end.live_values[r]) : "-");
     }
@@ -203,8 +207,10 @@ int run_soak(Context& ctx, int argc, char** argv, const std::string& json_path) 
                      {"live_values_start", start.live_values},
                      {"live_values_end", end.live_values},
                      {"ok", violations.empty()}};
-    if (!json_path.empty()) std::ofstream(json_path, std::ios::app) << j.dump() << "\n";
-    else fmt::print("{}\n", j.dump());
+    if (!json_path.empty())
+      std::ofstream(json_path, std::ios::app) << j.dump() << "\n";
+    else
+      fmt::print("{}\n", j.dump());
     for (const std::string& v : violations) fmt::print(stderr, "soak: FAILED: {}\n", v);
     if (!violations.empty()) rc = 1;
   });

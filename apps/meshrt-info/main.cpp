@@ -2,9 +2,9 @@
 //
 //   mpirun -n 4 meshrt-info          a table for people
 //   mpirun -n 4 meshrt-info --json   one JSON document for scripts
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <mpi.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -83,23 +83,33 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     if (json) {
       nlohmann::json j;
-      j["meshrt"] = {{"version", info.meshrt_version}, {"build_type", info.build_type}, {"compiler", info.compiler},
-                     {"sanitize", info.sanitize}, {"cuda", info.cuda}, {"nccl", info.nccl}};
-      j["mpi"] = {{"library", info.mpi_library}, {"standard", info.mpi_standard},
+      j["meshrt"] = {{"version", info.meshrt_version},
+                     {"build_type", info.build_type},
+                     {"compiler", info.compiler},
+                     {"sanitize", info.sanitize},
+                     {"cuda", info.cuda},
+                     {"nccl", info.nccl}};
+      j["mpi"] = {{"library", info.mpi_library},
+                  {"standard", info.mpi_standard},
                   {"thread_level", meshrt::thread_level_name(provided)}};
       j["boost"] = info.boost_version;
-      j["cuda"] = {{"runtime", info.cuda_runtime}, {"driver", info.cuda_driver}, {"devices", info.cuda_devices},
+      j["cuda"] = {{"runtime", info.cuda_runtime},
+                   {"driver", info.cuda_driver},
+                   {"devices", info.cuda_devices},
                    {"status", info.cuda_status}};
       j["nccl"] = info.nccl_version;
       for (const auto& s : meshrt::settings::all()) {
         const auto env = meshrt::settings::from_environment(s.name);
-        j["settings"].push_back({{"name", s.name}, {"value", meshrt::settings::get(s.name)},
-                                 {"default", s.default_value}, {"from_environment", env.has_value()},
+        j["settings"].push_back({{"name", s.name},
+                                 {"value", meshrt::settings::get(s.name)},
+                                 {"default", s.default_value},
+                                 {"from_environment", env.has_value()},
                                  {"description", s.description}});
       }
       j["world_size"] = size;
       for (const auto& r : ranks) {
-        j["ranks"].push_back({{"rank", r.rank}, {"host", r.host}, {"local_rank", r.local_rank}, {"local_size", r.local_size}});
+        j["ranks"].push_back(
+            {{"rank", r.rank}, {"host", r.host}, {"local_rank", r.local_rank}, {"local_size", r.local_size}});
       }
       std::puts(j.dump(2).c_str());
     } else {
@@ -120,7 +130,8 @@ int main(int argc, char** argv) {
                    s.default_value.empty() ? "(unset)" : s.default_value, s.description);
       }
       fmt::print("\nworld size {}\n{:>6}  {:<32} {:>10} {:>10}\n", size, "rank", "host", "local rank", "local size");
-      for (const auto& r : ranks) fmt::print("{:>6}  {:<32} {:>10} {:>10}\n", r.rank, r.host, r.local_rank, r.local_size);
+      for (const auto& r : ranks)
+        fmt::print("{:>6}  {:<32} {:>10} {:>10}\n", r.rank, r.host, r.local_rank, r.local_size);
     }
     std::fflush(stdout);
   }

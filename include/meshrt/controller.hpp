@@ -53,8 +53,12 @@ class RemoteError : public Error {
  public:
   RemoteError(const std::string& what, std::uint64_t ident, std::string function, std::vector<int> ranks,
               std::string worker_message, std::string issued_at)
-      : Error(what), ident_(ident), function_(std::move(function)), ranks_(std::move(ranks)),
-        worker_message_(std::move(worker_message)), issued_at_(std::move(issued_at)) {}
+      : Error(what),
+        ident_(ident),
+        function_(std::move(function)),
+        ranks_(std::move(ranks)),
+        worker_message_(std::move(worker_message)),
+        issued_at_(std::move(issued_at)) {}
   // The root cause: the first failed invocation this value depends on.
   std::uint64_t ident() const noexcept { return ident_; }
   const std::string& function() const noexcept { return function_; }
@@ -74,7 +78,8 @@ class RemoteError : public Error {
 // A registered function's name, with the controller call site that named it.
 struct FunctionName {
   FunctionName(const char* n, std::source_location l = std::source_location::current()) : name(n), where(l) {}
-  FunctionName(std::string n, std::source_location l = std::source_location::current()) : name(std::move(n)), where(l) {}
+  FunctionName(std::string n, std::source_location l = std::source_location::current())
+      : name(std::move(n)), where(l) {}
   FunctionName(std::string_view n, std::source_location l = std::source_location::current()) : name(n), where(l) {}
   std::string name;
   std::source_location where;
@@ -104,7 +109,7 @@ class Arg {
   const std::vector<DTensor>& tensors() const noexcept { return tensors_; }
 
  private:
-  Value value_;                  // DTensors appear as Refs
+  Value value_;                   // DTensors appear as Refs
   std::vector<DTensor> tensors_;  // the DTensors referenced, in tree order
 };
 
@@ -198,7 +203,8 @@ class Mesh {
     return one(call_n(std::move(fn), {std::move(a), std::move(b), std::move(c), std::move(d), std::move(e)}));
   }
   DTensor call(FunctionName fn, Arg a, Arg b, Arg c, Arg d, Arg e, Arg f) const {
-    return one(call_n(std::move(fn), {std::move(a), std::move(b), std::move(c), std::move(d), std::move(e), std::move(f)}));
+    return one(
+        call_n(std::move(fn), {std::move(a), std::move(b), std::move(c), std::move(d), std::move(e), std::move(f)}));
   }
   // Any number of arguments and outputs.
   std::vector<DTensor> call_n(FunctionName fn, std::vector<Arg> args) const;

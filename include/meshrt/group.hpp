@@ -353,8 +353,8 @@ class StatelessGroup {
   // `raw`: the payload is the object's bytes (else a Boost binary archive).
   void send_bytes(const detail::TypeTag& type, bool raw, std::span<const char> payload, int dst, Timeout timeout);
   void recv_bytes(const detail::TypeTag& type, bool raw, detail::PayloadSink& sink, int src, Timeout timeout);
-  void broadcast_bytes(const detail::TypeTag& type, bool raw, std::span<const char> payload,
-                       detail::PayloadSink& sink, int src, Timeout timeout);
+  void broadcast_bytes(const detail::TypeTag& type, bool raw, std::span<const char> payload, detail::PayloadSink& sink,
+                       int src, Timeout timeout);
   void all_gather_bytes(const detail::TypeTag& type, bool raw, std::span<const char> payload,
                         std::span<detail::PayloadSink* const> sinks, Timeout timeout);
 

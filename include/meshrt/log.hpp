@@ -55,7 +55,7 @@ class Line {
 
 }  // namespace meshrt::log
 
-#define MESHRT_LOG(lvl)                                          \
-  if (!::meshrt::log::enabled(::meshrt::log::Level::lvl)) {      \
-  } else                                                         \
+#define MESHRT_LOG(lvl)                                     \
+  if (!::meshrt::log::enabled(::meshrt::log::Level::lvl)) { \
+  } else                                                    \
     ::meshrt::log::Line(::meshrt::log::Level::lvl, __FILE__, __LINE__).stream()

@@ -80,8 +80,15 @@ class NDSlice {
     iterator() = default;
     iterator(const NDSlice* s, Int i) : s_(s), i_(i) {}
     Int operator*() const { return (*s_)[i_]; }
-    iterator& operator++() { ++i_; return *this; }
-    iterator operator++(int) { iterator t = *this; ++i_; return t; }
+    iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    iterator operator++(int) {
+      iterator t = *this;
+      ++i_;
+      return t;
+    }
     bool operator==(const iterator& o) const noexcept { return i_ == o.i_; }
 
    private:

@@ -13,6 +13,8 @@ inline constexpr int kNumReductions = 9;
 std::string_view name(Reduction reduction) noexcept;
 // Parses the names above; throws UsageError listing them.
 Reduction parse_reduction(std::string_view text);
-inline bool is_bitwise(Reduction r) noexcept { return r == Reduction::Band || r == Reduction::Bor || r == Reduction::Bxor; }
+inline bool is_bitwise(Reduction r) noexcept {
+  return r == Reduction::Band || r == Reduction::Bor || r == Reduction::Bxor;
+}
 
 }  // namespace meshrt

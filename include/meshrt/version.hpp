@@ -17,14 +17,14 @@ struct BuildInfo {
   std::string sanitize;
   bool cuda = false;
   bool nccl = false;
-  std::string mpi_library;      // MPI_Get_library_version, first line
-  std::string mpi_standard;     // e.g. "3.1"
-  std::string boost_version;    // e.g. "1.81.0"
-  std::string cuda_runtime;     // e.g. "13.0", or "not built"
-  std::string cuda_driver;      // e.g. "13.0", "no driver", or "not built"
-  int cuda_devices = 0;         // visible devices; 0 without a GPU
-  std::string cuda_status;      // "2 devices", "no CUDA device (...)", "not built"
-  std::string nccl_version;     // e.g. "2.27.3", or "not built"
+  std::string mpi_library;    // MPI_Get_library_version, first line
+  std::string mpi_standard;   // e.g. "3.1"
+  std::string boost_version;  // e.g. "1.81.0"
+  std::string cuda_runtime;   // e.g. "13.0", or "not built"
+  std::string cuda_driver;    // e.g. "13.0", "no driver", or "not built"
+  int cuda_devices = 0;       // visible devices; 0 without a GPU
+  std::string cuda_status;    // "2 devices", "no CUDA device (...)", "not built"
+  std::string nccl_version;   // e.g. "2.27.3", or "not built"
 };
 
 // Fills in everything that does not need MPI to be initialised, and the MPI library's

@@ -16,12 +16,12 @@ class Monitor;
 }
 
 struct WorkerOptions {
-  int rank = 0;                            // this rank in `world`
-  MPI_Comm world = MPI_COMM_NULL;          // parent of mesh communicators (a duplicate of MPI_COMM_WORLD)
-  MPI_Comm control = MPI_COMM_NULL;        // commands and replies with the controller
-  MPI_Comm p2p = MPI_COMM_NULL;            // SendTensor
-  double status_interval_seconds = 1.0;    // Status cadence when the worker moved
-  detail::Monitor* monitor = nullptr;      // the flight recorder, if any (outlives restarts)
+  int rank = 0;                          // this rank in `world`
+  MPI_Comm world = MPI_COMM_NULL;        // parent of mesh communicators (a duplicate of MPI_COMM_WORLD)
+  MPI_Comm control = MPI_COMM_NULL;      // commands and replies with the controller
+  MPI_Comm p2p = MPI_COMM_NULL;          // SendTensor
+  double status_interval_seconds = 1.0;  // Status cadence when the worker moved
+  detail::Monitor* monitor = nullptr;    // the flight recorder, if any (outlives restarts)
 };
 
 enum class WorkerExit { Restart, Shutdown };

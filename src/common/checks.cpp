@@ -44,9 +44,9 @@ void throw_cuda_error(int code, const char* call, const char* file, int line) {
 
 #if MESHRT_HAVE_NCCL
 void throw_nccl_error(int code, const char* call, const char* file, int line) {
-  throw SystemError(fmt::format("rank {}: {} failed: {} (NCCL error {}; last: {}) at {}:{}", world_rank_or_minus_one(), call,
-                                ncclGetErrorString(static_cast<ncclResult_t>(code)), code, ncclGetLastError(nullptr),
-                                short_file(file), line));
+  throw SystemError(fmt::format("rank {}: {} failed: {} (NCCL error {}; last: {}) at {}:{}", world_rank_or_minus_one(),
+                                call, ncclGetErrorString(static_cast<ncclResult_t>(code)), code,
+                                ncclGetLastError(nullptr), short_file(file), line));
 }
 #endif
 

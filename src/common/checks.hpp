@@ -31,12 +31,12 @@ std::string mpi_error_string(int code);
 namespace meshrt::detail {
 [[noreturn]] void throw_cuda_error(int code, const char* call, const char* file, int line);
 }
-#define MESHRT_CUDA_CHECK(call)                                                                      \
-  do {                                                                                               \
-    const cudaError_t meshrt_cuda_rc_ = (call);                                                      \
-    if (meshrt_cuda_rc_ != cudaSuccess) {                                                            \
+#define MESHRT_CUDA_CHECK(call)                                                                         \
+  do {                                                                                                  \
+    const cudaError_t meshrt_cuda_rc_ = (call);                                                         \
+    if (meshrt_cuda_rc_ != cudaSuccess) {                                                               \
       ::meshrt::detail::throw_cuda_error(static_cast<int>(meshrt_cuda_rc_), #call, __FILE__, __LINE__); \
-    }                                                                                                \
+    }                                                                                                   \
   } while (0)
 #endif
 
@@ -45,11 +45,11 @@ namespace meshrt::detail {
 namespace meshrt::detail {
 [[noreturn]] void throw_nccl_error(int code, const char* call, const char* file, int line);
 }
-#define MESHRT_NCCL_CHECK(call)                                                                      \
-  do {                                                                                               \
-    const ncclResult_t meshrt_nccl_rc_ = (call);                                                     \
-    if (meshrt_nccl_rc_ != ncclSuccess) {                                                            \
+#define MESHRT_NCCL_CHECK(call)                                                                         \
+  do {                                                                                                  \
+    const ncclResult_t meshrt_nccl_rc_ = (call);                                                        \
+    if (meshrt_nccl_rc_ != ncclSuccess) {                                                               \
       ::meshrt::detail::throw_nccl_error(static_cast<int>(meshrt_nccl_rc_), #call, __FILE__, __LINE__); \
-    }                                                                                                \
+    }                                                                                                   \
   } while (0)
 #endif

@@ -8,7 +8,7 @@
 
 namespace meshrt {
 namespace {
-constexpr std::array<std::string_view, kNumReductions> kNames{"stack", "sum", "avg", "product", "min",
+constexpr std::array<std::string_view, kNumReductions> kNames{"stack", "sum",  "avg", "product", "min",
                                                               "max",   "band", "bor", "bxor"};
 }
 
@@ -21,8 +21,8 @@ Reduction parse_reduction(std::string_view text) {
   for (std::size_t i = 0; i < kNames.size(); ++i) {
     if (kNames[i] == text) return static_cast<Reduction>(i);
   }
-  throw UsageError(fmt::format("unknown reduction \"{}\": expected one of stack, sum, avg, product, min, max, band, bor, bxor",
-                               text));
+  throw UsageError(fmt::format(
+      "unknown reduction \"{}\": expected one of stack, sum, avg, product, min, max, band, bor, bxor", text));
 }
 
 }  // namespace meshrt

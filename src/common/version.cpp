@@ -18,11 +18,16 @@ namespace meshrt {
 
 std::string thread_level_name(int level) {
   switch (level) {
-    case MPI_THREAD_SINGLE: return "single";
-    case MPI_THREAD_FUNNELED: return "funneled";
-    case MPI_THREAD_SERIALIZED: return "serialized";
-    case MPI_THREAD_MULTIPLE: return "multiple";
-    default: return fmt::format("unknown ({})", level);
+    case MPI_THREAD_SINGLE:
+      return "single";
+    case MPI_THREAD_FUNNELED:
+      return "funneled";
+    case MPI_THREAD_SERIALIZED:
+      return "serialized";
+    case MPI_THREAD_MULTIPLE:
+      return "multiple";
+    default:
+      return fmt::format("unknown ({})", level);
   }
 }
 

@@ -33,8 +33,8 @@ std::shared_ptr<MeshState> make_mesh(ControllerState& ctl, std::vector<std::stri
     throw UsageError(fmt::format("mesh dimension names must be unique, found [{}]", fmt::join(names, ", ")));
   }
   if (names.size() != ranks.ndim()) {
-    throw UsageError(fmt::format("a mesh needs one name per dimension: {} names for {} dimensions", names.size(),
-                                 ranks.ndim()));
+    throw UsageError(
+        fmt::format("a mesh needs one name per dimension: {} names for {} dimensions", names.size(), ranks.ndim()));
   }
   auto m = std::make_shared<MeshState>();
   m->controller = ctl.weak_from_this();
@@ -46,7 +46,9 @@ std::shared_ptr<MeshState> make_mesh(ControllerState& ctl, std::vector<std::stri
   return m;
 }
 
-bool same_layout(const MeshState& a, const MeshState& b) { return a.names == b.names && a.ranks == b.ranks; }
+bool same_layout(const MeshState& a, const MeshState& b) {
+  return a.names == b.names && a.ranks == b.ranks;
+}
 
 // Whether `sub`'s ranks are all ranks of `home` (the value lives there).
 bool covers(const MeshState& home, const MeshState& sub) {
@@ -71,38 +73,40 @@ void use_tensor(ControllerState& ctl, TensorState& t, const MeshState& mesh, con
                 std::string_view what) {
   ctl.check_epoch(t.epoch, "tensor");
   if (t.dropped) {
-    throw UsageError(fmt::format("{}: the tensor (borrowed on stream '{}') was dropped; it cannot be used any more", what,
-                                 t.stream->name));
+    throw UsageError(fmt::format("{}: the tensor (borrowed on stream '{}') was dropped; it cannot be used any more",
+                                 what, t.stream->name));
   }
   if (t.stream.get() != &stream) {
-    throw UsageError(fmt::format("{}: the tensor belongs to stream '{}', the work runs on stream '{}'; borrow it "
-                                 "with stream('{}').borrow(t) first",
-                                 what, t.stream->name, stream.name, stream.name));
+    throw UsageError(
+        fmt::format("{}: the tensor belongs to stream '{}', the work runs on stream '{}'; borrow it "
+                    "with stream('{}').borrow(t) first",
+                    what, t.stream->name, stream.name, stream.name));
   }
   if (!covers(*t.home, mesh)) {
     throw UsageError(fmt::format("{}: the tensor lives on ranks [{}], the work runs on ranks [{}]", what,
                                  fmt::join(t.home->dests, ", "), fmt::join(mesh.dests, ", ")));
   }
   if (t.mutably_borrowed) {
-    throw UsageError(fmt::format("{}: the tensor is borrowed mutably by stream '{}'; drop that borrow first", what,
-                                 t.borrowed_by));
+    throw UsageError(
+        fmt::format("{}: the tensor is borrowed mutably by stream '{}'; drop that borrow first", what, t.borrowed_by));
   }
   if (mutate && t.active_borrows > 0) {
-    throw UsageError(fmt::format("{}: the tensor is borrowed by {} other stream(s); it cannot be changed until they "
-                                 "drop it",
-                                 what, t.active_borrows));
+    throw UsageError(
+        fmt::format("{}: the tensor is borrowed by {} other stream(s); it cannot be changed until they "
+                    "drop it",
+                    what, t.active_borrows));
   }
   if (mutate && t.origin && !t.borrow_mutable) {
-    throw UsageError(fmt::format("{}: this borrow on stream '{}' is immutable; borrow with mutable_borrow=true to change "
-                                 "the tensor",
-                                 what, t.stream->name));
+    throw UsageError(
+        fmt::format("{}: this borrow on stream '{}' is immutable; borrow with mutable_borrow=true to change "
+                    "the tensor",
+                    what, t.stream->name));
   }
   if (t.origin && !t.first_use_sent) {
     t.first_use_sent = true;
     ctl.append(t.home->dests, protocol::BorrowFirstUse{t.ref});
   }
 }
-
 
 // Call-site mistakes name the line of the controller program that made them.
 template <class F>
@@ -135,156 +139,170 @@ Arg::Arg(std::initializer_list<Arg> items) {
 
 // ------------------------------------------------------------------ Stream
 
-const std::string& Stream::name() const { return state_->name; }
+const std::string& Stream::name() const {
+  return state_->name;
+}
 
 DTensor Stream::borrow(const DTensor& t, bool mutable_borrow, std::source_location where) const {
   return at_site(where, [&] {
-  auto ctl = lock(state_->controller);
-  if (!t.state_) throw UsageError("borrow: an undefined DTensor");
-  TensorState& origin = *t.state_;
-  ctl->check_epoch(origin.epoch, "tensor");
-  ctl->check_epoch(state_->epoch, "stream");
-  if (origin.origin) throw UsageError("borrow: the tensor is itself a borrow; borrow its origin instead");
-  if (origin.stream == state_) {
-    throw UsageError(fmt::format("borrow: the tensor already belongs to stream '{}'", state_->name));
-  }
-  if (origin.dropped) throw UsageError("borrow: the tensor was dropped");
-  if (origin.mutably_borrowed) {
-    throw UsageError(fmt::format("borrow: the tensor is already borrowed mutably by stream '{}'", origin.borrowed_by));
-  }
-  if (mutable_borrow && origin.active_borrows > 0) {
-    throw UsageError(fmt::format("borrow: a mutable borrow needs no other active borrow; the tensor has {}",
-                                 origin.active_borrows));
-  }
-  ctl->ensure_stream(*state_);
-  ctl->ensure_stream(*origin.stream);
-  auto b = new_tensor(*ctl, origin.meta, origin.home, state_,
-                      ctl->make_node(0, fmt::format("borrow on stream '{}'", state_->name), where, {origin.node}));
-  b->origin = t.state_;
-  b->borrow_mutable = mutable_borrow;
-  const bool already = origin.active_borrows > 0;
-  origin.active_borrows++;
-  if (mutable_borrow) {
-    origin.mutably_borrowed = true;
-    origin.borrowed_by = state_->name;
-  }
-  ctl->append(origin.home->dests, protocol::BorrowCreate{b->ref, origin.ref, origin.stream->ref, state_->ref, already});
-  return DTensor(b, t.mesh_);
-});
+    auto ctl = lock(state_->controller);
+    if (!t.state_) throw UsageError("borrow: an undefined DTensor");
+    TensorState& origin = *t.state_;
+    ctl->check_epoch(origin.epoch, "tensor");
+    ctl->check_epoch(state_->epoch, "stream");
+    if (origin.origin) throw UsageError("borrow: the tensor is itself a borrow; borrow its origin instead");
+    if (origin.stream == state_) {
+      throw UsageError(fmt::format("borrow: the tensor already belongs to stream '{}'", state_->name));
+    }
+    if (origin.dropped) throw UsageError("borrow: the tensor was dropped");
+    if (origin.mutably_borrowed) {
+      throw UsageError(
+          fmt::format("borrow: the tensor is already borrowed mutably by stream '{}'", origin.borrowed_by));
+    }
+    if (mutable_borrow && origin.active_borrows > 0) {
+      throw UsageError(fmt::format("borrow: a mutable borrow needs no other active borrow; the tensor has {}",
+                                   origin.active_borrows));
+    }
+    ctl->ensure_stream(*state_);
+    ctl->ensure_stream(*origin.stream);
+    auto b = new_tensor(*ctl, origin.meta, origin.home, state_,
+                        ctl->make_node(0, fmt::format("borrow on stream '{}'", state_->name), where, {origin.node}));
+    b->origin = t.state_;
+    b->borrow_mutable = mutable_borrow;
+    const bool already = origin.active_borrows > 0;
+    origin.active_borrows++;
+    if (mutable_borrow) {
+      origin.mutably_borrowed = true;
+      origin.borrowed_by = state_->name;
+    }
+    ctl->append(origin.home->dests,
+                protocol::BorrowCreate{b->ref, origin.ref, origin.stream->ref, state_->ref, already});
+    return DTensor(b, t.mesh_);
+  });
 }
 
 // ------------------------------------------------------------------ DTensor
 
-const TensorMeta& DTensor::meta() const { return state_->meta; }
-Mesh DTensor::mesh() const { return Mesh(mesh_); }
-Stream DTensor::stream() const { return Stream(state_->stream); }
+const TensorMeta& DTensor::meta() const {
+  return state_->meta;
+}
+Mesh DTensor::mesh() const {
+  return Mesh(mesh_);
+}
+Stream DTensor::stream() const {
+  return Stream(state_->stream);
+}
 
 DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter, std::source_location where) const {
   return at_site(where, [&] {
-  if (!state_) throw UsageError("reduce: an undefined DTensor");
-  auto ctl = lock(state_->controller);
-  MeshState& mesh = *mesh_;
-  const std::int64_t d = mesh.dim_index(dim);
-  const std::int64_t n = mesh.ranks.sizes()[static_cast<std::size_t>(d)];
-  const TensorMeta& in = state_->meta;
-  const std::string what = fmt::format("reduce {}{} over '{}'", name(reduction), scatter ? " with scatter" : "", dim);
-  if (is_bitwise(reduction) && (is_floating(in.dtype()))) {
-    throw UsageError(fmt::format("{}: a bitwise reduction needs an integer or bool dtype, found {}", what,
-                                 name(in.dtype())));
-  }
-  if (is_bitwise(reduction) && in.device().is_cuda()) {
-    throw UsageError(fmt::format("{}: NCCL has no bitwise reductions; CUDA tensors support sum, avg, product, min, "
-                                 "max and stack",
-                                 what));
-  }
-  TensorMeta out;
-  if (scatter) {
-    if (in.ndim() == 0 || in.shape()[0] != n) {
-      throw UsageError(fmt::format("{}: scatter needs size(0) == {} (the size of dimension '{}'), found shape [{}]",
-                                   what, n, dim, fmt::join(in.shape(), ", ")));
+    if (!state_) throw UsageError("reduce: an undefined DTensor");
+    auto ctl = lock(state_->controller);
+    MeshState& mesh = *mesh_;
+    const std::int64_t d = mesh.dim_index(dim);
+    const std::int64_t n = mesh.ranks.sizes()[static_cast<std::size_t>(d)];
+    const TensorMeta& in = state_->meta;
+    const std::string what = fmt::format("reduce {}{} over '{}'", name(reduction), scatter ? " with scatter" : "", dim);
+    if (is_bitwise(reduction) && (is_floating(in.dtype()))) {
+      throw UsageError(
+          fmt::format("{}: a bitwise reduction needs an integer or bool dtype, found {}", what, name(in.dtype())));
     }
-    if (reduction == Reduction::Stack) {
-      out = in;
+    if (is_bitwise(reduction) && in.device().is_cuda()) {
+      throw UsageError(
+          fmt::format("{}: NCCL has no bitwise reductions; CUDA tensors support sum, avg, product, min, "
+                      "max and stack",
+                      what));
+    }
+    TensorMeta out;
+    if (scatter) {
+      if (in.ndim() == 0 || in.shape()[0] != n) {
+        throw UsageError(fmt::format("{}: scatter needs size(0) == {} (the size of dimension '{}'), found shape [{}]",
+                                     what, n, dim, fmt::join(in.shape(), ", ")));
+      }
+      if (reduction == Reduction::Stack) {
+        out = in;
+      } else {
+        out = in.with_shape(std::vector<std::int64_t>(in.shape().begin() + 1, in.shape().end()));
+      }
+    } else if (reduction == Reduction::Stack) {
+      std::vector<std::int64_t> shape{n};
+      shape.insert(shape.end(), in.shape().begin(), in.shape().end());
+      out = in.with_shape(std::move(shape));
     } else {
-      out = in.with_shape(std::vector<std::int64_t>(in.shape().begin() + 1, in.shape().end()));
+      out = in;
     }
-  } else if (reduction == Reduction::Stack) {
-    std::vector<std::int64_t> shape{n};
-    shape.insert(shape.end(), in.shape().begin(), in.shape().end());
-    out = in.with_shape(std::move(shape));
-  } else {
-    out = in;
-  }
-  use_tensor(*ctl, *state_, mesh, *state_->stream, false, what);
-  ctl->ensure_mesh(mesh);
-  ctl->ensure_stream(*state_->stream);
-  auto result = new_tensor(*ctl, out, mesh_, state_->stream, ctl->make_node(0, what, where, {state_->node}));
-  ctl->append(mesh.dests, protocol::Reduce{result->ref, state_->ref, in, mesh.ref, state_->stream->ref, std::string(dim),
-                                           reduction, scatter, false});
-  return DTensor(result, mesh_);
-});
+    use_tensor(*ctl, *state_, mesh, *state_->stream, false, what);
+    ctl->ensure_mesh(mesh);
+    ctl->ensure_stream(*state_->stream);
+    auto result = new_tensor(*ctl, out, mesh_, state_->stream, ctl->make_node(0, what, where, {state_->node}));
+    ctl->append(mesh.dests, protocol::Reduce{result->ref, state_->ref, in, mesh.ref, state_->stream->ref,
+                                             std::string(dim), reduction, scatter, false});
+    return DTensor(result, mesh_);
+  });
 }
 
 DTensor& DTensor::reduce_(std::string_view dim, Reduction reduction, bool scatter, std::source_location where) {
   return at_site(where, [&]() -> DTensor& {
-  if (!state_) throw UsageError("reduce_: an undefined DTensor");
-  const std::string what = fmt::format("reduce_ {}{} over '{}'", name(reduction), scatter ? " with scatter" : "", dim);
-  if (scatter != (reduction == Reduction::Stack)) {
-    throw UsageError(fmt::format("{}: in place works for sum..bxor without scatter and for stack with scatter "
-                                 "(all_to_all); all_gather and reduce_scatter change the shape",
-                                 what));
-  }
-  // The out-of-place checks apply unchanged; then redefine this tensor's own ref.
-  auto ctl = lock(state_->controller);
-  MeshState& mesh = *mesh_;
-  const std::int64_t d = mesh.dim_index(dim);
-  const std::int64_t n = mesh.ranks.sizes()[static_cast<std::size_t>(d)];
-  const TensorMeta& in = state_->meta;
-  if (is_bitwise(reduction) && is_floating(in.dtype())) {
-    throw UsageError(fmt::format("{}: a bitwise reduction needs an integer or bool dtype, found {}", what,
-                                 name(in.dtype())));
-  }
-  if (scatter && (in.ndim() == 0 || in.shape()[0] != n)) {
-    throw UsageError(fmt::format("{}: scatter needs size(0) == {} (the size of dimension '{}'), found shape [{}]", what,
-                                 n, dim, fmt::join(in.shape(), ", ")));
-  }
-  if (!same_layout(*state_->home, mesh)) {
-    throw UsageError(fmt::format("{}: in place needs the tensor's whole mesh; this handle covers a slice of it", what));
-  }
-  use_tensor(*ctl, *state_, mesh, *state_->stream, true, what);
-  ctl->ensure_mesh(mesh);
-  ctl->ensure_stream(*state_->stream);
-  state_->node = ctl->make_node(0, what, where, {state_->node});
-  ctl->append(mesh.dests, protocol::Reduce{state_->ref, state_->ref, in, mesh.ref, state_->stream->ref, std::string(dim),
-                                           reduction, scatter, true});
-  return *this;
-});
+    if (!state_) throw UsageError("reduce_: an undefined DTensor");
+    const std::string what =
+        fmt::format("reduce_ {}{} over '{}'", name(reduction), scatter ? " with scatter" : "", dim);
+    if (scatter != (reduction == Reduction::Stack)) {
+      throw UsageError(
+          fmt::format("{}: in place works for sum..bxor without scatter and for stack with scatter "
+                      "(all_to_all); all_gather and reduce_scatter change the shape",
+                      what));
+    }
+    // The out-of-place checks apply unchanged; then redefine this tensor's own ref.
+    auto ctl = lock(state_->controller);
+    MeshState& mesh = *mesh_;
+    const std::int64_t d = mesh.dim_index(dim);
+    const std::int64_t n = mesh.ranks.sizes()[static_cast<std::size_t>(d)];
+    const TensorMeta& in = state_->meta;
+    if (is_bitwise(reduction) && is_floating(in.dtype())) {
+      throw UsageError(
+          fmt::format("{}: a bitwise reduction needs an integer or bool dtype, found {}", what, name(in.dtype())));
+    }
+    if (scatter && (in.ndim() == 0 || in.shape()[0] != n)) {
+      throw UsageError(fmt::format("{}: scatter needs size(0) == {} (the size of dimension '{}'), found shape [{}]",
+                                   what, n, dim, fmt::join(in.shape(), ", ")));
+    }
+    if (!same_layout(*state_->home, mesh)) {
+      throw UsageError(
+          fmt::format("{}: in place needs the tensor's whole mesh; this handle covers a slice of it", what));
+    }
+    use_tensor(*ctl, *state_, mesh, *state_->stream, true, what);
+    ctl->ensure_mesh(mesh);
+    ctl->ensure_stream(*state_->stream);
+    state_->node = ctl->make_node(0, what, where, {state_->node});
+    ctl->append(mesh.dests, protocol::Reduce{state_->ref, state_->ref, in, mesh.ref, state_->stream->ref,
+                                             std::string(dim), reduction, scatter, true});
+    return *this;
+  });
 }
 
 DTensor DTensor::to_mesh(const Mesh& target, std::source_location where) const {
   return at_site(where, [&] {
-  if (!state_) throw UsageError("to_mesh: an undefined DTensor");
-  auto ctl = lock(state_->controller);
-  const MeshState& from = *mesh_;
-  const MeshState& to = *target.state_;
-  ctl->check_epoch(to.epoch, "mesh");
-  if (from.ranks.sizes() != to.ranks.sizes()) {
-    throw UsageError(fmt::format("to_mesh: the meshes must have the same sizes; from [{}] to [{}]",
-                                 fmt::join(from.ranks.sizes(), ", "), fmt::join(to.ranks.sizes(), ", ")));
-  }
-  const std::string what = fmt::format("to_mesh [{}] -> [{}]", fmt::join(from.dests, ","), fmt::join(to.dests, ","));
-  use_tensor(*ctl, *state_, from, *state_->stream, false, what);
-  ctl->ensure_stream(*state_->stream);
-  auto result = new_tensor(*ctl, state_->meta, target.state_, state_->stream,
-                           ctl->make_node(0, what, where, {state_->node}));
-  std::vector<int> dests = from.dests;
-  dests.insert(dests.end(), to.dests.begin(), to.dests.end());
-  std::sort(dests.begin(), dests.end());
-  dests.erase(std::unique(dests.begin(), dests.end()), dests.end());
-  ctl->append(dests, protocol::SendTensor{result->ref, from.ranks, to.ranks, state_->ref, state_->meta,
-                                          state_->stream->ref});
-  return DTensor(result, target.state_);
-});
+    if (!state_) throw UsageError("to_mesh: an undefined DTensor");
+    auto ctl = lock(state_->controller);
+    const MeshState& from = *mesh_;
+    const MeshState& to = *target.state_;
+    ctl->check_epoch(to.epoch, "mesh");
+    if (from.ranks.sizes() != to.ranks.sizes()) {
+      throw UsageError(fmt::format("to_mesh: the meshes must have the same sizes; from [{}] to [{}]",
+                                   fmt::join(from.ranks.sizes(), ", "), fmt::join(to.ranks.sizes(), ", ")));
+    }
+    const std::string what = fmt::format("to_mesh [{}] -> [{}]", fmt::join(from.dests, ","), fmt::join(to.dests, ","));
+    use_tensor(*ctl, *state_, from, *state_->stream, false, what);
+    ctl->ensure_stream(*state_->stream);
+    auto result =
+        new_tensor(*ctl, state_->meta, target.state_, state_->stream, ctl->make_node(0, what, where, {state_->node}));
+    std::vector<int> dests = from.dests;
+    dests.insert(dests.end(), to.dests.begin(), to.dests.end());
+    std::sort(dests.begin(), dests.end());
+    dests.erase(std::unique(dests.begin(), dests.end()), dests.end());
+    ctl->append(
+        dests, protocol::SendTensor{result->ref, from.ranks, to.ranks, state_->ref, state_->meta, state_->stream->ref});
+    return DTensor(result, target.state_);
+  });
 }
 
 DTensor DTensor::slice_mesh(std::string_view dim, std::int64_t index) const {
@@ -294,33 +312,39 @@ DTensor DTensor::slice_mesh(std::string_view dim, std::int64_t index) const {
 
 void DTensor::drop(std::source_location where) {
   return at_site(where, [&] {
-  if (!state_) throw UsageError("drop: an undefined DTensor");
-  auto ctl = lock(state_->controller);
-  TensorState& b = *state_;
-  ctl->check_epoch(b.epoch, "tensor");
-  if (!b.origin) throw UsageError("drop: the tensor is not a borrow (only Stream::borrow results are dropped)");
-  if (b.dropped) throw UsageError("drop: the borrow was already dropped");
-  b.dropped = true;
-  TensorState& origin = *b.origin;
-  origin.active_borrows--;
-  if (b.borrow_mutable) {
-    origin.mutably_borrowed = false;
-    // The origin now holds what the borrower wrote.
-    origin.node = ctl->make_node(0, fmt::format("drop of borrow on stream '{}'", b.stream->name), where,
-                                 {origin.node, b.node});
-  }
-  ctl->append(b.home->dests, protocol::BorrowDrop{b.ref});
-});
+    if (!state_) throw UsageError("drop: an undefined DTensor");
+    auto ctl = lock(state_->controller);
+    TensorState& b = *state_;
+    ctl->check_epoch(b.epoch, "tensor");
+    if (!b.origin) throw UsageError("drop: the tensor is not a borrow (only Stream::borrow results are dropped)");
+    if (b.dropped) throw UsageError("drop: the borrow was already dropped");
+    b.dropped = true;
+    TensorState& origin = *b.origin;
+    origin.active_borrows--;
+    if (b.borrow_mutable) {
+      origin.mutably_borrowed = false;
+      // The origin now holds what the borrower wrote.
+      origin.node =
+          ctl->make_node(0, fmt::format("drop of borrow on stream '{}'", b.stream->name), where, {origin.node, b.node});
+    }
+    ctl->append(b.home->dests, protocol::BorrowDrop{b.ref});
+  });
 }
 
 // ------------------------------------------------------------------ Mesh
 
-const std::vector<std::string>& Mesh::names() const { return state_->names; }
-std::vector<std::int64_t> Mesh::sizes() const { return state_->ranks.sizes(); }
+const std::vector<std::string>& Mesh::names() const {
+  return state_->names;
+}
+std::vector<std::int64_t> Mesh::sizes() const {
+  return state_->ranks.sizes();
+}
 std::int64_t Mesh::size(std::string_view dim) const {
   return state_->ranks.sizes()[static_cast<std::size_t>(state_->dim_index(dim))];
 }
-const NDSlice& Mesh::ranks() const { return state_->ranks; }
+const NDSlice& Mesh::ranks() const {
+  return state_->ranks;
+}
 
 Mesh Mesh::slice(std::string_view dim, std::int64_t index) const {
   auto ctl = lock(state_->controller);
@@ -354,8 +378,8 @@ Mesh Mesh::split(std::string_view dim, std::vector<std::pair<std::string, std::i
     product *= s;
   }
   if (product != r.sizes()[d]) {
-    throw UsageError(fmt::format("split of '{}': the parts' sizes multiply to {}, expected {}", dim, product,
-                                 r.sizes()[d]));
+    throw UsageError(
+        fmt::format("split of '{}': the parts' sizes multiply to {}, expected {}", dim, product, r.sizes()[d]));
   }
   std::vector<std::string> names;
   std::vector<std::int64_t> sizes, strides;
@@ -395,9 +419,10 @@ Mesh Mesh::flatten(std::string name) const {
     expected = r.strides()[i] * r.sizes()[i];
   }
   if (!contiguous) {
-    throw UsageError(fmt::format("flatten: the mesh {} is not evenly strided in row-major order; only such meshes "
-                                 "flatten to one dimension",
-                                 r.to_string()));
+    throw UsageError(
+        fmt::format("flatten: the mesh {} is not evenly strided in row-major order; only such meshes "
+                    "flatten to one dimension",
+                    r.to_string()));
   }
   std::int64_t stride = 1;
   for (std::size_t i = r.ndim(); i-- > 0;) {
@@ -417,8 +442,8 @@ DTensor Mesh::rank(std::string_view dim, std::source_location where) const {
 DTensor Mesh::one(std::vector<DTensor> outputs) const {
   if (outputs.empty()) return DTensor();  // an in-place function: its effect is on its arguments
   if (outputs.size() != 1) {
-    throw UsageError(fmt::format("call: the function returns {} tensors; use call_n to get all of them",
-                                 outputs.size()));
+    throw UsageError(
+        fmt::format("call: the function returns {} tensors; use call_n to get all of them", outputs.size()));
   }
   return std::move(outputs.front());
 }
@@ -434,10 +459,11 @@ std::vector<DTensor> Mesh::call_n_impl(FunctionName fn, std::vector<Arg> args) c
   std::shared_ptr<StreamState> stream;
   for (const Arg& a : args) {
     for (const DTensor& t : a.tensors()) {
-      if (!stream) stream = t.state_->stream;
+      if (!stream)
+        stream = t.state_->stream;
       else if (stream != t.state_->stream) {
-        throw UsageError(fmt::format("{}: tensor arguments on streams '{}' and '{}'; borrow them onto one stream", fn.name,
-                                     stream->name, t.state_->stream->name));
+        throw UsageError(fmt::format("{}: tensor arguments on streams '{}' and '{}'; borrow them onto one stream",
+                                     fn.name, stream->name, t.state_->stream->name));
       }
     }
   }
@@ -473,8 +499,8 @@ std::vector<DTensor> Mesh::call_on_impl(const Stream& stream, FunctionName fn, s
   for (std::size_t pos : sig.mutates) {
     const Value& v = args[pos].value();
     if (!v.is_ref()) {
-      throw UsageError(fmt::format("{}: the shape function says argument {} is mutated, but it is not a tensor", fn.name,
-                                   pos));
+      throw UsageError(
+          fmt::format("{}: the shape function says argument {} is mutated, but it is not a tensor", fn.name, pos));
     }
     for (const DTensor& t : args[pos].tensors()) {
       mutates.push_back(t.state_->ref);
@@ -537,7 +563,9 @@ std::exception_ptr future_wait(FutureState& f, std::optional<std::chrono::durati
   return f.error;
 }
 
-const Value& future_value(const FutureState& f) { return *f.value; }
+const Value& future_value(const FutureState& f) {
+  return *f.value;
+}
 
 Tensor value_to_tensor(const Value& v) {
   if (!v.is_tensor()) throw UsageError(fmt::format("expected a tensor from the fetch, found {}", v.to_string()));
@@ -562,58 +590,62 @@ Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> di
   }
   const NDSlice& w = state_->worker_ranks;
   if (product != w.len()) {
-    throw UsageError(fmt::format("world_mesh: the sizes [{}] hold {} ranks, expected the {} worker ranks", fmt::join(sizes, ", "),
-                                 product, w.len()));
+    throw UsageError(fmt::format("world_mesh: the sizes [{}] hold {} ranks, expected the {} worker ranks",
+                                 fmt::join(sizes, ", "), product, w.len()));
   }
   return Mesh(make_mesh(*state_, std::move(names), NDSlice::row_major(std::move(sizes), w.offset())));
 }
 
-Stream Controller::stream(const std::string& name) { return Stream(state_->stream(name)); }
+Stream Controller::stream(const std::string& name) {
+  return Stream(state_->stream(name));
+}
 
-Stream Controller::default_stream() { return stream("default"); }
+Stream Controller::default_stream() {
+  return stream("default");
+}
 
 Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<std::string, std::int64_t>> coords,
                                        std::optional<std::string> preprocess, std::source_location where) {
   return at_site(where, [&] {
-  if (!t.state_) throw UsageError("fetch_shard: an undefined DTensor");
-  ControllerState& ctl = *state_;
-  const MeshState& mesh = *t.mesh_;
-  std::vector<std::int64_t> at(mesh.names.size(), -1);
-  for (const auto& [dim, index] : coords) {
-    const auto d = static_cast<std::size_t>(mesh.dim_index(dim));
-    if (at[d] != -1) throw UsageError(fmt::format("fetch_shard: dimension '{}' given twice", dim));
-    if (index < 0 || index >= mesh.ranks.sizes()[d]) {
-      throw UsageError(fmt::format("fetch_shard: coordinate {} of dimension '{}' is outside the mesh (size {})", index,
-                                   dim, mesh.ranks.sizes()[d]));
+    if (!t.state_) throw UsageError("fetch_shard: an undefined DTensor");
+    ControllerState& ctl = *state_;
+    const MeshState& mesh = *t.mesh_;
+    std::vector<std::int64_t> at(mesh.names.size(), -1);
+    for (const auto& [dim, index] : coords) {
+      const auto d = static_cast<std::size_t>(mesh.dim_index(dim));
+      if (at[d] != -1) throw UsageError(fmt::format("fetch_shard: dimension '{}' given twice", dim));
+      if (index < 0 || index >= mesh.ranks.sizes()[d]) {
+        throw UsageError(fmt::format("fetch_shard: coordinate {} of dimension '{}' is outside the mesh (size {})",
+                                     index, dim, mesh.ranks.sizes()[d]));
+      }
+      at[d] = index;
     }
-    at[d] = index;
-  }
-  for (std::size_t d = 0; d < at.size(); ++d) {
-    if (at[d] == -1) {
-      if (mesh.ranks.sizes()[d] == 1) {
-        at[d] = 0;
-      } else {
-        throw UsageError(fmt::format("fetch_shard: no coordinate for dimension '{}' (size {}); the mesh has [{}]",
-                                     mesh.names[d], mesh.ranks.sizes()[d], fmt::join(mesh.names, ", ")));
+    for (std::size_t d = 0; d < at.size(); ++d) {
+      if (at[d] == -1) {
+        if (mesh.ranks.sizes()[d] == 1) {
+          at[d] = 0;
+        } else {
+          throw UsageError(fmt::format("fetch_shard: no coordinate for dimension '{}' (size {}); the mesh has [{}]",
+                                       mesh.names[d], mesh.ranks.sizes()[d], fmt::join(mesh.names, ", ")));
+        }
       }
     }
-  }
-  if (preprocess) functions::lookup(*preprocess);
-  const int rank = static_cast<int>(mesh.ranks.location(at));
-  use_tensor(ctl, *t.state_, mesh, *t.state_->stream, false, "fetch_shard");
-  ctl.ensure_stream(*t.state_->stream);
-  const protocol::Ident ident = ctl.new_ident();
-  auto f = std::make_shared<detail::FutureState>();
-  f->controller = state_;
-  f->ident = ident;
-  f->rank = rank;
-  f->node = ctl.make_node(ident, fmt::format("fetch from rank {}{}", rank, preprocess ? " via " + *preprocess : ""), where,
-                          {t.state_->node});
-  ctl.fetches[ident] = f;
-  ctl.append({rank}, protocol::FetchValue{ident, {}, preprocess, Value(t.state_->ref), t.state_->stream->ref}, ident);
-  ctl.flush();
-  return Future<Tensor>(f);
-});
+    if (preprocess) functions::lookup(*preprocess);
+    const int rank = static_cast<int>(mesh.ranks.location(at));
+    use_tensor(ctl, *t.state_, mesh, *t.state_->stream, false, "fetch_shard");
+    ctl.ensure_stream(*t.state_->stream);
+    const protocol::Ident ident = ctl.new_ident();
+    auto f = std::make_shared<detail::FutureState>();
+    f->controller = state_;
+    f->ident = ident;
+    f->rank = rank;
+    f->node = ctl.make_node(ident, fmt::format("fetch from rank {}{}", rank, preprocess ? " via " + *preprocess : ""),
+                            where, {t.state_->node});
+    ctl.fetches[ident] = f;
+    ctl.append({rank}, protocol::FetchValue{ident, {}, preprocess, Value(t.state_->ref), t.state_->stream->ref}, ident);
+    ctl.flush();
+    return Future<Tensor>(f);
+  });
 }
 
 void Controller::synchronize() {
@@ -630,10 +662,10 @@ void Controller::synchronize() {
     f.observed = true;
     if (!first) {
       const std::vector<int> ranks(f.ranks.begin(), f.ranks.end());
-      first = std::make_exception_ptr(RemoteError(
-          fmt::format("{} failed on rank{} {} (invocation {}): {}", f.function, ranks.size() == 1 ? "" : "s",
-                      fmt::join(ranks, ", "), i, f.message),
-          i, f.function, ranks, f.message, ""));
+      first = std::make_exception_ptr(
+          RemoteError(fmt::format("{} failed on rank{} {} (invocation {}): {}", f.function,
+                                  ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "), i, f.message),
+                      i, f.function, ranks, f.message, ""));
     } else {
       ++more;
     }
@@ -695,10 +727,16 @@ std::string Controller::dump_flight_recorder() {
   return out;
 }
 
-void Controller::abort(const std::string& reason) { state_->abort_job(reason); }
+void Controller::abort(const std::string& reason) {
+  state_->abort_job(reason);
+}
 
-int Controller::world_size() const { return state_->world_size; }
-const NDSlice& Controller::worker_ranks() const { return state_->worker_ranks; }
+int Controller::world_size() const {
+  return state_->world_size;
+}
+const NDSlice& Controller::worker_ranks() const {
+  return state_->worker_ranks;
+}
 std::uint64_t Controller::live_values(int rank) const {
   auto it = state_->workers.find(rank);
   if (it == state_->workers.end()) throw UsageError(fmt::format("live_values: rank {} runs no worker", rank));

@@ -27,7 +27,9 @@ std::vector<int> to_dests(const NDSlice& slice) {
   return out;
 }
 
-std::string Node::issued_at() const { return describe(where); }
+std::string Node::issued_at() const {
+  return describe(where);
+}
 
 std::string ControllerState::describe_ident(Ident ident) const {
   auto it = ident_what.find(ident);
@@ -40,7 +42,8 @@ std::int64_t MeshState::dim_index(std::string_view dim) const {
   for (std::size_t i = 0; i < names.size(); ++i) {
     if (names[i] == dim) return static_cast<std::int64_t>(i);
   }
-  throw UsageError(fmt::format("unknown mesh dimension '{}': the mesh has dimensions [{}]", dim, fmt::join(names, ", ")));
+  throw UsageError(
+      fmt::format("unknown mesh dimension '{}': the mesh has dimensions [{}]", dim, fmt::join(names, ", ")));
 }
 
 TensorState::~TensorState() {
@@ -120,8 +123,10 @@ void ControllerState::prune() {
     const bool failed = n->ident != 0 && failures.count(n->ident) > 0;
     bool inputs_settled = true, inputs_poisoned = false;
     for (const auto& in : n->inputs) {
-      if (in->poisoned) inputs_poisoned = true;
-      else if (!in->clean) inputs_settled = false;
+      if (in->poisoned)
+        inputs_poisoned = true;
+      else if (!in->clean)
+        inputs_settled = false;
     }
     if (failed || inputs_poisoned) {
       n->poisoned = true;
@@ -181,7 +186,8 @@ void ControllerState::append(const std::vector<int>& dests, protocol::Command c,
   if (ident != 0) {
     for (int r : dests) workers[r].outstanding.push_back(ident);
   }
-  if (batch.size() >= batch_limit || std::chrono::steady_clock::now() - batch_started > batch_time_limit) flush_locked();
+  if (batch.size() >= batch_limit || std::chrono::steady_clock::now() - batch_started > batch_time_limit)
+    flush_locked();
   lock.unlock();
   if (pending_delete_count > 4096) flush_deferred();
 }
@@ -232,8 +238,10 @@ void ControllerState::poll_replies() {
           } else if constexpr (std::is_same_v<R, protocol::RemoteFunctionFailed>) {
             // A worker reports a failure when the invocation ends, and runs in order.
             // Ident 0 is a failure outside any invocation (kept for synchronize).
-            if (r.ident != 0) completed(r.ident + 1);
-            else MESHRT_LOG(error) << "rank " << r.rank << ": " << r.error;
+            if (r.ident != 0)
+              completed(r.ident + 1);
+            else
+              MESHRT_LOG(error) << "rank " << r.rank << ": " << r.error;
             Failure& f = failures[r.ident];
             f.function = r.function;
             f.message = r.error;
@@ -367,9 +375,9 @@ std::exception_ptr ControllerState::failure_of(const std::shared_ptr<Node>& root
   Failure& f = failures.at(cause->ident);
   f.observed = true;
   const std::vector<int> ranks(f.ranks.begin(), f.ranks.end());
-  std::string head = fmt::format("{} failed on rank{} {} (invocation {}, issued at {}): {}", f.function,
-                                 ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "), cause->ident, cause->issued_at(),
-                                 f.message);
+  std::string head =
+      fmt::format("{} failed on rank{} {} (invocation {}, issued at {}): {}", f.function, ranks.size() == 1 ? "" : "s",
+                  fmt::join(ranks, ", "), cause->ident, cause->issued_at(), f.message);
   std::string text;
   if (cause == root.get()) {
     text = head;
@@ -397,7 +405,8 @@ std::map<int, nlohmann::json> ControllerState::query(nlohmann::json request, std
   const auto* bytes = reinterpret_cast<const std::byte*>(text.data());
   channel.send(all_dests, kQueryTag, std::make_shared<Bytes>(bytes, bytes + text.size()));
   std::map<int, nlohmann::json> answers;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);
   Bytes rx;
   int from = -1;
   Backoff backoff;
@@ -442,7 +451,8 @@ std::string ControllerState::desync_report(const std::string& what) {
   for (int rank : all_dests) {
     auto it = states.find(rank);
     if (it == states.end()) {
-      out += fmt::format("  {:>5}  no answer within {:.3g} s (the process may be stopped or gone)\n", rank, wait.count());
+      out +=
+          fmt::format("  {:>5}  no answer within {:.3g} s (the process may be stopped or gone)\n", rank, wait.count());
       continue;
     }
     const nlohmann::json& st = it->second;
@@ -468,9 +478,9 @@ std::string ControllerState::desync_report(const std::string& what) {
         if (p != rank && current_result(p) != result) waiting.push_back(p);
       }
     }
-    if (!waiting.empty()) cmd += fmt::format("; waiting for rank{} {} to join", waiting.size() == 1 ? "" : "s", fmt::join(waiting, ", "));
-    out += fmt::format("  {:>5}  {:>11}  {:>7.3f} s  {}\n", rank, done_before(st),
-                       cur.value("seconds", 0.0), cmd);
+    if (!waiting.empty())
+      cmd += fmt::format("; waiting for rank{} {} to join", waiting.size() == 1 ? "" : "s", fmt::join(waiting, ", "));
+    out += fmt::format("  {:>5}  {:>11}  {:>7.3f} s  {}\n", rank, done_before(st), cur.value("seconds", 0.0), cmd);
   }
   return out;
 }

@@ -1,18 +1,18 @@
 // The controller's internal state (shared by controller.cpp and runtime.cpp).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <atomic>
 #include <deque>
-#include <mutex>
-#include <thread>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <source_location>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -97,9 +97,9 @@ struct FutureState {
 };
 
 struct WorkerTrack {
-  Ident reported = 0;               // latest first_uncompleted_ident
-  std::deque<Ident> outstanding;    // idents sent to it, not yet reported complete
-  Ident status_requested = 0;       // the highest RequestStatus sent to it
+  Ident reported = 0;             // latest first_uncompleted_ident
+  std::deque<Ident> outstanding;  // idents sent to it, not yet reported complete
+  Ident status_requested = 0;     // the highest RequestStatus sent to it
   std::uint64_t live_values = 0;
 };
 

@@ -48,14 +48,22 @@ using Seconds = std::chrono::duration<double>;
 
 // One tag pair per operation kind, so a send can never be taken for a broadcast.
 enum class Kind : std::uint8_t { Send = 1, Broadcast = 2, AllGather = 3, Barrier = 4 };
-constexpr int header_tag(Kind k) { return 2 * static_cast<int>(k) - 1; }
-constexpr int chunk_tag(Kind k) { return 2 * static_cast<int>(k); }
+constexpr int header_tag(Kind k) {
+  return 2 * static_cast<int>(k) - 1;
+}
+constexpr int chunk_tag(Kind k) {
+  return 2 * static_cast<int>(k);
+}
 constexpr const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::Send: return "send_obj/recv_obj";
-    case Kind::Broadcast: return "broadcast_obj";
-    case Kind::AllGather: return "all_gather_obj";
-    case Kind::Barrier: return "barrier";
+    case Kind::Send:
+      return "send_obj/recv_obj";
+    case Kind::Broadcast:
+      return "broadcast_obj";
+    case Kind::AllGather:
+      return "all_gather_obj";
+    case Kind::Barrier:
+      return "barrier";
   }
   return "?";
 }
@@ -137,8 +145,8 @@ class Backoff {
       std::this_thread::yield();
       return;
     }
-    std::this_thread::sleep_for(std::clamp<Clock::duration>(waited / 8, std::chrono::microseconds(20),
-                                                            std::chrono::milliseconds(1)));
+    std::this_thread::sleep_for(
+        std::clamp<Clock::duration>(waited / 8, std::chrono::microseconds(20), std::chrono::milliseconds(1)));
   }
 
  private:
@@ -147,7 +155,9 @@ class Backoff {
   int polls_ = 0;
 };
 
-std::string int_list(const std::vector<int>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); }
+std::string int_list(const std::vector<int>& v) {
+  return fmt::format("[{}]", fmt::join(v, ", "));
+}
 
 }  // namespace
 
@@ -167,8 +177,8 @@ void serialize_failed(const TypeTag& tag, const char* what) {
 }
 
 void deserialize_failed(const TypeTag& tag, std::size_t size, const char* what, const std::string& where) {
-  throw ProtocolError(fmt::format("{}: the {}-byte payload does not decode as {} (tag matched): {}", where, size,
-                                  tag.name, what));
+  throw ProtocolError(
+      fmt::format("{}: the {}-byte payload does not decode as {} (tag matched): {}", where, size, tag.name, what));
 }
 
 }  // namespace detail
@@ -180,17 +190,17 @@ struct StatelessGroup::Impl {
   std::vector<int> parent_ranks;
   Seconds timeout{};
   std::size_t chunk = 0;
-  MPI_Comm inter = MPI_COMM_NULL;  // cross-job groups: the intercommunicator `comm` was merged from
-  std::string unusable_after;  // why the group broke ("a timeout in barrier"); empty: usable
+  MPI_Comm inter = MPI_COMM_NULL;      // cross-job groups: the intercommunicator `comm` was merged from
+  std::string unusable_after;          // why the group broke ("a timeout in barrier"); empty: usable
   std::array<std::uint64_t, 5> seq{};  // per Kind
   // Buffers reused across calls. MPI may still read a pending send's buffer after a
   // timeout (Open MPI cannot cancel sends), so a breaking timeout abandons them: leaked
   // on purpose, never freed under MPI's feet.
   struct Buffers {
-    std::string scratch;                 // serialization buffer
-    std::string first;                   // the first message being sent
+    std::string scratch;                   // serialization buffer
+    std::string first;                     // the first message being sent
     std::vector<std::vector<char>> inbox;  // per peer: its first message, received in place (kFirstMax)
-    std::vector<std::uint64_t> tokens;   // barrier: [0] sent, [1 + p] from peer p
+    std::vector<std::uint64_t> tokens;     // barrier: [0] sent, [1 + p] from peer p
   };
   std::unique_ptr<Buffers> buf = std::make_unique<Buffers>();
   std::size_t max_object = physical_memory();
@@ -240,14 +250,14 @@ struct StatelessGroup::Impl {
   void check_usable(const char* op) const {
     if (comm == MPI_COMM_NULL) throw UsageError(fmt::format("{}: the group has been disconnected or moved from", op));
     if (!unusable_after.empty()) {
-      throw UsageError(fmt::format("{} on {}: group is unusable after {}; create a new group", op, me(),
-                                   unusable_after));
+      throw UsageError(
+          fmt::format("{} on {}: group is unusable after {}; create a new group", op, me(), unusable_after));
     }
   }
   void check_peer(const char* op, int r, const char* role) const {
     if (r < 0 || r >= size) {
-      throw UsageError(fmt::format("{} on {}: {} rank {} is not a group rank (expected 0..{})", op, me(), role, r,
-                                   size - 1));
+      throw UsageError(
+          fmt::format("{} on {}: {} rank {} is not a group rank (expected 0..{})", op, me(), role, r, size - 1));
     }
   }
   Clock::time_point deadline(const Timeout& t) const { return deadline_after(t ? *t : timeout); }
@@ -287,8 +297,8 @@ struct StatelessGroup::Impl {
     idx.resize(reqs.size());
     for (;;) {
       int outcount = 0;
-      MESHRT_MPI_CHECK(MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &outcount, idx.data(),
-                                    MPI_STATUSES_IGNORE));
+      MESHRT_MPI_CHECK(
+          MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &outcount, idx.data(), MPI_STATUSES_IGNORE));
       if (outcount == MPI_UNDEFINED) return true;  // no active request left
       if (outcount > 0) {
         backoff.reset();  // data is moving: keep polling closely
@@ -357,9 +367,10 @@ struct StatelessGroup::Impl {
   }
 
   [[noreturn]] void first_failed(const char* op, int src, int rc) const {
-    throw ProtocolError(fmt::format("{}: receiving the first message failed ({}): larger than any group message "
-                                    "(at most {} bytes), so not sent by a StatelessGroup",
-                                    where(op, src), detail::mpi_error_string(rc), kFirstMax));
+    throw ProtocolError(
+        fmt::format("{}: receiving the first message failed ({}): larger than any group message "
+                    "(at most {} bytes), so not sent by a StatelessGroup",
+                    where(op, src), detail::mpi_error_string(rc), kFirstMax));
   }
 
   // Receives the first message of an operation from `src` into its inbox: its size, or
@@ -460,16 +471,18 @@ struct StatelessGroup::Impl {
     const char* data = buf->inbox[static_cast<std::size_t>(src)].data();
     const auto n = static_cast<std::size_t>(bytes);
     if (n < sizeof(WireHeader)) {
-      throw ProtocolError(fmt::format("{}: expected a message of at least the {}-byte group header, found {} bytes "
-                                      "(truncated, or not sent by a StatelessGroup)",
-                                      where(op, src), sizeof(WireHeader), n));
+      throw ProtocolError(
+          fmt::format("{}: expected a message of at least the {}-byte group header, found {} bytes "
+                      "(truncated, or not sent by a StatelessGroup)",
+                      where(op, src), sizeof(WireHeader), n));
     }
     WireHeader h;
     std::memcpy(&h, data, sizeof h);
     if (h.magic != kMagic || h.version != kVersion) {
-      throw ProtocolError(fmt::format("{}: expected group header magic {:#x} version {}, found {:#x} version {} "
-                                      "(garbage, or not sent by a StatelessGroup)",
-                                      where(op, src), kMagic, kVersion, h.magic, h.version));
+      throw ProtocolError(
+          fmt::format("{}: expected group header magic {:#x} version {}, found {:#x} version {} "
+                      "(garbage, or not sent by a StatelessGroup)",
+                      where(op, src), kMagic, kVersion, h.magic, h.version));
     }
     if (h.kind != static_cast<std::uint8_t>(kind) || h.sender != src) {
       // Relayed broadcasts carry the relaying rank as sender, so this holds for them too.
@@ -477,9 +490,10 @@ struct StatelessGroup::Impl {
                                       where(op, src), kind_name(kind), src, h.kind, h.sender));
     }
     if (h.name_len > kMaxTypeName || h.inline_bytes > kInlineMax || n != sizeof h + h.name_len + h.inline_bytes) {
-      throw ProtocolError(fmt::format("{}: header declares {} + {} name + {} payload bytes, found a {}-byte message "
-                                      "(truncated or corrupt)",
-                                      where(op, src), sizeof h, h.name_len, h.inline_bytes, n));
+      throw ProtocolError(
+          fmt::format("{}: header declares {} + {} name + {} payload bytes, found a {}-byte message "
+                      "(truncated or corrupt)",
+                      where(op, src), sizeof h, h.name_len, h.inline_bytes, n));
     }
     const std::string_view their_name(data + sizeof h, h.name_len);
     if (h.type_hash != type.hash || their_name != type.name || h.raw != (raw ? 1 : 0)) {
@@ -487,18 +501,20 @@ struct StatelessGroup::Impl {
                                    where(op, src), type.name, type.hash, their_name, h.type_hash));
     }
     if (root >= 0 && (h.seq != my_seq || h.root != root)) {
-      throw ProtocolError(fmt::format("{}: mismatched collective: expected {} #{} with root {}, found #{} with root {} "
-                                      "(the members did not make the same calls in the same order)",
-                                      where(op, src), kind_name(kind), my_seq, root, h.seq, h.root));
+      throw ProtocolError(
+          fmt::format("{}: mismatched collective: expected {} #{} with root {}, found #{} with root {} "
+                      "(the members did not make the same calls in the same order)",
+                      where(op, src), kind_name(kind), my_seq, root, h.seq, h.root));
     }
     if (h.inline_bytes != h.total && (h.inline_bytes != 0 || h.chunk == 0 || h.chunk > INT32_MAX)) {
       throw ProtocolError(fmt::format("{}: header declares {} payload bytes, {} inline, chunks of {}: inconsistent",
                                       where(op, src), h.total, h.inline_bytes, h.chunk));
     }
     if (h.total > max_object) {
-      throw ProtocolError(fmt::format("{}: header declares a {}-byte object, more than this machine's {} bytes of "
-                                      "memory (corrupt header)",
-                                      where(op, src), h.total, max_object));
+      throw ProtocolError(
+          fmt::format("{}: header declares a {}-byte object, more than this machine's {} bytes of "
+                      "memory (corrupt header)",
+                      where(op, src), h.total, max_object));
     }
     return h;
   }
@@ -582,7 +598,8 @@ struct StatelessGroup::Impl {
   void check_chunk(const char* op, std::size_t i, const MPI_Status& st, int rc) {
     const int src = chunk_owner[i];
     if (rc != MPI_SUCCESS) {
-      chunk_failed(op, src, i, fmt::format("{} bytes expected, failed: {}", chunk_len[i], detail::mpi_error_string(rc)));
+      chunk_failed(op, src, i,
+                   fmt::format("{} bytes expected, failed: {}", chunk_len[i], detail::mpi_error_string(rc)));
     }
     int got = 0;
     MPI_Get_count(&st, MPI_BYTE, &got);
@@ -614,8 +631,8 @@ struct StatelessGroup::Impl {
       check_chunk(op, i, st, MPI_SUCCESS);
       for (int dst : forward) {
         MPI_Request r = MPI_REQUEST_NULL;
-        MESHRT_MPI_CHECK(MPI_Isend(out + i * chunk_size, static_cast<int>(chunk_len[i]), MPI_BYTE, dst,
-                                   chunk_tag(kind), comm, &r));
+        MESHRT_MPI_CHECK(
+            MPI_Isend(out + i * chunk_size, static_cast<int>(chunk_len[i]), MPI_BYTE, dst, chunk_tag(kind), comm, &r));
         sends.push_back(r);
         send_owner.push_back(dst);
       }
@@ -632,8 +649,8 @@ struct StatelessGroup::Impl {
     statuses.resize(chunks.size());
     for (;;) {
       int outcount = 0;
-      const int rc = MPI_Testsome(static_cast<int>(chunks.size()), chunks.data(), &outcount, idx.data(),
-                                  statuses.data());
+      const int rc =
+          MPI_Testsome(static_cast<int>(chunks.size()), chunks.data(), &outcount, idx.data(), statuses.data());
       if (outcount == MPI_UNDEFINED) return true;
       if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
         chunk_failed(op, chunk_owner[0], 0, detail::mpi_error_string(rc));
@@ -666,8 +683,8 @@ struct StatelessGroup::Impl {
   void post_sends(Kind kind, std::span<const char> payload, std::span<const int> dsts) {
     for (int dst : dsts) {
       MPI_Request r = MPI_REQUEST_NULL;
-      MESHRT_MPI_CHECK(MPI_Isend(buf->first.data(), static_cast<int>(buf->first.size()), MPI_BYTE, dst,
-                                 header_tag(kind), comm, &r));
+      MESHRT_MPI_CHECK(
+          MPI_Isend(buf->first.data(), static_cast<int>(buf->first.size()), MPI_BYTE, dst, header_tag(kind), comm, &r));
       sends.push_back(r);
       post_chunk_sends(kind, payload, dst, sends);
       send_owner.resize(sends.size(), dst);
@@ -699,7 +716,8 @@ namespace {
 
 Seconds option_timeout(const GroupOptions& o) {
   if (o.timeout) {
-    if (o.timeout->count() < 0) throw UsageError(fmt::format("GroupOptions::timeout: expected >= 0 s, found {} s", o.timeout->count()));
+    if (o.timeout->count() < 0)
+      throw UsageError(fmt::format("GroupOptions::timeout: expected >= 0 s, found {} s", o.timeout->count()));
     return o.timeout->count() == 0 ? Seconds::max() : *o.timeout;
   }
   return settings::get_seconds("MESHRT_GROUP_TIMEOUT");
@@ -738,14 +756,16 @@ StatelessGroup StatelessGroup::create(const std::vector<int>& members, MPI_Comm 
   std::sort(sorted.begin(), sorted.end());
   if (members.empty() || sorted.front() < 0 || sorted.back() >= parent_size ||
       std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
-    throw UsageError(fmt::format("StatelessGroup::create on parent rank {}: expected distinct parent ranks in 0..{}, "
-                                 "found {}",
-                                 parent_rank, parent_size - 1, int_list(members)));
+    throw UsageError(
+        fmt::format("StatelessGroup::create on parent rank {}: expected distinct parent ranks in 0..{}, "
+                    "found {}",
+                    parent_rank, parent_size - 1, int_list(members)));
   }
   if (!std::binary_search(sorted.begin(), sorted.end(), parent_rank)) {
-    throw UsageError(fmt::format("StatelessGroup::create on parent rank {}: only members call it, and {} does not "
-                                 "contain this rank",
-                                 parent_rank, int_list(members)));
+    throw UsageError(
+        fmt::format("StatelessGroup::create on parent rank {}: only members call it, and {} does not "
+                    "contain this rank",
+                    parent_rank, int_list(members)));
   }
   MPI_Group parent_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
   MESHRT_MPI_CHECK(MPI_Comm_group(parent, &parent_group));
@@ -763,8 +783,9 @@ StatelessGroup StatelessGroup::from_comm(MPI_Comm comm, const GroupOptions& opti
   int inter = 0;
   MESHRT_MPI_CHECK(MPI_Comm_test_inter(comm, &inter));
   if (inter) {
-    throw UsageError("StatelessGroup::from_comm: expected an intracommunicator, found an intercommunicator "
-                     "(merge it with MPI_Intercomm_merge first)");
+    throw UsageError(
+        "StatelessGroup::from_comm: expected an intracommunicator, found an intercommunicator "
+        "(merge it with MPI_Intercomm_merge first)");
   }
   MPI_Comm dup = MPI_COMM_NULL;
   MESHRT_MPI_CHECK(MPI_Comm_dup(comm, &dup));
@@ -798,9 +819,10 @@ std::string read_port(const std::string& where, Seconds timeout) {
   if (where.rfind("env:", 0) == 0) {
     const char* v = std::getenv(where.substr(4).c_str());
     if (v == nullptr || *v == '\0') {
-      throw UsageError(fmt::format("StatelessGroup::connect: expected an MPI port name in environment variable {}, "
-                                   "found it unset or empty",
-                                   where.substr(4)));
+      throw UsageError(
+          fmt::format("StatelessGroup::connect: expected an MPI port name in environment variable {}, "
+                      "found it unset or empty",
+                      where.substr(4)));
     }
     return v;
   }
@@ -810,9 +832,10 @@ std::string read_port(const std::string& where, Seconds timeout) {
     std::string line;
     if (in && std::getline(in, line) && !line.empty()) return line;
     if (Clock::now() >= dl) {
-      throw TimeoutError(fmt::format("StatelessGroup::connect: the port file {} did not appear within {} s (is the "
-                                     "accepting job running, and started with the same --ompi-server?)",
-                                     where, timeout.count()));
+      throw TimeoutError(
+          fmt::format("StatelessGroup::connect: the port file {} did not appear within {} s (is the "
+                      "accepting job running, and started with the same --ompi-server?)",
+                      where, timeout.count()));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -900,18 +923,34 @@ StatelessGroup StatelessGroup::join(bool accepting, const std::string& where, MP
 
 // ---- accessors ----------------------------------------------------------------------
 
-int StatelessGroup::rank() const { return impl_->rank; }
-int StatelessGroup::world_size() const { return impl_->size; }
+int StatelessGroup::rank() const {
+  return impl_->rank;
+}
+int StatelessGroup::world_size() const {
+  return impl_->size;
+}
 int StatelessGroup::parent_rank(int i) const {
   impl_->check_peer("parent_rank", i, "group");
   return impl_->parent_ranks[static_cast<std::size_t>(i)];
 }
-std::vector<int> StatelessGroup::members() const { return impl_->parent_ranks; }
-bool StatelessGroup::usable() const { return impl_ && impl_->comm != MPI_COMM_NULL && impl_->unusable_after.empty(); }
-MPI_Comm StatelessGroup::comm() const { return impl_->comm; }
-std::chrono::duration<double> StatelessGroup::default_timeout() const { return impl_->timeout; }
-std::size_t StatelessGroup::chunk_bytes() const { return impl_->chunk; }
-std::string& StatelessGroup::scratch() { return impl_->buf->scratch; }
+std::vector<int> StatelessGroup::members() const {
+  return impl_->parent_ranks;
+}
+bool StatelessGroup::usable() const {
+  return impl_ && impl_->comm != MPI_COMM_NULL && impl_->unusable_after.empty();
+}
+MPI_Comm StatelessGroup::comm() const {
+  return impl_->comm;
+}
+std::chrono::duration<double> StatelessGroup::default_timeout() const {
+  return impl_->timeout;
+}
+std::size_t StatelessGroup::chunk_bytes() const {
+  return impl_->chunk;
+}
+std::string& StatelessGroup::scratch() {
+  return impl_->buf->scratch;
+}
 void StatelessGroup::disconnect() {
   if (impl_) impl_->release();
 }
@@ -932,8 +971,8 @@ void StatelessGroup::send_bytes(const detail::TypeTag& type, bool raw, std::span
   const int dsts[] = {dst};
   g.post_sends(Kind::Send, payload, dsts);
   if (!g.wait_all(g.sends, g.dl_, payload.size())) {
-    g.timed_out("send_obj", timeout,
-                fmt::format("{} has not received the {}-byte object", g.peer(dst), payload.size()), {dst}, true);
+    g.timed_out("send_obj", timeout, fmt::format("{} has not received the {}-byte object", g.peer(dst), payload.size()),
+                {dst}, true);
   }
 }
 
@@ -1022,10 +1061,10 @@ void StatelessGroup::broadcast_bytes(const detail::TypeTag& type, bool raw, std:
     char* out = nullptr;
     if (!g.start_payload("broadcast_obj", Kind::Broadcast, h, parent, sink, g.dl_, &out) ||
         !g.finish_payload_in_order("broadcast_obj", Kind::Broadcast, out, h.chunk, children, h.total)) {
-      g.timed_out("broadcast_obj", timeout,
-                  fmt::format("the header of a {}-byte object from {} arrived, its chunks did not", h.total,
-                              g.peer(parent)),
-                  {parent}, true);
+      g.timed_out(
+          "broadcast_obj", timeout,
+          fmt::format("the header of a {}-byte object from {} arrived, its chunks did not", h.total, g.peer(parent)),
+          {parent}, true);
     }
   }
   if (!g.wait_all(g.sends, g.dl_, total * nchildren)) {
@@ -1071,8 +1110,8 @@ void StatelessGroup::all_gather_bytes(const detail::TypeTag& type, bool raw, std
     std::size_t left = g.recvs.size();
     while (left > 0) {
       int outcount = 0;
-      const int rc = MPI_Testsome(static_cast<int>(g.recvs.size()), g.recvs.data(), &outcount, g.idx.data(),
-                                  g.statuses.data());
+      const int rc =
+          MPI_Testsome(static_cast<int>(g.recvs.size()), g.recvs.data(), &outcount, g.idx.data(), g.statuses.data());
       if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) MESHRT_MPI_CHECK(rc);
       if (outcount == MPI_UNDEFINED) break;
       for (int k = 0; k < outcount; ++k) {
@@ -1084,10 +1123,10 @@ void StatelessGroup::all_gather_bytes(const detail::TypeTag& type, bool raw, std
         MPI_Get_count(&st, MPI_BYTE, &bytes);
         const WireHeader h = g.check_first(op, Kind::AllGather, type, raw, p, p, seq, bytes);
         if (!g.start_payload(op, Kind::AllGather, h, p, *sinks[static_cast<std::size_t>(p)], g.dl_)) {
-          g.timed_out(op, timeout,
-                      fmt::format("the header of a {}-byte part from {} arrived, its chunks did not", h.total,
-                                  g.peer(p)),
-                      {p}, true);
+          g.timed_out(
+              op, timeout,
+              fmt::format("the header of a {}-byte part from {} arrived, its chunks did not", h.total, g.peer(p)), {p},
+              true);
         }
         expected += static_cast<std::size_t>(h.total);
         --left;
@@ -1168,9 +1207,10 @@ void StatelessGroup::barrier(Timeout timeout) {
     const std::uint64_t got = tokens[static_cast<std::size_t>(p) + 1];
     if (p != g.rank && got != seq) {
       g.break_group("a mismatched barrier");
-      throw ProtocolError(fmt::format("barrier on {}: expected barrier #{} from {}, found #{} (the members did not "
-                                      "make the same calls in the same order)",
-                                      g.me(), seq, g.peer(p), got));
+      throw ProtocolError(
+          fmt::format("barrier on {}: expected barrier #{} from {}, found #{} (the members did not "
+                      "make the same calls in the same order)",
+                      g.me(), seq, g.peer(p), got));
     }
   }
 }

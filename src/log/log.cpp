@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <boost/core/null_deleter.hpp>
 #include <boost/log/attributes/constant.hpp>
 #include <boost/log/core.hpp>
 #include <boost/log/expressions.hpp>
@@ -10,7 +11,6 @@
 #include <boost/log/sources/record_ostream.hpp>
 #include <boost/log/sources/severity_logger.hpp>
 #include <boost/log/utility/setup/common_attributes.hpp>
-#include <boost/core/null_deleter.hpp>
 #include <boost/make_shared.hpp>
 
 #include <algorithm>
@@ -72,26 +72,40 @@ Level parse_level(std::string_view text) {
     if (to_string(static_cast<Level>(l)) == t) return static_cast<Level>(l);
   }
   if (t == "warn") return Level::warning;
-  throw UsageError(fmt::format("log level: expected one of trace, debug, info, warning, error, fatal, off; found \"{}\"", text));
+  throw UsageError(
+      fmt::format("log level: expected one of trace, debug, info, warning, error, fatal, off; found \"{}\"", text));
 }
 
 std::string_view to_string(Level level) {
   switch (level) {
-    case Level::trace: return "trace";
-    case Level::debug: return "debug";
-    case Level::info: return "info";
-    case Level::warning: return "warning";
-    case Level::error: return "error";
-    case Level::fatal: return "fatal";
-    case Level::off: return "off";
+    case Level::trace:
+      return "trace";
+    case Level::debug:
+      return "debug";
+    case Level::info:
+      return "info";
+    case Level::warning:
+      return "warning";
+    case Level::error:
+      return "error";
+    case Level::fatal:
+      return "fatal";
+    case Level::off:
+      return "off";
   }
   return "?";
 }
 
-void set_level(Level level) { detail::g_level.store(static_cast<int>(level), std::memory_order_relaxed); }
-Level level() noexcept { return static_cast<Level>(detail::g_level.load(std::memory_order_relaxed)); }
+void set_level(Level level) {
+  detail::g_level.store(static_cast<int>(level), std::memory_order_relaxed);
+}
+Level level() noexcept {
+  return static_cast<Level>(detail::g_level.load(std::memory_order_relaxed));
+}
 
-void set_thread_role(std::string role) { t_role = std::move(role); }
+void set_thread_role(std::string role) {
+  t_role = std::move(role);
+}
 
 void init(int rank) {
   std::lock_guard lock(g_init_mutex);

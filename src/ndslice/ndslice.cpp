@@ -23,8 +23,9 @@ NDSlice::NDSlice(Int offset, std::vector<Int> sizes, std::vector<Int> strides)
     : offset_(offset), sizes_(std::move(sizes)), strides_(std::move(strides)) {
   const auto where = [&] { return describe(offset_, sizes_, strides_); };
   if (sizes_.size() != strides_.size()) {
-    throw SliceError(Kind::NonRectangular, fmt::format("{}: expected one stride per dimension, found {} sizes and {} strides",
-                                                       where(), sizes_.size(), strides_.size()));
+    throw SliceError(Kind::NonRectangular,
+                     fmt::format("{}: expected one stride per dimension, found {} sizes and {} strides", where(),
+                                 sizes_.size(), strides_.size()));
   }
   if (offset_ < 0) {
     throw SliceError(Kind::InvalidValue, fmt::format("{}: expected offset >= 0, found {}", where(), offset_));
@@ -32,12 +33,13 @@ NDSlice::NDSlice(Int offset, std::vector<Int> sizes, std::vector<Int> strides)
   Int last = offset_;  // the largest value, checked for overflow
   for (std::size_t d = 0; d < sizes_.size(); ++d) {
     if (sizes_[d] < 1) {
-      throw SliceError(Kind::EmptyDimension,
-                       fmt::format("{}: expected every size >= 1, found size {} in dimension {}", where(), sizes_[d], d));
+      throw SliceError(Kind::EmptyDimension, fmt::format("{}: expected every size >= 1, found size {} in dimension {}",
+                                                         where(), sizes_[d], d));
     }
     if (strides_[d] < 1) {
-      throw SliceError(Kind::InvalidValue,
-                       fmt::format("{}: expected every stride >= 1, found stride {} in dimension {}", where(), strides_[d], d));
+      throw SliceError(
+          Kind::InvalidValue,
+          fmt::format("{}: expected every stride >= 1, found stride {} in dimension {}", where(), strides_[d], d));
     }
     Int extent = 0;
     if (__builtin_mul_overflow(sizes_[d] - 1, strides_[d], &extent) || __builtin_add_overflow(last, extent, &last) ||
@@ -51,8 +53,9 @@ NDSlice::NDSlice(Int offset, std::vector<Int> sizes, std::vector<Int> strides)
   for (std::size_t k = 1; k < by_stride_desc_.size(); ++k) {
     const std::size_t big = by_stride_desc_[k - 1], small = by_stride_desc_[k];
     if (strides_[small] == strides_[big]) {
-      throw SliceError(Kind::NonUniqueStrides, fmt::format("{}: expected distinct strides, found stride {} in dimensions {} and {}",
-                                                           where(), strides_[big], std::min(small, big), std::max(small, big)));
+      throw SliceError(Kind::NonUniqueStrides,
+                       fmt::format("{}: expected distinct strides, found stride {} in dimensions {} and {}", where(),
+                                   strides_[big], std::min(small, big), std::max(small, big)));
     }
     // Nested: each stride clears the whole extent of the next smaller one. Then every
     // value has one set of coordinates and a greedy division finds them.
@@ -68,14 +71,18 @@ NDSlice::NDSlice(Int offset, std::vector<Int> sizes, std::vector<Int> strides)
   if (!nested_) {
     constexpr Int kMaxChecked = Int{1} << 22;
     if (len_ > kMaxChecked) {
-      throw SliceError(Kind::Overlapping, fmt::format("{}: strides interleave and the slice has {} elements, more than the {} "
-                                                      "meshrt verifies; expected nested strides", where(), len_, kMaxChecked));
+      throw SliceError(Kind::Overlapping,
+                       fmt::format("{}: strides interleave and the slice has {} elements, more than the {} "
+                                   "meshrt verifies; expected nested strides",
+                                   where(), len_, kMaxChecked));
     }
     std::vector<Int> values = to_vector();
     std::sort(values.begin(), values.end());
     if (auto dup = std::adjacent_find(values.begin(), values.end()); dup != values.end()) {
-      throw SliceError(Kind::Overlapping, fmt::format("{}: two coordinates share the value {}; expected every element to have "
-                                                      "one location", where(), *dup));
+      throw SliceError(Kind::Overlapping,
+                       fmt::format("{}: two coordinates share the value {}; expected every element to have "
+                                   "one location",
+                                   where(), *dup));
     }
   }
 }
@@ -92,7 +99,8 @@ NDSlice NDSlice::row_major(std::vector<Int> sizes, Int offset) {
 
 Int NDSlice::operator[](Int i) const {
   if (i < 0 || i >= len_) {
-    throw SliceError(Kind::IndexOutOfRange, fmt::format("{}: index {} out of range, expected 0 <= index < {}", to_string(), i, len_));
+    throw SliceError(Kind::IndexOutOfRange,
+                     fmt::format("{}: index {} out of range, expected 0 <= index < {}", to_string(), i, len_));
   }
   Int value = offset_;
   for (std::size_t d = sizes_.size(); d-- > 0;) {
@@ -140,14 +148,15 @@ Int NDSlice::index(Int value) const {
 
 Int NDSlice::location(std::span<const Int> coords) const {
   if (coords.size() != sizes_.size()) {
-    throw SliceError(Kind::IndexOutOfRange, fmt::format("{}: expected {} coordinates, found {}", to_string(), sizes_.size(),
-                                                        coords.size()));
+    throw SliceError(Kind::IndexOutOfRange,
+                     fmt::format("{}: expected {} coordinates, found {}", to_string(), sizes_.size(), coords.size()));
   }
   Int value = offset_;
   for (std::size_t d = 0; d < sizes_.size(); ++d) {
     if (coords[d] < 0 || coords[d] >= sizes_[d]) {
-      throw SliceError(Kind::IndexOutOfRange, fmt::format("{}: coordinate {} of dimension {} out of range, expected 0 <= c < {}",
-                                                          to_string(), coords[d], d, sizes_[d]));
+      throw SliceError(Kind::IndexOutOfRange,
+                       fmt::format("{}: coordinate {} of dimension {} out of range, expected 0 <= c < {}", to_string(),
+                                   coords[d], d, sizes_[d]));
     }
     value += coords[d] * strides_[d];
   }
@@ -161,13 +170,13 @@ bool NDSlice::contains(Int value) const noexcept {
 
 NDSlice NDSlice::select(std::size_t dim, Int begin, Int end, Int step) const {
   if (dim >= sizes_.size()) {
-    throw SliceError(Kind::IndexOutOfRange, fmt::format("{}: select on dimension {}, expected a dimension < {}", to_string(), dim,
-                                                        sizes_.size()));
+    throw SliceError(Kind::IndexOutOfRange, fmt::format("{}: select on dimension {}, expected a dimension < {}",
+                                                        to_string(), dim, sizes_.size()));
   }
   if (step < 1 || begin < 0 || end > sizes_[dim] || begin >= end) {
     throw SliceError(Kind::IndexOutOfRange,
-                     fmt::format("{}: select({}, {}, {}, {}): expected 0 <= begin < end <= {} and step >= 1", to_string(), dim,
-                                 begin, end, step, sizes_[dim]));
+                     fmt::format("{}: select({}, {}, {}, {}): expected 0 <= begin < end <= {} and step >= 1",
+                                 to_string(), dim, begin, end, step, sizes_[dim]));
   }
   std::vector<Int> sizes = sizes_, strides = strides_;
   sizes[dim] = (end - begin + step - 1) / step;
@@ -177,12 +186,12 @@ NDSlice NDSlice::select(std::size_t dim, Int begin, Int end, Int step) const {
 
 NDSlice NDSlice::at(std::size_t dim, Int index) const {
   if (dim >= sizes_.size()) {
-    throw SliceError(Kind::IndexOutOfRange, fmt::format("{}: at on dimension {}, expected a dimension < {}", to_string(), dim,
-                                                        sizes_.size()));
+    throw SliceError(Kind::IndexOutOfRange,
+                     fmt::format("{}: at on dimension {}, expected a dimension < {}", to_string(), dim, sizes_.size()));
   }
   if (index < 0 || index >= sizes_[dim]) {
-    throw SliceError(Kind::IndexOutOfRange, fmt::format("{}: at({}, {}): expected 0 <= index < {}", to_string(), dim, index,
-                                                        sizes_[dim]));
+    throw SliceError(Kind::IndexOutOfRange,
+                     fmt::format("{}: at({}, {}): expected 0 <= index < {}", to_string(), dim, index, sizes_[dim]));
   }
   std::vector<Int> sizes = sizes_, strides = strides_;
   sizes.erase(sizes.begin() + static_cast<std::ptrdiff_t>(dim));
@@ -190,9 +199,13 @@ NDSlice NDSlice::at(std::size_t dim, Int index) const {
   return NDSlice(offset_ + index * strides_[dim], std::move(sizes), std::move(strides));
 }
 
-std::vector<Int> NDSlice::to_vector() const { return {begin(), end()}; }
+std::vector<Int> NDSlice::to_vector() const {
+  return {begin(), end()};
+}
 
-std::string NDSlice::to_string() const { return describe(offset_, sizes_, strides_); }
+std::string NDSlice::to_string() const {
+  return describe(offset_, sizes_, strides_);
+}
 
 bool NDSlice::operator==(const NDSlice& o) const noexcept {
   return offset_ == o.offset_ && sizes_ == o.sizes_ && strides_ == o.strides_;

@@ -550,8 +550,10 @@ class Reader {
         for (std::size_t i = 0; i < n; ++i) m.commands.push_back(command(depth + 1));
         return m;
       }
-      case 11: return RequestStatus{pod<Ident>("RequestStatus.ident")};
-      case 12: return Exit{boolean("Exit.restart")};
+      case 11:
+        return RequestStatus{pod<Ident>("RequestStatus.ident")};
+      case 12:
+        return Exit{boolean("Exit.restart")};
       default:
         fail_at(at, "command tag",
                 fmt::format("expected a command tag in 0..{}, found {}", std::size(kCommandNames) - 1, tag));

@@ -12,8 +12,8 @@
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/protocol.hpp"
-#include "meshrt/version.hpp"
 #include "meshrt/settings.hpp"
+#include "meshrt/version.hpp"
 #include "meshrt/worker.hpp"
 #include "worker/monitor.hpp"
 #include "worker/watch.hpp"
@@ -62,9 +62,10 @@ struct Runtime::Impl {
       local_error = e.what();
     }
     if (provided < MPI_THREAD_MULTIPLE && !(options.dedicated_controller && rank != 0)) {
-      local_error += fmt::format("{}MPI provides thread level {}; meshrt needs multiple (rank 0 runs the controller "
-                                 "and worker 0 on two threads)",
-                                 local_error.empty() ? "" : "; ", thread_level_name(provided));
+      local_error += fmt::format(
+          "{}MPI provides thread level {}; meshrt needs multiple (rank 0 runs the controller "
+          "and worker 0 on two threads)",
+          local_error.empty() ? "" : "; ", thread_level_name(provided));
     }
     const auto bytes = protocol::encode(mine);
     auto gather = [&](const void* data, int n) {
@@ -77,8 +78,7 @@ struct Runtime::Impl {
         total += lens[static_cast<std::size_t>(r)];
       }
       std::vector<std::byte> all(static_cast<std::size_t>(std::max(total, 1)));
-      MESHRT_MPI_CHECK(
-          MPI_Gatherv(data, n, MPI_BYTE, all.data(), lens.data(), displs.data(), MPI_BYTE, 0, control));
+      MESHRT_MPI_CHECK(MPI_Gatherv(data, n, MPI_BYTE, all.data(), lens.data(), displs.data(), MPI_BYTE, 0, control));
       std::vector<std::vector<std::byte>> parts;
       if (rank == 0) {
         for (int r = 0; r < size; ++r) {
@@ -95,7 +95,8 @@ struct Runtime::Impl {
       for (int r = 0; r < size; ++r) {
         const auto& err = errors[static_cast<std::size_t>(r)];
         if (!err.empty()) {
-          verdict += fmt::format("\n  rank {}: {}", r, std::string(reinterpret_cast<const char*>(err.data()), err.size()));
+          verdict +=
+              fmt::format("\n  rank {}: {}", r, std::string(reinterpret_cast<const char*>(err.data()), err.size()));
         }
         if (r == 0) continue;
         try {
@@ -112,7 +113,8 @@ struct Runtime::Impl {
                                         h.function_table_hash, mine.function_table_hash));
           }
           if (!diffs.empty()) {
-            verdict += fmt::format("\n  rank {} (host {}) runs a different binary: {}", r, h.host, fmt::join(diffs, "; "));
+            verdict +=
+                fmt::format("\n  rank {} (host {}) runs a different binary: {}", r, h.host, fmt::join(diffs, "; "));
           }
         } catch (const std::exception& e) {
           verdict += fmt::format("\n  rank {}: its handshake does not decode ({}): a different meshrt", r, e.what());
@@ -200,8 +202,12 @@ Runtime::~Runtime() {
   if (impl_->initialized_mpi) MPI_Finalize();
 }
 
-int Runtime::rank() const noexcept { return impl_->rank; }
-int Runtime::world_size() const noexcept { return impl_->size; }
+int Runtime::rank() const noexcept {
+  return impl_->rank;
+}
+int Runtime::world_size() const noexcept {
+  return impl_->size;
+}
 
 void Runtime::session(const std::function<void(Controller&)>& fn) {
   Impl& i = *impl_;

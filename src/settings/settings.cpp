@@ -15,11 +15,9 @@ namespace {
 
 // The one table of meshrt's settings. Add a row here, nowhere else.
 constexpr std::array kSettings{
-    Setting{"MESHRT_LOG_LEVEL", "warning",
-            "Least severe log level written: trace, debug, info, warning, error, fatal"},
+    Setting{"MESHRT_LOG_LEVEL", "warning", "Least severe log level written: trace, debug, info, warning, error, fatal"},
     Setting{"MESHRT_LOG_DIR", "", "If set, each rank also logs to <dir>/meshrt.rank<N>.log"},
-    Setting{"MESHRT_GROUP_TIMEOUT", "300",
-            "Default timeout of StatelessGroup operations, seconds (0 = none)"},
+    Setting{"MESHRT_GROUP_TIMEOUT", "300", "Default timeout of StatelessGroup operations, seconds (0 = none)"},
     Setting{"MESHRT_GROUP_CHUNK_BYTES", "1073741824",
             "Largest single MPI message of a StatelessGroup transfer; bigger objects are chunked"},
     Setting{"MESHRT_FLIGHT_RECORDER", "1000", "Commands each worker keeps in its flight recorder"},
@@ -36,13 +34,15 @@ constexpr std::array kSettings{
 };
 
 [[noreturn]] void bad_value(const Setting& s, const std::string& found, std::string_view expected) {
-  throw UsageError(fmt::format("setting {}: expected {}, found \"{}\" (default \"{}\")", s.name, expected,
-                               found, s.default_value));
+  throw UsageError(
+      fmt::format("setting {}: expected {}, found \"{}\" (default \"{}\")", s.name, expected, found, s.default_value));
 }
 
 }  // namespace
 
-std::span<const Setting> all() { return kSettings; }
+std::span<const Setting> all() {
+  return kSettings;
+}
 
 const Setting& find(std::string_view name) {
   auto it = std::find_if(kSettings.begin(), kSettings.end(), [&](const Setting& s) { return s.name == name; });

@@ -290,7 +290,8 @@ Tensor Tensor::adopt_host(const TensorMeta& meta, std::shared_ptr<void> buffer) 
   if (!meta.device().is_cpu()) {
     throw UsageError(fmt::format("Tensor::adopt_host: expected a CPU tensor, found {}", meta.to_string()));
   }
-  if (!buffer) throw UsageError(fmt::format("Tensor::adopt_host: expected a buffer for {}, found null", meta.to_string()));
+  if (!buffer)
+    throw UsageError(fmt::format("Tensor::adopt_host: expected a buffer for {}, found null", meta.to_string()));
   return Tensor(meta, std::make_shared<Storage>(std::move(buffer), meta.nbytes()));
 }
 

@@ -136,12 +136,15 @@ class Watchdog {
     {
       std::lock_guard state_lock(g_state.mutex);
       waiting = g_state.waiting_for_peers;
-      std::fprintf(stderr,
-                   "[meshrt test watchdog] rank %d (%s): still running after %.0f s, %s test %s; aborting the MPI job\n%s",
-                   g_rank, hostname().c_str(), seconds, waiting ? "finished and waiting for the other ranks after" : "inside",
-                   g_state.current_test.c_str(),
-                   g_state.failures.empty() ? "" : ("[meshrt test watchdog] rank " + std::to_string(g_rank) +
-                                                    " failures so far:\n" + g_state.failures).c_str());
+      std::fprintf(
+          stderr,
+          "[meshrt test watchdog] rank %d (%s): still running after %.0f s, %s test %s; aborting the MPI job\n%s",
+          g_rank, hostname().c_str(), seconds, waiting ? "finished and waiting for the other ranks after" : "inside",
+          g_state.current_test.c_str(),
+          g_state.failures.empty()
+              ? ""
+              : ("[meshrt test watchdog] rank " + std::to_string(g_rank) + " failures so far:\n" + g_state.failures)
+                    .c_str());
       std::fflush(stderr);
     }
     // Every rank's watchdog fires at about the same time: give all of them a moment to

@@ -61,7 +61,8 @@ void Channel::reap_locked() {
 }
 
 bool Channel::drain(std::chrono::duration<double> timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);
   Backoff backoff;
   for (;;) {
     {

@@ -37,7 +37,9 @@ class Channel {
   // Sends `bytes` to every rank in `dests` without blocking; the buffer is kept until
   // every send has completed.
   void send(const std::vector<int>& dests, int tag, std::shared_ptr<const Bytes> bytes);
-  void send(int dest, int tag, std::shared_ptr<const Bytes> bytes) { send(std::vector<int>{dest}, tag, std::move(bytes)); }
+  void send(int dest, int tag, std::shared_ptr<const Bytes> bytes) {
+    send(std::vector<int>{dest}, tag, std::move(bytes));
+  }
 
   // Completes the sends MPI has finished with; never blocks.
   void reap();

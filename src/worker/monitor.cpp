@@ -10,15 +10,21 @@ using Clock = std::chrono::steady_clock;
 
 const char* state_name(CommandState s) {
   switch (s) {
-    case CommandState::Queued: return "queued";
-    case CommandState::Running: return "running";
-    case CommandState::Done: return "done";
-    case CommandState::Failed: return "failed";
+    case CommandState::Queued:
+      return "queued";
+    case CommandState::Running:
+      return "running";
+    case CommandState::Done:
+      return "done";
+    case CommandState::Failed:
+      return "failed";
   }
   return "?";
 }
 
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 }  // namespace
 
@@ -86,9 +92,14 @@ std::string Monitor::line(const CommandRecord& r, Clock::time_point now) {
   const double age = seconds(now - r.queued);
   std::string timing;
   switch (r.state) {
-    case CommandState::Queued: timing = fmt::format("queued {:.3f} s ago", age); break;
-    case CommandState::Running: timing = fmt::format("running for {:.3f} s", seconds(now - r.started)); break;
-    default: timing = fmt::format("took {:.6f} s, ended {:.3f} s ago", seconds(r.ended - r.started), seconds(now - r.ended));
+    case CommandState::Queued:
+      timing = fmt::format("queued {:.3f} s ago", age);
+      break;
+    case CommandState::Running:
+      timing = fmt::format("running for {:.3f} s", seconds(now - r.started));
+      break;
+    default:
+      timing = fmt::format("took {:.6f} s, ended {:.3f} s ago", seconds(r.ended - r.started), seconds(now - r.ended));
   }
   return fmt::format("  #{:<8} {:<8} {}; {}", r.seq, state_name(r.state), what, timing);
 }
@@ -105,9 +116,9 @@ nlohmann::json Monitor::state() const {
   const std::uint64_t cur = current_.load();
   const CommandRecord* r = cur ? &ring_[cur % capacity_] : nullptr;
   if (r && r->seq == cur) {
-    j["current"] = {{"kind", r->kind}, {"name", r->name}, {"ident", r->ident}, {"result", r->result},
-                    {"dim", r->dim}, {"peers", r->peers}, {"bytes", r->bytes},
-                    {"seconds", seconds(now - r->started)}};
+    j["current"] = {
+        {"kind", r->kind}, {"name", r->name},   {"ident", r->ident}, {"result", r->result},
+        {"dim", r->dim},   {"peers", r->peers}, {"bytes", r->bytes}, {"seconds", seconds(now - r->started)}};
   } else {
     j["current"] = nullptr;
   }

@@ -28,7 +28,7 @@ struct CommandRecord {
   std::uint64_t stream = 0;
   std::string dim;
   std::uint64_t bytes = 0;
-  std::vector<int> peers;    // world ranks taking part in a collective or send
+  std::vector<int> peers;  // world ranks taking part in a collective or send
   std::chrono::steady_clock::time_point queued{}, started{}, ended{};
   CommandState state = CommandState::Queued;
 };

@@ -30,23 +30,30 @@ BorrowEvents borrow_create(const StreamHandle& from) {
 
 void borrow_first_use(BorrowEvents& b, const StreamHandle& to) {
   b.used = true;
-  if (b.created) MESHRT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(to.native()),
-                                                       static_cast<cudaEvent_t>(b.created.get()), 0));
+  if (b.created)
+    MESHRT_CUDA_CHECK(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(to.native()), static_cast<cudaEvent_t>(b.created.get()), 0));
 }
 
 void borrow_drop(BorrowEvents& b, const StreamHandle& from, const StreamHandle& to) {
   if (!b.used || !b.created) return;
   // The origin may reuse the memory only after the borrower's work on it.
   auto done = record(to);
-  MESHRT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(from.native()),
-                                        static_cast<cudaEvent_t>(done.get()), 0));
+  MESHRT_CUDA_CHECK(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(from.native()), static_cast<cudaEvent_t>(done.get()), 0));
 }
 
 #else
 
-StreamHandle make_stream(bool) { return {}; }
-BorrowEvents borrow_create(const StreamHandle&) { return {}; }
-void borrow_first_use(BorrowEvents& b, const StreamHandle&) { b.used = true; }
+StreamHandle make_stream(bool) {
+  return {};
+}
+BorrowEvents borrow_create(const StreamHandle&) {
+  return {};
+}
+void borrow_first_use(BorrowEvents& b, const StreamHandle&) {
+  b.used = true;
+}
 void borrow_drop(BorrowEvents&, const StreamHandle&, const StreamHandle&) {}
 
 #endif

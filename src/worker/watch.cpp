@@ -30,7 +30,9 @@ void write_stderr(const std::string& s) {
   }
 }
 
-void on_sigusr1(int) { g_dump_requested.store(true); }
+void on_sigusr1(int) {
+  g_dump_requested.store(true);
+}
 
 // Crash-time reporting is best effort: formatting allocates, which a signal handler
 // should not do, but the process is going down and the report is what matters most.
@@ -42,7 +44,8 @@ void on_fatal(int sig) {
   void* frames[64];
   const int n = backtrace(frames, 64);
   backtrace_symbols_fd(frames, n, STDERR_FILENO);
-  write_stderr(fmt::format("meshrt: rank {}: ending the whole job (MPI_Abort) so that no rank waits for this one\n", rank));
+  write_stderr(
+      fmt::format("meshrt: rank {}: ending the whole job (MPI_Abort) so that no rank waits for this one\n", rank));
   MPI_Abort(MPI_COMM_WORLD, 128 + sig);
   _exit(128 + sig);
 }
@@ -86,8 +89,9 @@ void Watch::loop() {
         answer = monitor_.state();
       } else if (op == "dump") {
         const std::string text = monitor_.dump(request.value("limit", std::size_t{SIZE_MAX}));
-        MESHRT_LOG(warning) << "flight recorder requested by the controller" << (request.contains("why") ? " (" + request["why"].get<std::string>() + ")" : "")
-                            << ":\n" << text;
+        MESHRT_LOG(warning) << "flight recorder requested by the controller"
+                            << (request.contains("why") ? " (" + request["why"].get<std::string>() + ")" : "") << ":\n"
+                            << text;
         answer = {{"rank", monitor_.rank()}, {"dump", text}};
       } else if (op == "abort") {
         MESHRT_LOG(fatal) << "the controller is aborting the job: " << request.value("reason", std::string("?"));

@@ -46,7 +46,9 @@ struct Poisoned {
 
 struct Worker::Impl {
   explicit Impl(WorkerOptions o)
-      : opt(o), channel(o.control), own_monitor(o.monitor ? nullptr : std::make_unique<detail::Monitor>(o.rank, 1000)),
+      : opt(o),
+        channel(o.control),
+        own_monitor(o.monitor ? nullptr : std::make_unique<detail::Monitor>(o.rank, 1000)),
         monitor(o.monitor ? *o.monitor : *own_monitor) {
     monitor.reset_queue();
   }
@@ -147,11 +149,11 @@ struct Worker::Impl {
     std::visit([this](auto& c) { run(c); }, command);
   }
 
-  void run(CreateDeviceMesh& c) {
-    define(c.result, std::make_shared<WorkerMesh>(c.names, c.ranks, opt.world));
-  }
+  void run(CreateDeviceMesh& c) { define(c.result, std::make_shared<WorkerMesh>(c.names, c.ranks, opt.world)); }
 
-  void run(CreateStream& c) { define(c.result, StreamValue{c.result.id, c.is_default, detail::make_stream(c.is_default)}); }
+  void run(CreateStream& c) {
+    define(c.result, StreamValue{c.result.id, c.is_default, detail::make_stream(c.is_default)});
+  }
 
   template <class Body>
   void invocation(Ident ident, const std::string& function, const std::vector<Ref>& results,
@@ -199,7 +201,8 @@ struct Worker::Impl {
       }
       // Device tensors travel as host copies.
       value = value.map([](const Value& leaf) {
-        return leaf.is_tensor() && !leaf.as_tensor().device().is_cpu() ? Value(leaf.as_tensor().to(Device::cpu())) : leaf;
+        return leaf.is_tensor() && !leaf.as_tensor().device().is_cpu() ? Value(leaf.as_tensor().to(Device::cpu()))
+                                                                       : leaf;
       });
       reply(FetchResult{c.ident, std::move(value)});
       // The controller counts a FetchResult as the invocation's completion on this rank:
@@ -214,9 +217,10 @@ struct Worker::Impl {
     // dimension's communicator, which needs every member of the mesh.
     std::vector<int> members;
     for (auto r : mesh->ranks()) members.push_back(static_cast<int>(r));
-    monitor.describe(current_seq, fmt::format("{} over '{}', joining (a dimension's first use sets up its "
-                                              "communicator with every mesh member)",
-                                              meshrt::name(c.reduction), c.dim),
+    monitor.describe(current_seq,
+                     fmt::format("{} over '{}', joining (a dimension's first use sets up its "
+                                 "communicator with every mesh member)",
+                                 meshrt::name(c.reduction), c.dim),
                      std::move(members), c.factory.nbytes());
     Input in = input(c.tensor);
 #if MESHRT_HAVE_NCCL
@@ -229,8 +233,8 @@ struct Worker::Impl {
       return;
     }
 #endif
-    in_flight = InFlight{start_reduce(*mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory),
-                         c.result};
+    in_flight =
+        InFlight{start_reduce(*mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory), c.result};
   }
 
   void run(SendTensor& c) {
@@ -246,8 +250,10 @@ struct Worker::Impl {
     monitor.finished(in_flight->seq, false);
     Outcome out = in_flight->op->take();
     if (in_flight->result) {
-      if (out.broken) define(*in_flight->result, *out.broken);
-      else define(*in_flight->result, std::move(out.tensor));
+      if (out.broken)
+        define(*in_flight->result, *out.broken);
+      else
+        define(*in_flight->result, std::move(out.tensor));
     }
     in_flight.reset();
   }
@@ -270,8 +276,8 @@ struct Worker::Impl {
     // order; on CUDA an event orders the borrower after the origin's work.
     define(c.result, get(c.tensor, "borrowed tensor"));
     const detail::StreamHandle* from = stream_handle(c.from_stream);
-    borrows[c.result.id] = BorrowRecord{c.from_stream, c.to_stream,
-                                        from ? detail::borrow_create(*from) : detail::BorrowEvents{}};
+    borrows[c.result.id] =
+        BorrowRecord{c.from_stream, c.to_stream, from ? detail::borrow_create(*from) : detail::BorrowEvents{}};
   }
   void run(BorrowFirstUse& c) {
     auto it = borrows.find(c.borrow.id);
@@ -299,7 +305,9 @@ struct Worker::Impl {
     send_status(true);
   }
 
-  void run(Exit& c) { exit = c.restart ? WorkerExit::Restart : WorkerExit::Shutdown; }
+  void run(Exit& c) {
+    exit = c.restart ? WorkerExit::Restart : WorkerExit::Shutdown;
+  }
 
   // Runs one command; a failure outside any invocation (a broken collective set-up, a
   // bad ref) is logged and reported with ident 0 so it is never silent.
@@ -360,7 +368,8 @@ struct Worker::Impl {
             r.name = c.function.value_or("");
             r.stream = c.stream.id;
           } else if constexpr (std::is_same_v<C, Reduce>) {
-            r.name = std::string(meshrt::name(c.reduction)) + (c.scatter ? " scatter" : "") + (c.inplace ? " in place" : "");
+            r.name =
+                std::string(meshrt::name(c.reduction)) + (c.scatter ? " scatter" : "") + (c.inplace ? " in place" : "");
             r.result = c.result.id;
             r.mesh = c.mesh.id;
             r.stream = c.stream.id;
@@ -400,8 +409,8 @@ struct Worker::Impl {
       } catch (const ProtocolError& e) {
         MESHRT_LOG(error) << "rank " << opt.rank << ": dropped an undecodable command of " << rx.size()
                           << " bytes: " << e.what();
-        reply(RemoteFunctionFailed{0, fmt::format("undecodable command: {}", e.what()), opt.rank,
-                                   "<protocol>", "meshrt::ProtocolError"});
+        reply(RemoteFunctionFailed{0, fmt::format("undecodable command: {}", e.what()), opt.rank, "<protocol>",
+                                   "meshrt::ProtocolError"});
       }
     }
     return any;
@@ -427,8 +436,10 @@ struct Worker::Impl {
       // batch of commands).
       if ((worked && queue.empty() && !in_flight) || Clock::now() - last_status_time > interval) send_status(false);
       channel.reap();
-      if (worked) backoff.reset();
-      else backoff.pause();
+      if (worked)
+        backoff.reset();
+      else
+        backoff.pause();
     }
     send_status(false);
     channel.drain(std::chrono::seconds(30));
@@ -439,7 +450,9 @@ struct Worker::Impl {
 Worker::Worker(WorkerOptions options) : impl_(std::make_unique<Impl>(options)) {}
 Worker::~Worker() = default;
 
-WorkerExit Worker::run() { return impl_->loop(); }
+WorkerExit Worker::run() {
+  return impl_->loop();
+}
 
 void Worker::serve(const WorkerOptions& options) {
   for (;;) {

@@ -22,7 +22,9 @@ namespace {
 
 using Coords = std::vector<std::pair<std::string, std::int64_t>>;
 
-Mesh make_mesh(Controller& ctl) { return ctl.world_mesh({{"host", 2}, {"gpu", 2}}); }
+Mesh make_mesh(Controller& ctl) {
+  return ctl.world_mesh({{"host", 2}, {"gpu", 2}});
+}
 
 // Runs `f`, expects it to throw E, and returns the message ("" and a failure otherwise).
 template <class E, class F>
@@ -77,7 +79,9 @@ TEST(BadInput, UnknownFunction) {
     expect_parts(error_of<UsageError>([&] { mesh.call("zzzzzzzzzzzzzzzzzzzz"); }),
                  {"unknown function 'zzzzzzzzzzzzzzzzzzzz'", "registered:", "meshrt.add", "test.pattern"});
     // The same for a fetch's preprocessing function, checked before anything is sent.
-    expect_parts(error_of<UsageError>([&] { ctl.fetch_shard(x, {{"host", 0}, {"gpu", 1}}, std::string("no.such")); }),
+    expect_parts(error_of<UsageError>([&] {
+                   ctl.fetch_shard(x, {{"host", 0}, {"gpu", 1}}, std::string("no.such"));
+                 }),
                  {"unknown function 'no.such'"});
     expect_session_works(ctl, mesh);
   });
@@ -176,13 +180,21 @@ TEST(BadInput, FetchFromACoordinateOutsideTheMesh) {
   session([](Controller& ctl) {
     Mesh mesh = make_mesh(ctl);
     DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
-    expect_parts(error_of<UsageError>([&] { ctl.fetch_shard(x, {{"host", 0}, {"gpu", 2}}); }),
+    expect_parts(error_of<UsageError>([&] {
+                   ctl.fetch_shard(x, {{"host", 0}, {"gpu", 2}});
+                 }),
                  {"fetch_shard", "coordinate 2 of dimension 'gpu' is outside the mesh (size 2)"});
-    expect_parts(error_of<UsageError>([&] { ctl.fetch_shard(x, {{"host", -1}, {"gpu", 0}}); }),
+    expect_parts(error_of<UsageError>([&] {
+                   ctl.fetch_shard(x, {{"host", -1}, {"gpu", 0}});
+                 }),
                  {"fetch_shard", "coordinate -1 of dimension 'host' is outside the mesh (size 2)"});
-    expect_parts(error_of<UsageError>([&] { ctl.fetch_shard(x, {{"host", 1}}); }),
+    expect_parts(error_of<UsageError>([&] {
+                   ctl.fetch_shard(x, {{"host", 1}});
+                 }),
                  {"fetch_shard", "no coordinate for dimension 'gpu' (size 2)", "the mesh has [host, gpu]"});
-    expect_parts(error_of<UsageError>([&] { ctl.fetch_shard(x, {{"gpu", 0}, {"host", 0}, {"gpu", 1}}); }),
+    expect_parts(error_of<UsageError>([&] {
+                   ctl.fetch_shard(x, {{"gpu", 0}, {"host", 0}, {"gpu", 1}});
+                 }),
                  {"fetch_shard", "dimension 'gpu' given twice"});
     expect_session_works(ctl, mesh);
   });
@@ -199,7 +211,9 @@ TEST(BadInput, UseOfADroppedBorrow) {
                                            "it cannot be used any more"};
     expect_parts(error_of<UsageError>([&] { b.reduce("gpu", Reduction::Sum); }),
                  {"reduce sum over 'gpu': ", dropped[0], dropped[1]});
-    expect_parts(error_of<UsageError>([&] { ctl.fetch_shard(b, {{"host", 0}, {"gpu", 0}}); }),
+    expect_parts(error_of<UsageError>([&] {
+                   ctl.fetch_shard(b, {{"host", 0}, {"gpu", 0}});
+                 }),
                  {"fetch_shard: ", dropped[0], dropped[1]});
     expect_parts(error_of<UsageError>([&] { mesh.call_on(comms, "meshrt.copy", {b}); }),
                  {"meshrt.copy: ", dropped[0], dropped[1]});
@@ -241,8 +255,8 @@ TEST(BadInput, GarbageDecodedAsACommand) {
                  {"protocol: decoding ", " at byte ", "-byte frame: "});
   }
   // A valid frame cut short says how far it got and what it was reading.
-  const auto frame = protocol::encode(protocol::Command{protocol::CallFunction{7, {Ref{3}}, {}, "meshrt.add",
-                                                                              {Value(Ref{1}), Value(Ref{2})}, Ref{4}, Ref{5}}});
+  const auto frame = protocol::encode(protocol::Command{
+      protocol::CallFunction{7, {Ref{3}}, {}, "meshrt.add", {Value(Ref{1}), Value(Ref{2})}, Ref{4}, Ref{5}}});
   const std::span<const std::byte> cut(frame.data(), frame.size() - 3);
   expect_parts(error_of<ProtocolError>([&] { (void)protocol::decode_command(cut); }),
                {"protocol: decoding ", "of a " + std::to_string(cut.size()) + "-byte frame"});

@@ -16,7 +16,9 @@ using namespace std::chrono_literals;
 
 namespace {
 constexpr std::size_t kBytes = (std::size_t{21} << 30) / 10;  // 2.1 GiB
-char pattern(std::size_t i) { return static_cast<char>((i * 2654435761u) >> 13); }
+char pattern(std::size_t i) {
+  return static_cast<char>((i * 2654435761u) >> 13);
+}
 }  // namespace
 
 TEST(GroupLarge, ObjectOverTwoGiBBothWays) {

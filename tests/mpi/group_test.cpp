@@ -10,9 +10,9 @@
 #include <boost/serialization/vector.hpp>
 #include <cstring>
 #include <functional>
-#include <optional>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -41,7 +41,7 @@ struct Params {
   int step = 0;
   template <class Ar>
   void serialize(Ar& ar, unsigned) {
-    ar & name & weights & index & step;
+    ar& name& weights& index& step;
   }
   bool operator==(const Params&) const = default;
 };
@@ -248,7 +248,8 @@ TEST(Group, ChunkedTransfersWithEveryOperation) {
     EXPECT_EQ(all[static_cast<std::size_t>(p)].back(), p * 1000.0 + 4999 + p);
   }
   auto maps = g.all_gather_obj(boosted, 10s);
-  for (int p = 0; p < n; ++p) EXPECT_EQ(maps[static_cast<std::size_t>(p)]["key299"], std::string(10, static_cast<char>('a' + p)));
+  for (int p = 0; p < n; ++p)
+    EXPECT_EQ(maps[static_cast<std::size_t>(p)]["key299"], std::string(10, static_cast<char>('a' + p)));
   // An empty object and one exactly at a chunk boundary.
   auto e = g.broadcast_obj(std::string(), 0, 10s);
   EXPECT_TRUE(e.empty());

@@ -40,7 +40,9 @@ std::optional<TimeoutError> expect_timeout(F f) {
   return std::nullopt;
 }
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 }  // namespace
 
@@ -51,7 +53,8 @@ TEST(GroupTimeout, RecvFromAbsentRankNamesItAndKeepsGroupUsable) {
     ASSERT_TRUE(e);
     EXPECT_EQ(e->missing_ranks(), std::vector<int>{2});
     EXPECT_FALSE(e->group_unusable());
-    EXPECT_TRUE(contains(e->what(), "recv_obj timed out after 0.3 s on group rank 0 (parent rank 0) of 3")) << e->what();
+    EXPECT_TRUE(contains(e->what(), "recv_obj timed out after 0.3 s on group rank 0 (parent rank 0) of 3"))
+        << e->what();
     EXPECT_TRUE(contains(e->what(), "missing group ranks [2] (parent ranks [2])")) << e->what();
     EXPECT_TRUE(contains(e->what(), "still usable")) << e->what();
     EXPECT_TRUE(g.usable());

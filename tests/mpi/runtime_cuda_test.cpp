@@ -12,8 +12,12 @@ MESHRT_RUNTIME_TEST_ENVIRONMENT();
 namespace {
 
 // test.to_cuda(x): x on the rank's GPU.
-Signature to_cuda_shape(const ArgMetas& a) { return {{a.tensor(0).with_device(Device::cuda(0))}, {}}; }
-std::vector<Tensor> to_cuda_kernel(CallContext&, Args& a) { return {a.tensor(0).to(Device::cuda(0))}; }
+Signature to_cuda_shape(const ArgMetas& a) {
+  return {{a.tensor(0).with_device(Device::cuda(0))}, {}};
+}
+std::vector<Tensor> to_cuda_kernel(CallContext&, Args& a) {
+  return {a.tensor(0).to(Device::cuda(0))};
+}
 
 }  // namespace
 

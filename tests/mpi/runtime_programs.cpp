@@ -19,8 +19,12 @@ using namespace meshrt;
 
 #ifdef MESHRT_EXTRA_FUNCTION
 namespace {
-Signature extra_shape(const ArgMetas&) { return {}; }
-std::vector<Tensor> extra_kernel(CallContext&, Args&) { return {}; }
+Signature extra_shape(const ArgMetas&) {
+  return {};
+}
+std::vector<Tensor> extra_kernel(CallContext&, Args&) {
+  return {};
+}
 }  // namespace
 MESHRT_REGISTER_FUNCTION("test.only_in_one_binary", extra_kernel, extra_shape);
 #endif
@@ -36,7 +40,8 @@ int main(int argc, char** argv) {
         Mesh mesh = ctl.world_mesh({{"w", n}});
         DTensor x = mesh.call("meshrt.full", {2}, DType::Float64, 1.5);
         const double got = ctl.fetch_shard(x.reduce("w", Reduction::Sum), {{"w", 0}}).get().span<double>()[0];
-        if (got != 1.5 * static_cast<double>(n)) throw Error("expected " + std::to_string(1.5 * n) + ", found " + std::to_string(got));
+        if (got != 1.5 * static_cast<double>(n))
+          throw Error("expected " + std::to_string(1.5 * n) + ", found " + std::to_string(got));
         if (mode == "dedicated") {
           if (ctl.worker_ranks().offset() != 1) throw Error("a dedicated controller's workers start at rank 1");
           std::printf("dedicated controller: %lld workers, sum %.1f\n", static_cast<long long>(n), got);

@@ -28,7 +28,9 @@ class RuntimeEnvironment : public ::testing::Environment {
 };
 
 // Runs `body` as the controller of one session.
-inline void session(const std::function<void(Controller&)>& body) { runtime_slot()->session(body); }
+inline void session(const std::function<void(Controller&)>& body) {
+  runtime_slot()->session(body);
+}
 
 inline int world_rank() {
   int r = 0;
@@ -43,6 +45,6 @@ inline int world_size() {
 
 }  // namespace meshrt::testing
 
-#define MESHRT_RUNTIME_TEST_ENVIRONMENT()                                                                        \
-  [[maybe_unused]] static ::testing::Environment* const meshrt_runtime_env_ =                                    \
+#define MESHRT_RUNTIME_TEST_ENVIRONMENT()                                     \
+  [[maybe_unused]] static ::testing::Environment* const meshrt_runtime_env_ = \
       ::testing::AddGlobalTestEnvironment(new ::meshrt::testing::RuntimeEnvironment)

@@ -50,17 +50,24 @@ std::vector<int> line(const Mesh& mesh, std::size_t dim, int rank) {
   return out;
 }
 
-double pattern(int rank, std::int64_t i) { return rank * 100 + static_cast<double>(i) + 1; }
+double pattern(int rank, std::int64_t i) {
+  return rank * 100 + static_cast<double>(i) + 1;
+}
 
 double combine(Reduction r, const std::vector<int>& ranks, std::int64_t i) {
   std::vector<double> v;
   for (int rank : ranks) v.push_back(pattern(rank, i));
   switch (r) {
-    case Reduction::Sum: return std::accumulate(v.begin(), v.end(), 0.0);
-    case Reduction::Avg: return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
-    case Reduction::Product: return std::accumulate(v.begin(), v.end(), 1.0, std::multiplies<>());
-    case Reduction::Min: return *std::min_element(v.begin(), v.end());
-    case Reduction::Max: return *std::max_element(v.begin(), v.end());
+    case Reduction::Sum:
+      return std::accumulate(v.begin(), v.end(), 0.0);
+    case Reduction::Avg:
+      return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+    case Reduction::Product:
+      return std::accumulate(v.begin(), v.end(), 1.0, std::multiplies<>());
+    case Reduction::Min:
+      return *std::min_element(v.begin(), v.end());
+    case Reduction::Max:
+      return *std::max_element(v.begin(), v.end());
     case Reduction::Band:
     case Reduction::Bor:
     case Reduction::Bxor: {
@@ -71,7 +78,8 @@ double combine(Reduction r, const std::vector<int>& ranks, std::int64_t i) {
       }
       return static_cast<double>(acc);
     }
-    default: return NAN;
+    default:
+      return NAN;
   }
 }
 
@@ -153,7 +161,8 @@ TEST(Runtime, StackScatterAndInPlace) {
         for (int p : peers) sum += pattern(p, static_cast<std::int64_t>(me) * 2 + i);
         EXPECT_EQ(rv[static_cast<std::size_t>(i)], sum);
       }
-      for (std::int64_t i = 0; i < 3; ++i) EXPECT_EQ(iv[static_cast<std::size_t>(i)], combine(Reduction::Max, peers, i));
+      for (std::int64_t i = 0; i < 3; ++i)
+        EXPECT_EQ(iv[static_cast<std::size_t>(i)], combine(Reduction::Max, peers, i));
     }
   });
 }
@@ -261,13 +270,16 @@ TEST(Runtime, UsageErrorsAtTheCallSite) {
     has(error_text([&] { mesh.call("no.such.function"); }), "unknown function 'no.such.function'");
     has(error_text([&] { mesh.call("meshrt.add", x, mesh.call("test.pattern", {4}, DType::Float32)); }), "meshrt.add");
     has(error_text([&] { x.reduce("nope", Reduction::Sum); }), "unknown mesh dimension 'nope'");
-    has(error_text([&] { x.reduce("gpu", Reduction::Bxor); }), "bitwise reduction needs an integer or bool dtype, found float32");
+    has(error_text([&] { x.reduce("gpu", Reduction::Bxor); }),
+        "bitwise reduction needs an integer or bool dtype, found float32");
     has(error_text([&] { x.reduce("gpu", Reduction::Sum, true); }), "scatter needs size(0) ==");
     has(error_text([&] { x.reduce_("gpu", Reduction::Stack); }), "in place works for");
     has(error_text([&] { x.to_mesh(mesh.slice("host", 0)); }), "the meshes must have the same sizes");
     has(error_text([&] { ctl.fetch_shard(x, {{"gpu", 7}}); }), "outside the mesh");
     has(error_text([&] { ctl.fetch_shard(x, {{"host", 0}}); }), "no coordinate for dimension 'gpu'");
-    has(error_text([&] { ctl.fetch_shard(x, {{"host", 0}, {"gpu", 0}}, std::string("no.such")); }),
+    has(error_text([&] {
+          ctl.fetch_shard(x, {{"host", 0}, {"gpu", 0}}, std::string("no.such"));
+        }),
         "unknown function 'no.such'");
     // A tensor made on ranks of one slice, used on ranks it does not live on.
     if (mesh.size("gpu") > 1) {
@@ -277,7 +289,8 @@ TEST(Runtime, UsageErrorsAtTheCallSite) {
       has(error_text([&] { second.call("meshrt.copy", only_first); }), "the tensor lives on ranks");
     }
     // Nothing was sent for any of these: the session still works.
-    EXPECT_EQ(as_doubles(ctl.fetch_shard(x, coordinates(mesh)[0].first).get())[0], pattern(coordinates(mesh)[0].second, 0));
+    EXPECT_EQ(as_doubles(ctl.fetch_shard(x, coordinates(mesh)[0].first).get())[0],
+              pattern(coordinates(mesh)[0].second, 0));
   });
 }
 
@@ -304,21 +317,21 @@ TEST(Runtime, BorrowRules) {
     Stream comms = ctl.stream("comms");
     DTensor y = mesh.call("test.pattern", {2}, DType::Float64);
     DTensor b = comms.borrow(y, /*mutable=*/true);
-    EXPECT_THROW(comms.borrow(y), UsageError);                   // a mutable borrow is exclusive
-    EXPECT_THROW(mesh.call("meshrt.copy", y), UsageError);       // the origin waits for the drop
-    EXPECT_THROW(mesh.call("meshrt.add", y, b), UsageError);     // two streams in one call
-    b.reduce_("gpu", Reduction::Sum);                            // runs on comms
+    EXPECT_THROW(comms.borrow(y), UsageError);                // a mutable borrow is exclusive
+    EXPECT_THROW(mesh.call("meshrt.copy", y), UsageError);    // the origin waits for the drop
+    EXPECT_THROW(mesh.call("meshrt.add", y, b), UsageError);  // two streams in one call
+    b.reduce_("gpu", Reduction::Sum);                         // runs on comms
     b.drop();
     EXPECT_THROW(b.drop(), UsageError);
-    EXPECT_THROW(b.reduce("gpu", Reduction::Sum), UsageError);   // dropped
+    EXPECT_THROW(b.reduce("gpu", Reduction::Sum), UsageError);  // dropped
     const auto c0 = coordinates(mesh)[0];
     EXPECT_EQ(as_doubles(ctl.fetch_shard(y, c0.first).get())[0], combine(Reduction::Sum, line(mesh, 1, c0.second), 0));
 
     DTensor r1 = comms.borrow(y);
-    DTensor r2 = ctl.stream("other").borrow(y);                  // several immutable borrows
-    EXPECT_THROW(mesh.call("meshrt.fill_", y, 0.0), UsageError); // no mutation while borrowed
-    EXPECT_THROW(mesh.call("meshrt.fill_", r1, 0.0), UsageError);// an immutable borrow cannot mutate
-    DTensor sum = r1.reduce("gpu", Reduction::Sum);              // use on the second stream
+    DTensor r2 = ctl.stream("other").borrow(y);                    // several immutable borrows
+    EXPECT_THROW(mesh.call("meshrt.fill_", y, 0.0), UsageError);   // no mutation while borrowed
+    EXPECT_THROW(mesh.call("meshrt.fill_", r1, 0.0), UsageError);  // an immutable borrow cannot mutate
+    DTensor sum = r1.reduce("gpu", Reduction::Sum);                // use on the second stream
     EXPECT_EQ(sum.stream().name(), "comms");
     EXPECT_EQ(as_doubles(ctl.fetch_shard(sum, c0.first).get())[0],
               line(mesh, 1, c0.second).size() * combine(Reduction::Sum, line(mesh, 1, c0.second), 0));
@@ -382,8 +395,7 @@ TEST(Runtime, GetWithTimeoutNamesTheRankThatHangs) {
     } catch (const TimeoutError& e) {
       const std::string what = e.what();
       EXPECT_NE(std::find(e.missing_ranks().begin(), e.missing_ranks().end(), slow), e.missing_ranks().end()) << what;
-      EXPECT_NE(what.find("rank " + std::to_string(slow) + ": has not reported invocation"), std::string::npos)
-          << what;
+      EXPECT_NE(what.find("rank " + std::to_string(slow) + ": has not reported invocation"), std::string::npos) << what;
       EXPECT_NE(what.find("test.sleep"), std::string::npos) << what;
       // The desync report: the sleeping rank inside its function, its peers in the
       // reduction waiting for it.

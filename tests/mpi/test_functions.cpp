@@ -21,9 +21,12 @@ std::vector<Tensor> pattern_kernel(CallContext& ctx, Args& args) {
     T* p = t.data<T>();
     for (std::int64_t i = 0; i < t.numel(); ++i) {
       const double v = ctx.rank() * 100 + static_cast<double>(i) + 1;
-      if constexpr (std::is_same_v<T, Half>) p[i] = float_to_half(static_cast<float>(v));
-      else if constexpr (std::is_same_v<T, BFloat16>) p[i] = float_to_bfloat16(static_cast<float>(v));
-      else p[i] = static_cast<T>(v);
+      if constexpr (std::is_same_v<T, Half>)
+        p[i] = float_to_half(static_cast<float>(v));
+      else if constexpr (std::is_same_v<T, BFloat16>)
+        p[i] = float_to_bfloat16(static_cast<float>(v));
+      else
+        p[i] = static_cast<T>(v);
     }
   });
   return {t};
@@ -49,7 +52,9 @@ std::vector<Tensor> crash_kernel(CallContext& ctx, Args& args) {
   }
   return {Tensor::zeros(TensorMeta({}, DType::Float32))};
 }
-Signature one_scalar_shape(const ArgMetas& args) { return {{TensorMeta({}, DType::Float32, args.device())}, {}}; }
+Signature one_scalar_shape(const ArgMetas& args) {
+  return {{TensorMeta({}, DType::Float32, args.device())}, {}};
+}
 
 // test.usr1(ranks): sends SIGUSR1 to itself on the listed ranks.
 std::vector<Tensor> usr1_kernel(CallContext& ctx, Args& args) {

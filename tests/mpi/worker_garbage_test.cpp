@@ -10,8 +10,8 @@
 
 #include <chrono>
 #include <cstddef>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <span>
 #include <string>
@@ -103,11 +103,18 @@ std::vector<Bytes> valid_frames() {
   std::vector<p::Command> commands{
       p::CreateDeviceMesh{Ref{10}, {"a", "b"}, NDSlice(0, {2, 1}, {1, 1})},
       p::CreateStream{Ref{11}, false},
-      p::CallFunction{5, {Ref{12}}, {Ref{13}}, "meshrt.add", {Value(Ref{1}), Value::list({Value(2.5), Value("x")})}, Ref{4},
+      p::CallFunction{5,
+                      {Ref{12}},
+                      {Ref{13}},
+                      "meshrt.add",
+                      {Value(Ref{1}), Value::list({Value(2.5), Value("x")})},
+                      Ref{4},
                       Ref{5}},
       p::FetchValue{6, {}, std::string("meshrt.copy"), Value(Ref{12}), Ref{11}},
-      p::Reduce{Ref{14}, Ref{12}, TensorMeta({2, 3}, DType::Float32), Ref{10}, Ref{11}, "a", Reduction::Sum, true, false},
-      p::SendTensor{Ref{15}, NDSlice(0, {2}, {1}), NDSlice(2, {2}, {1}), Ref{12}, TensorMeta({4}, DType::Int64), Ref{11}},
+      p::Reduce{Ref{14}, Ref{12}, TensorMeta({2, 3}, DType::Float32), Ref{10}, Ref{11}, "a", Reduction::Sum, true,
+                false},
+      p::SendTensor{Ref{15}, NDSlice(0, {2}, {1}), NDSlice(2, {2}, {1}), Ref{12}, TensorMeta({4}, DType::Int64),
+                    Ref{11}},
       p::BorrowCreate{Ref{16}, Ref{12}, Ref{11}, Ref{17}, false},
       p::BorrowFirstUse{Ref{16}},
       p::BorrowDrop{Ref{16}},
@@ -178,8 +185,10 @@ void rank0_plays_controller(MPI_Comm control) {
     for (int m = 0; m < 60; ++m) {
       Bytes mutated = frame;
       const std::size_t at = rng() % mutated.size();
-      if (m % 2 == 0) mutated[at] ^= static_cast<std::byte>(1u << (rng() % 8));
-      else mutated[at] = static_cast<std::byte>(rng());
+      if (m % 2 == 0)
+        mutated[at] ^= static_cast<std::byte>(1u << (rng() % 8));
+      else
+        mutated[at] = static_cast<std::byte>(rng());
       if (decodes(mutated)) {
         skipped++;
         continue;
@@ -192,8 +201,13 @@ void rank0_plays_controller(MPI_Comm control) {
 
   // 4. The worker still works: define a stream and a tensor, fetch it, ask for status.
   ctl.send(p::CreateStream{Ref{1}, true});
-  ctl.send(p::CallFunction{1, {Ref{2}}, {}, "meshrt.full",
-                           {Value(std::vector<std::int64_t>{3}), Value("float32"), Value(2.5)}, Ref{1}, Ref{0}});
+  ctl.send(p::CallFunction{1,
+                           {Ref{2}},
+                           {},
+                           "meshrt.full",
+                           {Value(std::vector<std::int64_t>{3}), Value("float32"), Value(2.5)},
+                           Ref{1},
+                           Ref{0}});
   ctl.expect_refused(Bytes{std::byte{'m'}, std::byte{'r'}}, "a header cut short between valid commands");
   ctl.send(p::FetchValue{2, {}, std::nullopt, Value(Ref{2}), Ref{1}});
   {

@@ -46,7 +46,7 @@ TEST(NDSlice, Strided3D) {
   EXPECT_EQ(s[24], 120);
   EXPECT_EQ(s[95], 24 + 3 * 96 + 2 * 16 + 7 * 2);
   EXPECT_EQ(s.coordinates(24 + 2 * 96 + 16 + 6), (std::vector<Int>{2, 1, 3}));
-  EXPECT_FALSE(s.contains(25));   // odd
+  EXPECT_FALSE(s.contains(25));       // odd
   EXPECT_FALSE(s.contains(24 + 48));  // past dim 1's extent, short of dim 0's stride
   EXPECT_FALSE(s.contains(23));
   const NDSlice sel = s.select(2, 1, 8, 3);  // coordinates 1, 4, 7
@@ -94,7 +94,8 @@ TEST(NDSlice, ErrorsSayWhatWasExpectedAndFound) {
     NDSlice(0, {2, 2}, {2, 2});
     FAIL();
   } catch (const SliceError& e) {
-    EXPECT_NE(std::string(e.what()).find("expected distinct strides, found stride 2 in dimensions 0 and 1"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("expected distinct strides, found stride 2 in dimensions 0 and 1"),
+              std::string::npos)
         << e.what();
   }
   try {
@@ -221,7 +222,10 @@ TEST(NDSlice, ArbitraryStridesAreAcceptedExactlyWhenValuesAreDistinct) {
       values.push_back(v);
       done = true;
       for (std::size_t d = sizes.size(); d-- > 0;) {
-        if (++c[d] < sizes[d]) { done = false; break; }
+        if (++c[d] < sizes[d]) {
+          done = false;
+          break;
+        }
         c[d] = 0;
       }
     }

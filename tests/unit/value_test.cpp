@@ -1,5 +1,5 @@
-#include "../support/expect_error.hpp"
 #include "meshrt/value.hpp"
+#include "../support/expect_error.hpp"
 
 #include <gtest/gtest.h>
 
