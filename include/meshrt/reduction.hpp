@@ -1,8 +1,14 @@
-// The reductions over a mesh dimension (DESIGN.md section 3, "Reductions").
+// The reductions over a mesh dimension and their rules (docs/ARCHITECTURE.md section 3.6,
+// "Reductions"). The rules live here once: the controller checks them at the call site
+// and every worker checks them again before posting (a worker cannot trust a frame).
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <string_view>
+
+#include "meshrt/tensor.hpp"
 
 namespace meshrt {
 
@@ -16,5 +22,37 @@ Reduction parse_reduction(std::string_view text);
 inline bool is_bitwise(Reduction r) noexcept {
   return r == Reduction::Band || r == Reduction::Bor || r == Reduction::Bxor;
 }
+
+// What the rules say of one reduction: the collective it becomes and its output, or why
+// it is refused.
+struct ReductionRule {
+  // Empty when the reduction is allowed; otherwise what was expected and what was found.
+  // The caller adds where (the call site, or the worker's mesh and rank).
+  std::string error;
+  // "all_reduce", "all_gather", "all_to_all" or "reduce_scatter"; "" when refused.
+  const char* collective = "";
+  // The output's meta when it differs from the input's (all_gather, reduce_scatter). Not
+  // a copy otherwise: a TensorMeta copy allocates, and a worker checks every reduction.
+  std::optional<TensorMeta> reshaped;
+
+  bool allowed() const noexcept { return error.empty(); }
+  const TensorMeta& out_meta(const TensorMeta& in) const { return reshaped ? *reshaped : in; }
+};
+
+// The rules of a reduction of a tensor `in` over a mesh dimension of `n` ranks, run on
+// `device` (Cuda: NCCL, which has no bitwise operations; Cpu: MPI). Pure: it throws
+// nothing and depends on nothing but its arguments, so the controller and the workers
+// agree by construction.
+//
+//   reduction        scatter  collective      shape in -> out     in place
+//   stack            no       all_gather      S -> [n, *S]        no
+//   stack            yes      all_to_all      [n, ...] -> same    yes
+//   sum .. bxor      no       all_reduce      S -> S              yes
+//   sum .. bxor      yes      reduce_scatter  [n, *R] -> R        no
+//
+// Besides: bitwise reductions need an integer or bool dtype and a CPU tensor; sum, avg
+// and product need a numeric dtype (not bool).
+ReductionRule reduction_rule(const TensorMeta& in, std::int64_t n, Reduction reduction, bool scatter, bool inplace,
+                             Device::Kind device);
 
 }  // namespace meshrt

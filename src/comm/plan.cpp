@@ -16,7 +16,6 @@ ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim_name, Reduct
   ReducePlan plan;
   plan.dim = mesh.dim_index(dim_name);
   plan.n = mesh.size(plan.dim);
-  const DType dtype = factory.dtype();
   const bool on_cuda = factory.device().is_cuda();
   if (backend == Backend::Mpi && on_cuda) {
     throw UsageError(
@@ -28,60 +27,13 @@ ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim_name, Reduct
     throw UsageError(fmt::format("{} over NCCL: expected a CUDA tensor, found {}{}", name(reduction),
                                  factory.to_string(), where_reduce(mesh, plan.dim)));
   }
-  if (is_bitwise(reduction)) {
-    if (backend == Backend::Nccl) {
-      throw UsageError(
-          fmt::format("bitwise reduction {} is not supported by NCCL, found a CUDA tensor {}; move it "
-                      "to the CPU or use another reduction{}",
-                      name(reduction), factory.to_string(), where_reduce(mesh, plan.dim)));
-    }
-    if (is_floating(dtype)) {
-      throw UsageError(fmt::format("bitwise reduction {} needs an integer or bool dtype, found {}{}", name(reduction),
-                                   name(dtype), where_reduce(mesh, plan.dim)));
-    }
-  }
-  if (dtype == DType::Bool &&
-      (reduction == Reduction::Sum || reduction == Reduction::Avg || reduction == Reduction::Product)) {
-    throw UsageError(
-        fmt::format("reduction {} needs a numeric dtype, found bool; on bool use max or bor (any), min "
-                    "or band (all), bxor (parity){}",
-                    name(reduction), where_reduce(mesh, plan.dim)));
-  }
-  const bool stack = reduction == Reduction::Stack;
-  if (scatter) {
-    if (factory.ndim() == 0 || factory.shape()[0] != plan.n) {
-      throw UsageError(
-          fmt::format("{} with scatter over a dimension of size {} needs an input with size(0) == {}, "
-                      "found {}{}",
-                      name(reduction), plan.n, plan.n, factory.to_string(), where_reduce(mesh, plan.dim)));
-    }
-  }
-  if (inplace && !scatter && stack) {
-    throw UsageError(
-        fmt::format("stack (all_gather) cannot run in place: its output [{}, ...] is larger than its "
-                    "input {}{}",
-                    plan.n, factory.to_string(), where_reduce(mesh, plan.dim)));
-  }
-  if (inplace && scatter && !stack) {
-    throw UsageError(fmt::format(
-        "{} with scatter (reduce_scatter) cannot run in place: its output {} is smaller "
-        "than its input {}{}",
-        name(reduction), factory.with_shape({factory.shape().begin() + 1, factory.shape().end()}).to_string(),
-        factory.to_string(), where_reduce(mesh, plan.dim)));
-  }
-  if (stack && !scatter) {
-    plan.collective = "all_gather";
-    std::vector<std::int64_t> shape{plan.n};
-    shape.insert(shape.end(), factory.shape().begin(), factory.shape().end());
-    plan.reshaped = factory.with_shape(std::move(shape));
-  } else if (stack) {
-    plan.collective = "all_to_all";
-  } else if (scatter) {
-    plan.collective = "reduce_scatter";
-    plan.reshaped = factory.with_shape({factory.shape().begin() + 1, factory.shape().end()});
-  } else {
-    plan.collective = "all_reduce";
-  }
+  // The rules the controller checked already (a worker cannot trust a frame): one
+  // function, so both sides agree.
+  ReductionRule rule = reduction_rule(factory, plan.n, reduction, scatter, inplace,
+                                      backend == Backend::Nccl ? Device::Kind::Cuda : Device::Kind::Cpu);
+  if (!rule.allowed()) throw UsageError(rule.error + where_reduce(mesh, plan.dim));
+  plan.collective = rule.collective;
+  plan.reshaped = std::move(rule.reshaped);
   check_count(factory.numel(), plan.collective);
   return plan;
 }

@@ -202,34 +202,9 @@ DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter,
     const std::int64_t n = mesh.ranks.sizes()[static_cast<std::size_t>(d)];
     const TensorMeta& in = state_->meta;
     const std::string what = fmt::format("reduce {}{} over '{}'", name(reduction), scatter ? " with scatter" : "", dim);
-    if (is_bitwise(reduction) && (is_floating(in.dtype()))) {
-      throw UsageError(
-          fmt::format("{}: a bitwise reduction needs an integer or bool dtype, found {}", what, name(in.dtype())));
-    }
-    if (is_bitwise(reduction) && in.device().is_cuda()) {
-      throw UsageError(
-          fmt::format("{}: NCCL has no bitwise reductions; CUDA tensors support sum, avg, product, min, "
-                      "max and stack",
-                      what));
-    }
-    TensorMeta out;
-    if (scatter) {
-      if (in.ndim() == 0 || in.shape()[0] != n) {
-        throw UsageError(fmt::format("{}: scatter needs size(0) == {} (the size of dimension '{}'), found shape [{}]",
-                                     what, n, dim, fmt::join(in.shape(), ", ")));
-      }
-      if (reduction == Reduction::Stack) {
-        out = in;
-      } else {
-        out = in.with_shape(std::vector<std::int64_t>(in.shape().begin() + 1, in.shape().end()));
-      }
-    } else if (reduction == Reduction::Stack) {
-      std::vector<std::int64_t> shape{n};
-      shape.insert(shape.end(), in.shape().begin(), in.shape().end());
-      out = in.with_shape(std::move(shape));
-    } else {
-      out = in;
-    }
+    const ReductionRule rule = reduction_rule(in, n, reduction, scatter, false, in.device().kind());
+    if (!rule.allowed()) throw UsageError(fmt::format("{}: {}", what, rule.error));
+    const TensorMeta& out = rule.out_meta(in);
     use_tensor(*ctl, *state_, mesh, *state_->stream, false, what);
     ctl->ensure_mesh(mesh);
     ctl->ensure_stream(*state_->stream);
@@ -245,26 +220,15 @@ DTensor& DTensor::reduce_(std::string_view dim, Reduction reduction, bool scatte
     if (!state_) throw UsageError("reduce_: an undefined DTensor");
     const std::string what =
         fmt::format("reduce_ {}{} over '{}'", name(reduction), scatter ? " with scatter" : "", dim);
-    if (scatter != (reduction == Reduction::Stack)) {
-      throw UsageError(
-          fmt::format("{}: in place works for sum..bxor without scatter and for stack with scatter "
-                      "(all_to_all); all_gather and reduce_scatter change the shape",
-                      what));
-    }
-    // The out-of-place checks apply unchanged; then redefine this tensor's own ref.
+    // The same rules as out of place (in place allows all_reduce and all_to_all only);
+    // then this tensor's own ref is redefined.
     auto ctl = lock(state_->controller);
     MeshState& mesh = *mesh_;
     const std::int64_t d = mesh.dim_index(dim);
     const std::int64_t n = mesh.ranks.sizes()[static_cast<std::size_t>(d)];
     const TensorMeta& in = state_->meta;
-    if (is_bitwise(reduction) && is_floating(in.dtype())) {
-      throw UsageError(
-          fmt::format("{}: a bitwise reduction needs an integer or bool dtype, found {}", what, name(in.dtype())));
-    }
-    if (scatter && (in.ndim() == 0 || in.shape()[0] != n)) {
-      throw UsageError(fmt::format("{}: scatter needs size(0) == {} (the size of dimension '{}'), found shape [{}]",
-                                   what, n, dim, fmt::join(in.shape(), ", ")));
-    }
+    const ReductionRule rule = reduction_rule(in, n, reduction, scatter, true, in.device().kind());
+    if (!rule.allowed()) throw UsageError(fmt::format("{}: {}", what, rule.error));
     if (!same_layout(*state_->home, mesh)) {
       throw UsageError(
           fmt::format("{}: in place needs the tensor's whole mesh; this handle covers a slice of it", what));

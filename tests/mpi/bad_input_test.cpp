@@ -19,6 +19,19 @@ using meshrt::testing::session;
 MESHRT_RUNTIME_TEST_ENVIRONMENT();
 
 namespace {
+// test.cuda_placed(shape, dtype): the controller sees a tensor on cuda:0. Its kernel
+// always fails, so the test needs no GPU and runs alike on machines with one.
+Signature cuda_placed_shape(const ArgMetas& a) {
+  return {{TensorMeta(a.shape(0), a.dtype(1), Device::cuda(0))}, {}};
+}
+std::vector<Tensor> cuda_placed_kernel(CallContext&, Args&) {
+  throw std::runtime_error("test.cuda_placed fails on purpose");
+}
+}  // namespace
+
+MESHRT_REGISTER_FUNCTION("test.cuda_placed", cuda_placed_kernel, cuda_placed_shape);
+
+namespace {
 
 using Coords = std::vector<std::pair<std::string, std::int64_t>>;
 
@@ -113,12 +126,12 @@ TEST(BadInput, BitwiseReductionOnAFloatDtype) {
     Mesh mesh = make_mesh(ctl);
     DTensor x = mesh.call("test.pattern", {3}, DType::Float32);
     for (Reduction r : {Reduction::Band, Reduction::Bor, Reduction::Bxor}) {
+      const std::string rule =
+          "bitwise reduction " + std::string(name(r)) + " needs an integer or bool dtype, found float32";
       expect_parts(error_of<UsageError>([&] { x.reduce("gpu", r); }),
-                   {std::string("reduce ") + std::string(name(r)) + " over 'gpu'",
-                    "a bitwise reduction needs an integer or bool dtype, found float32"});
+                   {std::string("reduce ") + std::string(name(r)) + " over 'gpu': ", rule});
       expect_parts(error_of<UsageError>([&] { x.reduce_("host", r); }),
-                   {std::string("reduce_ ") + std::string(name(r)) + " over 'host'",
-                    "a bitwise reduction needs an integer or bool dtype, found float32"});
+                   {std::string("reduce_ ") + std::string(name(r)) + " over 'host': ", rule});
     }
     // The same reductions on an integer dtype are fine.
     DTensor i = mesh.call("test.pattern", {3}, DType::Int64);
@@ -132,14 +145,61 @@ TEST(BadInput, ScatterNeedsDimZeroOfTheDimensionSize) {
   session([](Controller& ctl) {
     Mesh mesh = make_mesh(ctl);
     DTensor x = mesh.call("test.pattern", {5, 3}, DType::Float32);
-    expect_parts(error_of<UsageError>([&] { x.reduce("gpu", Reduction::Sum, /*scatter=*/true); }),
-                 {"reduce sum with scatter over 'gpu'", "scatter needs size(0) == 2", "the size of dimension 'gpu'",
-                  "found shape [5, 3]"});
-    expect_parts(error_of<UsageError>([&] { x.reduce_("host", Reduction::Stack, /*scatter=*/true); }),
-                 {"reduce_ stack with scatter over 'host'", "scatter needs size(0) == 2", "found shape [5, 3]"});
+    expect_parts(
+        error_of<UsageError>([&] { x.reduce("gpu", Reduction::Sum, /*scatter=*/true); }),
+        {"reduce sum with scatter over 'gpu': ",
+         "sum with scatter over a dimension of size 2 needs an input with size(0) == 2", "found float32[5, 3] on cpu"});
+    expect_parts(
+        error_of<UsageError>([&] { x.reduce_("host", Reduction::Stack, /*scatter=*/true); }),
+        {"reduce_ stack with scatter over 'host': ", "needs an input with size(0) == 2", "found float32[5, 3] on cpu"});
     DTensor scalar = mesh.call("meshrt.zeros", std::vector<std::int64_t>{}, DType::Float32);
     expect_parts(error_of<UsageError>([&] { scalar.reduce("gpu", Reduction::Stack, true); }),
-                 {"scatter needs size(0) == 2", "found shape []"});
+                 {"needs an input with size(0) == 2", "found float32[] on cpu"});
+    expect_session_works(ctl, mesh);
+  });
+}
+
+// The rest of the reductions table is checked at the call site too, with the line of
+// the call: before, bool sum/avg/product and in-place bitwise ops on a CUDA tensor were
+// accepted and failed later on the workers (or, in place, left the value unreduced).
+TEST(BadInput, ReductionRulesAtTheCallSiteWithTheLine) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor flags = mesh.call("meshrt.zeros", std::vector<std::int64_t>{3}, DType::Bool);
+    const std::string site = "(at bad_input_test.cpp:";
+    for (Reduction r : {Reduction::Sum, Reduction::Avg, Reduction::Product}) {
+      const std::string rule = "reduction " + std::string(name(r)) + " needs a numeric dtype, found bool";
+      const int line = __LINE__ + 1;
+      const std::string out_of_place = error_of<UsageError>([&] { flags.reduce("gpu", r); });
+      expect_parts(out_of_place,
+                   {"reduce " + std::string(name(r)) + " over 'gpu': ", rule, site + std::to_string(line) + " "});
+      const int line_ = __LINE__ + 1;
+      const std::string in_place = error_of<UsageError>([&] { flags.reduce_("host", r); });
+      expect_parts(in_place,
+                   {"reduce_ " + std::string(name(r)) + " over 'host': ", rule, site + std::to_string(line_) + " "});
+    }
+    // In place: stack without scatter (all_gather) and sum with scatter (reduce_scatter).
+    DTensor x = mesh.call("test.pattern", {2, 3}, DType::Float32);
+    expect_parts(error_of<UsageError>([&] { x.reduce_("gpu", Reduction::Stack); }),
+                 {"reduce_ stack over 'gpu': ", "stack (all_gather) cannot run in place", site});
+    expect_parts(
+        error_of<UsageError>([&] { x.reduce_("gpu", Reduction::Sum, true); }),
+        {"reduce_ sum with scatter over 'gpu': ", "sum with scatter (reduce_scatter) cannot run in place", site});
+    // A tensor the controller places on a GPU (its kernel never succeeds: the workers
+    // need no GPU for this test). NCCL has no bitwise reductions, in place or not.
+    DTensor on_gpu = mesh.call("test.cuda_placed", {4}, DType::Int32);
+    ASSERT_TRUE(on_gpu.meta().device().is_cuda());
+    for (Reduction r : {Reduction::Band, Reduction::Bor, Reduction::Bxor}) {
+      const std::string rule = "bitwise reduction " + std::string(name(r)) +
+                               " is not supported by NCCL, found a CUDA tensor int32[4] on cuda:0";
+      const int line = __LINE__ + 1;
+      const std::string in_place = error_of<UsageError>([&] { on_gpu.reduce_("gpu", r); });
+      expect_parts(in_place,
+                   {"reduce_ " + std::string(name(r)) + " over 'gpu': ", rule, site + std::to_string(line) + " "});
+      expect_parts(error_of<UsageError>([&] { on_gpu.reduce("host", r); }), {rule, site});
+    }
+    // Nothing of the refused calls reached the workers: the only failure is the kernel.
+    expect_parts(error_of<RemoteError>([&] { ctl.synchronize(); }), {"test.cuda_placed failed", "on purpose"});
     expect_session_works(ctl, mesh);
   });
 }

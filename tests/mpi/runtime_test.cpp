@@ -271,9 +271,9 @@ TEST(Runtime, UsageErrorsAtTheCallSite) {
     has(error_text([&] { mesh.call("meshrt.add", x, mesh.call("test.pattern", {4}, DType::Float32)); }), "meshrt.add");
     has(error_text([&] { x.reduce("nope", Reduction::Sum); }), "unknown mesh dimension 'nope'");
     has(error_text([&] { x.reduce("gpu", Reduction::Bxor); }),
-        "bitwise reduction needs an integer or bool dtype, found float32");
-    has(error_text([&] { x.reduce("gpu", Reduction::Sum, true); }), "scatter needs size(0) ==");
-    has(error_text([&] { x.reduce_("gpu", Reduction::Stack); }), "in place works for");
+        "bitwise reduction bxor needs an integer or bool dtype, found float32");
+    has(error_text([&] { x.reduce("gpu", Reduction::Sum, true); }), "needs an input with size(0) ==");
+    has(error_text([&] { x.reduce_("gpu", Reduction::Stack); }), "cannot run in place");
     has(error_text([&] { x.to_mesh(mesh.slice("host", 0)); }), "the meshes must have the same sizes");
     has(error_text([&] { ctl.fetch_shard(x, {{"gpu", 7}}); }), "outside the mesh");
     has(error_text([&] { ctl.fetch_shard(x, {{"host", 0}}); }), "no coordinate for dimension 'gpu'");
