@@ -1,9 +1,12 @@
-// meshrt's exceptions. Every error a caller can act on derives from meshrt::Error and
-// says what was expected, what was found and where (rank, command, mesh dimension).
+// meshrt's exceptions. Every error derives from meshrt::Error and says what was expected,
+// what was found and where (rank, command, mesh dimension). Their types say whose fault
+// it is (docs/ARCHITECTURE.md section 3.5): UsageError the caller's, InternalError
+// meshrt's own, SystemError the environment's (MPI, CUDA, NCCL), ProtocolError a frame's.
 #pragma once
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace meshrt {
@@ -17,6 +20,22 @@ class Error : public std::runtime_error {
 class UsageError : public Error {
  public:
   using Error::Error;
+};
+
+// A bug in meshrt: one of its own invariants does not hold (raised by MESHRT_ASSERT and
+// MESHRT_INTERNAL in src/common/assert.hpp). Nothing the caller did can cause it, so it
+// is never a UsageError; the text and file()/line() name meshrt's source line to report.
+class InternalError : public Error {
+ public:
+  InternalError(const std::string& what, std::string file, int line)
+      : Error(what), file_(std::move(file)), line_(line) {}
+  // The source file ("src/comm/data_plane.cpp") and the line that detected it.
+  const std::string& file() const noexcept { return file_; }
+  int line() const noexcept { return line_; }
+
+ private:
+  std::string file_;
+  int line_;
 };
 
 // A blocking operation did not complete in time. `missing_ranks` names the ranks that

@@ -15,17 +15,19 @@
 #include "comm/mpi_types.hpp"
 #include "comm/output_pool.hpp"
 #include "comm/plan.hpp"
+#include "common/assert.hpp"
 #include "common/checks.hpp"
 #include "meshrt/comm.hpp"
 
 namespace meshrt {
 
 Outcome Pending::take() {
+  // The worker takes each outcome once, after test(): anything else is a meshrt bug.
   if (!finished_) {
-    throw UsageError("Pending::take: expected a completed operation (test() returned true), found one in flight: " +
-                     describe());
+    MESHRT_INTERNAL("Pending::take: expected a completed operation (test() returned true), found one in flight: " +
+                    describe());
   }
-  if (taken_) throw UsageError("Pending::take: expected an outcome not yet taken, found it taken: " + describe());
+  if (taken_) MESHRT_INTERNAL("Pending::take: expected an outcome not yet taken, found it taken: " + describe());
   taken_ = true;
   if (!deferred_error_.empty()) throw UsageError(deferred_error_);
   return std::move(outcome_);

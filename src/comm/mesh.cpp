@@ -76,9 +76,11 @@ WorkerMesh::WorkerMesh(std::vector<std::string> names, NDSlice ranks, MPI_Comm w
   MESHRT_MPI_CHECK(MPI_Comm_group(world, &world_group));
   MESHRT_MPI_CHECK(MPI_Group_incl(world_group, static_cast<int>(group_ranks.size()), group_ranks.data(), &mesh_group));
   const int rc = MPI_Comm_create_group(world, mesh_group, kCreateGroupTag, &m.comm);
-  MPI_Group_free(&mesh_group);
-  MPI_Group_free(&world_group);
+  // Freed whatever the outcome; the creation's code is the one to report.
+  MESHRT_MPI_IGNORE(MPI_Group_free(&mesh_group));
+  MESHRT_MPI_IGNORE(MPI_Group_free(&world_group));
   MESHRT_MPI_CHECK(rc);
+  detail::set_error_policy(m.comm);  // and the splits inherit it (set again there)
 }
 
 WorkerMesh::~WorkerMesh() {
@@ -86,10 +88,11 @@ WorkerMesh::~WorkerMesh() {
 #if MESHRT_HAVE_NCCL
   impl_->free_nccl();
 #endif
+  // A destructor cannot raise; a failed free leaves nothing to act on.
   for (MPI_Comm& c : impl_->dim_comms) {
-    if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
+    if (c != MPI_COMM_NULL) MESHRT_MPI_IGNORE(MPI_Comm_free(&c));
   }
-  if (impl_->comm != MPI_COMM_NULL) MPI_Comm_free(&impl_->comm);
+  if (impl_->comm != MPI_COMM_NULL) MESHRT_MPI_IGNORE(MPI_Comm_free(&impl_->comm));
 }
 
 const std::vector<std::string>& WorkerMesh::names() const noexcept {
@@ -146,6 +149,7 @@ MPI_Comm WorkerMesh::dim_comm(std::size_t dim) {
     }
     MESHRT_MPI_CHECK(
         MPI_Comm_split(m.comm, static_cast<int>(color), static_cast<int>(m.coords[dim]), &m.dim_comms[dim]));
+    detail::set_error_policy(m.dim_comms[dim]);
   }
   return m.dim_comms[dim];
 }

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "common/assert.hpp"
 #include "common/checks.hpp"
 
 namespace meshrt::detail {
@@ -132,7 +133,8 @@ MPI_Op mpi_op(Reduction reduction, DType dtype) {
     case Reduction::Stack:
       break;
   }
-  throw UsageError("stack has no reduction operator: it is an all_gather or all_to_all");
+  // plan_reduce turns stack into all_gather or all_to_all, which take no operator.
+  MESHRT_INTERNAL("mpi_op: expected an elementwise reduction, found stack (an all_gather or all_to_all)");
 }
 
 void divide_in_place(void* data, std::int64_t numel, DType dtype, std::int64_t n) {

@@ -6,6 +6,7 @@
 #include <climits>
 
 #include "comm/plan.hpp"
+#include "common/assert.hpp"
 #include "common/checks.hpp"
 #include "meshrt/comm.hpp"
 
@@ -48,8 +49,8 @@ ncclRedOp_t nccl_op(Reduction r) {
     default:
       break;
   }
-  // plan_reduce refuses bitwise reductions on NCCL before we get here.
-  throw UsageError(fmt::format("reduction {} has no NCCL operator", name(r)));
+  // plan_reduce refuses bitwise reductions on NCCL (reduction_rule) before we get here.
+  MESHRT_INTERNAL(fmt::format("nccl_op: expected a reduction NCCL has, found {}", name(r)));
 }
 
 // Makes `device` current for the scope of one enqueue.

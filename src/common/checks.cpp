@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "common/assert.hpp"
+
 namespace meshrt::detail {
 namespace {
 
@@ -11,12 +13,13 @@ std::string short_file(const char* file) {
   return f;
 }
 
+// Already reporting an error: a failure here leaves the rank as -1 (unknown).
 int world_rank_or_minus_one() {
   int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
+  MESHRT_MPI_IGNORE(MPI_Initialized(&initialized));
+  MESHRT_MPI_IGNORE(MPI_Finalized(&finalized));
   int rank = -1;
-  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (initialized && !finalized) MESHRT_MPI_IGNORE(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   return rank;
 }
 
@@ -27,6 +30,18 @@ std::string mpi_error_string(int code) {
   int len = 0;
   if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", code);
   return std::string(text, static_cast<std::size_t>(len));
+}
+
+void set_error_policy(MPI_Comm comm) {
+  MESHRT_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+}
+
+void throw_internal(std::string_view message, const char* file, int line) {
+  const std::string where = short_file(file);
+  throw InternalError(fmt::format("rank {}: meshrt internal error (a bug in meshrt, not in the calling program; "
+                                  "please report it): {} at {}:{}",
+                                  world_rank_or_minus_one(), message, where, line),
+                      where, line);
 }
 
 void throw_mpi_error(int code, const char* call, const char* file, int line) {

@@ -215,7 +215,7 @@ struct StatelessGroup::Impl {
   void release() noexcept {
     if (comm == MPI_COMM_NULL) return;
     int finalized = 0;
-    MPI_Finalized(&finalized);
+    MESHRT_MPI_IGNORE(MPI_Finalized(&finalized));  // noexcept teardown, as the frees below
     if (!finalized) {
       // Disconnecting waits for pending traffic; after a timeout there may be some that
       // never completes, so a broken cross-job group is only freed.
@@ -223,11 +223,11 @@ struct StatelessGroup::Impl {
         // Open MPI 4.1.4 hangs in MPI_Comm_disconnect of the merged intracommunicator
         // (even with no traffic on it), but disconnects the intercommunicator it came
         // from cleanly; the merged one is freed first so that nothing else connects them.
-        MPI_Comm_free(&comm);
-        MPI_Comm_disconnect(&inter);
+        MESHRT_MPI_IGNORE(MPI_Comm_free(&comm));
+        MESHRT_MPI_IGNORE(MPI_Comm_disconnect(&inter));
       } else {
-        MPI_Comm_free(&comm);
-        if (inter != MPI_COMM_NULL) MPI_Comm_free(&inter);
+        MESHRT_MPI_IGNORE(MPI_Comm_free(&comm));
+        if (inter != MPI_COMM_NULL) MESHRT_MPI_IGNORE(MPI_Comm_free(&inter));
       }
     }
     comm = MPI_COMM_NULL;
@@ -315,7 +315,7 @@ struct StatelessGroup::Impl {
     for (std::size_t i = 0; i < reqs.size(); ++i) {
       if (reqs[i] == MPI_REQUEST_NULL) continue;
       int done = 0;
-      MPI_Request_get_status(reqs[i], &done, MPI_STATUS_IGNORE);
+      MESHRT_MPI_IGNORE(MPI_Request_get_status(reqs[i], &done, MPI_STATUS_IGNORE));  // failed: reads as pending
       if (!done) out.push_back(i);
     }
     return out;
@@ -325,8 +325,8 @@ struct StatelessGroup::Impl {
   static void cancel_receives(std::span<MPI_Request> reqs) {
     for (auto& r : reqs) {
       if (r == MPI_REQUEST_NULL) continue;
-      MPI_Cancel(&r);
-      MPI_Request_free(&r);
+      MESHRT_MPI_IGNORE(MPI_Cancel(&r));  // withdrawing after an error or timeout already raised
+      MESHRT_MPI_IGNORE(MPI_Request_free(&r));
     }
   }
 
@@ -335,18 +335,18 @@ struct StatelessGroup::Impl {
   // message that is still arriving; the request is freed, its buffer must be abandoned.
   enum class Withdrawn { Cancelled, Completed, Stuck };
   static Withdrawn withdraw(MPI_Request& r, MPI_Status& st) {
-    MPI_Cancel(&r);
+    MESHRT_MPI_IGNORE(MPI_Cancel(&r));  // a failed cancel or test reads as not done: Stuck
     const auto until = Clock::now() + std::chrono::milliseconds(50);
     for (;;) {
       int done = 0;
-      MPI_Test(&r, &done, &st);
+      MESHRT_MPI_IGNORE(MPI_Test(&r, &done, &st));
       if (done) {
         int cancelled = 0;
-        MPI_Test_cancelled(&st, &cancelled);
+        MESHRT_MPI_IGNORE(MPI_Test_cancelled(&st, &cancelled));
         return cancelled ? Withdrawn::Cancelled : Withdrawn::Completed;
       }
       if (Clock::now() >= until) {
-        MPI_Request_free(&r);
+        MESHRT_MPI_IGNORE(MPI_Request_free(&r));
         return Withdrawn::Stuck;
       }
       std::this_thread::yield();
@@ -400,7 +400,7 @@ struct StatelessGroup::Impl {
       backoff.pause();
     }
     int bytes = 0;
-    MPI_Get_count(&st, MPI_BYTE, &bytes);
+    MESHRT_MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
     return bytes;
   }
 
@@ -563,7 +563,7 @@ struct StatelessGroup::Impl {
     }
     if (!problem.empty()) {
       std::vector<char> sinkhole(static_cast<std::size_t>(std::max(bytes, 1)));  // a matched message must be received
-      MPI_Mrecv(sinkhole.data(), bytes, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+      MESHRT_MPI_IGNORE(MPI_Mrecv(sinkhole.data(), bytes, MPI_BYTE, &msg, MPI_STATUS_IGNORE));  // the problem is raised
       break_group(fmt::format("a broken chunked message in {}", op));
       throw ProtocolError(fmt::format("{}: {}", where(op, src), problem));
     }
@@ -602,7 +602,7 @@ struct StatelessGroup::Impl {
                    fmt::format("{} bytes expected, failed: {}", chunk_len[i], detail::mpi_error_string(rc)));
     }
     int got = 0;
-    MPI_Get_count(&st, MPI_BYTE, &got);
+    MESHRT_MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &got));
     if (static_cast<std::size_t>(got) != chunk_len[i]) {
       chunk_failed(op, src, i, fmt::format("expected {} bytes, found {} (truncated stream)", chunk_len[i], got));
     }
@@ -739,7 +739,7 @@ std::unique_ptr<StatelessGroup::Impl> StatelessGroup::make_impl(MPI_Comm comm, s
                                                                 const GroupOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->comm = comm;  // owned from here on: freed by ~Impl even if the rest throws
-  MESHRT_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+  detail::set_error_policy(comm);
   MESHRT_MPI_CHECK(MPI_Comm_rank(comm, &impl->rank));
   MESHRT_MPI_CHECK(MPI_Comm_size(comm, &impl->size));
   impl->parent_ranks = std::move(parent_ranks);
@@ -770,11 +770,11 @@ StatelessGroup StatelessGroup::create(const std::vector<int>& members, MPI_Comm 
   MPI_Group parent_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
   MESHRT_MPI_CHECK(MPI_Comm_group(parent, &parent_group));
   const int rc = MPI_Group_incl(parent_group, static_cast<int>(members.size()), members.data(), &group);
-  MPI_Group_free(&parent_group);
+  MESHRT_MPI_IGNORE(MPI_Group_free(&parent_group));  // rc is the one to report
   MESHRT_MPI_CHECK(rc);
   MPI_Comm comm = MPI_COMM_NULL;
   const int rc2 = MPI_Comm_create_group(parent, group, options.create_tag, &comm);
-  MPI_Group_free(&group);
+  MESHRT_MPI_IGNORE(MPI_Group_free(&group));
   MESHRT_MPI_CHECK(rc2);
   return StatelessGroup(make_impl(comm, members, options));
 }
@@ -856,10 +856,10 @@ StatelessGroup StatelessGroup::join(bool accepting, const std::string& where, MP
   const char* op = accepting ? "StatelessGroup::accept" : "StatelessGroup::connect";
   MPI_Comm ldup = MPI_COMM_NULL;  // the caller's communicator is never used directly
   MESHRT_MPI_CHECK(MPI_Comm_dup(local, &ldup));
-  MPI_Comm_set_errhandler(ldup, MPI_ERRORS_RETURN);
+  detail::set_error_policy(ldup);
   struct FreeDup {
     MPI_Comm& c;
-    ~FreeDup() { MPI_Comm_free(&c); }
+    ~FreeDup() { MESHRT_MPI_IGNORE(MPI_Comm_free(&c)); }
   } free_dup{ldup};
   int lrank = 0;
   MESHRT_MPI_CHECK(MPI_Comm_rank(ldup, &lrank));
@@ -895,8 +895,8 @@ StatelessGroup StatelessGroup::join(bool accepting, const std::string& where, MP
     // MPI_Comm_accept has no timeout: it waits until the other job connects.
     MESHRT_MPI_CHECK(MPI_Comm_accept(port.data(), MPI_INFO_NULL, 0, ldup, &inter));
     if (lrank == 0) {
-      MPI_Close_port(port.data());
-      std::remove(where.c_str());  // a later connect must not find a closed port
+      MESHRT_MPI_IGNORE(MPI_Close_port(port.data()));  // connected already; the port is not used again
+      std::remove(where.c_str());                      // a later connect must not find a closed port
     }
   } else {
     MESHRT_MPI_CHECK(MPI_Comm_connect(port.data(), MPI_INFO_NULL, 0, ldup, &inter));
@@ -904,16 +904,16 @@ StatelessGroup StatelessGroup::join(bool accepting, const std::string& where, MP
   MPI_Comm merged = MPI_COMM_NULL;
   // The accepting job's ranks come first (high = 0).
   const int rc = MPI_Intercomm_merge(inter, accepting ? 0 : 1, &merged);
-  if (rc != MPI_SUCCESS) MPI_Comm_disconnect(&inter);
+  if (rc != MPI_SUCCESS) MESHRT_MPI_IGNORE(MPI_Comm_disconnect(&inter));  // rc is reported
   MESHRT_MPI_CHECK(rc);
   // parent_rank(i): member i's rank in its own job's `local` communicator.
   int msize = 0;
-  MPI_Comm_size(merged, &msize);
+  MESHRT_MPI_CHECK(MPI_Comm_size(merged, &msize));
   std::vector<int> parents(static_cast<std::size_t>(msize));
   const int rc2 = MPI_Allgather(&lrank, 1, MPI_INT, parents.data(), 1, MPI_INT, merged);
   if (rc2 != MPI_SUCCESS) {
-    MPI_Comm_disconnect(&merged);
-    MPI_Comm_disconnect(&inter);
+    MESHRT_MPI_IGNORE(MPI_Comm_disconnect(&merged));  // rc2 is reported
+    MESHRT_MPI_IGNORE(MPI_Comm_disconnect(&inter));
   }
   MESHRT_MPI_CHECK(rc2);
   auto impl = make_impl(merged, std::move(parents), options);
@@ -1120,7 +1120,7 @@ void StatelessGroup::all_gather_bytes(const detail::TypeTag& type, bool raw, std
         const int p = g.recv_owner[i];
         if (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR != MPI_SUCCESS) g.first_failed(op, p, st.MPI_ERROR);
         int bytes = 0;
-        MPI_Get_count(&st, MPI_BYTE, &bytes);
+        MESHRT_MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
         const WireHeader h = g.check_first(op, Kind::AllGather, type, raw, p, p, seq, bytes);
         if (!g.start_payload(op, Kind::AllGather, h, p, *sinks[static_cast<std::size_t>(p)], g.dl_)) {
           g.timed_out(

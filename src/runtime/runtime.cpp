@@ -38,7 +38,7 @@ struct Runtime::Impl {
 
   void free_comms() {
     for (MPI_Comm* c : {&world, &control, &p2p}) {
-      if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+      if (*c != MPI_COMM_NULL) MESHRT_MPI_IGNORE(MPI_Comm_free(c));  // teardown: nothing to report to
     }
   }
 
@@ -54,7 +54,7 @@ struct Runtime::Impl {
     mine.rank = rank;
     char host[MPI_MAX_PROCESSOR_NAME] = {};
     int len = 0;
-    MPI_Get_processor_name(host, &len);
+    MESHRT_MPI_CHECK(MPI_Get_processor_name(host, &len));
     mine.host = host;
     try {
       mine.function_table_hash = functions::table_hash();
@@ -146,7 +146,7 @@ struct Runtime::Impl {
         MESHRT_LOG(fatal) << "shutdown: workers did not finish within " << options.shutdown_timeout_seconds
                           << " s; aborting the job:" << report;
         std::fprintf(stderr, "meshrt: shutdown timed out; aborting the job:%s\n", report.c_str());
-        MPI_Abort(MPI_COMM_WORLD, 1);
+        MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));  // does not return
       }
       backoff.pause();
     }
@@ -158,21 +158,23 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
   Impl& i = *impl_;
   i.options = options;
   int initialized = 0;
-  MPI_Initialized(&initialized);
+  MESHRT_MPI_CHECK(MPI_Initialized(&initialized));
   if (!initialized) {
     MESHRT_MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &i.provided));
     i.initialized_mpi = true;
   } else {
-    MPI_Query_thread(&i.provided);
+    MESHRT_MPI_CHECK(MPI_Query_thread(&i.provided));
   }
-  MPI_Comm_rank(MPI_COMM_WORLD, &i.rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &i.size);
+  MESHRT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &i.rank));
+  MESHRT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &i.size));
   try {
     log::init(i.rank);
     log::set_thread_role(i.rank == 0 ? "controller" : fmt::format("worker {}", i.rank));
-    MESHRT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &i.control));
-    MESHRT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &i.world));
-    MESHRT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &i.p2p));
+    // MPI_ERRORS_RETURN on each, so that MESHRT_MPI_CHECK raises (common/checks.hpp).
+    for (MPI_Comm* c : {&i.control, &i.world, &i.p2p}) {
+      MESHRT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, c));
+      detail::set_error_policy(*c);
+    }
     i.handshake();
     if (options.dedicated_controller) {
       if (i.size < 2) throw UsageError("a dedicated controller needs at least 2 ranks: one controller, one worker");
@@ -190,7 +192,7 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
     if (i.monitor) detail::uninstall_signal_handlers();
     i.watch.reset();
     i.free_comms();
-    if (i.initialized_mpi) MPI_Finalize();
+    if (i.initialized_mpi) MESHRT_MPI_IGNORE(MPI_Finalize());  // the error in flight is the one to report
     throw;
   }
 }
@@ -199,7 +201,7 @@ Runtime::~Runtime() {
   if (impl_->monitor) detail::uninstall_signal_handlers();
   impl_->watch.reset();
   impl_->free_comms();
-  if (impl_->initialized_mpi) MPI_Finalize();
+  if (impl_->initialized_mpi) MESHRT_MPI_IGNORE(MPI_Finalize());  // a destructor cannot raise
 }
 
 int Runtime::rank() const noexcept {
@@ -226,7 +228,7 @@ void Runtime::session(const std::function<void(Controller&)>& fn) {
         // A worker that cannot go on must not leave its peers waiting.
         MESHRT_LOG(fatal) << "worker 0 failed: " << e.what() << "; aborting the job";
         std::fprintf(stderr, "meshrt: worker 0 failed: %s; aborting the job\n", e.what());
-        MPI_Abort(MPI_COMM_WORLD, 1);
+        MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));  // does not return
       }
     });
   }
