@@ -7,6 +7,12 @@
 #   MESHRT_TEST_SANITIZERS=1  also run the suite under ASan+UBSan (scripts/test-sanitizers.sh;
 #                         a second full build in build-asan: off by default, see its timing)
 source "$(dirname "$0")/common.sh"
+# The source checks first: a second each, so a formatting slip or an include across the
+# module lines fails before the build (scripts/format-check.sh, scripts/include-check.sh).
+echo "== format check"
+"$MESHRT_ROOT/scripts/format-check.sh"
+echo "== include check"
+"$MESHRT_ROOT/scripts/include-check.sh"
 ensure_packages "${MESHRT_PACKAGES[@]}"
 configure_and_build -DMESHRT_WERROR=ON
 mpi_local_environment
