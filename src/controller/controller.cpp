@@ -27,7 +27,13 @@ std::shared_ptr<ControllerState> lock(const std::weak_ptr<ControllerState>& w) {
   return s;
 }
 
+// Every mesh is made here (world_mesh, slice, rename, split, flatten), so the names are
+// checked at the controller, not first on the workers.
 std::shared_ptr<MeshState> make_mesh(ControllerState& ctl, std::vector<std::string> names, NDSlice ranks) {
+  if (std::find(names.begin(), names.end(), std::string()) != names.end()) {
+    throw UsageError(
+        fmt::format("mesh dimension names must be non-empty, found an empty one in ['{}']", fmt::join(names, "', '")));
+  }
   std::set<std::string> unique(names.begin(), names.end());
   if (unique.size() != names.size()) {
     throw UsageError(fmt::format("mesh dimension names must be unique, found [{}]", fmt::join(names, ", ")));
@@ -107,6 +113,30 @@ void use_tensor(ControllerState& ctl, TensorState& t, const MeshState& mesh, con
     ctl.append(t.home->dests, protocol::BorrowFirstUse{t.ref});
   }
 }
+
+// A shape function is user code run at the call site: whatever it throws is a mistake in
+// this call (or in the function), so it becomes a UsageError naming the function (the
+// caller's at_site adds the line). A UsageError passes through unchanged.
+Signature infer_at_call(const functions::Function& f, const ArgMetas& args) {
+  try {
+    return functions::infer(f, args);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw UsageError(fmt::format("{} (registered at {}): its shape function threw: {}", f.name, f.where(), e.what()));
+  } catch (...) {
+    throw UsageError(
+        fmt::format("{} (registered at {}): its shape function threw an exception that is not a "
+                    "std::exception",
+                    f.name, f.where()));
+  }
+}
+
+// A FetchResult travels in one control message, whose size MPI counts in an int
+// (Channel::send refuses more, worker/channel.cpp). The frame around the tensor's bytes
+// (header, ident, meta of at most 64 dimensions) takes well under kFrameRoom.
+constexpr std::uint64_t kControlMessageLimit = 2147483647;  // INT32_MAX bytes
+constexpr std::uint64_t kFrameRoom = 4096;
 
 // Call-site mistakes name the line of the controller program that made them.
 template <class F>
@@ -456,7 +486,7 @@ std::vector<DTensor> Mesh::call_on_impl(const Stream& stream, FunctionName fn, s
       return Value(tensors[next++].state_->meta);
     }));
   }
-  const Signature sig = functions::infer(f, ArgMetas(fn.name, metas));
+  const Signature sig = infer_at_call(f, ArgMetas(fn.name, metas));
   // Which tensors the call mutates: the tensor arguments at the positions sig.mutates names.
   std::vector<Ref> mutates;
   std::vector<TensorState*> mutated;
@@ -594,7 +624,17 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
         }
       }
     }
-    if (preprocess) functions::lookup(*preprocess);
+    if (preprocess) {
+      functions::lookup(*preprocess);
+    } else if (const std::uint64_t bytes = t.state_->meta.nbytes(); bytes > kControlMessageLimit - kFrameRoom) {
+      // Refused here, not after the worker has serialised it. (With a preprocess function
+      // the result's size is the function's; the worker checks that one.)
+      throw UsageError(
+          fmt::format("fetch_shard: the tensor {} is {} bytes, expected at most {} bytes in one fetch (a fetch "
+                      "is one control message, at most {} bytes with its frame); fetch it in pieces (e.g. slice it "
+                      "with a function, or use a preprocess function that reduces it)",
+                      t.state_->meta.to_string(), bytes, kControlMessageLimit - kFrameRoom, kControlMessageLimit));
+    }
     const int rank = static_cast<int>(mesh.ranks.location(at));
     use_tensor(ctl, *t.state_, mesh, *t.state_->stream, false, "fetch_shard");
     ctl.ensure_stream(*t.state_->stream);

@@ -19,17 +19,32 @@ using meshrt::testing::session;
 MESHRT_RUNTIME_TEST_ENVIRONMENT();
 
 namespace {
-// test.cuda_placed(shape, dtype): the controller sees a tensor on cuda:0. Its kernel
-// always fails, so the test needs no GPU and runs alike on machines with one.
-Signature cuda_placed_shape(const ArgMetas& a) {
-  return {{TensorMeta(a.shape(0), a.dtype(1), Device::cuda(0))}, {}};
+// test.declared_only(shape, dtype, device): the controller sees a tensor of that meta (on
+// a GPU, or of several GiB). Its kernel always fails, so the workers never allocate it:
+// the test needs no GPU and little memory, and runs alike on machines with a GPU.
+Signature declared_only_shape(const ArgMetas& a) {
+  return {{TensorMeta(a.shape(0), a.dtype(1), Device::parse(a.string(2)))}, {}};
 }
-std::vector<Tensor> cuda_placed_kernel(CallContext&, Args&) {
-  throw std::runtime_error("test.cuda_placed fails on purpose");
+std::vector<Tensor> declared_only_kernel(CallContext&, Args&) {
+  throw std::runtime_error("test.declared_only fails on purpose");
 }
+
+// test.shape_throws(kind): a shape function that throws something other than a
+// UsageError (kind 0: std::runtime_error, 1: std::out_of_range, 2: an int).
+Signature shape_throws_shape(const ArgMetas& a) {
+  const std::int64_t kind = a.integer(0);
+  if (kind == 0) throw std::runtime_error("shape trouble");
+  if (kind == 1) throw std::out_of_range("index 9 past the end");
+  throw 42;
+}
+std::vector<Tensor> shape_throws_kernel(CallContext&, Args&) {
+  return {};
+}
+constexpr int kShapeThrowsLine = __LINE__ + 1;
+MESHRT_REGISTER_FUNCTION("test.shape_throws", shape_throws_kernel, shape_throws_shape);
 }  // namespace
 
-MESHRT_REGISTER_FUNCTION("test.cuda_placed", cuda_placed_kernel, cuda_placed_shape);
+MESHRT_REGISTER_FUNCTION("test.declared_only", declared_only_kernel, declared_only_shape);
 
 namespace {
 
@@ -187,7 +202,7 @@ TEST(BadInput, ReductionRulesAtTheCallSiteWithTheLine) {
         {"reduce_ sum with scatter over 'gpu': ", "sum with scatter (reduce_scatter) cannot run in place", site});
     // A tensor the controller places on a GPU (its kernel never succeeds: the workers
     // need no GPU for this test). NCCL has no bitwise reductions, in place or not.
-    DTensor on_gpu = mesh.call("test.cuda_placed", {4}, DType::Int32);
+    DTensor on_gpu = mesh.call("test.declared_only", {4}, DType::Int32, "cuda:0");
     ASSERT_TRUE(on_gpu.meta().device().is_cuda());
     for (Reduction r : {Reduction::Band, Reduction::Bor, Reduction::Bxor}) {
       const std::string rule = "bitwise reduction " + std::string(name(r)) +
@@ -199,7 +214,69 @@ TEST(BadInput, ReductionRulesAtTheCallSiteWithTheLine) {
       expect_parts(error_of<UsageError>([&] { on_gpu.reduce("host", r); }), {rule, site});
     }
     // Nothing of the refused calls reached the workers: the only failure is the kernel.
-    expect_parts(error_of<RemoteError>([&] { ctl.synchronize(); }), {"test.cuda_placed failed", "on purpose"});
+    expect_parts(error_of<RemoteError>([&] { ctl.synchronize(); }), {"test.declared_only failed", "on purpose"});
+    expect_session_works(ctl, mesh);
+  });
+}
+
+// A fetch is one control message (at most 2 GiB): a larger tensor is refused at the
+// call, naming its size and the limit, instead of after the worker has serialised it.
+TEST(BadInput, FetchOverTheWireLimitRefusedAtTheCall) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor big = mesh.call("test.declared_only", {std::int64_t{3} << 28, 1}, DType::Float32, "cpu");  // 3 GiB
+    const int line = __LINE__ + 1;
+    const std::string text = error_of<UsageError>([&] { ctl.fetch_shard(big, {{"host", 0}, {"gpu", 1}}); });
+    expect_parts(text, {"fetch_shard: the tensor float32[805306368, 1] on cpu is 3221225472 bytes",
+                        "expected at most 2147479551 bytes in one fetch", "at most 2147483647 bytes with its frame",
+                        "fetch it in pieces", "(at bad_input_test.cpp:" + std::to_string(line) + " "});
+    // One byte over the limit is refused too; nothing was sent for either.
+    DTensor over = mesh.call("test.declared_only", {std::int64_t{2147479552}}, DType::UInt8, "cpu");
+    expect_parts(error_of<UsageError>([&] {
+                   ctl.fetch_shard(over, {{"host", 1}, {"gpu", 0}});
+                 }),
+                 {"is 2147479552 bytes, expected at most 2147479551 bytes"});
+    expect_parts(error_of<RemoteError>([&] { ctl.synchronize(); }), {"test.declared_only failed", "on purpose"});
+    expect_session_works(ctl, mesh);
+  });
+}
+
+// Whatever a shape function throws is a UsageError at the call, naming the function, where
+// it was registered and the call's line; before, a std::runtime_error escaped raw.
+TEST(BadInput, ThrowingShapeFunctionIsAUsageErrorAtTheCall) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    const std::string fn = "bad_input_test.cpp:" + std::to_string(kShapeThrowsLine) + "): its shape function threw";
+    const int line = __LINE__ + 1;
+    const std::string runtime = error_of<UsageError>([&] { mesh.call("test.shape_throws", 0); });
+    expect_parts(runtime, {"test.shape_throws (registered at ", fn + ": shape trouble",
+                           "(at bad_input_test.cpp:" + std::to_string(line) + " "});
+    expect_parts(error_of<UsageError>([&] { mesh.call("test.shape_throws", 1); }),
+                 {fn + ": index 9 past the end", "(at bad_input_test.cpp:"});
+    expect_parts(error_of<UsageError>([&] { mesh.call("test.shape_throws", 2); }),
+                 {fn + " an exception that is not a std::exception", "(at bad_input_test.cpp:"});
+    expect_session_works(ctl, mesh);
+  });
+}
+
+// Dimension names are checked at the controller, for every way a mesh is made: before,
+// an empty name passed and was refused first on the workers.
+TEST(BadInput, EmptyOrDuplicateDimensionNamesRefusedAtTheController) {
+  session([](Controller& ctl) {
+    const std::string empty = "mesh dimension names must be non-empty, found an empty one in";
+    const std::string duplicate = "mesh dimension names must be unique, found";
+    expect_parts(error_of<UsageError>([&] { ctl.world_mesh({{"host", 2}, {"", 2}}); }), {empty, "['host', '']"});
+    expect_parts(error_of<UsageError>([&] { ctl.world_mesh({{"", 4}}); }), {empty, "['']"});
+    expect_parts(error_of<UsageError>([&] {
+                   ctl.world_mesh({{"host", 2}, {"host", 2}});
+                 }),
+                 {duplicate, "[host, host]"});
+    Mesh mesh = make_mesh(ctl);
+    expect_parts(error_of<UsageError>([&] { mesh.rename("gpu", ""); }), {empty, "['host', '']"});
+    expect_parts(error_of<UsageError>([&] { mesh.rename("gpu", "host"); }), {duplicate, "[host, host]"});
+    expect_parts(error_of<UsageError>([&] { mesh.split("gpu", {{"", 1}, {"g", 2}}); }), {empty, "['host', '', 'g']"});
+    expect_parts(error_of<UsageError>([&] { mesh.split("gpu", {{"a", 1}, {"a", 2}}); }), {duplicate, "[host, a, a]"});
+    expect_parts(error_of<UsageError>([&] { mesh.flatten(""); }), {empty, "['']"});
     expect_session_works(ctl, mesh);
   });
 }
