@@ -22,7 +22,7 @@ struct Context {
   bool quick = false;             // --quick: fewer sizes and iterations (CI smoke runs)
 };
 
-// How nccl-tests turn time into bus bandwidth (DESIGN.md section 8).
+// How nccl-tests turn time into bus bandwidth (docs/ARCHITECTURE.md section 6).
 enum class BusFactor {
   one,          // send/recv, broadcast
   all_reduce,   // 2(n-1)/n

@@ -1,4 +1,4 @@
-// group: StatelessGroup (typed object collectives, DESIGN.md section 6) against the same
+// group: StatelessGroup (typed object collectives, docs/ARCHITECTURE.md section 5) against the same
 // transfer made with raw MPI on a communicator of its own, for std::vector<char> payloads
 // of 8 B to 64 MiB:
 //   - pingpong: group ranks 0 and 1 only; one operation is a round trip, send_obj +

@@ -1,12 +1,12 @@
 // comm: device meshes on a worker, their communicators, and the data plane that moves
-// tensors between ranks (DESIGN.md sections 1 and 3: Reduce and SendTensor).
+// tensors between ranks (docs/ARCHITECTURE.md sections 1 and 3.2: Reduce and SendTensor).
 //
 // CPU tensors go through MPI; CUDA tensors go through NCCL when meshrt is built with it.
 // Every operation exists in two forms: start_*() returns a Pending that the worker's
 // event loop polls between control messages (so it keeps answering the controller while
 // a collective is in flight), and a blocking convenience (reduce(), send_tensor()).
 //
-// Broken inputs (DESIGN.md "Collectives with broken inputs"): an Input holding
+// Broken inputs (docs/ARCHITECTURE.md section 3.4, "Collectives with broken inputs"): an Input holding
 // DependentOnError still joins the collective or send, with factory.zeros(), so that no
 // peer deadlocks. The Outcome of a reduction on that rank is marked broken with the same
 // ident. Peers of a broken rank cannot know locally that the values they received are
@@ -176,7 +176,7 @@ class Pending {
 enum class Completion : std::uint8_t { NonBlocking, Blocking, Thread, Auto };
 inline constexpr std::size_t kThreadMinBytes = std::size_t{512} << 10;
 
-// Reduce over mesh dimension `dim` (DESIGN.md section 3, "Reductions"). Usage errors
+// Reduce over mesh dimension `dim` (docs/ARCHITECTURE.md section 3.6). Usage errors
 // that every member sees alike (unknown dimension, dtype, scatter size, in place where
 // the collective has no in-place form) are thrown before anything is posted, so every
 // member throws and none waits. `factory` is the tensor the controller expects.

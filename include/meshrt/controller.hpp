@@ -1,5 +1,5 @@
 // The controller: the user's program on rank 0 drives every worker through these
-// handles (DESIGN.md section 5).
+// handles (docs/ARCHITECTURE.md section 4).
 //
 //   meshrt::Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
 //   meshrt::DTensor x = mesh.call("meshrt.full", {3, 4}, meshrt::DType::Float32, 1.0);
@@ -141,7 +141,7 @@ class DTensor {
   Stream stream() const;
   bool defined() const noexcept { return state_ != nullptr; }
 
-  // The reduction over mesh dimension `dim` (DESIGN.md section 3's table).
+  // The reduction over mesh dimension `dim` (docs/ARCHITECTURE.md section 3.6's table).
   DTensor reduce(std::string_view dim, Reduction reduction, bool scatter = false,
                  std::source_location where = std::source_location::current()) const;
   // In place (sum..bxor without scatter, and stack with scatter): this handle's value

@@ -1,5 +1,5 @@
 // StatelessGroup: typed object collectives (send, recv, broadcast, all_gather, barrier)
-// over MPI for any subset of ranks, without global state (DESIGN.md section 6).
+// over MPI for any subset of ranks, without global state (docs/ARCHITECTURE.md section 5).
 //
 //   // Ranks 0 and 1 form a group; later 0..3 form another; ranks 4 and 5 never call.
 //   auto g = meshrt::StatelessGroup::create({0, 1});

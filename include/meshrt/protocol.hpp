@@ -1,5 +1,5 @@
-// The commands (controller -> worker) and replies (worker -> controller) of DESIGN.md
-// section 3, the start-up Handshake, and their wire codec.
+// The commands (controller -> worker) and replies (worker -> controller) of
+// docs/ARCHITECTURE.md sections 3.2 and 3.3, the start-up Handshake, and their wire codec.
 //
 // Every message encodes to one self-contained frame: a 4-byte header (magic 'm' 'r',
 // protocol version, message kind) then the body. decode_* validate everything they read

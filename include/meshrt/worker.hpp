@@ -1,4 +1,4 @@
-// The worker: every rank's event loop (DESIGN.md sections 1 and 3). It runs the
+// The worker: every rank's event loop (docs/ARCHITECTURE.md sections 1 and 3). It runs the
 // commands the controller sends, in arrival order, keeps the values they define, joins
 // collectives and sends, marks what depends on a failure, and reports status, failures
 // and fetched values. meshrt::Runtime starts it; users do not call it directly.

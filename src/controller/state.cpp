@@ -1,5 +1,5 @@
 // The controller's machinery: batching, replies, the completion rule and the dependency
-// graph (DESIGN.md sections 3 and 8).
+// graph (docs/ARCHITECTURE.md sections 3 and 6).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

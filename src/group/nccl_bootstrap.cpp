@@ -1,4 +1,4 @@
-// The NCCL bootstrap over a StatelessGroup (DESIGN.md sections 1 and 6): group rank 0
+// The NCCL bootstrap over a StatelessGroup (docs/ARCHITECTURE.md sections 1 and 5): group rank 0
 // makes the ncclUniqueId, broadcast_obj carries its 128 bytes, every member joins.
 #include <fmt/format.h>
 

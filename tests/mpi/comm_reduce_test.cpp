@@ -34,7 +34,7 @@ std::vector<int> line_of(const NDSlice& ranks, std::size_t dim) {
   return out;
 }
 
-// Which combinations the data plane must refuse (DESIGN.md's table and the dtype rules).
+// Which combinations the data plane must refuse (docs/ARCHITECTURE.md section 3.6: the table and the dtype rules).
 bool refused(Reduction red, DType dtype, bool scatter, bool inplace) {
   const bool stack = red == Reduction::Stack;
   if (is_bitwise(red) && is_floating(dtype)) return true;
