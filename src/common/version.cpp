@@ -7,6 +7,8 @@
 
 #include <cstring>
 
+#include "common/checks.hpp"
+
 #if MESHRT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -42,7 +44,7 @@ BuildInfo build_info() {
 
   char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
   int len = 0;
-  MPI_Get_library_version(lib, &len);
+  MESHRT_MPI_CHECK(MPI_Get_library_version(lib, &len));
   // Some MPI libraries count the terminating NUL in `len`.
   info.mpi_library = std::string(lib, strnlen(lib, static_cast<std::size_t>(len)));
   if (auto nl = info.mpi_library.find('\n'); nl != std::string::npos) info.mpi_library.resize(nl);
@@ -50,7 +52,7 @@ BuildInfo build_info() {
     info.mpi_library.pop_back();
   }
   int major = 0, minor = 0;
-  MPI_Get_version(&major, &minor);
+  MESHRT_MPI_CHECK(MPI_Get_version(&major, &minor));
   info.mpi_standard = fmt::format("{}.{}", major, minor);
   info.boost_version = fmt::format("{}.{}.{}", BOOST_VERSION / 100000, BOOST_VERSION / 100 % 1000, BOOST_VERSION % 100);
 
