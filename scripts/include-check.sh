@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CI: the module lines of docs/ARCHITECTURE.md section 2 hold. Fails on an #include that
+# CI: the module lines of docs/ARCHITECTURE.md section 2 hold. Fails on an #include (of a
+# quoted header, or of <meshrt/...>) that
 #   - goes up the module DAG (a module includes one that sits above it, or a peer), or
 #   - reaches into another module's private header (src/<module>/*.hpp),
 # unless scripts/include-allowlist.txt lists that edge. Reads the sources only (no build):
@@ -105,7 +106,8 @@ for f in "${files[@]}"; do
     elif [ "${rank[$to]}" -gt "${rank[$from]}" ]; then
       errors+=("$f:$lineno: includes \"$target\": an upward edge of the module DAG, expected module '$from' (rank ${rank[$from]}) to include modules below it only, found '$to' (rank ${rank[$to]})")
     fi
-  done < <(grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" | sed 's/^\([0-9]*\):[^"]*"\([^"]*\)".*/\1:\2/')
+  done < <(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*("|<meshrt/)' "$f" |
+    sed -E 's/^([0-9]*):[^"<]*["<]([^">]*)[">].*/\1:\2/')  # "x/y.hpp", and <meshrt/y.hpp> as well
 done
 
 for edge in "${!allowed[@]}"; do
