@@ -175,8 +175,11 @@ DTensor Stream::borrow(const DTensor& t, bool mutable_borrow, std::source_locati
       origin.mutably_borrowed = true;
       origin.borrowed_by = state_->name;
     }
-    ctl->append(origin.home->dests,
-                protocol::BorrowCreate{b->ref, origin.ref, origin.stream->ref, state_->ref, already});
+    ctl->append(origin.home->dests, protocol::BorrowCreate{.result = b->ref,
+                                                           .tensor = origin.ref,
+                                                           .from_stream = origin.stream->ref,
+                                                           .to_stream = state_->ref,
+                                                           .already_borrowed = already});
     return DTensor(b, t.mesh_);
   });
 }
@@ -299,8 +302,12 @@ DTensor DTensor::to_mesh(const Mesh& target, std::source_location where) const {
     dests.insert(dests.end(), to.dests.begin(), to.dests.end());
     std::sort(dests.begin(), dests.end());
     dests.erase(std::unique(dests.begin(), dests.end()), dests.end());
-    ctl->append(
-        dests, protocol::SendTensor{result->ref, from.ranks, to.ranks, state_->ref, state_->meta, state_->stream->ref});
+    ctl->append(dests, protocol::SendTensor{.result = result->ref,
+                                            .from_ranks = from.ranks,
+                                            .to_ranks = to.ranks,
+                                            .tensor = state_->ref,
+                                            .factory = state_->meta,
+                                            .stream = state_->stream->ref});
     return DTensor(result, target.state_);
   });
 }
@@ -528,8 +535,13 @@ std::vector<DTensor> Mesh::call_on_impl(const Stream& stream, FunctionName fn, s
   wire.reserve(args.size());
   for (Arg& a : args) wire.push_back(a.value());
   ctl->append(state_->dests,
-              protocol::CallFunction{ident, std::move(results), std::move(mutates), fn.name, std::move(wire),
-                                     stream.state_->ref, state_->ref},
+              protocol::CallFunction{.ident = ident,
+                                     .results = std::move(results),
+                                     .mutates = std::move(mutates),
+                                     .function = fn.name,
+                                     .args = std::move(wire),
+                                     .stream = stream.state_->ref,
+                                     .mesh = state_->ref},
               ident);
   return outputs;
 }
@@ -642,7 +654,13 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
     f->node = ctl.make_node(ident, fmt::format("fetch from rank {}{}", rank, preprocess ? " via " + *preprocess : ""),
                             where, {t.state_->node});
     ctl.fetches[ident] = f;
-    ctl.append({rank}, protocol::FetchValue{ident, {}, preprocess, Value(t.state_->ref), t.state_->stream->ref}, ident);
+    ctl.append({rank},
+               protocol::FetchValue{.ident = ident,
+                                    .mutates = {},
+                                    .function = preprocess,
+                                    .value = Value(t.state_->ref),
+                                    .stream = t.state_->stream->ref},
+               ident);
     ctl.flush();
     return Future<Tensor>(f);
   });
@@ -690,7 +708,7 @@ void Controller::restart_workers() {
   ControllerState& ctl = *state_;
   ctl.flush_deferred();
   ctl.restarted = 0;
-  ctl.append(ctl.all_dests, protocol::Exit{true});
+  ctl.append(ctl.all_dests, protocol::Exit{.restart = true});
   ctl.flush();
   detail::Backoff backoff;
   while (ctl.restarted < static_cast<int>(ctl.all_dests.size())) {

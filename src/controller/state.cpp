@@ -159,14 +159,14 @@ void ControllerState::ensure_mesh(MeshState& mesh) {
   check_epoch(mesh.epoch, "mesh");
   if (mesh.created) return;
   mesh.created = true;
-  append(mesh.dests, protocol::CreateDeviceMesh{mesh.ref, mesh.names, mesh.ranks});
+  append(mesh.dests, protocol::CreateDeviceMesh{.result = mesh.ref, .names = mesh.names, .ranks = mesh.ranks});
 }
 
 void ControllerState::ensure_stream(StreamState& stream) {
   check_epoch(stream.epoch, "stream");
   if (stream.created) return;
   stream.created = true;
-  append(all_dests, protocol::CreateStream{stream.ref, stream.is_default});
+  append(all_dests, protocol::CreateStream{.result = stream.ref, .is_default = stream.is_default});
 }
 
 void ControllerState::append(const std::vector<int>& dests, protocol::Command c, Ident ident) {

@@ -47,6 +47,64 @@ constexpr std::string_view kReplyNames[] = {"Status", "RemoteFunctionFailed", "F
 static_assert(std::size(kCommandNames) == std::variant_size_v<Command>);
 static_assert(std::size(kReplyNames) == std::variant_size_v<Reply>);
 
+// The wire tag of a command or reply is its index in the variant (the encoder writes
+// index()). The decoder names them; the asserts below fail to compile if the variant's
+// order and these constants ever disagree, instead of a round trip failing at run time.
+template <class T, class Variant>
+struct variant_index;
+template <class T, class... Ts>
+struct variant_index<T, std::variant<Ts...>> {
+  static constexpr std::size_t value = [] {
+    constexpr bool same[] = {std::is_same_v<T, Ts>...};
+    std::size_t i = 0;
+    while (i < sizeof...(Ts) && !same[i]) ++i;
+    return i;
+  }();
+  static_assert(value < sizeof...(Ts), "not an alternative of the variant");
+};
+template <class T, class Variant>
+inline constexpr std::uint8_t tag_of = static_cast<std::uint8_t>(variant_index<T, Variant>::value);
+
+enum class CommandTag : std::uint8_t {
+  CreateDeviceMesh = 0,
+  CreateStream = 1,
+  CallFunction = 2,
+  FetchValue = 3,
+  Reduce = 4,
+  SendTensor = 5,
+  BorrowCreate = 6,
+  BorrowFirstUse = 7,
+  BorrowDrop = 8,
+  DeleteRefs = 9,
+  CommandGroup = 10,
+  RequestStatus = 11,
+  Exit = 12,
+};
+static_assert(static_cast<std::uint8_t>(CommandTag::CreateDeviceMesh) == tag_of<CreateDeviceMesh, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::CreateStream) == tag_of<CreateStream, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::CallFunction) == tag_of<CallFunction, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::FetchValue) == tag_of<FetchValue, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::Reduce) == tag_of<Reduce, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::SendTensor) == tag_of<SendTensor, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::BorrowCreate) == tag_of<BorrowCreate, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::BorrowFirstUse) == tag_of<BorrowFirstUse, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::BorrowDrop) == tag_of<BorrowDrop, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::DeleteRefs) == tag_of<DeleteRefs, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::CommandGroup) == tag_of<CommandGroup, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::RequestStatus) == tag_of<RequestStatus, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::Exit) == tag_of<Exit, Command>);
+
+enum class ReplyTag : std::uint8_t {
+  Status = 0,
+  RemoteFunctionFailed = 1,
+  FetchResult = 2,
+  Restarted = 3,
+};
+static_assert(static_cast<std::uint8_t>(ReplyTag::Status) == tag_of<Status, Reply>);
+static_assert(static_cast<std::uint8_t>(ReplyTag::RemoteFunctionFailed) == tag_of<RemoteFunctionFailed, Reply>);
+static_assert(static_cast<std::uint8_t>(ReplyTag::FetchResult) == tag_of<FetchResult, Reply>);
+static_assert(static_cast<std::uint8_t>(ReplyTag::Restarted) == tag_of<Restarted, Reply>);
+
 constexpr std::byte kMagic0{'m'};
 constexpr std::byte kMagic1{'r'};
 enum class FrameKind : std::uint8_t { Command = 1, Reply = 2, Handshake = 3, Value = 4 };
@@ -458,8 +516,8 @@ class Reader {
   Command command(int depth) {
     const std::size_t at = pos_;
     const std::uint8_t tag = u8("command tag");
-    switch (tag) {
-      case 0: {
+    switch (static_cast<CommandTag>(tag)) {
+      case CommandTag::CreateDeviceMesh: {
         CreateDeviceMesh m;
         m.result = ref("CreateDeviceMesh.result");
         const std::size_t n = length("CreateDeviceMesh.names", 4);
@@ -472,13 +530,13 @@ class Reader {
         }
         return m;
       }
-      case 1: {
+      case CommandTag::CreateStream: {
         CreateStream m;
         m.result = ref("CreateStream.result");
         m.is_default = boolean("CreateStream.is_default");
         return m;
       }
-      case 2: {
+      case CommandTag::CallFunction: {
         CallFunction m;
         m.ident = pod<Ident>("CallFunction.ident");
         m.results = refs("CallFunction.results");
@@ -489,7 +547,7 @@ class Reader {
         m.mesh = ref("CallFunction.mesh");
         return m;
       }
-      case 3: {
+      case CommandTag::FetchValue: {
         FetchValue m;
         m.ident = pod<Ident>("FetchValue.ident");
         m.mutates = refs("FetchValue.mutates");
@@ -498,7 +556,7 @@ class Reader {
         m.stream = ref("FetchValue.stream");
         return m;
       }
-      case 4: {
+      case CommandTag::Reduce: {
         Reduce m;
         m.result = ref("Reduce.result");
         m.tensor = ref("Reduce.tensor");
@@ -511,7 +569,7 @@ class Reader {
         m.inplace = boolean("Reduce.inplace");
         return m;
       }
-      case 5: {
+      case CommandTag::SendTensor: {
         SendTensor m;
         m.result = ref("SendTensor.result");
         m.from_ranks = slice("SendTensor.from_ranks");
@@ -525,7 +583,7 @@ class Reader {
         m.stream = ref("SendTensor.stream");
         return m;
       }
-      case 6: {
+      case CommandTag::BorrowCreate: {
         BorrowCreate m;
         m.result = ref("BorrowCreate.result");
         m.tensor = ref("BorrowCreate.tensor");
@@ -534,13 +592,13 @@ class Reader {
         m.already_borrowed = boolean("BorrowCreate.already_borrowed");
         return m;
       }
-      case 7:
+      case CommandTag::BorrowFirstUse:
         return BorrowFirstUse{ref("BorrowFirstUse.borrow")};
-      case 8:
+      case CommandTag::BorrowDrop:
         return BorrowDrop{ref("BorrowDrop.borrow")};
-      case 9:
+      case CommandTag::DeleteRefs:
         return DeleteRefs{refs("DeleteRefs.refs")};
-      case 10: {
+      case CommandTag::CommandGroup: {
         if (depth >= kMaxDepth) {
           fail_at(at, "CommandGroup", fmt::format("expected groups nested at most {} deep, found deeper", kMaxDepth));
         }
@@ -550,9 +608,9 @@ class Reader {
         for (std::size_t i = 0; i < n; ++i) m.commands.push_back(command(depth + 1));
         return m;
       }
-      case 11:
+      case CommandTag::RequestStatus:
         return RequestStatus{pod<Ident>("RequestStatus.ident")};
-      case 12:
+      case CommandTag::Exit:
         return Exit{boolean("Exit.restart")};
       default:
         fail_at(at, "command tag",
@@ -563,14 +621,14 @@ class Reader {
   Reply reply() {
     const std::size_t at = pos_;
     const std::uint8_t tag = u8("reply tag");
-    switch (tag) {
-      case 0: {
+    switch (static_cast<ReplyTag>(tag)) {
+      case ReplyTag::Status: {
         Status m;
         m.first_uncompleted_ident = pod<Ident>("Status.first_uncompleted_ident");
         m.live_values = pod<std::uint64_t>("Status.live_values");
         return m;
       }
-      case 1: {
+      case ReplyTag::RemoteFunctionFailed: {
         RemoteFunctionFailed m;
         m.ident = pod<Ident>("RemoteFunctionFailed.ident");
         m.error = string("RemoteFunctionFailed.error");
@@ -579,13 +637,13 @@ class Reader {
         m.exception_type = string("RemoteFunctionFailed.exception_type");
         return m;
       }
-      case 2: {
+      case ReplyTag::FetchResult: {
         FetchResult m;
         m.ident = pod<Ident>("FetchResult.ident");
         m.value = value(1, "FetchResult.value");
         return m;
       }
-      case 3:
+      case ReplyTag::Restarted:
         return Restarted{};
       default:
         fail_at(at, "reply tag",

@@ -132,7 +132,7 @@ struct Runtime::Impl {
     state.flush_deferred();
     const protocol::Ident ident = state.new_ident("shutdown");
     state.append(state.all_dests, protocol::RequestStatus{ident}, ident);
-    state.append(state.all_dests, protocol::Exit{false});
+    state.append(state.all_dests, protocol::Exit{.restart = false});
     state.flush();
     // No RequestStatus may follow Exit (the next session would receive it), so wait here
     // without asking again.

@@ -88,7 +88,7 @@ struct Worker::Impl {
 
   void send_status(bool force) {
     if (!force && first_uncompleted <= last_status_sent) return;
-    reply(Status{first_uncompleted, static_cast<std::uint64_t>(env.size())});
+    reply(Status{.first_uncompleted_ident = first_uncompleted, .live_values = static_cast<std::uint64_t>(env.size())});
     last_status_sent = first_uncompleted;
     last_status_time = Clock::now();
   }
@@ -96,7 +96,11 @@ struct Worker::Impl {
   void report_failure(Ident ident, const std::string& function, const std::exception& e) {
     current_failed = true;
     MESHRT_LOG(info) << "function " << function << " (ident " << ident << ") failed: " << e.what();
-    reply(RemoteFunctionFailed{ident, e.what(), opt.rank, function, boost::core::demangle(typeid(e).name())});
+    reply(RemoteFunctionFailed{.ident = ident,
+                               .error = e.what(),
+                               .rank = opt.rank,
+                               .function = function,
+                               .exception_type = boost::core::demangle(typeid(e).name())});
   }
 
   // ------------------------------------------------------------------ values
@@ -204,7 +208,7 @@ struct Worker::Impl {
         return leaf.is_tensor() && !leaf.as_tensor().device().is_cpu() ? Value(leaf.as_tensor().to(Device::cpu()))
                                                                        : leaf;
       });
-      reply(FetchResult{c.ident, std::move(value)});
+      reply(FetchResult{.ident = c.ident, .value = std::move(value)});
       // The controller counts a FetchResult as the invocation's completion on this rank:
       // no Status needs to follow it.
       last_status_sent = std::max(last_status_sent, c.ident + 1);
@@ -328,8 +332,11 @@ struct Worker::Impl {
     } catch (const std::exception& e) {
       MESHRT_LOG(error) << "rank " << opt.rank << ": " << name(command) << " failed: " << e.what();
       // Ident 0: tied to no invocation; the controller raises it at the next synchronize.
-      reply(RemoteFunctionFailed{0, fmt::format("{} failed: {}", name(command), e.what()), opt.rank,
-                                 std::string(name(command)), boost::core::demangle(typeid(e).name())});
+      reply(RemoteFunctionFailed{.ident = 0,
+                                 .error = fmt::format("{} failed: {}", name(command), e.what()),
+                                 .rank = opt.rank,
+                                 .function = std::string(name(command)),
+                                 .exception_type = boost::core::demangle(typeid(e).name())});
       current_failed = true;
     }
     monitor.finished(q.seq, current_failed);
@@ -409,8 +416,11 @@ struct Worker::Impl {
       } catch (const ProtocolError& e) {
         MESHRT_LOG(error) << "rank " << opt.rank << ": dropped an undecodable command of " << rx.size()
                           << " bytes: " << e.what();
-        reply(RemoteFunctionFailed{0, fmt::format("undecodable command: {}", e.what()), opt.rank, "<protocol>",
-                                   "meshrt::ProtocolError"});
+        reply(RemoteFunctionFailed{.ident = 0,
+                                   .error = fmt::format("undecodable command: {}", e.what()),
+                                   .rank = opt.rank,
+                                   .function = "<protocol>",
+                                   .exception_type = "meshrt::ProtocolError"});
       }
     }
     return any;
