@@ -107,7 +107,7 @@ static_assert(static_cast<std::uint8_t>(ReplyTag::Restarted) == tag_of<Restarted
 
 constexpr std::byte kMagic0{'m'};
 constexpr std::byte kMagic1{'r'};
-enum class FrameKind : std::uint8_t { Command = 1, Reply = 2, Handshake = 3, Value = 4 };
+enum class FrameKind : std::uint8_t { Command = 1, Reply = 2, Handshake = 3, Value = 4, Query = 5, QueryAnswer = 6 };
 constexpr std::size_t kHeaderSize = 4;
 // More dimensions than any real tensor or mesh; bounds what a frame can ask for.
 constexpr std::uint32_t kMaxDims = 64;
@@ -306,6 +306,19 @@ class Writer {
     pod(m.thread_level);
     pod(m.rank);
     string(m.host, "Handshake host");
+  }
+  void body(const Query& m) {
+    pod(m.id);
+    u8(static_cast<std::uint8_t>(m.op));
+    pod(m.limit);
+    string(m.reason, "Query reason");
+  }
+  void body(const QueryAnswer& m) {
+    pod(m.query);
+    pod(m.rank);
+    u8(static_cast<std::uint8_t>(m.op));
+    string(m.payload, "QueryAnswer payload");
+    string(m.error, "QueryAnswer error");
   }
 
  private:
@@ -662,6 +675,26 @@ class Reader {
     return h;
   }
 
+  Query query() {
+    Query q;
+    q.id = pod<std::uint64_t>("Query.id");
+    q.op = enumeration<QueryOp>("Query.op", kNumQueryOps);
+    q.limit = pod<std::uint64_t>("Query.limit");
+    q.reason = string("Query.reason");
+    return q;
+  }
+
+  QueryAnswer query_answer() {
+    QueryAnswer a;
+    a.query = pod<std::uint64_t>("QueryAnswer.query");
+    a.rank = pod<std::int32_t>("QueryAnswer.rank");
+    if (a.rank < -1) fail("QueryAnswer.rank", fmt::format("expected a rank >= -1, found {}", a.rank));
+    a.op = enumeration<QueryOp>("QueryAnswer.op", kNumQueryOps);
+    a.payload = string("QueryAnswer.payload");
+    a.error = string("QueryAnswer.error");
+    return a;
+  }
+
   void header(FrameKind expected) {
     need(kHeaderSize, "frame header");
     if (p_[0] != kMagic0 || p_[1] != kMagic1) {
@@ -696,6 +729,10 @@ class Reader {
         return "handshake";
       case FrameKind::Value:
         return "value";
+      case FrameKind::Query:
+        return "query";
+      case FrameKind::QueryAnswer:
+        return "query answer";
     }
     return "invalid";
   }
@@ -748,6 +785,14 @@ void encode_into(const Handshake& h, Buffer& out) {
   header(out, FrameKind::Handshake);
   Writer(out).body(h);
 }
+void encode_into(const Query& q, Buffer& out) {
+  header(out, FrameKind::Query);
+  Writer(out).body(q);
+}
+void encode_into(const QueryAnswer& a, Buffer& out) {
+  header(out, FrameKind::QueryAnswer);
+  Writer(out).body(a);
+}
 void encode_value(const Value& v, Buffer& out) {
   header(out, FrameKind::Value);
   Writer(out).value(v);
@@ -761,6 +806,12 @@ std::vector<std::byte> encode(const Reply& r) {
 }
 std::vector<std::byte> encode(const Handshake& h) {
   return to_vector([&](Buffer& b) { encode_into(h, b); });
+}
+std::vector<std::byte> encode(const Query& q) {
+  return to_vector([&](Buffer& b) { encode_into(q, b); });
+}
+std::vector<std::byte> encode(const QueryAnswer& a) {
+  return to_vector([&](Buffer& b) { encode_into(a, b); });
 }
 
 Command decode_command(std::span<const std::byte> bytes) {
@@ -783,6 +834,20 @@ Handshake decode_handshake(std::span<const std::byte> bytes) {
   Handshake h = r.handshake();
   r.finish();
   return h;
+}
+Query decode_query(std::span<const std::byte> bytes) {
+  Reader r(bytes);
+  r.header(FrameKind::Query);
+  Query q = r.query();
+  r.finish();
+  return q;
+}
+QueryAnswer decode_query_answer(std::span<const std::byte> bytes) {
+  Reader r(bytes);
+  r.header(FrameKind::QueryAnswer);
+  QueryAnswer a = r.query_answer();
+  r.finish();
+  return a;
 }
 Value decode_value(std::span<const std::byte> bytes) {
   Reader r(bytes);
