@@ -14,6 +14,9 @@ namespace meshrt {
 namespace detail {
 class Monitor;
 }
+namespace control {
+class Transport;
+}
 
 struct WorkerOptions {
   int rank = 0;                          // this rank in `world`
@@ -22,6 +25,9 @@ struct WorkerOptions {
   MPI_Comm p2p = MPI_COMM_NULL;          // SendTensor
   double status_interval_seconds = 1.0;  // Status cadence when the worker moved
   detail::Monitor* monitor = nullptr;    // the flight recorder, if any (outlives restarts)
+  // Commands and replies travel here; null: over MPI on `control`. A test gives an
+  // in-memory one (src/control/memory_transport.hpp) to drive the loop without mpiexec.
+  std::shared_ptr<control::Transport> transport;
 };
 
 enum class WorkerExit { Restart, Shutdown };

@@ -566,7 +566,7 @@ std::exception_ptr future_wait(FutureState& f, std::optional<std::chrono::durati
   if (!ctl) return std::make_exception_ptr(UsageError("the future outlived its controller session"));
   ctl->wait_for(f.ident, timeout, fmt::format("fetch (invocation {})", f.ident));
   f.finished = true;
-  ctl->fetches.erase(f.ident);
+  ctl->forget_fetch(f.ident);
   f.error = ctl->failure_of(f.node, fmt::format("fetch (invocation {})", f.ident));
   if (!f.error && !f.value) {
     f.error = std::make_exception_ptr(
@@ -653,7 +653,7 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
     f->rank = rank;
     f->node = ctl.make_node(ident, fmt::format("fetch from rank {}{}", rank, preprocess ? " via " + *preprocess : ""),
                             where, {t.state_->node});
-    ctl.fetches[ident] = f;
+    ctl.register_fetch(ident, f);
     ctl.append({rank},
                protocol::FetchValue{.ident = ident,
                                     .mutates = {},
@@ -673,25 +673,7 @@ void Controller::synchronize() {
   ctl.append(ctl.all_dests, protocol::RequestStatus{ident}, ident);
   ctl.flush();
   ctl.wait_for(ident, std::nullopt, "synchronize");
-  std::exception_ptr first;
-  int more = 0;
-  for (auto& [i, f] : ctl.failures) {
-    if (f.observed) continue;
-    f.observed = true;
-    if (!first) {
-      const std::vector<int> ranks(f.ranks.begin(), f.ranks.end());
-      first = std::make_exception_ptr(
-          RemoteError(fmt::format("{} failed on rank{} {} (invocation {}): {}", f.function,
-                                  ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "), i, f.message),
-                      i, f.function, ranks, f.message, ""));
-    } else {
-      ++more;
-    }
-  }
-  if (more > 0) {
-    MESHRT_LOG(warning) << "synchronize: " << more << " more failures after the first";
-  }
-  if (first) std::rethrow_exception(first);
+  ctl.raise_unobserved_failures();
 }
 
 void Controller::synchronize(std::chrono::duration<double> timeout) {
@@ -705,44 +687,11 @@ void Controller::synchronize(std::chrono::duration<double> timeout) {
 }
 
 void Controller::restart_workers() {
-  ControllerState& ctl = *state_;
-  ctl.flush_deferred();
-  ctl.restarted = 0;
-  ctl.append(ctl.all_dests, protocol::Exit{.restart = true});
-  ctl.flush();
-  detail::Backoff backoff;
-  while (ctl.restarted < static_cast<int>(ctl.all_dests.size())) {
-    ctl.poll_replies();
-    backoff.pause();
-  }
-  // Nothing from before the restart exists any more.
-  ctl.epoch++;
-  ctl.streams.clear();
-  ctl.pending_deletes.clear();
-  ctl.pending_delete_count = 0;
-  ctl.pending_drops.clear();
-  for (auto& [rank, w] : ctl.workers) {
-    w.outstanding.clear();
-    w.live_values = 0;
-  }
-  ctl.ident_what.clear();
+  state_->restart_workers();
 }
 
 std::string Controller::dump_flight_recorder() {
-  double wait = 2.0;
-  try {
-    wait = settings::get_double("MESHRT_STATE_QUERY_TIMEOUT");
-  } catch (const std::exception&) {
-  }
-  const auto answers = state_->query({{"op", "dump"}, {"why", "Controller::dump_flight_recorder()"}},
-                                     std::chrono::duration<double>(wait));
-  std::string out;
-  for (int rank : state_->all_dests) {
-    auto it = answers.find(rank);
-    out += it == answers.end() ? fmt::format("rank {}: no answer within {} s\n", rank, wait)
-                               : it->second.value("dump", std::string("(empty)"));
-  }
-  return out;
+  return state_->dump_flight_recorder();
 }
 
 void Controller::abort(const std::string& reason) {
@@ -756,9 +705,7 @@ const NDSlice& Controller::worker_ranks() const {
   return state_->worker_ranks;
 }
 std::uint64_t Controller::live_values(int rank) const {
-  auto it = state_->workers.find(rank);
-  if (it == state_->workers.end()) throw UsageError(fmt::format("live_values: rank {} runs no worker", rank));
-  return it->second.live_values;
+  return state_->live_values(rank);
 }
 
 }  // namespace meshrt

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/checks.hpp"
+#include "control/mpi_transport.hpp"
 #include "controller/state.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
@@ -129,28 +130,7 @@ struct Runtime::Impl {
   }
 
   void shutdown(detail::ControllerState& state) {
-    state.flush_deferred();
-    const protocol::Ident ident = state.new_ident("shutdown");
-    state.append(state.all_dests, protocol::RequestStatus{ident}, ident);
-    state.append(state.all_dests, protocol::Exit{.restart = false});
-    state.flush();
-    // No RequestStatus may follow Exit (the next session would receive it), so wait here
-    // without asking again.
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::duration<double>(options.shutdown_timeout_seconds);
-    detail::Backoff backoff;
-    while (state.frontier() < ident) {
-      state.poll_replies();
-      if (std::chrono::steady_clock::now() > deadline) {
-        const std::string report = state.lagging_report(ident);
-        MESHRT_LOG(fatal) << "shutdown: workers did not finish within " << options.shutdown_timeout_seconds
-                          << " s; aborting the job:" << report;
-        std::fprintf(stderr, "meshrt: shutdown timed out; aborting the job:%s\n", report.c_str());
-        MPI_Abort(MPI_COMM_WORLD, 1);
-      }
-      backoff.pause();
-    }
-    state.channel.drain(std::chrono::duration<double>(options.shutdown_timeout_seconds));
+    state.shutdown(std::chrono::duration<double>(options.shutdown_timeout_seconds));
   }
 };
 
@@ -183,7 +163,7 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
     if (i.runs_worker()) {
       i.monitor = std::make_unique<detail::Monitor>(
           i.rank, static_cast<std::size_t>(std::max<std::int64_t>(1, settings::get_int("MESHRT_FLIGHT_RECORDER"))));
-      i.watch = std::make_unique<detail::Watch>(i.control, *i.monitor);
+      i.watch = std::make_unique<detail::Watch>(std::make_shared<control::MpiTransport>(i.control), *i.monitor);
       detail::install_signal_handlers(i.monitor.get());
     }
   } catch (...) {
@@ -232,7 +212,8 @@ void Runtime::session(const std::function<void(Controller&)>& fn) {
   }
   std::exception_ptr error;
   {
-    auto state = std::make_shared<detail::ControllerState>(i.control, i.size, i.worker_ranks);
+    auto state = std::make_shared<detail::ControllerState>(std::make_shared<control::MpiTransport>(i.control), i.size,
+                                                           i.worker_ranks);
     Controller ctl(state);
     try {
       fn(ctl);

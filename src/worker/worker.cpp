@@ -12,11 +12,11 @@
 #include <variant>
 
 #include "common/checks.hpp"
+#include "control/mpi_transport.hpp"
 #include "meshrt/comm.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/protocol.hpp"
-#include "worker/channel.hpp"
 #include "worker/monitor.hpp"
 #include "worker/streams.hpp"
 
@@ -47,14 +47,14 @@ struct Poisoned {
 struct Worker::Impl {
   explicit Impl(WorkerOptions o)
       : opt(o),
-        channel(o.control),
+        channel(o.transport ? o.transport : std::make_shared<control::MpiTransport>(o.control)),
         own_monitor(o.monitor ? nullptr : std::make_unique<detail::Monitor>(o.rank, 1000)),
         monitor(o.monitor ? *o.monitor : *own_monitor) {
     monitor.reset_queue();
   }
 
   WorkerOptions opt;
-  detail::Channel channel;
+  std::shared_ptr<control::Transport> channel;
   std::unique_ptr<detail::Monitor> own_monitor;
   detail::Monitor& monitor;
   std::unordered_map<std::uint64_t, EnvValue> env;
@@ -77,13 +77,13 @@ struct Worker::Impl {
   Ident last_status_sent = 0;
   Clock::time_point last_status_time = Clock::now();
   std::optional<WorkerExit> exit;
-  detail::Bytes rx;
+  control::Bytes rx;
 
   // ------------------------------------------------------------------ replies
 
   void reply(const Reply& r) {
-    auto bytes = std::make_shared<detail::Bytes>(encode(r));
-    channel.send(detail::kControllerRank, detail::kReplyTag, std::move(bytes));
+    auto bytes = std::make_shared<control::Bytes>(encode(r));
+    channel->send(control::kControllerRank, control::Tag::Reply, std::move(bytes));
   }
 
   void send_status(bool force) {
@@ -409,7 +409,7 @@ struct Worker::Impl {
 
   bool receive() {
     bool any = false;
-    while (channel.try_receive(detail::kControllerRank, detail::kCommandTag, rx)) {
+    while (channel->try_receive(control::kControllerRank, control::Tag::Command, rx)) {
       any = true;
       try {
         enqueue(decode_command(rx));
@@ -445,14 +445,14 @@ struct Worker::Impl {
       // runs out of work, so a controller waiting on it rarely needs to ask (one message per
       // batch of commands).
       if ((worked && queue.empty() && !in_flight) || Clock::now() - last_status_time > interval) send_status(false);
-      channel.reap();
+      channel->reap();
       if (worked)
         backoff.reset();
       else
         backoff.pause();
     }
     send_status(false);
-    channel.drain(std::chrono::seconds(30));
+    channel->drain(std::chrono::seconds(30));
     return *exit;
   }
 };
@@ -473,10 +473,11 @@ void Worker::serve(const WorkerOptions& options) {
     }
     if (kind == WorkerExit::Shutdown) return;
     // A fresh loop: the old one's values, meshes and communicators are gone.
-    detail::Channel channel(options.control);
-    channel.send(detail::kControllerRank, detail::kReplyTag,
-                 std::make_shared<detail::Bytes>(protocol::encode(protocol::Reply{protocol::Restarted{}})));
-    channel.drain(std::chrono::seconds(30));
+    const std::shared_ptr<control::Transport> channel =
+        options.transport ? options.transport : std::make_shared<control::MpiTransport>(options.control);
+    channel->send(control::kControllerRank, control::Tag::Reply,
+                  std::make_shared<control::Bytes>(protocol::encode(protocol::Reply{protocol::Restarted{}})));
+    channel->drain(std::chrono::seconds(30));
   }
 }
 
