@@ -29,7 +29,8 @@ void CompletionTracker::describe(Ident ident, const std::string& what, const std
 std::string CompletionTracker::describe_ident(Ident ident) const {
   auto it = what_.find(ident);
   if (it == what_.end()) return "?";
-  if (!it->second.what.empty()) return fmt::format("{}, issued at {}", it->second.what, detail::describe(it->second.where));
+  if (!it->second.what.empty())
+    return fmt::format("{}, issued at {}", it->second.what, detail::describe(it->second.where));
   return it->second.label ? it->second.label : "?";
 }
 

@@ -72,7 +72,7 @@ std::shared_ptr<TensorState> new_tensor(ControllerState& ctl, TensorMeta meta, s
 void use_tensor(ControllerState& ctl, TensorState& t, const MeshState& mesh, const StreamState& stream, bool mutate,
                 std::string_view what) {
   ctl.check_epoch(t.epoch, "tensor");
-  if (t.dropped) {
+  if (t.borrow.dropped) {
     throw UsageError(fmt::format("{}: the tensor (borrowed on stream '{}') was dropped; it cannot be used any more",
                                  what, t.stream->name));
   }
@@ -86,24 +86,24 @@ void use_tensor(ControllerState& ctl, TensorState& t, const MeshState& mesh, con
     throw UsageError(fmt::format("{}: the tensor lives on ranks [{}], the work runs on ranks [{}]", what,
                                  fmt::join(t.home->dests, ", "), fmt::join(mesh.dests, ", ")));
   }
-  if (t.mutably_borrowed) {
+  if (t.lent.mutably) {
     throw UsageError(
-        fmt::format("{}: the tensor is borrowed mutably by stream '{}'; drop that borrow first", what, t.borrowed_by));
+        fmt::format("{}: the tensor is borrowed mutably by stream '{}'; drop that borrow first", what, t.lent.to));
   }
-  if (mutate && t.active_borrows > 0) {
+  if (mutate && t.lent.active > 0) {
     throw UsageError(
         fmt::format("{}: the tensor is borrowed by {} other stream(s); it cannot be changed until they "
                     "drop it",
-                    what, t.active_borrows));
+                    what, t.lent.active));
   }
-  if (mutate && t.origin && !t.borrow_mutable) {
+  if (mutate && t.borrow.origin && !t.borrow.is_mutable) {
     throw UsageError(
         fmt::format("{}: this borrow on stream '{}' is immutable; borrow with mutable_borrow=true to change "
                     "the tensor",
                     what, t.stream->name));
   }
-  if (t.origin && !t.first_use_sent) {
-    t.first_use_sent = true;
+  if (t.borrow.origin && !t.borrow.first_use_sent) {
+    t.borrow.first_use_sent = true;
     ctl.append(t.home->dests, protocol::BorrowFirstUse{t.ref});
   }
 }
@@ -150,30 +150,29 @@ DTensor Stream::borrow(const DTensor& t, bool mutable_borrow, std::source_locati
     TensorState& origin = *t.state_;
     ctl->check_epoch(origin.epoch, "tensor");
     ctl->check_epoch(state_->epoch, "stream");
-    if (origin.origin) throw UsageError("borrow: the tensor is itself a borrow; borrow its origin instead");
+    if (origin.borrow.origin) throw UsageError("borrow: the tensor is itself a borrow; borrow its origin instead");
     if (origin.stream == state_) {
       throw UsageError(fmt::format("borrow: the tensor already belongs to stream '{}'", state_->name));
     }
-    if (origin.dropped) throw UsageError("borrow: the tensor was dropped");
-    if (origin.mutably_borrowed) {
-      throw UsageError(
-          fmt::format("borrow: the tensor is already borrowed mutably by stream '{}'", origin.borrowed_by));
+    if (origin.borrow.dropped) throw UsageError("borrow: the tensor was dropped");
+    if (origin.lent.mutably) {
+      throw UsageError(fmt::format("borrow: the tensor is already borrowed mutably by stream '{}'", origin.lent.to));
     }
-    if (mutable_borrow && origin.active_borrows > 0) {
-      throw UsageError(fmt::format("borrow: a mutable borrow needs no other active borrow; the tensor has {}",
-                                   origin.active_borrows));
+    if (mutable_borrow && origin.lent.active > 0) {
+      throw UsageError(
+          fmt::format("borrow: a mutable borrow needs no other active borrow; the tensor has {}", origin.lent.active));
     }
     ctl->ensure_stream(*state_);
     ctl->ensure_stream(*origin.stream);
     auto b = new_tensor(*ctl, origin.meta, origin.home, state_,
                         ctl->make_node(0, fmt::format("borrow on stream '{}'", state_->name), where, {origin.node}));
-    b->origin = t.state_;
-    b->borrow_mutable = mutable_borrow;
-    const bool already = origin.active_borrows > 0;
-    origin.active_borrows++;
+    b->borrow.origin = t.state_;
+    b->borrow.is_mutable = mutable_borrow;
+    const bool already = origin.lent.active > 0;
+    origin.lent.active++;
     if (mutable_borrow) {
-      origin.mutably_borrowed = true;
-      origin.borrowed_by = state_->name;
+      origin.lent.mutably = true;
+      origin.lent.to = state_->name;
     }
     ctl->append(origin.home->dests, protocol::BorrowCreate{.result = b->ref,
                                                            .tensor = origin.ref,
@@ -323,13 +322,14 @@ void DTensor::drop(std::source_location where) {
     auto ctl = lock(state_->controller);
     TensorState& b = *state_;
     ctl->check_epoch(b.epoch, "tensor");
-    if (!b.origin) throw UsageError("drop: the tensor is not a borrow (only Stream::borrow results are dropped)");
-    if (b.dropped) throw UsageError("drop: the borrow was already dropped");
-    b.dropped = true;
-    TensorState& origin = *b.origin;
-    origin.active_borrows--;
-    if (b.borrow_mutable) {
-      origin.mutably_borrowed = false;
+    if (!b.borrow.origin)
+      throw UsageError("drop: the tensor is not a borrow (only Stream::borrow results are dropped)");
+    if (b.borrow.dropped) throw UsageError("drop: the borrow was already dropped");
+    b.borrow.dropped = true;
+    TensorState& origin = *b.borrow.origin;
+    origin.lent.active--;
+    if (b.borrow.is_mutable) {
+      origin.lent.mutably = false;
       // The origin now holds what the borrower wrote.
       origin.node =
           ctl->make_node(0, fmt::format("drop of borrow on stream '{}'", b.stream->name), where, {origin.node, b.node});

@@ -34,11 +34,11 @@ std::int64_t MeshState::dim_index(std::string_view dim) const {
 TensorState::~TensorState() {
   auto ctl = controller.lock();
   if (!ctl || ctl->epoch != epoch || !home) return;
-  if (origin && !dropped) {
+  if (borrow.origin && !borrow.dropped) {
     MESHRT_LOG(warning) << "a tensor borrowed on stream '" << stream->name
                         << "' was destroyed without drop(); dropping it now";
-    origin->active_borrows--;
-    if (borrow_mutable) origin->mutably_borrowed = false;
+    borrow.origin->lent.active--;
+    if (borrow.is_mutable) borrow.origin->lent.mutably = false;
     ctl->defer_drop(home->dests, ref);
   }
   // Borrows share the origin's value on the workers under their own ref.

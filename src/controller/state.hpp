@@ -60,14 +60,18 @@ struct TensorState {
   std::shared_ptr<StreamState> stream;
   std::shared_ptr<Node> node;
   // Borrows of this tensor that are active, and whether one of them is mutable.
-  int active_borrows = 0;
-  bool mutably_borrowed = false;
-  std::string borrowed_by;  // the stream name of the mutable borrow
-  // When this tensor is itself a borrow:
-  std::shared_ptr<TensorState> origin;
-  bool borrow_mutable = false;
-  bool first_use_sent = false;
-  bool dropped = false;
+  struct Lent {
+    int active = 0;
+    bool mutably = false;
+    std::string to;  // the stream name of the mutable borrow
+  } lent;
+  // When this tensor is itself a borrow (origin set):
+  struct Borrow {
+    std::shared_ptr<TensorState> origin;
+    bool is_mutable = false;
+    bool first_use_sent = false;
+    bool dropped = false;
+  } borrow;
 };
 
 struct FutureState {
