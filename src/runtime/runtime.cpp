@@ -8,13 +8,11 @@
 #include <thread>
 
 #include "common/checks.hpp"
+#include "control/handshake.hpp"
 #include "control/mpi_transport.hpp"
 #include "controller/state.hpp"
-#include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
-#include "meshrt/protocol.hpp"
 #include "meshrt/settings.hpp"
-#include "meshrt/version.hpp"
 #include "meshrt/worker.hpp"
 #include "worker/monitor.hpp"
 #include "worker/watch.hpp"
@@ -38,96 +36,16 @@ struct Runtime::Impl {
   bool runs_worker() const { return !(options.dedicated_controller && rank == 0); }
 
   void free_comms() {
+    // Return codes ignored on purpose: this runs in the destructor and on a failed start,
+    // where raising would hide the first error (or terminate), and the job is ending.
     for (MPI_Comm* c : {&world, &control, &p2p}) {
-      if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+      if (*c != MPI_COMM_NULL) (void)MPI_Comm_free(c);
     }
   }
 
   WorkerOptions worker_options() const { return WorkerOptions{rank, world, control, p2p, 1.0, monitor.get()}; }
 
-  // Every rank sends rank 0 its handshake (or why it cannot run); rank 0 compares them
-  // and broadcasts the verdict, so all ranks fail the start together, naming the culprits.
-  void handshake() {
-    std::string local_error;
-    protocol::Handshake mine;
-    mine.meshrt_version = MESHRT_VERSION_STRING;
-    mine.thread_level = provided;
-    mine.rank = rank;
-    char host[MPI_MAX_PROCESSOR_NAME] = {};
-    int len = 0;
-    MPI_Get_processor_name(host, &len);
-    mine.host = host;
-    try {
-      mine.function_table_hash = functions::table_hash();
-    } catch (const std::exception& e) {
-      local_error = e.what();
-    }
-    if (provided < MPI_THREAD_MULTIPLE && !(options.dedicated_controller && rank != 0)) {
-      local_error += fmt::format(
-          "{}MPI provides thread level {}; meshrt needs multiple (rank 0 runs the controller "
-          "and worker 0 on two threads)",
-          local_error.empty() ? "" : "; ", thread_level_name(provided));
-    }
-    const auto bytes = protocol::encode(mine);
-    auto gather = [&](const void* data, int n) {
-      std::vector<int> lens(static_cast<std::size_t>(size));
-      MESHRT_MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, control));
-      std::vector<int> displs(static_cast<std::size_t>(size), 0);
-      int total = 0;
-      for (int r = 0; r < size; ++r) {
-        displs[static_cast<std::size_t>(r)] = total;
-        total += lens[static_cast<std::size_t>(r)];
-      }
-      std::vector<std::byte> all(static_cast<std::size_t>(std::max(total, 1)));
-      MESHRT_MPI_CHECK(MPI_Gatherv(data, n, MPI_BYTE, all.data(), lens.data(), displs.data(), MPI_BYTE, 0, control));
-      std::vector<std::vector<std::byte>> parts;
-      if (rank == 0) {
-        for (int r = 0; r < size; ++r) {
-          auto b = all.begin() + displs[static_cast<std::size_t>(r)];
-          parts.emplace_back(b, b + lens[static_cast<std::size_t>(r)]);
-        }
-      }
-      return parts;
-    };
-    const auto handshakes = gather(bytes.data(), static_cast<int>(bytes.size()));
-    const auto errors = gather(local_error.data(), static_cast<int>(local_error.size()));
-    std::string verdict;
-    if (rank == 0) {
-      for (int r = 0; r < size; ++r) {
-        const auto& err = errors[static_cast<std::size_t>(r)];
-        if (!err.empty()) {
-          verdict +=
-              fmt::format("\n  rank {}: {}", r, std::string(reinterpret_cast<const char*>(err.data()), err.size()));
-        }
-        if (r == 0) continue;
-        try {
-          const protocol::Handshake h = protocol::decode_handshake(handshakes[static_cast<std::size_t>(r)]);
-          std::vector<std::string> diffs;
-          if (h.meshrt_version != mine.meshrt_version) {
-            diffs.push_back(fmt::format("meshrt {} (rank 0: {})", h.meshrt_version, mine.meshrt_version));
-          }
-          if (h.protocol_version != mine.protocol_version) {
-            diffs.push_back(fmt::format("protocol {} (rank 0: {})", h.protocol_version, mine.protocol_version));
-          }
-          if (h.function_table_hash != mine.function_table_hash) {
-            diffs.push_back(fmt::format("function table {:016x} (rank 0: {:016x}): a different program or library set",
-                                        h.function_table_hash, mine.function_table_hash));
-          }
-          if (!diffs.empty()) {
-            verdict +=
-                fmt::format("\n  rank {} (host {}) runs a different binary: {}", r, h.host, fmt::join(diffs, "; "));
-          }
-        } catch (const std::exception& e) {
-          verdict += fmt::format("\n  rank {}: its handshake does not decode ({}): a different meshrt", r, e.what());
-        }
-      }
-    }
-    int n = static_cast<int>(verdict.size());
-    MESHRT_MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT, 0, control));
-    verdict.resize(static_cast<std::size_t>(n));
-    MESHRT_MPI_CHECK(MPI_Bcast(verdict.data(), n, MPI_CHAR, 0, control));
-    if (!verdict.empty()) throw Error("meshrt start-up failed: the ranks disagree:" + verdict);
-  }
+  void handshake() { control::handshake(control, provided, options.dedicated_controller); }
 
   void shutdown(detail::ControllerState& state) {
     state.shutdown(std::chrono::duration<double>(options.shutdown_timeout_seconds));
@@ -138,15 +56,15 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
   Impl& i = *impl_;
   i.options = options;
   int initialized = 0;
-  MPI_Initialized(&initialized);
+  MESHRT_MPI_CHECK(MPI_Initialized(&initialized));
   if (!initialized) {
     MESHRT_MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &i.provided));
     i.initialized_mpi = true;
   } else {
-    MPI_Query_thread(&i.provided);
+    MESHRT_MPI_CHECK(MPI_Query_thread(&i.provided));
   }
-  MPI_Comm_rank(MPI_COMM_WORLD, &i.rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &i.size);
+  MESHRT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &i.rank));
+  MESHRT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &i.size));
   try {
     log::init(i.rank);
     log::set_thread_role(i.rank == 0 ? "controller" : fmt::format("worker {}", i.rank));
@@ -170,7 +88,7 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
     if (i.monitor) detail::uninstall_signal_handlers();
     i.watch.reset();
     i.free_comms();
-    if (i.initialized_mpi) MPI_Finalize();
+    if (i.initialized_mpi) (void)MPI_Finalize();  // ignored on purpose: the start's own error follows
     throw;
   }
 }
@@ -179,7 +97,8 @@ Runtime::~Runtime() {
   if (impl_->monitor) detail::uninstall_signal_handlers();
   impl_->watch.reset();
   impl_->free_comms();
-  if (impl_->initialized_mpi) MPI_Finalize();
+  // Ignored on purpose: a destructor cannot raise, and nothing follows MPI_Finalize.
+  if (impl_->initialized_mpi) (void)MPI_Finalize();
 }
 
 int Runtime::rank() const noexcept {
@@ -206,7 +125,7 @@ void Runtime::session(const std::function<void(Controller&)>& fn) {
         // A worker that cannot go on must not leave its peers waiting.
         MESHRT_LOG(fatal) << "worker 0 failed: " << e.what() << "; aborting the job";
         std::fprintf(stderr, "meshrt: worker 0 failed: %s; aborting the job\n", e.what());
-        MPI_Abort(MPI_COMM_WORLD, 1);
+        (void)MPI_Abort(MPI_COMM_WORLD, 1);  // ignored on purpose: it does not return when it works
       }
     });
   }

@@ -48,7 +48,8 @@ void on_fatal(int sig) {
   backtrace_symbols_fd(frames, n, STDERR_FILENO);
   write_stderr(
       fmt::format("meshrt: rank {}: ending the whole job (MPI_Abort) so that no rank waits for this one\n", rank));
-  MPI_Abort(MPI_COMM_WORLD, 128 + sig);
+  // Ignored on purpose: it does not return when it works, and _exit follows if it fails.
+  (void)MPI_Abort(MPI_COMM_WORLD, 128 + sig);
   _exit(128 + sig);
 }
 
