@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 
 #include "controller/state.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
-#include "meshrt/settings.hpp"
 
 namespace meshrt {
 
