@@ -1,4 +1,4 @@
-#include "control/handshake.hpp"
+#include "meshrt/control.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

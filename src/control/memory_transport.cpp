@@ -1,4 +1,4 @@
-#include "control/memory_transport.hpp"
+#include "meshrt/control.hpp"
 
 #include <algorithm>
 

@@ -8,6 +8,10 @@
 
 namespace meshrt::control {
 
+std::shared_ptr<Transport> mpi_transport(MPI_Comm comm) {
+  return std::make_shared<MpiTransport>(comm);
+}
+
 MpiTransport::~MpiTransport() {
   // Sends still in flight at destruction belong to a peer that stopped listening (a
   // failed job); cancel rather than hang. Return codes ignored on purpose: a destructor

@@ -13,7 +13,7 @@
 #include <mutex>
 #include <vector>
 
-#include "control/transport.hpp"
+#include "meshrt/control.hpp"
 
 namespace meshrt::control {
 

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "control/transport.hpp"
+#include "meshrt/control.hpp"
 #include "meshrt/protocol.hpp"
 
 namespace meshrt::detail {

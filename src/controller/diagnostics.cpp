@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "control/mpi_transport.hpp"
+#include "control/mpi_transport.hpp"  // detail::Backoff, until the one in common
 #include "controller/batcher.hpp"
 #include "controller/completion.hpp"
 #include "meshrt/log.hpp"

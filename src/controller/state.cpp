@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "control/mpi_transport.hpp"
+#include "control/mpi_transport.hpp"  // detail::Backoff, until the one in common
 #include "meshrt/log.hpp"
 #include "meshrt/settings.hpp"
 

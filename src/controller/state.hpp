@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "control/transport.hpp"
+#include "meshrt/control.hpp"
 #include "controller/batcher.hpp"
 #include "controller/completion.hpp"
 #include "controller/diagnostics.hpp"

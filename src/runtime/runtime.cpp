@@ -8,9 +8,8 @@
 #include <thread>
 
 #include "common/checks.hpp"
-#include "control/handshake.hpp"
-#include "control/mpi_transport.hpp"
 #include "controller/state.hpp"
+#include "meshrt/control.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/settings.hpp"
 #include "meshrt/worker.hpp"
@@ -81,7 +80,7 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
     if (i.runs_worker()) {
       i.monitor = std::make_unique<detail::Monitor>(
           i.rank, static_cast<std::size_t>(std::max<std::int64_t>(1, settings::get_int("MESHRT_FLIGHT_RECORDER"))));
-      i.watch = std::make_unique<detail::Watch>(std::make_shared<control::MpiTransport>(i.control), *i.monitor);
+      i.watch = std::make_unique<detail::Watch>(control::mpi_transport(i.control), *i.monitor);
       detail::install_signal_handlers(i.monitor.get());
     }
   } catch (...) {
@@ -131,8 +130,7 @@ void Runtime::session(const std::function<void(Controller&)>& fn) {
   }
   std::exception_ptr error;
   {
-    auto state = std::make_shared<detail::ControllerState>(std::make_shared<control::MpiTransport>(i.control), i.size,
-                                                           i.worker_ranks);
+    auto state = std::make_shared<detail::ControllerState>(control::mpi_transport(i.control), i.size, i.worker_ranks);
     Controller ctl(state);
     try {
       fn(ctl);

@@ -8,7 +8,7 @@
 #include <memory>
 #include <thread>
 
-#include "control/transport.hpp"
+#include "meshrt/control.hpp"
 #include "worker/monitor.hpp"
 
 namespace meshrt::detail {

@@ -12,8 +12,9 @@
 #include <variant>
 
 #include "common/checks.hpp"
-#include "control/mpi_transport.hpp"
+#include "control/mpi_transport.hpp"  // detail::Backoff, until the one in common
 #include "meshrt/comm.hpp"
+#include "meshrt/control.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/protocol.hpp"
@@ -47,7 +48,7 @@ struct Poisoned {
 struct Worker::Impl {
   explicit Impl(WorkerOptions o)
       : opt(o),
-        channel(o.transport ? o.transport : std::make_shared<control::MpiTransport>(o.control)),
+        channel(o.transport ? o.transport : control::mpi_transport(o.control)),
         own_monitor(o.monitor ? nullptr : std::make_unique<detail::Monitor>(o.rank, 1000)),
         monitor(o.monitor ? *o.monitor : *own_monitor) {
     monitor.reset_queue();
@@ -474,7 +475,7 @@ void Worker::serve(const WorkerOptions& options) {
     if (kind == WorkerExit::Shutdown) return;
     // A fresh loop: the old one's values, meshes and communicators are gone.
     const std::shared_ptr<control::Transport> channel =
-        options.transport ? options.transport : std::make_shared<control::MpiTransport>(options.control);
+        options.transport ? options.transport : control::mpi_transport(options.control);
     channel->send(control::kControllerRank, control::Tag::Reply,
                   std::make_shared<control::Bytes>(protocol::encode(protocol::Reply{protocol::Restarted{}})));
     channel->drain(std::chrono::seconds(30));

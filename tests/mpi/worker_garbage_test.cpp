@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "control/transport.hpp"
+#include "meshrt/control.hpp"
 #include "meshrt/protocol.hpp"
 #include "meshrt/worker.hpp"
 

@@ -5,9 +5,9 @@
 #include <thread>
 
 #include "../support/expect_error.hpp"
-#include "control/memory_transport.hpp"
 #include "controller/completion.hpp"
 #include "controller/graph.hpp"
+#include "meshrt/control.hpp"
 #include "meshrt/controller.hpp"
 #include "meshrt/protocol.hpp"
 

@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "../support/expect_error.hpp"
-#include "control/memory_transport.hpp"
 #include "controller/state.hpp"
+#include "meshrt/control.hpp"
 
 namespace meshrt {
 namespace {

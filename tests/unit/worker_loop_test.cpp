@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "../support/expect_error.hpp"
-#include "control/memory_transport.hpp"
+#include "meshrt/control.hpp"
 #include "meshrt/protocol.hpp"
 #include "meshrt/worker.hpp"
 
