@@ -14,12 +14,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "meshrt/control.hpp"
 #include "controller/batcher.hpp"
 #include "controller/completion.hpp"
 #include "controller/diagnostics.hpp"
 #include "controller/graph.hpp"
 #include "controller/site.hpp"
+#include "meshrt/control.hpp"
 #include "meshrt/controller.hpp"
 #include "meshrt/protocol.hpp"
 
