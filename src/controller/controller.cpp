@@ -38,7 +38,7 @@ std::shared_ptr<MeshState> make_mesh(ControllerState& ctl, std::vector<std::stri
   }
   auto m = std::make_shared<MeshState>();
   m->controller = ctl.weak_from_this();
-  m->epoch = ctl.epoch;
+  m->epoch = ctl.epoch();
   m->ref = ctl.new_ref();
   m->names = std::move(names);
   m->dests = detail::to_dests(ranks);
@@ -59,7 +59,7 @@ std::shared_ptr<TensorState> new_tensor(ControllerState& ctl, TensorMeta meta, s
                                         std::shared_ptr<StreamState> stream, std::shared_ptr<Node> node) {
   auto t = std::make_shared<TensorState>();
   t->controller = ctl.weak_from_this();
-  t->epoch = ctl.epoch;
+  t->epoch = ctl.epoch();
   t->ref = ctl.new_ref();
   t->meta = std::move(meta);
   t->home = std::move(home);
@@ -600,7 +600,7 @@ Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> di
     sizes.push_back(s);
     product *= s;
   }
-  const NDSlice& w = state_->worker_ranks;
+  const NDSlice& w = state_->worker_ranks();
   if (product != w.len()) {
     throw UsageError(fmt::format("world_mesh: the sizes [{}] hold {} ranks, expected the {} worker ranks",
                                  fmt::join(sizes, ", "), product, w.len()));
@@ -670,7 +670,7 @@ void Controller::synchronize() {
   ControllerState& ctl = *state_;
   const protocol::Ident ident = ctl.new_ident("synchronize");
   ctl.flush_deferred();
-  ctl.append(ctl.all_dests, protocol::RequestStatus{ident}, ident);
+  ctl.append(ctl.workers(), protocol::RequestStatus{ident}, ident);
   ctl.flush();
   ctl.wait_for(ident, std::nullopt, "synchronize");
   ctl.raise_unobserved_failures();
@@ -680,7 +680,7 @@ void Controller::synchronize(std::chrono::duration<double> timeout) {
   ControllerState& ctl = *state_;
   const protocol::Ident ident = ctl.new_ident("synchronize");
   ctl.flush_deferred();
-  ctl.append(ctl.all_dests, protocol::RequestStatus{ident}, ident);
+  ctl.append(ctl.workers(), protocol::RequestStatus{ident}, ident);
   ctl.flush();
   ctl.wait_for(ident, timeout, "synchronize");
   synchronize();
@@ -699,10 +699,10 @@ void Controller::abort(const std::string& reason) {
 }
 
 int Controller::world_size() const {
-  return state_->world_size;
+  return state_->world_size();
 }
 const NDSlice& Controller::worker_ranks() const {
-  return state_->worker_ranks;
+  return state_->worker_ranks();
 }
 std::uint64_t Controller::live_values(int rank) const {
   return state_->live_values(rank);

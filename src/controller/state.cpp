@@ -33,7 +33,7 @@ std::int64_t MeshState::dim_index(std::string_view dim) const {
 
 TensorState::~TensorState() {
   auto ctl = controller.lock();
-  if (!ctl || ctl->epoch != epoch || !home) return;
+  if (!ctl || ctl->epoch() != epoch || !home) return;
   if (borrow.origin && !borrow.dropped) {
     MESHRT_LOG(warning) << "a tensor borrowed on stream '" << stream->name
                         << "' was destroyed without drop(); dropping it now";
@@ -46,17 +46,17 @@ TensorState::~TensorState() {
 }
 
 ControllerState::ControllerState(std::shared_ptr<control::Transport> transport, int size, NDSlice workers_slice)
-    : world_size(size),
-      worker_ranks(std::move(workers_slice)),
-      all_dests(to_dests(worker_ranks)),
+    : world_size_(size),
+      worker_ranks_(std::move(workers_slice)),
+      workers_(to_dests(worker_ranks_)),
       batcher_(std::move(transport)),
-      tracker_(all_dests),
-      diagnostics_(batcher_, tracker_, all_dests) {}
+      tracker_(workers_),
+      diagnostics_(batcher_, tracker_, workers_) {}
 
 ControllerState::~ControllerState() = default;
 
 void ControllerState::check_epoch(std::uint64_t e, std::string_view what) const {
-  if (e != epoch) {
+  if (e != epoch_) {
     throw UsageError(fmt::format("this {} was made before restart_workers(); the workers no longer have it", what));
   }
 }
@@ -88,7 +88,7 @@ std::shared_ptr<StreamState> ControllerState::stream(const std::string& name) {
   if (!s) {
     s = std::make_shared<StreamState>();
     s->controller = weak_from_this();
-    s->epoch = epoch;
+    s->epoch = epoch_;
     s->ref = new_ref();
     s->name = name;
     s->is_default = name == "default";
@@ -107,7 +107,7 @@ void ControllerState::ensure_stream(StreamState& stream) {
   check_epoch(stream.epoch, "stream");
   if (stream.created) return;
   stream.created = true;
-  append(all_dests, protocol::CreateStream{.result = stream.ref, .is_default = stream.is_default});
+  append(workers_, protocol::CreateStream{.result = stream.ref, .is_default = stream.is_default});
 }
 
 void ControllerState::append(const std::vector<int>& dests, protocol::Command c, Ident ident) {
@@ -187,7 +187,7 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
 void ControllerState::restart_workers() {
   flush_deferred();
   tracker_.expect_restart();
-  append(all_dests, protocol::Exit{.restart = true});
+  append(workers_, protocol::Exit{.restart = true});
   flush();
   Backoff backoff;
   while (!tracker_.all_restarted()) {
@@ -195,7 +195,7 @@ void ControllerState::restart_workers() {
     backoff.pause();
   }
   // Nothing from before the restart exists any more.
-  epoch++;
+  epoch_++;
   streams_.clear();
   batcher_.restart();
   tracker_.restart();
@@ -204,8 +204,8 @@ void ControllerState::restart_workers() {
 void ControllerState::shutdown(std::chrono::duration<double> timeout) {
   flush_deferred();
   const Ident ident = new_ident("shutdown");
-  append(all_dests, protocol::RequestStatus{ident}, ident);
-  append(all_dests, protocol::Exit{.restart = false});
+  append(workers_, protocol::RequestStatus{ident}, ident);
+  append(workers_, protocol::Exit{.restart = false});
   flush();
   // No RequestStatus may follow Exit (the next session would receive it), so wait here
   // without asking again.

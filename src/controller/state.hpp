@@ -91,10 +91,12 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   ControllerState(std::shared_ptr<control::Transport> transport, int world_size, NDSlice workers);
   ~ControllerState();
 
-  const int world_size;
-  const NDSlice worker_ranks;
-  const std::vector<int> all_dests;
-  std::uint64_t epoch = 1;  // bumped by restart_workers(): older handles are stale
+  int world_size() const noexcept { return world_size_; }
+  const NDSlice& worker_ranks() const noexcept { return worker_ranks_; }
+  // The ranks that run a worker, sorted.
+  const std::vector<int>& workers() const noexcept { return workers_; }
+  // Bumped by restart_workers(): handles made before are stale.
+  std::uint64_t epoch() const noexcept { return epoch_; }
 
   Ref new_ref() { return Ref{next_ref_++}; }
   Ident new_ident(const char* label = nullptr) { return tracker_.new_ident(label); }
@@ -143,6 +145,10 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   void shutdown(std::chrono::duration<double> timeout);
 
  private:
+  const int world_size_;
+  const NDSlice worker_ranks_;
+  const std::vector<int> workers_;
+  std::uint64_t epoch_ = 1;
   Batcher batcher_;
   CompletionTracker tracker_;
   DependencyGraph graph_;

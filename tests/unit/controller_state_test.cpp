@@ -194,7 +194,7 @@ TEST(ControllerState, RestartWaitsForEveryWorkerAndForgetsTheOldSession) {
   s.reply(1, Restarted{});
   s.reply(2, Restarted{});
   s.ctl->restart_workers();
-  EXPECT_EQ(s.ctl->epoch, 2u);
+  EXPECT_EQ(s.ctl->epoch(), 2u);
   EXPECT_GE(s.ctl->frontier(), a);  // nothing from before is outstanding
   const auto got = s.received(1);
   ASSERT_FALSE(got.empty());
