@@ -13,8 +13,6 @@
 #include "meshrt/log.hpp"
 #include "meshrt/settings.hpp"
 #include "meshrt/worker.hpp"
-#include "worker/monitor.hpp"
-#include "worker/watch.hpp"
 
 namespace meshrt {
 
@@ -28,9 +26,9 @@ struct Runtime::Impl {
   MPI_Comm control = MPI_COMM_NULL;
   MPI_Comm p2p = MPI_COMM_NULL;
   NDSlice worker_ranks = NDSlice::row_major({1});
-  // This rank's flight recorder and the thread that answers the controller's queries.
-  std::unique_ptr<detail::Monitor> monitor;
-  std::unique_ptr<detail::Watch> watch;
+  // This rank's flight recorder, the thread that answers the controller's queries and
+  // the signal handlers (ranks that run a worker).
+  std::unique_ptr<WorkerWatch> watch;
 
   bool runs_worker() const { return !(options.dedicated_controller && rank == 0); }
 
@@ -42,7 +40,14 @@ struct Runtime::Impl {
     }
   }
 
-  WorkerOptions worker_options() const { return WorkerOptions{rank, world, control, p2p, 1.0, monitor.get()}; }
+  WorkerOptions worker_options() const {
+    return WorkerOptions{.rank = rank,
+                         .world = world,
+                         .control = control,
+                         .p2p = p2p,
+                         .status_interval_seconds = 1.0,
+                         .monitor = watch ? watch->monitor() : nullptr};
+  }
 
   void handshake() { control::handshake(control, provided, options.dedicated_controller); }
 
@@ -78,13 +83,11 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
       i.worker_ranks = NDSlice::row_major({i.size});
     }
     if (i.runs_worker()) {
-      i.monitor = std::make_unique<detail::Monitor>(
-          i.rank, static_cast<std::size_t>(std::max<std::int64_t>(1, settings::get_int("MESHRT_FLIGHT_RECORDER"))));
-      i.watch = std::make_unique<detail::Watch>(control::mpi_transport(i.control), *i.monitor);
-      detail::install_signal_handlers(i.monitor.get());
+      i.watch = std::make_unique<WorkerWatch>(
+          i.rank, control::mpi_transport(i.control),
+          static_cast<std::size_t>(std::max<std::int64_t>(1, settings::get_int("MESHRT_FLIGHT_RECORDER"))));
     }
   } catch (...) {
-    if (i.monitor) detail::uninstall_signal_handlers();
     i.watch.reset();
     i.free_comms();
     if (i.initialized_mpi) (void)MPI_Finalize();  // ignored on purpose: the start's own error follows
@@ -93,7 +96,6 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
 }
 
 Runtime::~Runtime() {
-  if (impl_->monitor) detail::uninstall_signal_handlers();
   impl_->watch.reset();
   impl_->free_comms();
   // Ignored on purpose: a destructor cannot raise, and nothing follows MPI_Finalize.

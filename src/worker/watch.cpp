@@ -14,6 +14,7 @@
 #include "meshrt/log.hpp"
 #include "meshrt/protocol.hpp"
 #include "meshrt/settings.hpp"
+#include "meshrt/worker.hpp"
 
 namespace meshrt::detail {
 namespace {
@@ -149,3 +150,26 @@ void uninstall_signal_handlers() {
 }
 
 }  // namespace meshrt::detail
+
+namespace meshrt {
+
+struct WorkerWatch::Impl {
+  Impl(int rank, std::shared_ptr<control::Transport> control, std::size_t entries)
+      : monitor(rank, entries), watch(std::move(control), monitor) {
+    detail::install_signal_handlers(&monitor);
+  }
+  // The handlers go first: a late signal must not find the monitor gone.
+  ~Impl() { detail::uninstall_signal_handlers(); }
+  detail::Monitor monitor;
+  detail::Watch watch;
+};
+
+WorkerWatch::WorkerWatch(int rank, std::shared_ptr<control::Transport> control, std::size_t entries)
+    : impl_(std::make_unique<Impl>(rank, std::move(control), entries)) {}
+WorkerWatch::~WorkerWatch() = default;
+
+detail::Monitor* WorkerWatch::monitor() const noexcept {
+  return &impl_->monitor;
+}
+
+}  // namespace meshrt
