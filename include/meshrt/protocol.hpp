@@ -1,5 +1,6 @@
 // The commands (controller -> worker) and replies (worker -> controller) of
-// docs/ARCHITECTURE.md sections 3.2 and 3.3, the start-up Handshake, and their wire codec.
+// docs/ARCHITECTURE.md sections 3.2 and 3.3, the start-up Handshake, the out-of-band Query
+// and QueryAnswer, and their wire codec.
 //
 // Every message encodes to one self-contained frame: a 4-byte header (magic 'm' 'r',
 // protocol version, message kind) then the body. decode_* validate everything they read
@@ -177,6 +178,37 @@ struct Handshake {
   friend bool operator==(const Handshake&, const Handshake&) = default;
 };
 
+// ------------------------------------------------------------------ out-of-band queries
+
+// The controller's questions to every worker's watch thread, answered even while the
+// worker's event loop is stuck inside a function or a collective (worker/watch.cpp).
+enum class QueryOp : std::uint8_t {
+  State = 0,  // what the worker runs now: for the desync report of a timeout
+  Dump = 1,   // log the flight recorder, and send it
+  Abort = 2,  // abort NCCL communicators: the controller is about to end the job
+};
+inline constexpr int kNumQueryOps = 3;
+
+struct Query {
+  std::uint64_t id = 0;  // echoed by the answer, so the controller can drop stale answers
+  QueryOp op = QueryOp::State;
+  std::uint64_t limit = UINT64_MAX;  // Dump: only the newest `limit` records
+  std::string reason;                // Dump: why it is asked (logged); Abort: the reason
+  friend bool operator==(const Query&, const Query&) = default;
+};
+
+struct QueryAnswer {
+  std::uint64_t query = 0;  // the Query's id; 0 when the query could not be read
+  std::int32_t rank = -1;   // the worker that answers
+  QueryOp op = QueryOp::State;
+  // State: the Monitor's state as JSON text, open-ended by design (it grows with what the
+  // flight recorder knows, and only the desync report reads it); Dump: the flight
+  // recorder's text; Abort: empty.
+  std::string payload;
+  std::string error;  // non-empty: the watch could not answer, and why
+  friend bool operator==(const QueryAnswer&, const QueryAnswer&) = default;
+};
+
 // "CallFunction", "FetchResult", ...
 std::string_view name(const Command& c) noexcept;
 std::string_view name(const Reply& r) noexcept;
@@ -219,14 +251,20 @@ class Buffer {
 void encode_into(const Command& c, Buffer& out);
 void encode_into(const Reply& r, Buffer& out);
 void encode_into(const Handshake& h, Buffer& out);
+void encode_into(const Query& q, Buffer& out);
+void encode_into(const QueryAnswer& a, Buffer& out);
 std::vector<std::byte> encode(const Command& c);
 std::vector<std::byte> encode(const Reply& r);
 std::vector<std::byte> encode(const Handshake& h);
+std::vector<std::byte> encode(const Query& q);
+std::vector<std::byte> encode(const QueryAnswer& a);
 
 // Decodes exactly one frame that fills `bytes`; throws ProtocolError.
 Command decode_command(std::span<const std::byte> bytes);
 Reply decode_reply(std::span<const std::byte> bytes);
 Handshake decode_handshake(std::span<const std::byte> bytes);
+Query decode_query(std::span<const std::byte> bytes);
+QueryAnswer decode_query_answer(std::span<const std::byte> bytes);
 
 // Value on its own (used by FetchResult and by anything storing argument trees).
 void encode_value(const Value& v, Buffer& out);

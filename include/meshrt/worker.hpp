@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -13,6 +14,9 @@ namespace meshrt {
 
 namespace detail {
 class Monitor;
+}
+namespace control {
+class Transport;
 }
 
 struct WorkerOptions {
@@ -22,9 +26,31 @@ struct WorkerOptions {
   MPI_Comm p2p = MPI_COMM_NULL;          // SendTensor
   double status_interval_seconds = 1.0;  // Status cadence when the worker moved
   detail::Monitor* monitor = nullptr;    // the flight recorder, if any (outlives restarts)
+  // Commands and replies travel here; null: over MPI on `control`. A test gives an
+  // in-memory one (src/control/memory_transport.hpp) to drive the loop without mpiexec.
+  std::shared_ptr<control::Transport> transport;
 };
 
 enum class WorkerExit { Restart, Shutdown };
+
+// What watches a rank's worker for as long as the Runtime lives (across restarts): its
+// flight recorder (WorkerOptions::monitor), the watch thread that answers the
+// controller's out-of-band queries on `control` even while the event loop is stuck, and
+// the signal handlers (SIGUSR1 dumps the flight recorder; unless MESHRT_SIGNAL_HANDLER=0,
+// a fatal signal reports what ran and ends the whole job).
+class WorkerWatch {
+ public:
+  WorkerWatch(int rank, std::shared_ptr<control::Transport> control, std::size_t flight_recorder_entries);
+  ~WorkerWatch();
+  WorkerWatch(const WorkerWatch&) = delete;
+  WorkerWatch& operator=(const WorkerWatch&) = delete;
+
+  detail::Monitor* monitor() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 class Worker {
  public:

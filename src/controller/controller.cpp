@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 
 #include "controller/state.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
-#include "meshrt/settings.hpp"
 
 namespace meshrt {
 
@@ -44,7 +44,7 @@ std::shared_ptr<MeshState> make_mesh(ControllerState& ctl, std::vector<std::stri
   }
   auto m = std::make_shared<MeshState>();
   m->controller = ctl.weak_from_this();
-  m->epoch = ctl.epoch;
+  m->epoch = ctl.epoch();
   m->ref = ctl.new_ref();
   m->names = std::move(names);
   m->dests = detail::to_dests(ranks);
@@ -65,7 +65,7 @@ std::shared_ptr<TensorState> new_tensor(ControllerState& ctl, TensorMeta meta, s
                                         std::shared_ptr<StreamState> stream, std::shared_ptr<Node> node) {
   auto t = std::make_shared<TensorState>();
   t->controller = ctl.weak_from_this();
-  t->epoch = ctl.epoch;
+  t->epoch = ctl.epoch();
   t->ref = ctl.new_ref();
   t->meta = std::move(meta);
   t->home = std::move(home);
@@ -78,7 +78,7 @@ std::shared_ptr<TensorState> new_tensor(ControllerState& ctl, TensorMeta meta, s
 void use_tensor(ControllerState& ctl, TensorState& t, const MeshState& mesh, const StreamState& stream, bool mutate,
                 std::string_view what) {
   ctl.check_epoch(t.epoch, "tensor");
-  if (t.dropped) {
+  if (t.borrow.dropped) {
     throw UsageError(fmt::format("{}: the tensor (borrowed on stream '{}') was dropped; it cannot be used any more",
                                  what, t.stream->name));
   }
@@ -92,24 +92,24 @@ void use_tensor(ControllerState& ctl, TensorState& t, const MeshState& mesh, con
     throw UsageError(fmt::format("{}: the tensor lives on ranks [{}], the work runs on ranks [{}]", what,
                                  fmt::join(t.home->dests, ", "), fmt::join(mesh.dests, ", ")));
   }
-  if (t.mutably_borrowed) {
+  if (t.lent.mutably) {
     throw UsageError(
-        fmt::format("{}: the tensor is borrowed mutably by stream '{}'; drop that borrow first", what, t.borrowed_by));
+        fmt::format("{}: the tensor is borrowed mutably by stream '{}'; drop that borrow first", what, t.lent.to));
   }
-  if (mutate && t.active_borrows > 0) {
+  if (mutate && t.lent.active > 0) {
     throw UsageError(
         fmt::format("{}: the tensor is borrowed by {} other stream(s); it cannot be changed until they "
                     "drop it",
-                    what, t.active_borrows));
+                    what, t.lent.active));
   }
-  if (mutate && t.origin && !t.borrow_mutable) {
+  if (mutate && t.borrow.origin && !t.borrow.is_mutable) {
     throw UsageError(
         fmt::format("{}: this borrow on stream '{}' is immutable; borrow with mutable_borrow=true to change "
                     "the tensor",
                     what, t.stream->name));
   }
-  if (t.origin && !t.first_use_sent) {
-    t.first_use_sent = true;
+  if (t.borrow.origin && !t.borrow.first_use_sent) {
+    t.borrow.first_use_sent = true;
     ctl.append(t.home->dests, protocol::BorrowFirstUse{t.ref});
   }
 }
@@ -180,33 +180,35 @@ DTensor Stream::borrow(const DTensor& t, bool mutable_borrow, std::source_locati
     TensorState& origin = *t.state_;
     ctl->check_epoch(origin.epoch, "tensor");
     ctl->check_epoch(state_->epoch, "stream");
-    if (origin.origin) throw UsageError("borrow: the tensor is itself a borrow; borrow its origin instead");
+    if (origin.borrow.origin) throw UsageError("borrow: the tensor is itself a borrow; borrow its origin instead");
     if (origin.stream == state_) {
       throw UsageError(fmt::format("borrow: the tensor already belongs to stream '{}'", state_->name));
     }
-    if (origin.dropped) throw UsageError("borrow: the tensor was dropped");
-    if (origin.mutably_borrowed) {
-      throw UsageError(
-          fmt::format("borrow: the tensor is already borrowed mutably by stream '{}'", origin.borrowed_by));
+    if (origin.borrow.dropped) throw UsageError("borrow: the tensor was dropped");
+    if (origin.lent.mutably) {
+      throw UsageError(fmt::format("borrow: the tensor is already borrowed mutably by stream '{}'", origin.lent.to));
     }
-    if (mutable_borrow && origin.active_borrows > 0) {
-      throw UsageError(fmt::format("borrow: a mutable borrow needs no other active borrow; the tensor has {}",
-                                   origin.active_borrows));
+    if (mutable_borrow && origin.lent.active > 0) {
+      throw UsageError(
+          fmt::format("borrow: a mutable borrow needs no other active borrow; the tensor has {}", origin.lent.active));
     }
     ctl->ensure_stream(*state_);
     ctl->ensure_stream(*origin.stream);
     auto b = new_tensor(*ctl, origin.meta, origin.home, state_,
                         ctl->make_node(0, fmt::format("borrow on stream '{}'", state_->name), where, {origin.node}));
-    b->origin = t.state_;
-    b->borrow_mutable = mutable_borrow;
-    const bool already = origin.active_borrows > 0;
-    origin.active_borrows++;
+    b->borrow.origin = t.state_;
+    b->borrow.is_mutable = mutable_borrow;
+    const bool already = origin.lent.active > 0;
+    origin.lent.active++;
     if (mutable_borrow) {
-      origin.mutably_borrowed = true;
-      origin.borrowed_by = state_->name;
+      origin.lent.mutably = true;
+      origin.lent.to = state_->name;
     }
-    ctl->append(origin.home->dests,
-                protocol::BorrowCreate{b->ref, origin.ref, origin.stream->ref, state_->ref, already});
+    ctl->append(origin.home->dests, protocol::BorrowCreate{.result = b->ref,
+                                                           .tensor = origin.ref,
+                                                           .from_stream = origin.stream->ref,
+                                                           .to_stream = state_->ref,
+                                                           .already_borrowed = already});
     return DTensor(b, t.mesh_);
   });
 }
@@ -293,8 +295,12 @@ DTensor DTensor::to_mesh(const Mesh& target, std::source_location where) const {
     dests.insert(dests.end(), to.dests.begin(), to.dests.end());
     std::sort(dests.begin(), dests.end());
     dests.erase(std::unique(dests.begin(), dests.end()), dests.end());
-    ctl->append(
-        dests, protocol::SendTensor{result->ref, from.ranks, to.ranks, state_->ref, state_->meta, state_->stream->ref});
+    ctl->append(dests, protocol::SendTensor{.result = result->ref,
+                                            .from_ranks = from.ranks,
+                                            .to_ranks = to.ranks,
+                                            .tensor = state_->ref,
+                                            .factory = state_->meta,
+                                            .stream = state_->stream->ref});
     return DTensor(result, target.state_);
   });
 }
@@ -310,13 +316,14 @@ void DTensor::drop(std::source_location where) {
     auto ctl = lock(state_->controller);
     TensorState& b = *state_;
     ctl->check_epoch(b.epoch, "tensor");
-    if (!b.origin) throw UsageError("drop: the tensor is not a borrow (only Stream::borrow results are dropped)");
-    if (b.dropped) throw UsageError("drop: the borrow was already dropped");
-    b.dropped = true;
-    TensorState& origin = *b.origin;
-    origin.active_borrows--;
-    if (b.borrow_mutable) {
-      origin.mutably_borrowed = false;
+    if (!b.borrow.origin)
+      throw UsageError("drop: the tensor is not a borrow (only Stream::borrow results are dropped)");
+    if (b.borrow.dropped) throw UsageError("drop: the borrow was already dropped");
+    b.borrow.dropped = true;
+    TensorState& origin = *b.borrow.origin;
+    origin.lent.active--;
+    if (b.borrow.is_mutable) {
+      origin.lent.mutably = false;
       // The origin now holds what the borrower wrote.
       origin.node =
           ctl->make_node(0, fmt::format("drop of borrow on stream '{}'", b.stream->name), where, {origin.node, b.node});
@@ -522,8 +529,13 @@ std::vector<DTensor> Mesh::call_on_impl(const Stream& stream, FunctionName fn, s
   wire.reserve(args.size());
   for (Arg& a : args) wire.push_back(a.value());
   ctl->append(state_->dests,
-              protocol::CallFunction{ident, std::move(results), std::move(mutates), fn.name, std::move(wire),
-                                     stream.state_->ref, state_->ref},
+              protocol::CallFunction{.ident = ident,
+                                     .results = std::move(results),
+                                     .mutates = std::move(mutates),
+                                     .function = fn.name,
+                                     .args = std::move(wire),
+                                     .stream = stream.state_->ref,
+                                     .mesh = state_->ref},
               ident);
   return outputs;
 }
@@ -548,7 +560,7 @@ std::exception_ptr future_wait(FutureState& f, std::optional<std::chrono::durati
   if (!ctl) return std::make_exception_ptr(UsageError("the future outlived its controller session"));
   ctl->wait_for(f.ident, timeout, fmt::format("fetch (invocation {})", f.ident));
   f.finished = true;
-  ctl->fetches.erase(f.ident);
+  ctl->forget_fetch(f.ident);
   f.error = ctl->failure_of(f.node, fmt::format("fetch (invocation {})", f.ident));
   if (!f.error && !f.value) {
     f.error = std::make_exception_ptr(
@@ -582,7 +594,7 @@ Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> di
     sizes.push_back(s);
     product *= s;
   }
-  const NDSlice& w = state_->worker_ranks;
+  const NDSlice& w = state_->worker_ranks();
   if (product != w.len()) {
     throw UsageError(fmt::format("world_mesh: the sizes [{}] hold {} ranks, expected the {} worker ranks",
                                  fmt::join(sizes, ", "), product, w.len()));
@@ -645,8 +657,14 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
     f->rank = rank;
     f->node = ctl.make_node(ident, fmt::format("fetch from rank {}{}", rank, preprocess ? " via " + *preprocess : ""),
                             where, {t.state_->node});
-    ctl.fetches[ident] = f;
-    ctl.append({rank}, protocol::FetchValue{ident, {}, preprocess, Value(t.state_->ref), t.state_->stream->ref}, ident);
+    ctl.register_fetch(ident, f);
+    ctl.append({rank},
+               protocol::FetchValue{.ident = ident,
+                                    .mutates = {},
+                                    .function = preprocess,
+                                    .value = Value(t.state_->ref),
+                                    .stream = t.state_->stream->ref},
+               ident);
     ctl.flush();
     return Future<Tensor>(f);
   });
@@ -656,79 +674,28 @@ void Controller::synchronize() {
   ControllerState& ctl = *state_;
   const protocol::Ident ident = ctl.new_ident("synchronize");
   ctl.flush_deferred();
-  ctl.append(ctl.all_dests, protocol::RequestStatus{ident}, ident);
+  ctl.append(ctl.workers(), protocol::RequestStatus{ident}, ident);
   ctl.flush();
   ctl.wait_for(ident, std::nullopt, "synchronize");
-  std::exception_ptr first;
-  int more = 0;
-  for (auto& [i, f] : ctl.failures) {
-    if (f.observed) continue;
-    f.observed = true;
-    if (!first) {
-      const std::vector<int> ranks(f.ranks.begin(), f.ranks.end());
-      first = std::make_exception_ptr(
-          RemoteError(fmt::format("{} failed on rank{} {} (invocation {}): {}", f.function,
-                                  ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "), i, f.message),
-                      i, f.function, ranks, f.message, ""));
-    } else {
-      ++more;
-    }
-  }
-  if (more > 0) {
-    MESHRT_LOG(warning) << "synchronize: " << more << " more failures after the first";
-  }
-  if (first) std::rethrow_exception(first);
+  ctl.raise_unobserved_failures();
 }
 
 void Controller::synchronize(std::chrono::duration<double> timeout) {
   ControllerState& ctl = *state_;
   const protocol::Ident ident = ctl.new_ident("synchronize");
   ctl.flush_deferred();
-  ctl.append(ctl.all_dests, protocol::RequestStatus{ident}, ident);
+  ctl.append(ctl.workers(), protocol::RequestStatus{ident}, ident);
   ctl.flush();
   ctl.wait_for(ident, timeout, "synchronize");
   synchronize();
 }
 
 void Controller::restart_workers() {
-  ControllerState& ctl = *state_;
-  ctl.flush_deferred();
-  ctl.restarted = 0;
-  ctl.append(ctl.all_dests, protocol::Exit{true});
-  ctl.flush();
-  detail::Backoff backoff;
-  while (ctl.restarted < static_cast<int>(ctl.all_dests.size())) {
-    ctl.poll_replies();
-    backoff.pause();
-  }
-  // Nothing from before the restart exists any more.
-  ctl.epoch++;
-  ctl.streams.clear();
-  ctl.pending_deletes.clear();
-  ctl.pending_delete_count = 0;
-  ctl.pending_drops.clear();
-  for (auto& [rank, w] : ctl.workers) {
-    w.outstanding.clear();
-    w.live_values = 0;
-  }
-  ctl.ident_what.clear();
+  state_->restart_workers();
 }
 
 std::string Controller::dump_flight_recorder() {
-  double wait = 2.0;
-  try {
-    wait = settings::get_double("MESHRT_STATE_QUERY_TIMEOUT");
-  } catch (const std::exception&) {
-  }
-  const auto answers = state_->query({{"op", "dump"}, {"why", "Controller::dump_flight_recorder()"}},
-                                     std::chrono::duration<double>(wait));
-  std::string out;
-  for (int rank : state_->all_dests) {
-    auto it = answers.find(rank);
-    out += it == answers.end() ? fmt::format("rank {}: no answer within {} s\n", rank, wait)
-                               : it->second.value("dump", std::string("(empty)"));
-  }
-  return out;
+  return state_->dump_flight_recorder();
 }
 
 void Controller::abort(const std::string& reason) {
@@ -736,15 +703,13 @@ void Controller::abort(const std::string& reason) {
 }
 
 int Controller::world_size() const {
-  return state_->world_size;
+  return state_->world_size();
 }
 const NDSlice& Controller::worker_ranks() const {
-  return state_->worker_ranks;
+  return state_->worker_ranks();
 }
 std::uint64_t Controller::live_values(int rank) const {
-  auto it = state_->workers.find(rank);
-  if (it == state_->workers.end()) throw UsageError(fmt::format("live_values: rank {} runs no worker", rank));
-  return it->second.live_values;
+  return state_->live_values(rank);
 }
 
 }  // namespace meshrt

@@ -1,50 +1,31 @@
-// The controller's internal state (shared by controller.cpp and runtime.cpp).
+// The controller's internal state: the handles' states and the session (shared by
+// controller.cpp and runtime.cpp).
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
+#include <exception>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <set>
 #include <source_location>
 #include <string>
-#include <thread>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "controller/batcher.hpp"
+#include "controller/completion.hpp"
+#include "controller/diagnostics.hpp"
+#include "controller/graph.hpp"
+#include "controller/site.hpp"
+#include "meshrt/control.hpp"
 #include "meshrt/controller.hpp"
 #include "meshrt/protocol.hpp"
-#include "worker/channel.hpp"
 
 namespace meshrt::detail {
 
 using protocol::Ident;
-
-// One step in the dependency graph: an invocation (it has an ident) or a value derived
-// from others without one (a reduction, a send, a borrow).
-struct Node {
-  Ident ident = 0;
-  std::string what;            // "meshrt.fail", "reduce sum over 'gpu'", "fetch"
-  std::source_location where;  // the controller call that issued it (formatted only for errors)
-  std::string issued_at() const;
-  std::vector<std::shared_ptr<Node>> inputs;
-  bool clean = false;     // known complete without failure: inputs dropped
-  bool poisoned = false;  // known to depend on a failure: inputs kept for the error's chain
-};
-
-struct Failure {
-  std::string function;
-  std::string message;
-  std::string exception_type;
-  std::set<int> ranks;
-  bool observed = false;
-};
 
 struct MeshState {
   std::weak_ptr<ControllerState> controller;
@@ -76,14 +57,18 @@ struct TensorState {
   std::shared_ptr<StreamState> stream;
   std::shared_ptr<Node> node;
   // Borrows of this tensor that are active, and whether one of them is mutable.
-  int active_borrows = 0;
-  bool mutably_borrowed = false;
-  std::string borrowed_by;  // the stream name of the mutable borrow
-  // When this tensor is itself a borrow:
-  std::shared_ptr<TensorState> origin;
-  bool borrow_mutable = false;
-  bool first_use_sent = false;
-  bool dropped = false;
+  struct Lent {
+    int active = 0;
+    bool mutably = false;
+    std::string to;  // the stream name of the mutable borrow
+  } lent;
+  // When this tensor is itself a borrow (origin set):
+  struct Borrow {
+    std::shared_ptr<TensorState> origin;
+    bool is_mutable = false;
+    bool first_use_sent = false;
+    bool dropped = false;
+  } borrow;
 };
 
 struct FutureState {
@@ -96,102 +81,83 @@ struct FutureState {
   std::exception_ptr error;
 };
 
-struct WorkerTrack {
-  Ident reported = 0;             // latest first_uncompleted_ident
-  std::deque<Ident> outstanding;  // idents sent to it, not yet reported complete
-  Ident status_requested = 0;     // the highest RequestStatus sent to it
-  std::uint64_t live_values = 0;
-};
-
+// The controller's session: the handles' shared state and the four parts that implement
+// docs/ARCHITECTURE.md section 3's rules, each with one job (batcher: the transport; tracker: the
+// completion rule; graph: dependencies and failures; diagnostics: queries, reports,
+// abort). Handles call its methods; it feeds each part what the others learn, so no
+// part calls another but Diagnostics, which asks through the Batcher.
 struct ControllerState : std::enable_shared_from_this<ControllerState> {
-  ControllerState(MPI_Comm control, int world_size, NDSlice workers);
+ public:
+  ControllerState(std::shared_ptr<control::Transport> transport, int world_size, NDSlice workers);
   ~ControllerState();
 
-  Channel channel;
-  int world_size;
-  NDSlice worker_ranks;
-  std::vector<int> all_dests;
-  std::uint64_t epoch = 1;
-  std::uint64_t next_ref = 1;
-  Ident next_ident = 1;
-  std::map<int, WorkerTrack> workers;
-  std::map<Ident, Failure> failures;
-  // Outstanding invocations, for timeout reports: the node, or a label for the runtime's own.
-  struct IdentInfo {
-    std::string what;  // the function's name (short: no allocation), or empty
-    std::source_location where{};
-    const char* label = nullptr;
-  };
-  std::map<Ident, IdentInfo> ident_what;
-  std::string describe_ident(Ident ident) const;
-  std::unordered_map<Ident, std::weak_ptr<FutureState>> fetches;
-  std::map<std::string, std::shared_ptr<StreamState>> streams;
-  // Nodes not yet known clean or poisoned, oldest first. prune() settles them as the
-  // workers report progress, so a long-running program's graph stays as small as the
-  // work in flight.
-  std::deque<std::weak_ptr<Node>> young_nodes;
-  std::size_t nodes_since_prune = 0;
-  void prune();
-  int restarted = 0;
+  int world_size() const noexcept { return world_size_; }
+  const NDSlice& worker_ranks() const noexcept { return worker_ranks_; }
+  // The ranks that run a worker, sorted.
+  const std::vector<int>& workers() const noexcept { return workers_; }
+  // Bumped by restart_workers(): handles made before are stale.
+  std::uint64_t epoch() const noexcept { return epoch_; }
 
-  // The batch being built: consecutive commands for the same ranks.
-  std::vector<int> batch_dests;
-  std::vector<protocol::Command> batch;
-  std::size_t batch_limit = 256;
-  std::chrono::steady_clock::time_point batch_started;
-  std::chrono::duration<double> batch_time_limit{0.002};
-  // A batch the program leaves alone is sent by the flusher thread after the time bound,
-  // so workers start while the controller does something else.
-  std::mutex batch_mutex;
-  std::atomic<bool> stop_flusher{false};
-  std::thread flusher;
-  void flush_locked();
-  // Work that handle destructors leave for the next command: deletes per rank set, and
-  // borrows dropped implicitly.
-  std::map<std::vector<int>, std::vector<Ref>> pending_deletes;
-  std::size_t pending_delete_count = 0;
-  std::vector<std::pair<std::vector<int>, Ref>> pending_drops;
+  Ref new_ref() { return Ref{next_ref_++}; }
+  Ident new_ident(const char* label = nullptr) { return tracker_.new_ident(label); }
+  void check_epoch(std::uint64_t e, std::string_view what) const;
 
-  Ref new_ref() { return Ref{next_ref++}; }
-  Ident new_ident(const char* label = nullptr) {
-    const Ident i = next_ident++;
-    ident_what.emplace(i, IdentInfo{{}, {}, label});
-    return i;
-  }
-
-  // Queues `c` for `dests`, flushing the batch first if it was for other ranks.
-  // `ident`, when non-zero, is recorded as outstanding on every destination.
+  // Queues `c` for `dests`; `ident`, when non-zero, is recorded as outstanding on every
+  // destination.
   void append(const std::vector<int>& dests, protocol::Command c, Ident ident = 0);
-  void flush();
-  void flush_deferred();
+  void flush() { batcher_.flush(); }
+  void flush_deferred() { batcher_.flush_deferred(); }
+  // For handle destructors: work for the next command, sent with it.
+  void defer_delete(const std::vector<int>& dests, Ref ref) { batcher_.defer_delete(dests, ref); }
+  void defer_drop(const std::vector<int>& dests, Ref ref) { batcher_.defer_drop(dests, ref); }
+
+  // Takes every waiting reply and applies it to the tracker, the graph and the futures.
   void poll_replies();
   // Every ident <= the returned one is complete on every worker it was sent to.
-  Ident frontier() const;
+  Ident frontier() const { return tracker_.frontier(); }
   // Sends RequestStatus(ident) to the workers that have not reported past `ident`.
   void request_status(Ident ident);
   // Waits until frontier() >= ident; throws TimeoutError after `timeout`.
   void wait_for(Ident ident, std::optional<std::chrono::duration<double>> timeout, const std::string& what);
-  std::string lagging_report(Ident ident) const;
 
-  // Out-of-band queries to every worker's watch thread (answered even while a worker is
-  // stuck): the answers by rank; ranks that do not answer within `timeout` are missing.
-  std::map<int, nlohmann::json> query(nlohmann::json request, std::chrono::duration<double> timeout);
-  // The table of what every worker is doing, for a timeout.
-  std::string desync_report(const std::string& what);
-  [[noreturn]] void abort_job(const std::string& reason);
-  std::uint64_t next_query = 1;
-
-  // The failure a node depends on (smallest ident), with the chain to it; nullopt when clean.
+  std::shared_ptr<Node> make_node(Ident ident, std::string what, const std::source_location& where,
+                                  std::vector<std::shared_ptr<Node>> inputs);
+  // The failure a node depends on (smallest ident), with the chain to it; null when clean.
   std::exception_ptr failure_of(const std::shared_ptr<Node>& node, const std::string& subject);
+  // Raises the first failure no call has raised yet (synchronize), logging how many more.
+  void raise_unobserved_failures();
+
+  void register_fetch(Ident ident, const std::shared_ptr<FutureState>& future) { fetches_[ident] = future; }
+  void forget_fetch(Ident ident) { fetches_.erase(ident); }
+
   std::shared_ptr<StreamState> stream(const std::string& name);
   void ensure_mesh(MeshState& mesh);
   void ensure_stream(StreamState& stream);
-  std::shared_ptr<Node> make_node(Ident ident, std::string what, const std::source_location& where,
-                                  std::vector<std::shared_ptr<Node>> inputs);
-  void check_epoch(std::uint64_t e, std::string_view what) const;
+
+  std::uint64_t live_values(int rank) const { return tracker_.live_values(rank); }
+  std::string dump_flight_recorder() { return diagnostics_.dump_flight_recorder(); }
+  [[noreturn]] void abort_job(const std::string& reason) { diagnostics_.abort_job(reason); }
+
+  // Ends the workers' event loops and starts fresh ones; nothing made before survives.
+  void restart_workers();
+  // Waits for everything sent, then ends the workers' loops; aborts the job after
+  // `timeout` rather than leave a rank waiting.
+  void shutdown(std::chrono::duration<double> timeout);
+
+ private:
+  const int world_size_;
+  const NDSlice worker_ranks_;
+  const std::vector<int> workers_;
+  std::uint64_t epoch_ = 1;
+  Batcher batcher_;
+  CompletionTracker tracker_;
+  DependencyGraph graph_;
+  Diagnostics diagnostics_;
+  std::uint64_t next_ref_ = 1;
+  std::unordered_map<Ident, std::weak_ptr<FutureState>> fetches_;
+  std::map<std::string, std::shared_ptr<StreamState>> streams_;
 };
 
-std::string describe(const std::source_location& where);
 std::vector<int> to_dests(const NDSlice& slice);
 
 }  // namespace meshrt::detail

@@ -47,9 +47,67 @@ constexpr std::string_view kReplyNames[] = {"Status", "RemoteFunctionFailed", "F
 static_assert(std::size(kCommandNames) == std::variant_size_v<Command>);
 static_assert(std::size(kReplyNames) == std::variant_size_v<Reply>);
 
+// The wire tag of a command or reply is its index in the variant (the encoder writes
+// index()). The decoder names them; the asserts below fail to compile if the variant's
+// order and these constants ever disagree, instead of a round trip failing at run time.
+template <class T, class Variant>
+struct variant_index;
+template <class T, class... Ts>
+struct variant_index<T, std::variant<Ts...>> {
+  static constexpr std::size_t value = [] {
+    constexpr bool same[] = {std::is_same_v<T, Ts>...};
+    std::size_t i = 0;
+    while (i < sizeof...(Ts) && !same[i]) ++i;
+    return i;
+  }();
+  static_assert(value < sizeof...(Ts), "not an alternative of the variant");
+};
+template <class T, class Variant>
+inline constexpr std::uint8_t tag_of = static_cast<std::uint8_t>(variant_index<T, Variant>::value);
+
+enum class CommandTag : std::uint8_t {
+  CreateDeviceMesh = 0,
+  CreateStream = 1,
+  CallFunction = 2,
+  FetchValue = 3,
+  Reduce = 4,
+  SendTensor = 5,
+  BorrowCreate = 6,
+  BorrowFirstUse = 7,
+  BorrowDrop = 8,
+  DeleteRefs = 9,
+  CommandGroup = 10,
+  RequestStatus = 11,
+  Exit = 12,
+};
+static_assert(static_cast<std::uint8_t>(CommandTag::CreateDeviceMesh) == tag_of<CreateDeviceMesh, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::CreateStream) == tag_of<CreateStream, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::CallFunction) == tag_of<CallFunction, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::FetchValue) == tag_of<FetchValue, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::Reduce) == tag_of<Reduce, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::SendTensor) == tag_of<SendTensor, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::BorrowCreate) == tag_of<BorrowCreate, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::BorrowFirstUse) == tag_of<BorrowFirstUse, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::BorrowDrop) == tag_of<BorrowDrop, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::DeleteRefs) == tag_of<DeleteRefs, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::CommandGroup) == tag_of<CommandGroup, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::RequestStatus) == tag_of<RequestStatus, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::Exit) == tag_of<Exit, Command>);
+
+enum class ReplyTag : std::uint8_t {
+  Status = 0,
+  RemoteFunctionFailed = 1,
+  FetchResult = 2,
+  Restarted = 3,
+};
+static_assert(static_cast<std::uint8_t>(ReplyTag::Status) == tag_of<Status, Reply>);
+static_assert(static_cast<std::uint8_t>(ReplyTag::RemoteFunctionFailed) == tag_of<RemoteFunctionFailed, Reply>);
+static_assert(static_cast<std::uint8_t>(ReplyTag::FetchResult) == tag_of<FetchResult, Reply>);
+static_assert(static_cast<std::uint8_t>(ReplyTag::Restarted) == tag_of<Restarted, Reply>);
+
 constexpr std::byte kMagic0{'m'};
 constexpr std::byte kMagic1{'r'};
-enum class FrameKind : std::uint8_t { Command = 1, Reply = 2, Handshake = 3, Value = 4 };
+enum class FrameKind : std::uint8_t { Command = 1, Reply = 2, Handshake = 3, Value = 4, Query = 5, QueryAnswer = 6 };
 constexpr std::size_t kHeaderSize = 4;
 // More dimensions than any real tensor or mesh; bounds what a frame can ask for.
 constexpr std::uint32_t kMaxDims = 64;
@@ -248,6 +306,19 @@ class Writer {
     pod(m.thread_level);
     pod(m.rank);
     string(m.host, "Handshake host");
+  }
+  void body(const Query& m) {
+    pod(m.id);
+    u8(static_cast<std::uint8_t>(m.op));
+    pod(m.limit);
+    string(m.reason, "Query reason");
+  }
+  void body(const QueryAnswer& m) {
+    pod(m.query);
+    pod(m.rank);
+    u8(static_cast<std::uint8_t>(m.op));
+    string(m.payload, "QueryAnswer payload");
+    string(m.error, "QueryAnswer error");
   }
 
  private:
@@ -458,8 +529,8 @@ class Reader {
   Command command(int depth) {
     const std::size_t at = pos_;
     const std::uint8_t tag = u8("command tag");
-    switch (tag) {
-      case 0: {
+    switch (static_cast<CommandTag>(tag)) {
+      case CommandTag::CreateDeviceMesh: {
         CreateDeviceMesh m;
         m.result = ref("CreateDeviceMesh.result");
         const std::size_t n = length("CreateDeviceMesh.names", 4);
@@ -472,13 +543,13 @@ class Reader {
         }
         return m;
       }
-      case 1: {
+      case CommandTag::CreateStream: {
         CreateStream m;
         m.result = ref("CreateStream.result");
         m.is_default = boolean("CreateStream.is_default");
         return m;
       }
-      case 2: {
+      case CommandTag::CallFunction: {
         CallFunction m;
         m.ident = pod<Ident>("CallFunction.ident");
         m.results = refs("CallFunction.results");
@@ -489,7 +560,7 @@ class Reader {
         m.mesh = ref("CallFunction.mesh");
         return m;
       }
-      case 3: {
+      case CommandTag::FetchValue: {
         FetchValue m;
         m.ident = pod<Ident>("FetchValue.ident");
         m.mutates = refs("FetchValue.mutates");
@@ -498,7 +569,7 @@ class Reader {
         m.stream = ref("FetchValue.stream");
         return m;
       }
-      case 4: {
+      case CommandTag::Reduce: {
         Reduce m;
         m.result = ref("Reduce.result");
         m.tensor = ref("Reduce.tensor");
@@ -511,7 +582,7 @@ class Reader {
         m.inplace = boolean("Reduce.inplace");
         return m;
       }
-      case 5: {
+      case CommandTag::SendTensor: {
         SendTensor m;
         m.result = ref("SendTensor.result");
         m.from_ranks = slice("SendTensor.from_ranks");
@@ -525,7 +596,7 @@ class Reader {
         m.stream = ref("SendTensor.stream");
         return m;
       }
-      case 6: {
+      case CommandTag::BorrowCreate: {
         BorrowCreate m;
         m.result = ref("BorrowCreate.result");
         m.tensor = ref("BorrowCreate.tensor");
@@ -534,13 +605,13 @@ class Reader {
         m.already_borrowed = boolean("BorrowCreate.already_borrowed");
         return m;
       }
-      case 7:
+      case CommandTag::BorrowFirstUse:
         return BorrowFirstUse{ref("BorrowFirstUse.borrow")};
-      case 8:
+      case CommandTag::BorrowDrop:
         return BorrowDrop{ref("BorrowDrop.borrow")};
-      case 9:
+      case CommandTag::DeleteRefs:
         return DeleteRefs{refs("DeleteRefs.refs")};
-      case 10: {
+      case CommandTag::CommandGroup: {
         if (depth >= kMaxDepth) {
           fail_at(at, "CommandGroup", fmt::format("expected groups nested at most {} deep, found deeper", kMaxDepth));
         }
@@ -550,9 +621,9 @@ class Reader {
         for (std::size_t i = 0; i < n; ++i) m.commands.push_back(command(depth + 1));
         return m;
       }
-      case 11:
+      case CommandTag::RequestStatus:
         return RequestStatus{pod<Ident>("RequestStatus.ident")};
-      case 12:
+      case CommandTag::Exit:
         return Exit{boolean("Exit.restart")};
       default:
         fail_at(at, "command tag",
@@ -563,14 +634,14 @@ class Reader {
   Reply reply() {
     const std::size_t at = pos_;
     const std::uint8_t tag = u8("reply tag");
-    switch (tag) {
-      case 0: {
+    switch (static_cast<ReplyTag>(tag)) {
+      case ReplyTag::Status: {
         Status m;
         m.first_uncompleted_ident = pod<Ident>("Status.first_uncompleted_ident");
         m.live_values = pod<std::uint64_t>("Status.live_values");
         return m;
       }
-      case 1: {
+      case ReplyTag::RemoteFunctionFailed: {
         RemoteFunctionFailed m;
         m.ident = pod<Ident>("RemoteFunctionFailed.ident");
         m.error = string("RemoteFunctionFailed.error");
@@ -579,13 +650,13 @@ class Reader {
         m.exception_type = string("RemoteFunctionFailed.exception_type");
         return m;
       }
-      case 2: {
+      case ReplyTag::FetchResult: {
         FetchResult m;
         m.ident = pod<Ident>("FetchResult.ident");
         m.value = value(1, "FetchResult.value");
         return m;
       }
-      case 3:
+      case ReplyTag::Restarted:
         return Restarted{};
       default:
         fail_at(at, "reply tag",
@@ -602,6 +673,26 @@ class Reader {
     h.rank = pod<std::int32_t>("Handshake.rank");
     h.host = string("Handshake.host");
     return h;
+  }
+
+  Query query() {
+    Query q;
+    q.id = pod<std::uint64_t>("Query.id");
+    q.op = enumeration<QueryOp>("Query.op", kNumQueryOps);
+    q.limit = pod<std::uint64_t>("Query.limit");
+    q.reason = string("Query.reason");
+    return q;
+  }
+
+  QueryAnswer query_answer() {
+    QueryAnswer a;
+    a.query = pod<std::uint64_t>("QueryAnswer.query");
+    a.rank = pod<std::int32_t>("QueryAnswer.rank");
+    if (a.rank < -1) fail("QueryAnswer.rank", fmt::format("expected a rank >= -1, found {}", a.rank));
+    a.op = enumeration<QueryOp>("QueryAnswer.op", kNumQueryOps);
+    a.payload = string("QueryAnswer.payload");
+    a.error = string("QueryAnswer.error");
+    return a;
   }
 
   void header(FrameKind expected) {
@@ -638,6 +729,10 @@ class Reader {
         return "handshake";
       case FrameKind::Value:
         return "value";
+      case FrameKind::Query:
+        return "query";
+      case FrameKind::QueryAnswer:
+        return "query answer";
     }
     return "invalid";
   }
@@ -690,6 +785,14 @@ void encode_into(const Handshake& h, Buffer& out) {
   header(out, FrameKind::Handshake);
   Writer(out).body(h);
 }
+void encode_into(const Query& q, Buffer& out) {
+  header(out, FrameKind::Query);
+  Writer(out).body(q);
+}
+void encode_into(const QueryAnswer& a, Buffer& out) {
+  header(out, FrameKind::QueryAnswer);
+  Writer(out).body(a);
+}
 void encode_value(const Value& v, Buffer& out) {
   header(out, FrameKind::Value);
   Writer(out).value(v);
@@ -703,6 +806,12 @@ std::vector<std::byte> encode(const Reply& r) {
 }
 std::vector<std::byte> encode(const Handshake& h) {
   return to_vector([&](Buffer& b) { encode_into(h, b); });
+}
+std::vector<std::byte> encode(const Query& q) {
+  return to_vector([&](Buffer& b) { encode_into(q, b); });
+}
+std::vector<std::byte> encode(const QueryAnswer& a) {
+  return to_vector([&](Buffer& b) { encode_into(a, b); });
 }
 
 Command decode_command(std::span<const std::byte> bytes) {
@@ -725,6 +834,20 @@ Handshake decode_handshake(std::span<const std::byte> bytes) {
   Handshake h = r.handshake();
   r.finish();
   return h;
+}
+Query decode_query(std::span<const std::byte> bytes) {
+  Reader r(bytes);
+  r.header(FrameKind::Query);
+  Query q = r.query();
+  r.finish();
+  return q;
+}
+QueryAnswer decode_query_answer(std::span<const std::byte> bytes) {
+  Reader r(bytes);
+  r.header(FrameKind::QueryAnswer);
+  QueryAnswer a = r.query_answer();
+  r.finish();
+  return a;
 }
 Value decode_value(std::span<const std::byte> bytes) {
   Reader r(bytes);

@@ -9,14 +9,10 @@
 
 #include "common/checks.hpp"
 #include "controller/state.hpp"
-#include "meshrt/functions.hpp"
+#include "meshrt/control.hpp"
 #include "meshrt/log.hpp"
-#include "meshrt/protocol.hpp"
 #include "meshrt/settings.hpp"
-#include "meshrt/version.hpp"
 #include "meshrt/worker.hpp"
-#include "worker/monitor.hpp"
-#include "worker/watch.hpp"
 
 namespace meshrt {
 
@@ -30,127 +26,33 @@ struct Runtime::Impl {
   MPI_Comm control = MPI_COMM_NULL;
   MPI_Comm p2p = MPI_COMM_NULL;
   NDSlice worker_ranks = NDSlice::row_major({1});
-  // This rank's flight recorder and the thread that answers the controller's queries.
-  std::unique_ptr<detail::Monitor> monitor;
-  std::unique_ptr<detail::Watch> watch;
+  // This rank's flight recorder, the thread that answers the controller's queries and
+  // the signal handlers (ranks that run a worker).
+  std::unique_ptr<WorkerWatch> watch;
 
   bool runs_worker() const { return !(options.dedicated_controller && rank == 0); }
 
   void free_comms() {
+    // Return codes ignored on purpose: this runs in the destructor and on a failed start,
+    // where raising would hide the first error (or terminate), and the job is ending.
     for (MPI_Comm* c : {&world, &control, &p2p}) {
-      if (*c != MPI_COMM_NULL) MESHRT_MPI_IGNORE(MPI_Comm_free(c));  // teardown: nothing to report to
+      if (*c != MPI_COMM_NULL) MESHRT_MPI_IGNORE(MPI_Comm_free(c));
     }
   }
 
-  WorkerOptions worker_options() const { return WorkerOptions{rank, world, control, p2p, 1.0, monitor.get()}; }
-
-  // Every rank sends rank 0 its handshake (or why it cannot run); rank 0 compares them
-  // and broadcasts the verdict, so all ranks fail the start together, naming the culprits.
-  void handshake() {
-    std::string local_error;
-    protocol::Handshake mine;
-    mine.meshrt_version = MESHRT_VERSION_STRING;
-    mine.thread_level = provided;
-    mine.rank = rank;
-    char host[MPI_MAX_PROCESSOR_NAME] = {};
-    int len = 0;
-    MESHRT_MPI_CHECK(MPI_Get_processor_name(host, &len));
-    mine.host = host;
-    try {
-      mine.function_table_hash = functions::table_hash();
-    } catch (const std::exception& e) {
-      local_error = e.what();
-    }
-    if (provided < MPI_THREAD_MULTIPLE && !(options.dedicated_controller && rank != 0)) {
-      local_error += fmt::format(
-          "{}MPI provides thread level {}; meshrt needs multiple (rank 0 runs the controller "
-          "and worker 0 on two threads)",
-          local_error.empty() ? "" : "; ", thread_level_name(provided));
-    }
-    const auto bytes = protocol::encode(mine);
-    auto gather = [&](const void* data, int n) {
-      std::vector<int> lens(static_cast<std::size_t>(size));
-      MESHRT_MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, control));
-      std::vector<int> displs(static_cast<std::size_t>(size), 0);
-      int total = 0;
-      for (int r = 0; r < size; ++r) {
-        displs[static_cast<std::size_t>(r)] = total;
-        total += lens[static_cast<std::size_t>(r)];
-      }
-      std::vector<std::byte> all(static_cast<std::size_t>(std::max(total, 1)));
-      MESHRT_MPI_CHECK(MPI_Gatherv(data, n, MPI_BYTE, all.data(), lens.data(), displs.data(), MPI_BYTE, 0, control));
-      std::vector<std::vector<std::byte>> parts;
-      if (rank == 0) {
-        for (int r = 0; r < size; ++r) {
-          auto b = all.begin() + displs[static_cast<std::size_t>(r)];
-          parts.emplace_back(b, b + lens[static_cast<std::size_t>(r)]);
-        }
-      }
-      return parts;
-    };
-    const auto handshakes = gather(bytes.data(), static_cast<int>(bytes.size()));
-    const auto errors = gather(local_error.data(), static_cast<int>(local_error.size()));
-    std::string verdict;
-    if (rank == 0) {
-      for (int r = 0; r < size; ++r) {
-        const auto& err = errors[static_cast<std::size_t>(r)];
-        if (!err.empty()) {
-          verdict +=
-              fmt::format("\n  rank {}: {}", r, std::string(reinterpret_cast<const char*>(err.data()), err.size()));
-        }
-        if (r == 0) continue;
-        try {
-          const protocol::Handshake h = protocol::decode_handshake(handshakes[static_cast<std::size_t>(r)]);
-          std::vector<std::string> diffs;
-          if (h.meshrt_version != mine.meshrt_version) {
-            diffs.push_back(fmt::format("meshrt {} (rank 0: {})", h.meshrt_version, mine.meshrt_version));
-          }
-          if (h.protocol_version != mine.protocol_version) {
-            diffs.push_back(fmt::format("protocol {} (rank 0: {})", h.protocol_version, mine.protocol_version));
-          }
-          if (h.function_table_hash != mine.function_table_hash) {
-            diffs.push_back(fmt::format("function table {:016x} (rank 0: {:016x}): a different program or library set",
-                                        h.function_table_hash, mine.function_table_hash));
-          }
-          if (!diffs.empty()) {
-            verdict +=
-                fmt::format("\n  rank {} (host {}) runs a different binary: {}", r, h.host, fmt::join(diffs, "; "));
-          }
-        } catch (const std::exception& e) {
-          verdict += fmt::format("\n  rank {}: its handshake does not decode ({}): a different meshrt", r, e.what());
-        }
-      }
-    }
-    int n = static_cast<int>(verdict.size());
-    MESHRT_MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT, 0, control));
-    verdict.resize(static_cast<std::size_t>(n));
-    MESHRT_MPI_CHECK(MPI_Bcast(verdict.data(), n, MPI_CHAR, 0, control));
-    if (!verdict.empty()) throw Error("meshrt start-up failed: the ranks disagree:" + verdict);
+  WorkerOptions worker_options() const {
+    return WorkerOptions{.rank = rank,
+                         .world = world,
+                         .control = control,
+                         .p2p = p2p,
+                         .status_interval_seconds = 1.0,
+                         .monitor = watch ? watch->monitor() : nullptr};
   }
+
+  void handshake() { control::handshake(control, provided, options.dedicated_controller); }
 
   void shutdown(detail::ControllerState& state) {
-    state.flush_deferred();
-    const protocol::Ident ident = state.new_ident("shutdown");
-    state.append(state.all_dests, protocol::RequestStatus{ident}, ident);
-    state.append(state.all_dests, protocol::Exit{false});
-    state.flush();
-    // No RequestStatus may follow Exit (the next session would receive it), so wait here
-    // without asking again.
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::duration<double>(options.shutdown_timeout_seconds);
-    detail::Backoff backoff;
-    while (state.frontier() < ident) {
-      state.poll_replies();
-      if (std::chrono::steady_clock::now() > deadline) {
-        const std::string report = state.lagging_report(ident);
-        MESHRT_LOG(fatal) << "shutdown: workers did not finish within " << options.shutdown_timeout_seconds
-                          << " s; aborting the job:" << report;
-        std::fprintf(stderr, "meshrt: shutdown timed out; aborting the job:%s\n", report.c_str());
-        MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));  // does not return
-      }
-      backoff.pause();
-    }
-    state.channel.drain(std::chrono::duration<double>(options.shutdown_timeout_seconds));
+    state.shutdown(std::chrono::duration<double>(options.shutdown_timeout_seconds));
   }
 };
 
@@ -183,25 +85,23 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
       i.worker_ranks = NDSlice::row_major({i.size});
     }
     if (i.runs_worker()) {
-      i.monitor = std::make_unique<detail::Monitor>(
-          i.rank, static_cast<std::size_t>(std::max<std::int64_t>(1, settings::get_int("MESHRT_FLIGHT_RECORDER"))));
-      i.watch = std::make_unique<detail::Watch>(i.control, *i.monitor);
-      detail::install_signal_handlers(i.monitor.get());
+      i.watch = std::make_unique<WorkerWatch>(
+          i.rank, control::mpi_transport(i.control),
+          static_cast<std::size_t>(std::max<std::int64_t>(1, settings::get_int("MESHRT_FLIGHT_RECORDER"))));
     }
   } catch (...) {
-    if (i.monitor) detail::uninstall_signal_handlers();
     i.watch.reset();
     i.free_comms();
-    if (i.initialized_mpi) MESHRT_MPI_IGNORE(MPI_Finalize());  // the error in flight is the one to report
+    if (i.initialized_mpi) MESHRT_MPI_IGNORE(MPI_Finalize());  // ignored on purpose: the start's own error follows
     throw;
   }
 }
 
 Runtime::~Runtime() {
-  if (impl_->monitor) detail::uninstall_signal_handlers();
   impl_->watch.reset();
   impl_->free_comms();
-  if (impl_->initialized_mpi) MESHRT_MPI_IGNORE(MPI_Finalize());  // a destructor cannot raise
+  // Ignored on purpose: a destructor cannot raise, and nothing follows MPI_Finalize.
+  if (impl_->initialized_mpi) MESHRT_MPI_IGNORE(MPI_Finalize());
 }
 
 int Runtime::rank() const noexcept {
@@ -228,13 +128,13 @@ void Runtime::session(const std::function<void(Controller&)>& fn) {
         // A worker that cannot go on must not leave its peers waiting.
         MESHRT_LOG(fatal) << "worker 0 failed: " << e.what() << "; aborting the job";
         std::fprintf(stderr, "meshrt: worker 0 failed: %s; aborting the job\n", e.what());
-        MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));  // does not return
+        MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));  // ignored on purpose: it does not return when it works
       }
     });
   }
   std::exception_ptr error;
   {
-    auto state = std::make_shared<detail::ControllerState>(i.control, i.size, i.worker_ranks);
+    auto state = std::make_shared<detail::ControllerState>(control::mpi_transport(i.control), i.size, i.worker_ranks);
     Controller ctl(state);
     try {
       fn(ctl);

@@ -1,9 +1,11 @@
 #include "worker/watch.hpp"
+#include "common/checks.hpp"
 
 #include <execinfo.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <string>
@@ -11,7 +13,9 @@
 
 #include "meshrt/comm.hpp"
 #include "meshrt/log.hpp"
+#include "meshrt/protocol.hpp"
 #include "meshrt/settings.hpp"
+#include "meshrt/worker.hpp"
 
 namespace meshrt::detail {
 namespace {
@@ -46,7 +50,8 @@ void on_fatal(int sig) {
   backtrace_symbols_fd(frames, n, STDERR_FILENO);
   write_stderr(
       fmt::format("meshrt: rank {}: ending the whole job (MPI_Abort) so that no rank waits for this one\n", rank));
-  MPI_Abort(MPI_COMM_WORLD, 128 + sig);
+  // Ignored on purpose: it does not return when it works, and _exit follows if it fails.
+  MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 128 + sig));
   _exit(128 + sig);
 }
 
@@ -54,7 +59,8 @@ constexpr int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 
 }  // namespace
 
-Watch::Watch(MPI_Comm control, Monitor& monitor) : control_(control), monitor_(monitor) {
+Watch::Watch(std::shared_ptr<control::Transport> control, Monitor& monitor)
+    : control_(std::move(control)), monitor_(monitor) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -65,54 +71,56 @@ Watch::~Watch() {
 
 void Watch::loop() {
   log::set_thread_role(fmt::format("watch {}", monitor_.rank()));
-  std::vector<char> buf;
+  control::Bytes buf;
   while (!stop_.load()) {
     if (g_dump_requested.exchange(false)) {
       MESHRT_LOG(warning) << "SIGUSR1: " << monitor_.dump();
     }
-    int flag = 0;
-    MPI_Message message;
-    MPI_Status status;
-    if (MPI_Improbe(0, kQueryTag, control_, &flag, &message, &status) != MPI_SUCCESS || !flag) {
+    bool got = false;
+    try {
+      got = control_->try_receive(control::kControllerRank, control::Tag::Query, buf);
+    } catch (const std::exception& e) {
+      // The watch must outlive a broken control channel: it is what reports on the rest.
+      MESHRT_LOG(error) << "watch: cannot receive a query: " << e.what();
+    }
+    if (!got) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       continue;
     }
-    int count = 0;
-    MPI_Get_count(&status, MPI_BYTE, &count);
-    buf.resize(static_cast<std::size_t>(count));
-    MPI_Mrecv(buf.data(), count, MPI_BYTE, &message, MPI_STATUS_IGNORE);
-    nlohmann::json answer;
+    protocol::QueryAnswer answer{.rank = monitor_.rank()};
     try {
-      const auto request = nlohmann::json::parse(buf.begin(), buf.end());
-      const std::string op = request.at("op");
-      if (op == "state") {
-        answer = monitor_.state();
-      } else if (op == "dump") {
-        const std::string text = monitor_.dump(request.value("limit", std::size_t{SIZE_MAX}));
-        MESHRT_LOG(warning) << "flight recorder requested by the controller"
-                            << (request.contains("why") ? " (" + request["why"].get<std::string>() + ")" : "") << ":\n"
-                            << text;
-        answer = {{"rank", monitor_.rank()}, {"dump", text}};
-      } else if (op == "abort") {
-        MESHRT_LOG(fatal) << "the controller is aborting the job: " << request.value("reason", std::string("?"));
-        abort_nccl_communicators();
-        answer = {{"rank", monitor_.rank()}, {"aborting", true}};
-      } else {
-        answer = {{"rank", monitor_.rank()}, {"error", "unknown query op '" + op + "'"}};
+      const protocol::Query query = protocol::decode_query(buf);
+      answer.query = query.id;
+      answer.op = query.op;
+      switch (query.op) {
+        case protocol::QueryOp::State:
+          answer.payload = monitor_.state().dump();
+          break;
+        case protocol::QueryOp::Dump: {
+          answer.payload = monitor_.dump(static_cast<std::size_t>(std::min<std::uint64_t>(query.limit, SIZE_MAX)));
+          MESHRT_LOG(warning) << "flight recorder requested by the controller"
+                              << (query.reason.empty() ? "" : " (" + query.reason + ")") << ":\n"
+                              << answer.payload;
+          break;
+        }
+        case protocol::QueryOp::Abort:
+          MESHRT_LOG(fatal) << "the controller is aborting the job: " << query.reason;
+          abort_nccl_communicators();
+          break;
       }
     } catch (const std::exception& e) {
-      answer = {{"rank", monitor_.rank()}, {"error", std::string("bad query: ") + e.what()}};
+      answer.error = std::string("bad query: ") + e.what();
     }
-    answer["rank"] = monitor_.rank();
-    if (!buf.empty()) {
-      try {
-        answer["query"] = nlohmann::json::parse(buf.begin(), buf.end()).value("query", 0);
-      } catch (const std::exception&) {
-      }
+    try {
+      control_->send(control::kControllerRank, control::Tag::Answer,
+                     std::make_shared<control::Bytes>(protocol::encode(answer)));
+      control_->reap();
+    } catch (const std::exception& e) {
+      MESHRT_LOG(error) << "watch: cannot answer query " << answer.query << ": " << e.what();
     }
-    const std::string text = answer.dump();
-    MPI_Send(text.data(), static_cast<int>(text.size()), MPI_BYTE, 0, kStateTag, control_);
   }
+  // Answers still in flight go to a controller that may be waiting for them.
+  control_->drain(std::chrono::seconds(1));
 }
 
 void install_signal_handlers(Monitor* monitor) {
@@ -143,3 +151,26 @@ void uninstall_signal_handlers() {
 }
 
 }  // namespace meshrt::detail
+
+namespace meshrt {
+
+struct WorkerWatch::Impl {
+  Impl(int rank, std::shared_ptr<control::Transport> control, std::size_t entries)
+      : monitor(rank, entries), watch(std::move(control), monitor) {
+    detail::install_signal_handlers(&monitor);
+  }
+  // The handlers go first: a late signal must not find the monitor gone.
+  ~Impl() { detail::uninstall_signal_handlers(); }
+  detail::Monitor monitor;
+  detail::Watch watch;
+};
+
+WorkerWatch::WorkerWatch(int rank, std::shared_ptr<control::Transport> control, std::size_t entries)
+    : impl_(std::make_unique<Impl>(rank, std::move(control), entries)) {}
+WorkerWatch::~WorkerWatch() = default;
+
+detail::Monitor* WorkerWatch::monitor() const noexcept {
+  return &impl_->monitor;
+}
+
+}  // namespace meshrt

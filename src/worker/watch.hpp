@@ -4,28 +4,26 @@
 // dumps the flight recorder to the log on SIGUSR1.
 #pragma once
 
-#include <mpi.h>
-
 #include <atomic>
+#include <memory>
 #include <thread>
 
+#include "meshrt/control.hpp"
 #include "worker/monitor.hpp"
 
 namespace meshrt::detail {
 
-inline constexpr int kQueryTag = 103;  // controller -> watch thread: JSON request
-inline constexpr int kStateTag = 104;  // watch thread -> controller: JSON answer
-
 class Watch {
  public:
-  Watch(MPI_Comm control, Monitor& monitor);
+  // `control` carries the queries (control::Tag::Query) and the answers (Tag::Answer).
+  Watch(std::shared_ptr<control::Transport> control, Monitor& monitor);
   ~Watch();
   Watch(const Watch&) = delete;
   Watch& operator=(const Watch&) = delete;
 
  private:
   void loop();
-  MPI_Comm control_;
+  std::shared_ptr<control::Transport> control_;
   Monitor& monitor_;
   std::atomic<bool> stop_{false};
   std::thread thread_;

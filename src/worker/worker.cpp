@@ -12,11 +12,12 @@
 #include <variant>
 
 #include "common/checks.hpp"
+#include "control/mpi_transport.hpp"  // detail::Backoff, until the one in common
 #include "meshrt/comm.hpp"
+#include "meshrt/control.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/protocol.hpp"
-#include "worker/channel.hpp"
 #include "worker/monitor.hpp"
 #include "worker/streams.hpp"
 
@@ -47,14 +48,14 @@ struct Poisoned {
 struct Worker::Impl {
   explicit Impl(WorkerOptions o)
       : opt(o),
-        channel(o.control),
+        channel(o.transport ? o.transport : control::mpi_transport(o.control)),
         own_monitor(o.monitor ? nullptr : std::make_unique<detail::Monitor>(o.rank, 1000)),
         monitor(o.monitor ? *o.monitor : *own_monitor) {
     monitor.reset_queue();
   }
 
   WorkerOptions opt;
-  detail::Channel channel;
+  std::shared_ptr<control::Transport> channel;
   std::unique_ptr<detail::Monitor> own_monitor;
   detail::Monitor& monitor;
   std::unordered_map<std::uint64_t, EnvValue> env;
@@ -77,18 +78,18 @@ struct Worker::Impl {
   Ident last_status_sent = 0;
   Clock::time_point last_status_time = Clock::now();
   std::optional<WorkerExit> exit;
-  detail::Bytes rx;
+  control::Bytes rx;
 
   // ------------------------------------------------------------------ replies
 
   void reply(const Reply& r) {
-    auto bytes = std::make_shared<detail::Bytes>(encode(r));
-    channel.send(detail::kControllerRank, detail::kReplyTag, std::move(bytes));
+    auto bytes = std::make_shared<control::Bytes>(encode(r));
+    channel->send(control::kControllerRank, control::Tag::Reply, std::move(bytes));
   }
 
   void send_status(bool force) {
     if (!force && first_uncompleted <= last_status_sent) return;
-    reply(Status{first_uncompleted, static_cast<std::uint64_t>(env.size())});
+    reply(Status{.first_uncompleted_ident = first_uncompleted, .live_values = static_cast<std::uint64_t>(env.size())});
     last_status_sent = first_uncompleted;
     last_status_time = Clock::now();
   }
@@ -96,7 +97,11 @@ struct Worker::Impl {
   void report_failure(Ident ident, const std::string& function, const std::exception& e) {
     current_failed = true;
     MESHRT_LOG(info) << "function " << function << " (ident " << ident << ") failed: " << e.what();
-    reply(RemoteFunctionFailed{ident, e.what(), opt.rank, function, boost::core::demangle(typeid(e).name())});
+    reply(RemoteFunctionFailed{.ident = ident,
+                               .error = e.what(),
+                               .rank = opt.rank,
+                               .function = function,
+                               .exception_type = boost::core::demangle(typeid(e).name())});
   }
 
   // ------------------------------------------------------------------ values
@@ -204,7 +209,7 @@ struct Worker::Impl {
         return leaf.is_tensor() && !leaf.as_tensor().device().is_cpu() ? Value(leaf.as_tensor().to(Device::cpu()))
                                                                        : leaf;
       });
-      reply(FetchResult{c.ident, std::move(value)});
+      reply(FetchResult{.ident = c.ident, .value = std::move(value)});
       // The controller counts a FetchResult as the invocation's completion on this rank:
       // no Status needs to follow it.
       last_status_sent = std::max(last_status_sent, c.ident + 1);
@@ -328,8 +333,11 @@ struct Worker::Impl {
     } catch (const std::exception& e) {
       MESHRT_LOG(error) << "rank " << opt.rank << ": " << name(command) << " failed: " << e.what();
       // Ident 0: tied to no invocation; the controller raises it at the next synchronize.
-      reply(RemoteFunctionFailed{0, fmt::format("{} failed: {}", name(command), e.what()), opt.rank,
-                                 std::string(name(command)), boost::core::demangle(typeid(e).name())});
+      reply(RemoteFunctionFailed{.ident = 0,
+                                 .error = fmt::format("{} failed: {}", name(command), e.what()),
+                                 .rank = opt.rank,
+                                 .function = std::string(name(command)),
+                                 .exception_type = boost::core::demangle(typeid(e).name())});
       current_failed = true;
     }
     monitor.finished(q.seq, current_failed);
@@ -402,15 +410,18 @@ struct Worker::Impl {
 
   bool receive() {
     bool any = false;
-    while (channel.try_receive(detail::kControllerRank, detail::kCommandTag, rx)) {
+    while (channel->try_receive(control::kControllerRank, control::Tag::Command, rx)) {
       any = true;
       try {
         enqueue(decode_command(rx));
       } catch (const ProtocolError& e) {
         MESHRT_LOG(error) << "rank " << opt.rank << ": dropped an undecodable command of " << rx.size()
                           << " bytes: " << e.what();
-        reply(RemoteFunctionFailed{0, fmt::format("undecodable command: {}", e.what()), opt.rank, "<protocol>",
-                                   "meshrt::ProtocolError"});
+        reply(RemoteFunctionFailed{.ident = 0,
+                                   .error = fmt::format("undecodable command: {}", e.what()),
+                                   .rank = opt.rank,
+                                   .function = "<protocol>",
+                                   .exception_type = "meshrt::ProtocolError"});
       }
     }
     return any;
@@ -435,14 +446,14 @@ struct Worker::Impl {
       // runs out of work, so a controller waiting on it rarely needs to ask (one message per
       // batch of commands).
       if ((worked && queue.empty() && !in_flight) || Clock::now() - last_status_time > interval) send_status(false);
-      channel.reap();
+      channel->reap();
       if (worked)
         backoff.reset();
       else
         backoff.pause();
     }
     send_status(false);
-    channel.drain(std::chrono::seconds(30));
+    channel->drain(std::chrono::seconds(30));
     return *exit;
   }
 };
@@ -463,10 +474,11 @@ void Worker::serve(const WorkerOptions& options) {
     }
     if (kind == WorkerExit::Shutdown) return;
     // A fresh loop: the old one's values, meshes and communicators are gone.
-    detail::Channel channel(options.control);
-    channel.send(detail::kControllerRank, detail::kReplyTag,
-                 std::make_shared<detail::Bytes>(protocol::encode(protocol::Reply{protocol::Restarted{}})));
-    channel.drain(std::chrono::seconds(30));
+    const std::shared_ptr<control::Transport> channel =
+        options.transport ? options.transport : control::mpi_transport(options.control);
+    channel->send(control::kControllerRank, control::Tag::Reply,
+                  std::make_shared<control::Bytes>(protocol::encode(protocol::Reply{protocol::Restarted{}})));
+    channel->drain(std::chrono::seconds(30));
   }
 }
 

@@ -35,6 +35,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   check(bytes, meshrt::protocol::decode_command, "command");
   check(bytes, meshrt::protocol::decode_reply, "reply");
   check(bytes, meshrt::protocol::decode_handshake, "handshake");
+  check(bytes, meshrt::protocol::decode_query, "query");
+  check(bytes, meshrt::protocol::decode_query_answer, "query answer");
   try {
     const meshrt::Value v = meshrt::protocol::decode_value(bytes);
     meshrt::protocol::Buffer again;

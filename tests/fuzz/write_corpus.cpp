@@ -26,6 +26,17 @@ int main(int argc, char** argv) {
       write(meshrt::protocol::encode(gen.command(tag)));
     for (int tag = 0; tag < 4; ++tag) write(meshrt::protocol::encode(gen.reply(tag)));
     write(meshrt::protocol::encode(gen.handshake()));
+    // The out-of-band queries: every op, with and without text.
+    for (int op = 0; op < meshrt::protocol::kNumQueryOps; ++op) {
+      const auto kind = static_cast<meshrt::protocol::QueryOp>(op);
+      write(meshrt::protocol::encode(meshrt::protocol::Query{
+          .id = static_cast<std::uint64_t>(i + 1), .op = kind, .limit = 20, .reason = i % 2 ? "timeout" : ""}));
+      write(meshrt::protocol::encode(meshrt::protocol::QueryAnswer{.query = static_cast<std::uint64_t>(i + 1),
+                                                                   .rank = i % 4,
+                                                                   .op = kind,
+                                                                   .payload = R"({"rank":1,"current":null})",
+                                                                   .error = i % 3 ? "" : "bad query"}));
+    }
     meshrt::protocol::Buffer b;
     meshrt::protocol::encode_value(gen.value(), b);
     write(std::vector<std::byte>(b.data(), b.data() + b.size()));

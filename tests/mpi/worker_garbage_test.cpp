@@ -18,9 +18,9 @@
 #include <thread>
 #include <vector>
 
+#include "meshrt/control.hpp"
 #include "meshrt/protocol.hpp"
 #include "meshrt/worker.hpp"
-#include "worker/channel.hpp"
 
 using namespace meshrt;
 namespace p = meshrt::protocol;
@@ -36,7 +36,8 @@ class FakeController {
   explicit FakeController(MPI_Comm control) : control_(control) {}
 
   void send(const Bytes& frame) {
-    MPI_Send(frame.data(), static_cast<int>(frame.size()), MPI_BYTE, kWorker, detail::kCommandTag, control_);
+    MPI_Send(frame.data(), static_cast<int>(frame.size()), MPI_BYTE, kWorker, static_cast<int>(control::Tag::Command),
+             control_);
   }
   void send(const p::Command& c) { send(p::encode(c)); }
 
@@ -50,12 +51,13 @@ class FakeController {
     for (;;) {
       int flag = 0;
       MPI_Status status;
-      MPI_Iprobe(kWorker, detail::kReplyTag, control_, &flag, &status);
+      MPI_Iprobe(kWorker, static_cast<int>(control::Tag::Reply), control_, &flag, &status);
       if (flag) {
         int count = 0;
         MPI_Get_count(&status, MPI_BYTE, &count);
         Bytes bytes(static_cast<std::size_t>(count));
-        MPI_Recv(bytes.data(), count, MPI_BYTE, kWorker, detail::kReplyTag, control_, MPI_STATUS_IGNORE);
+        MPI_Recv(bytes.data(), count, MPI_BYTE, kWorker, static_cast<int>(control::Tag::Reply), control_,
+                 MPI_STATUS_IGNORE);
         p::Reply reply = p::decode_reply(bytes);
         if (!want_status && std::holds_alternative<p::Status>(reply)) continue;
         return reply;
@@ -292,12 +294,13 @@ TEST(WorkerGarbage, SurvivesUndecodableFramesAndStillAnswers) {
     for (;;) {
       int flag = 0;
       MPI_Status status;
-      MPI_Iprobe(kWorker, detail::kReplyTag, control, &flag, &status);
+      MPI_Iprobe(kWorker, static_cast<int>(control::Tag::Reply), control, &flag, &status);
       if (!flag) break;
       int count = 0;
       MPI_Get_count(&status, MPI_BYTE, &count);
       Bytes bytes(static_cast<std::size_t>(count));
-      MPI_Recv(bytes.data(), count, MPI_BYTE, kWorker, detail::kReplyTag, control, MPI_STATUS_IGNORE);
+      MPI_Recv(bytes.data(), count, MPI_BYTE, kWorker, static_cast<int>(control::Tag::Reply), control,
+               MPI_STATUS_IGNORE);
       const p::Reply r = p::decode_reply(bytes);
       EXPECT_TRUE(std::holds_alternative<p::Status>(r)) << "an unexpected " << p::name(r) << " is waiting after Exit";
     }

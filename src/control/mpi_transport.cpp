@@ -1,4 +1,4 @@
-#include "worker/channel.hpp"
+#include "control/mpi_transport.hpp"
 
 #include <sched.h>
 
@@ -6,23 +6,29 @@
 
 #include "common/checks.hpp"
 
-namespace meshrt::detail {
+namespace meshrt::control {
 
-Channel::~Channel() {
+std::shared_ptr<Transport> mpi_transport(MPI_Comm comm) {
+  return std::make_shared<MpiTransport>(comm);
+}
+
+MpiTransport::~MpiTransport() {
   // Sends still in flight at destruction belong to a peer that stopped listening (a
-  // failed job); cancel rather than hang.
+  // failed job); cancel rather than hang. Return codes ignored on purpose: a destructor
+  // cannot raise, and a send that cannot be cancelled is already lost with its peer.
   for (auto& s : sends_) {
-    MPI_Cancel(&s.request);
-    MPI_Request_free(&s.request);
+    MESHRT_MPI_IGNORE(MPI_Cancel(&s.request));
+    MESHRT_MPI_IGNORE(MPI_Request_free(&s.request));
   }
 }
 
-bool Channel::try_receive(int source, int tag, Bytes& out, int* from) {
+bool MpiTransport::try_receive(int source, Tag tag, Bytes& out, int* from) {
   std::lock_guard lock(mutex_);
   int flag = 0;
   MPI_Message message;
   MPI_Status status;
-  MESHRT_MPI_CHECK(MPI_Improbe(source, tag, comm_, &flag, &message, &status));
+  MESHRT_MPI_CHECK(MPI_Improbe(source == kAnySource ? MPI_ANY_SOURCE : source, static_cast<int>(tag), comm_, &flag,
+                               &message, &status));
   if (!flag) return false;
   int count = 0;
   MESHRT_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &count));
@@ -32,7 +38,7 @@ bool Channel::try_receive(int source, int tag, Bytes& out, int* from) {
   return true;
 }
 
-void Channel::send(const std::vector<int>& dests, int tag, std::shared_ptr<const Bytes> bytes) {
+void MpiTransport::send(const std::vector<int>& dests, Tag tag, std::shared_ptr<const Bytes> bytes) {
   if (bytes->size() > static_cast<std::size_t>(INT32_MAX)) {
     throw UsageError("control message of " + std::to_string(bytes->size()) +
                      " bytes: expected at most 2 GiB; fetch large tensors in pieces");
@@ -40,18 +46,19 @@ void Channel::send(const std::vector<int>& dests, int tag, std::shared_ptr<const
   std::lock_guard lock(mutex_);
   for (int dest : dests) {
     Send s{MPI_REQUEST_NULL, bytes};
-    MESHRT_MPI_CHECK(MPI_Isend(bytes->data(), static_cast<int>(bytes->size()), MPI_BYTE, dest, tag, comm_, &s.request));
+    MESHRT_MPI_CHECK(MPI_Isend(bytes->data(), static_cast<int>(bytes->size()), MPI_BYTE, dest, static_cast<int>(tag),
+                               comm_, &s.request));
     sends_.push_back(std::move(s));
   }
   reap_locked();
 }
 
-void Channel::reap() {
+void MpiTransport::reap() {
   std::lock_guard lock(mutex_);
   reap_locked();
 }
 
-void Channel::reap_locked() {
+void MpiTransport::reap_locked() {
   while (!sends_.empty()) {
     int done = 0;
     MESHRT_MPI_CHECK(MPI_Test(&sends_.front().request, &done, MPI_STATUS_IGNORE));
@@ -60,10 +67,10 @@ void Channel::reap_locked() {
   }
 }
 
-bool Channel::drain(std::chrono::duration<double> timeout) {
+bool MpiTransport::drain(std::chrono::duration<double> timeout) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);
-  Backoff backoff;
+  detail::Backoff backoff;
   for (;;) {
     {
       std::lock_guard lock(mutex_);
@@ -74,6 +81,10 @@ bool Channel::drain(std::chrono::duration<double> timeout) {
     backoff.pause();
   }
 }
+
+}  // namespace meshrt::control
+
+namespace meshrt::detail {
 
 void Backoff::pause() {
   using namespace std::chrono;

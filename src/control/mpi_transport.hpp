@@ -1,0 +1,64 @@
+// The control transport over MPI: framed messages over a communicator of their own,
+// received with matched probes (safe with several threads per process: the controller,
+// its flusher and worker 0 share rank 0) and sent without blocking (the transport owns
+// each buffer until MPI is done with it).
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "meshrt/control.hpp"
+
+namespace meshrt::control {
+
+class MpiTransport final : public Transport {
+ public:
+  explicit MpiTransport(MPI_Comm comm) : comm_(comm) {}
+  MpiTransport(const MpiTransport&) = delete;
+  MpiTransport& operator=(const MpiTransport&) = delete;
+  ~MpiTransport() override;
+
+  MPI_Comm comm() const noexcept { return comm_; }
+
+  using Transport::send;
+  void send(const std::vector<int>& dests, Tag tag, std::shared_ptr<const Bytes> bytes) override;
+  bool try_receive(int source, Tag tag, Bytes& out, int* from = nullptr) override;
+  void reap() override;
+  bool drain(std::chrono::duration<double> timeout) override;
+  std::size_t in_flight() const noexcept { return sends_.size(); }
+
+ private:
+  void reap_locked();
+  struct Send {
+    MPI_Request request;
+    std::shared_ptr<const Bytes> bytes;
+  };
+  MPI_Comm comm_;
+  std::mutex mutex_;  // the controller's batch flusher sends from its own thread
+  std::deque<Send> sends_;
+};
+
+}  // namespace meshrt::control
+
+namespace meshrt::detail {
+
+// Waits politely: spins while work is likely to arrive soon, then yields, then sleeps
+// with growing intervals up to a millisecond, so an idle rank never burns a core and a
+// busy one reacts within microseconds.
+class Backoff {
+ public:
+  void reset() noexcept { idle_since_ = {}; }
+  void pause();
+
+ private:
+  std::chrono::steady_clock::time_point idle_since_{};
+  std::chrono::microseconds sleep_{0};
+};
+
+}  // namespace meshrt::detail

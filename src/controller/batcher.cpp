@@ -1,0 +1,112 @@
+#include "controller/batcher.hpp"
+
+#include "meshrt/log.hpp"
+
+namespace meshrt::detail {
+
+Batcher::Batcher(std::shared_ptr<control::Transport> transport) : transport_(std::move(transport)) {
+  flusher_ = std::thread([this] {
+    log::set_thread_role("controller flusher");
+    while (!stop_flusher_.load()) {
+      std::this_thread::sleep_for(batch_time_limit_ / 2);
+      std::lock_guard lock(mutex_);
+      if (!batch_.empty() && std::chrono::steady_clock::now() - batch_started_ > batch_time_limit_) flush_locked();
+    }
+  });
+}
+
+Batcher::~Batcher() {
+  stop_flusher_.store(true);
+  if (flusher_.joinable()) flusher_.join();
+}
+
+void Batcher::append(const std::vector<int>& dests, protocol::Command c) {
+  std::unique_lock lock(mutex_);
+  if (!batch_.empty() && dests != batch_dests_) flush_locked();
+  if (batch_.empty()) {
+    batch_dests_ = dests;
+    batch_started_ = std::chrono::steady_clock::now();
+    // Deletes and drops ride ahead of the next command to their ranks.
+    if (auto it = pending_deletes_.find(dests); it != pending_deletes_.end()) {
+      pending_delete_count_ -= it->second.size();
+      batch_.emplace_back(protocol::DeleteRefs{std::move(it->second)});
+      pending_deletes_.erase(it);
+    }
+  }
+  batch_.push_back(std::move(c));
+  if (batch_.size() >= batch_limit_ || std::chrono::steady_clock::now() - batch_started_ > batch_time_limit_)
+    flush_locked();
+  lock.unlock();
+  if (pending_delete_count_ > 4096) flush_deferred();
+}
+
+void Batcher::flush() {
+  std::lock_guard lock(mutex_);
+  flush_locked();
+}
+
+void Batcher::flush_locked() {
+  if (batch_.empty()) return;
+  std::shared_ptr<control::Bytes> bytes;
+  if (batch_.size() == 1) {
+    bytes = std::make_shared<control::Bytes>(protocol::encode(batch_.front()));
+  } else {
+    bytes = std::make_shared<control::Bytes>(
+        protocol::encode(protocol::Command{protocol::CommandGroup{std::move(batch_)}}));
+  }
+  batch_.clear();
+  transport_->send(batch_dests_, control::Tag::Command, std::move(bytes));
+}
+
+void Batcher::defer_delete(const std::vector<int>& dests, Ref ref) {
+  // Borrows share the origin's value on the workers under their own ref.
+  pending_deletes_[dests].push_back(ref);
+  pending_delete_count_++;
+}
+
+void Batcher::defer_drop(const std::vector<int>& dests, Ref ref) {
+  pending_drops_.emplace_back(dests, ref);
+}
+
+void Batcher::flush_deferred() {
+  auto drops = std::move(pending_drops_);
+  pending_drops_.clear();
+  for (auto& [dests, ref] : drops) append(dests, protocol::BorrowDrop{ref});
+  auto deletes = std::move(pending_deletes_);
+  pending_deletes_.clear();
+  pending_delete_count_ = 0;
+  for (auto& [dests, refs] : deletes) append(dests, protocol::DeleteRefs{std::move(refs)});
+  flush();
+}
+
+bool Batcher::try_receive_reply(protocol::Reply& reply, int& from) {
+  if (!transport_->try_receive(control::kAnySource, control::Tag::Reply, rx_, &from)) return false;
+  reply = protocol::decode_reply(rx_);
+  return true;
+}
+
+void Batcher::send_query(const std::vector<int>& dests, const protocol::Query& query) {
+  transport_->send(dests, control::Tag::Query, std::make_shared<control::Bytes>(protocol::encode(query)));
+}
+
+bool Batcher::try_receive_answer(protocol::QueryAnswer& answer, int& from) {
+  if (!transport_->try_receive(control::kAnySource, control::Tag::Answer, rx_, &from)) return false;
+  answer = protocol::decode_query_answer(rx_);
+  return true;
+}
+
+void Batcher::reap() {
+  transport_->reap();
+}
+
+bool Batcher::drain(std::chrono::duration<double> timeout) {
+  return transport_->drain(timeout);
+}
+
+void Batcher::restart() {
+  pending_deletes_.clear();
+  pending_delete_count_ = 0;
+  pending_drops_.clear();
+}
+
+}  // namespace meshrt::detail

@@ -1,0 +1,73 @@
+// The controller's only door to the control transport. It batches consecutive commands
+// for the same ranks into one CommandGroup frame (docs/ARCHITECTURE.md section 6: one message per
+// batch, not per command), sends a batch the program leaves alone from its flusher
+// thread after a time bound so workers start while the controller does something else,
+// carries the deletes and borrow drops that handle destructors leave behind, and
+// receives replies and query answers.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "meshrt/control.hpp"
+#include "meshrt/protocol.hpp"
+
+namespace meshrt::detail {
+
+class Batcher {
+ public:
+  explicit Batcher(std::shared_ptr<control::Transport> transport);
+  ~Batcher();
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+
+  // Queues `c` for `dests`, flushing the batch first if it was for other ranks.
+  void append(const std::vector<int>& dests, protocol::Command c);
+  void flush();
+  // Work for the next command to `dests` (safe from a handle's destructor: sends nothing).
+  void defer_delete(const std::vector<int>& dests, Ref ref);
+  void defer_drop(const std::vector<int>& dests, Ref ref);
+  // Sends every deferred delete and drop now, then flushes.
+  void flush_deferred();
+
+  // Takes one waiting reply (throws ProtocolError for an undecodable one).
+  bool try_receive_reply(protocol::Reply& reply, int& from);
+  void send_query(const std::vector<int>& dests, const protocol::Query& query);
+  // Takes one waiting answer (throws ProtocolError for an undecodable one).
+  bool try_receive_answer(protocol::QueryAnswer& answer, int& from);
+  void reap();
+  bool drain(std::chrono::duration<double> timeout);
+
+  // After a restart the workers have nothing to delete or drop.
+  void restart();
+
+  std::size_t batch_limit() const noexcept { return batch_limit_; }
+
+ private:
+  void flush_locked();
+  std::shared_ptr<control::Transport> transport_;
+  control::Bytes rx_;
+  // The batch being built: consecutive commands for the same ranks.
+  std::vector<int> batch_dests_;
+  std::vector<protocol::Command> batch_;
+  std::size_t batch_limit_ = 256;
+  std::chrono::steady_clock::time_point batch_started_;
+  std::chrono::duration<double> batch_time_limit_{0.002};
+  std::mutex mutex_;  // the batch, shared with the flusher thread
+  std::atomic<bool> stop_flusher_{false};
+  std::thread flusher_;
+  // Work that handle destructors leave for the next command: deletes per rank set, and
+  // borrows dropped implicitly.
+  std::map<std::vector<int>, std::vector<Ref>> pending_deletes_;
+  std::size_t pending_delete_count_ = 0;
+  std::vector<std::pair<std::vector<int>, Ref>> pending_drops_;
+};
+
+}  // namespace meshrt::detail

@@ -1,0 +1,78 @@
+// The completion rule (docs/ARCHITECTURE.md section 3.3): an invocation is complete when every worker
+// it was sent to has reported a first uncompleted ident past it. The tracker keeps, per
+// worker, the idents sent to it and not yet reported, so the frontier (every ident at or
+// below it is complete everywhere) is the smallest outstanding ident less one. Pure
+// bookkeeping: no MPI, no transport, no threads; the controller feeds it what it sends
+// and what the replies say.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "meshrt/protocol.hpp"
+
+namespace meshrt::detail {
+
+using protocol::Ident;
+
+class CompletionTracker {
+ public:
+  explicit CompletionTracker(const std::vector<int>& workers);
+
+  // A fresh ident; `label` names the runtime's own invocations ("synchronize") in reports.
+  Ident new_ident(const char* label = nullptr);
+  // What an outstanding ident runs, for reports (forgotten once it is complete).
+  void describe(Ident ident, const std::string& what, const std::source_location& where);
+  std::string describe_ident(Ident ident) const;
+  bool described(Ident ident) const { return what_.count(ident) > 0; }
+
+  // `ident` was sent to every rank in `dests`.
+  void sent(const std::vector<int>& dests, Ident ident);
+  // `rank` reported every ident below `before` complete.
+  void completed(int rank, Ident before);
+  void status(int rank, const protocol::Status& status);
+  // Every ident <= the returned one is complete on every worker it was sent to.
+  Ident frontier() const;
+  // The workers that have not reported past `ident` and were not asked about it yet;
+  // they count as asked from now on.
+  std::vector<int> to_ask(Ident ident);
+  // The workers that have not reported past `ident`.
+  std::vector<int> missing(Ident ident) const;
+  // One line per lagging worker: the ident it has not reported and what that runs.
+  std::string lagging_report(Ident ident) const;
+  // Forgets the descriptions of complete idents (a long program keeps only what runs).
+  void forget_complete();
+
+  std::uint64_t live_values(int rank) const;  // throws UsageError for a rank with no worker
+  std::size_t outstanding(int rank) const;
+
+  // Restart: the workers answer Exit{restart} with Restarted, each once.
+  void expect_restart() { restarted_ = 0; }
+  void worker_restarted() { ++restarted_; }
+  bool all_restarted() const { return restarted_ >= static_cast<int>(workers_.size()); }
+  // After a restart nothing sent before it is outstanding.
+  void restart();
+
+ private:
+  struct Worker {
+    Ident reported = 0;             // latest first_uncompleted_ident
+    std::deque<Ident> outstanding;  // idents sent to it, not yet reported complete
+    Ident status_requested = 0;     // the highest RequestStatus sent to it
+    std::uint64_t live_values = 0;
+  };
+  struct IdentInfo {
+    std::string what;  // the function's name, or empty
+    std::source_location where{};
+    const char* label = nullptr;
+  };
+  std::map<int, Worker> workers_;
+  Ident next_ident_ = 1;
+  std::map<Ident, IdentInfo> what_;
+  int restarted_ = 0;
+};
+
+}  // namespace meshrt::detail

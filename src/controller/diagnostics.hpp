@@ -1,0 +1,41 @@
+// What the controller can say about the workers when something is wrong: it asks every
+// worker's watch thread (answered even while a worker is stuck) for its state or its
+// flight recorder, writes the desync report of a timeout (who waits for whom), and
+// aborts the job. It sends through the Batcher and reads the CompletionTracker's
+// descriptions of outstanding invocations; it keeps no state of its own but the query id.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "meshrt/protocol.hpp"
+
+namespace meshrt::detail {
+
+class Batcher;
+class CompletionTracker;
+
+class Diagnostics {
+ public:
+  Diagnostics(Batcher& batcher, const CompletionTracker& tracker, std::vector<int> workers);
+
+  // Asks every worker; the answers by rank. Ranks that do not answer within `timeout`
+  // are missing; answers to older queries are dropped.
+  std::map<int, protocol::QueryAnswer> query(protocol::Query query, std::chrono::duration<double> timeout);
+  // The table of what every worker is doing, for a timeout.
+  std::string desync_report(const std::string& what);
+  // Every worker's flight recorder, in rank order (Controller::dump_flight_recorder).
+  std::string dump_flight_recorder();
+  [[noreturn]] void abort_job(const std::string& reason);
+
+ private:
+  Batcher& batcher_;
+  const CompletionTracker& tracker_;
+  std::vector<int> workers_;
+  std::uint64_t next_query_ = 1;
+};
+
+}  // namespace meshrt::detail

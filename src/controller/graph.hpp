@@ -1,0 +1,75 @@
+// The dependency graph (docs/ARCHITECTURE.md section 3.4): what every value was computed from, so a
+// failure on a worker surfaces where the program uses a value that depends on it, with
+// the root cause (the failed invocation with the smallest ident) and the chain to it.
+// Nodes are settled (clean or poisoned) as the frontier passes them, and clean ones drop
+// their inputs, so the graph stays as small as the work in flight. Pure: the frontier is
+// an argument, not a dependency on the completion tracker.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <set>
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "meshrt/protocol.hpp"
+
+namespace meshrt::detail {
+
+using protocol::Ident;
+
+// One step in the dependency graph: an invocation (it has an ident) or a value derived
+// from others without one (a reduction, a send, a borrow).
+struct Node {
+  Ident ident = 0;
+  std::string what;            // "meshrt.fail", "reduce sum over 'gpu'", "fetch"
+  std::source_location where;  // the controller call that issued it (formatted only for errors)
+  std::string issued_at() const;
+  std::vector<std::shared_ptr<Node>> inputs;
+  bool clean = false;     // known complete without failure: inputs dropped
+  bool poisoned = false;  // known to depend on a failure: inputs kept for the error's chain
+};
+
+struct Failure {
+  std::string function;
+  std::string message;
+  std::string exception_type;
+  std::set<int> ranks;
+  bool observed = false;  // raised to the program already
+};
+
+class DependencyGraph {
+ public:
+  // A node for `ident` (0: none) computed from `inputs`; inputs known clean are dropped.
+  std::shared_ptr<Node> make_node(Ident ident, std::string what, const std::source_location& where,
+                                  std::vector<std::shared_ptr<Node>> inputs);
+  // True once every 1024 nodes: a program that never waits still gets its graph pruned.
+  bool prune_due();
+  // Settles the oldest nodes whose idents are at or below `done` (the frontier).
+  void prune(Ident done);
+  std::size_t unsettled() const { return young_.size(); }
+
+  // A worker reported a failure (ident 0: one outside any invocation).
+  void record_failure(const protocol::RemoteFunctionFailed& failure);
+  const std::map<Ident, Failure>& failures() const { return failures_; }
+
+  // The failure `node` depends on (smallest ident) as a RemoteError naming the chain, or
+  // null when nothing reachable failed; `done` is the frontier, used to prune what is
+  // found clean.
+  std::exception_ptr failure_of(const std::shared_ptr<Node>& node, const std::string& subject, Ident done);
+  // The first failure not raised yet, as a RemoteError, with every one marked raised;
+  // `more` receives how many others there were. Null when there are none.
+  std::exception_ptr take_unobserved(int* more);
+
+ private:
+  // Nodes not yet known clean or poisoned, oldest first.
+  std::deque<std::weak_ptr<Node>> young_;
+  std::size_t since_prune_ = 0;
+  std::map<Ident, Failure> failures_;
+};
+
+}  // namespace meshrt::detail

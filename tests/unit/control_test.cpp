@@ -1,0 +1,310 @@
+// The control plane without MPI: the out-of-band query frames, the in-memory transport,
+// the completion tracker and the dependency graph (src/control, src/controller).
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "../support/expect_error.hpp"
+#include "controller/completion.hpp"
+#include "controller/graph.hpp"
+#include "meshrt/control.hpp"
+#include "meshrt/controller.hpp"
+#include "meshrt/protocol.hpp"
+
+namespace meshrt {
+namespace {
+
+using namespace protocol;
+using control::Bytes;
+using control::Tag;
+using detail::CompletionTracker;
+using detail::DependencyGraph;
+using detail::Node;
+using test::expect_contains;
+
+std::string protocol_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ProtocolError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ProtocolError";
+  return {};
+}
+
+// ------------------------------------------------------------------ query frames
+
+TEST(QueryProtocol, EveryOpRoundTripsCanonically) {
+  for (int op = 0; op < kNumQueryOps; ++op) {
+    const Query q{.id = 7u + static_cast<unsigned>(op), .op = static_cast<QueryOp>(op), .limit = 20, .reason = "why"};
+    const auto bytes = encode(q);
+    EXPECT_EQ(decode_query(bytes), q);
+    EXPECT_EQ(encode(decode_query(bytes)), bytes);
+    const QueryAnswer a{.query = q.id, .rank = 3, .op = q.op, .payload = R"({"current":null})", .error = ""};
+    const auto abytes = encode(a);
+    EXPECT_EQ(decode_query_answer(abytes), a);
+    EXPECT_EQ(encode(decode_query_answer(abytes)), abytes);
+  }
+}
+
+TEST(QueryProtocol, DecoderRejectsWhatIsNotAQuery) {
+  auto bytes = encode(Query{.id = 1, .op = QueryOp::Dump});
+  // The op byte follows the 4-byte header and the 8-byte id.
+  auto bad_op = bytes;
+  bad_op[12] = std::byte{9};
+  const std::string op_error = protocol_error([&] { decode_query(bad_op); });
+  expect_contains(op_error, "Query.op");
+  expect_contains(op_error, "9");
+  // A query is not an answer, nor a command: the frame kind says so.
+  expect_contains(protocol_error([&] { decode_query_answer(bytes); }), "frame kind");
+  expect_contains(protocol_error([&] { decode_command(bytes); }), "frame kind");
+  auto truncated = bytes;
+  truncated.pop_back();
+  expect_contains(protocol_error([&] { decode_query(truncated); }), "Query.reason");
+  auto longer = bytes;
+  longer.push_back(std::byte{0});
+  expect_contains(protocol_error([&] { decode_query(longer); }), "expected the frame to end");
+  auto answer = encode(QueryAnswer{.query = 1, .rank = -7});
+  expect_contains(protocol_error([&] { decode_query_answer(answer); }), "QueryAnswer.rank");
+}
+
+// ------------------------------------------------------------------ in-memory transport
+
+std::shared_ptr<const Bytes> bytes_of(std::initializer_list<int> v) {
+  auto b = std::make_shared<Bytes>();
+  for (int x : v) b->push_back(static_cast<std::byte>(x));
+  return b;
+}
+
+TEST(MemoryTransport, SendsToASetAndKeepsTagsAndSendersApart) {
+  auto net = control::MemoryNetwork::create();
+  auto controller = net->endpoint(0);
+  auto w1 = net->endpoint(1);
+  auto w2 = net->endpoint(2);
+  controller->send({1, 2}, Tag::Command, bytes_of({1}));
+  controller->send(1, Tag::Command, bytes_of({2}));
+  controller->send(1, Tag::Query, bytes_of({3}));
+  Bytes out;
+  int from = -1;
+  EXPECT_FALSE(w1->try_receive(0, Tag::Reply, out));
+  ASSERT_TRUE(w1->try_receive(0, Tag::Command, out, &from));
+  EXPECT_EQ(out, *bytes_of({1}));
+  EXPECT_EQ(from, 0);
+  ASSERT_TRUE(w1->try_receive(0, Tag::Command, out));
+  EXPECT_EQ(out, *bytes_of({2}));  // in the order sent
+  EXPECT_FALSE(w1->try_receive(0, Tag::Command, out));
+  ASSERT_TRUE(w1->try_receive(control::kAnySource, Tag::Query, out));
+  EXPECT_EQ(out, *bytes_of({3}));
+  ASSERT_TRUE(w2->try_receive(0, Tag::Command, out));
+  EXPECT_EQ(out, *bytes_of({1}));
+
+  w2->send(0, Tag::Reply, bytes_of({20}));
+  w1->send(0, Tag::Reply, bytes_of({10}));
+  EXPECT_FALSE(controller->try_receive(3, Tag::Reply, out));  // from a rank that sent nothing
+  ASSERT_TRUE(controller->try_receive(1, Tag::Reply, out, &from));
+  EXPECT_EQ(from, 1);
+  EXPECT_EQ(out, *bytes_of({10}));
+  ASSERT_TRUE(controller->try_receive(control::kAnySource, Tag::Reply, out, &from));
+  EXPECT_EQ(from, 2);
+  EXPECT_TRUE(controller->drain(std::chrono::seconds(0)));
+}
+
+TEST(MemoryTransport, WaitForSeesAMessageFromAnotherThread) {
+  auto net = control::MemoryNetwork::create();
+  std::thread sender([&] { net->endpoint(1)->send(0, Tag::Reply, bytes_of({5})); });
+  int from = -1;
+  const auto got = net->wait_for(0, Tag::Reply, std::chrono::seconds(10), &from);
+  sender.join();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, *bytes_of({5}));
+  EXPECT_EQ(from, 1);
+  EXPECT_FALSE(net->wait_for(0, Tag::Reply, std::chrono::milliseconds(1)).has_value());
+}
+
+// ------------------------------------------------------------------ completion tracker
+
+TEST(CompletionTracker, FrontierIsTheSmallestOutstandingIdentLessOne) {
+  CompletionTracker t({1, 2});
+  EXPECT_EQ(t.frontier(), 0u);
+  const Ident a = t.new_ident(), b = t.new_ident(), c = t.new_ident();
+  EXPECT_EQ(t.frontier(), c);  // nothing sent is outstanding
+  t.sent({1, 2}, a);
+  t.sent({1}, b);
+  t.sent({2}, c);
+  EXPECT_EQ(t.frontier(), a - 1);
+  // Complete on one worker is not complete.
+  t.completed(1, a + 1);
+  EXPECT_EQ(t.frontier(), a - 1);
+  t.status(2, Status{.first_uncompleted_ident = a + 1, .live_values = 4});
+  EXPECT_EQ(t.frontier(), b - 1);
+  EXPECT_EQ(t.live_values(2), 4u);
+  // A worker that reports past an ident it never got does not complete it elsewhere.
+  t.completed(2, c + 1);
+  EXPECT_EQ(t.frontier(), b - 1);
+  EXPECT_EQ(t.missing(b), std::vector<int>{1});
+  t.completed(1, b + 1);
+  EXPECT_EQ(t.frontier(), c);
+  EXPECT_TRUE(t.missing(c).empty());
+}
+
+TEST(CompletionTracker, AsksEachLaggingWorkerOnceAndReportsWhatItRuns) {
+  CompletionTracker t({1, 2, 3});
+  const Ident a = t.new_ident();
+  const Ident sync = t.new_ident("synchronize");
+  t.describe(a, "meshrt.sleep", std::source_location::current());
+  t.sent({1, 2}, a);
+  t.sent({1, 2, 3}, sync);
+  EXPECT_EQ(t.to_ask(sync), (std::vector<int>{1, 2, 3}));
+  EXPECT_TRUE(t.to_ask(sync).empty());  // asked already
+  t.completed(3, sync + 1);
+  t.completed(2, sync + 1);
+  const std::string report = t.lagging_report(sync);
+  expect_contains(report, "rank 1: has not reported invocation " + std::to_string(a));
+  expect_contains(report, "meshrt.sleep, issued at control_test.cpp:");
+  EXPECT_EQ(report.find("rank 2"), std::string::npos);
+  EXPECT_EQ(t.describe_ident(sync), "synchronize");
+  EXPECT_EQ(t.describe_ident(999), "?");
+  t.completed(1, sync + 1);
+  t.forget_complete();
+  EXPECT_FALSE(t.described(a));
+  EXPECT_EQ(t.describe_ident(a), "?");
+  expect_contains(test::usage_error([&] { t.live_values(7); }), "rank 7 runs no worker");
+}
+
+TEST(CompletionTracker, RestartForgetsEverythingOutstanding) {
+  CompletionTracker t({1, 2});
+  const Ident a = t.new_ident();
+  t.sent({1, 2}, a);
+  t.status(1, Status{.first_uncompleted_ident = 0, .live_values = 9});
+  t.expect_restart();
+  EXPECT_FALSE(t.all_restarted());
+  t.worker_restarted();
+  EXPECT_FALSE(t.all_restarted());
+  t.worker_restarted();
+  EXPECT_TRUE(t.all_restarted());
+  t.restart();
+  EXPECT_EQ(t.frontier(), a);
+  EXPECT_EQ(t.live_values(1), 0u);
+  EXPECT_EQ(t.outstanding(1), 0u);
+  // Idents keep growing: an old reply can never complete a new invocation.
+  EXPECT_GT(t.new_ident(), a);
+}
+
+// ------------------------------------------------------------------ dependency graph
+
+RemoteFunctionFailed failed(Ident ident, int rank, std::string function) {
+  return RemoteFunctionFailed{
+      .ident = ident, .error = "boom", .rank = rank, .function = std::move(function), .exception_type = "E"};
+}
+
+TEST(DependencyGraph, FailureOfNamesTheRootCauseAndTheChain) {
+  DependencyGraph g;
+  const auto here = std::source_location::current();
+  auto a = g.make_node(1, "meshrt.ok", here, {});
+  auto b = g.make_node(2, "meshrt.fail", here, {a});
+  auto c = g.make_node(3, "meshrt.fail_later", here, {});
+  auto r = g.make_node(0, "reduce sum over 'x'", here, {b, c});
+  auto d = g.make_node(4, "meshrt.use", here, {r});
+  // Nothing failed yet, and nothing is complete: no error, and nothing is settled (a
+  // failure may still be reported).
+  EXPECT_EQ(g.failure_of(d, "fetch", 0), nullptr);
+  EXPECT_FALSE(d->clean);
+  EXPECT_FALSE(a->clean);
+  g.record_failure(failed(3, 1, "meshrt.fail_later"));
+  g.record_failure(failed(2, 2, "meshrt.fail"));
+  g.record_failure(failed(2, 1, "meshrt.fail"));
+  const auto e = g.failure_of(d, "fetch (invocation 5)", 4);
+  ASSERT_NE(e, nullptr);
+  try {
+    std::rethrow_exception(e);
+  } catch (const RemoteError& err) {
+    // The smallest failed ident is the root cause, on every rank that reported it.
+    EXPECT_EQ(err.ident(), 2u);
+    EXPECT_EQ(err.ranks(), (std::vector<int>{1, 2}));
+    const std::string text = err.what();
+    expect_contains(text, "fetch (invocation 5) depends on a failed invocation: meshrt.fail failed on ranks 1, 2");
+    // From the value used back to the cause.
+    expect_contains(text, "chain: meshrt.use (invocation 4, control_test.cpp:");
+    expect_contains(text, "<- reduce sum over 'x' (control_test.cpp:");
+    expect_contains(text, "<- meshrt.fail (invocation 2, control_test.cpp:");
+  }
+  // The failure of the node itself is said without a chain.
+  try {
+    std::rethrow_exception(g.failure_of(c, "fetch", 4));
+  } catch (const RemoteError& err) {
+    EXPECT_EQ(std::string(err.what()).find("chain"), std::string::npos);
+    EXPECT_EQ(err.ident(), 3u);
+  }
+}
+
+TEST(DependencyGraph, FailureOfPrunesWhatIsCompleteAndClean) {
+  DependencyGraph g;
+  const auto here = std::source_location::current();
+  auto a = g.make_node(1, "a", here, {});
+  auto r = g.make_node(0, "reduce", here, {a});
+  auto b = g.make_node(2, "b", here, {r});
+  EXPECT_EQ(g.failure_of(b, "fetch", 1), nullptr);
+  EXPECT_TRUE(a->clean);
+  EXPECT_TRUE(r->clean);
+  EXPECT_FALSE(b->clean);  // beyond the frontier
+  EXPECT_EQ(g.failure_of(b, "fetch", 2), nullptr);
+  EXPECT_TRUE(b->clean);
+  EXPECT_TRUE(b->inputs.empty());
+}
+
+TEST(DependencyGraph, PruneSettlesNodesBehindTheFrontier) {
+  DependencyGraph g;
+  const auto here = std::source_location::current();
+  auto a = g.make_node(1, "a", here, {});
+  auto b = g.make_node(2, "b", here, {a});
+  auto bad = g.make_node(3, "bad", here, {});
+  auto c = g.make_node(4, "c", here, {bad});
+  auto late = g.make_node(5, "late", here, {b});
+  EXPECT_EQ(g.unsettled(), 5u);
+  g.record_failure(failed(3, 0, "bad"));
+  g.prune(4);
+  EXPECT_TRUE(a->clean);
+  EXPECT_TRUE(b->clean);
+  EXPECT_TRUE(b->inputs.empty());  // clean nodes drop their inputs
+  EXPECT_TRUE(bad->poisoned);
+  EXPECT_TRUE(c->poisoned);
+  EXPECT_EQ(c->inputs.size(), 1u);  // poisoned nodes keep them, for the chain
+  EXPECT_FALSE(late->clean);        // beyond the frontier
+  EXPECT_EQ(g.unsettled(), 1u);
+  // A node made from clean inputs does not keep them.
+  auto d = g.make_node(6, "d", here, {a, b, c});
+  EXPECT_EQ(d->inputs.size(), 1u);
+  g.prune(6);
+  EXPECT_TRUE(late->clean);
+  EXPECT_TRUE(d->poisoned);
+  EXPECT_EQ(g.unsettled(), 0u);
+}
+
+TEST(DependencyGraph, UnobservedFailuresAreRaisedOnce) {
+  DependencyGraph g;
+  int more = -1;
+  EXPECT_EQ(g.take_unobserved(&more), nullptr);
+  EXPECT_EQ(more, 0);
+  g.record_failure(failed(0, 2, "CreateDeviceMesh"));
+  g.record_failure(failed(7, 1, "meshrt.fail"));
+  const auto first = g.take_unobserved(&more);
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(more, 1);
+  try {
+    std::rethrow_exception(first);
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.ident(), 0u);  // the smallest ident first
+    expect_contains(e.what(), "CreateDeviceMesh failed on rank 2");
+  }
+  EXPECT_EQ(g.take_unobserved(&more), nullptr);
+}
+
+TEST(DependencyGraph, PruneIsDueEvery1024Nodes) {
+  DependencyGraph g;
+  int due = 0;
+  for (int i = 0; i < 3000; ++i) due += g.prune_due() ? 1 : 0;
+  EXPECT_EQ(due, 2);
+}
+
+}  // namespace
+}  // namespace meshrt

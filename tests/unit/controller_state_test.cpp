@@ -1,0 +1,223 @@
+// The controller's session (ControllerState) against scripted workers over the in-memory
+// transport: what reaches which rank, the completion rule fed by replies, failures, the
+// timeout's desync report built from the watch threads' answers, restart and shutdown.
+// No MPI is started: the session only calls MPI to abort the job, which no test does.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "../support/expect_error.hpp"
+#include "controller/state.hpp"
+#include "meshrt/control.hpp"
+
+namespace meshrt {
+namespace {
+
+using namespace protocol;
+using control::Tag;
+using detail::ControllerState;
+using test::expect_contains;
+
+// Two workers, ranks 1 and 2 (rank 0 plays a dedicated controller).
+struct Session {
+  std::shared_ptr<control::MemoryNetwork> net = control::MemoryNetwork::create();
+  std::shared_ptr<ControllerState> ctl = std::make_shared<ControllerState>(net->endpoint(0), 3, NDSlice(1, {2}, {1}));
+
+  // Every command `rank` received so far, groups flattened, in order.
+  std::vector<Command> received(int rank) {
+    std::vector<Command> out;
+    control::Bytes b;
+    auto ep = net->endpoint(rank);
+    while (ep->try_receive(0, Tag::Command, b)) flatten(decode_command(b), out);
+    return out;
+  }
+  void reply(int rank, const Reply& r) {
+    net->endpoint(rank)->send(0, Tag::Reply, std::make_shared<control::Bytes>(encode(r)));
+  }
+  static void flatten(Command c, std::vector<Command>& out) {
+    if (auto* g = std::get_if<CommandGroup>(&c)) {
+      for (auto& x : g->commands) flatten(std::move(x), out);
+    } else {
+      out.push_back(std::move(c));
+    }
+  }
+};
+
+CallFunction call(Ident ident) {
+  return CallFunction{.ident = ident, .results = {Ref{50 + ident}}, .function = "meshrt.sleep"};
+}
+
+TEST(ControllerState, CommandsReachTheirRanksInOrderAndDeletesRideAhead) {
+  Session s;
+  s.ctl->append({1, 2}, CreateStream{.result = Ref{1}, .is_default = true});
+  s.ctl->append({1, 2}, RequestStatus{5});
+  s.ctl->defer_delete({1}, Ref{7});
+  s.ctl->defer_delete({1}, Ref{8});
+  s.ctl->append({1}, Exit{.restart = false});
+  s.ctl->flush();
+  EXPECT_EQ(s.received(1), (std::vector<Command>{CreateStream{.result = Ref{1}, .is_default = true}, RequestStatus{5},
+                                                 DeleteRefs{{Ref{7}, Ref{8}}}, Exit{.restart = false}}));
+  EXPECT_EQ(s.received(2),
+            (std::vector<Command>{CreateStream{.result = Ref{1}, .is_default = true}, RequestStatus{5}}));
+  // A delete for ranks no later command goes to waits for flush_deferred.
+  s.ctl->defer_delete({2}, Ref{9});
+  s.ctl->append({1}, RequestStatus{6});
+  s.ctl->flush();
+  EXPECT_TRUE(s.received(2).empty());
+  s.ctl->flush_deferred();
+  EXPECT_EQ(s.received(2), (std::vector<Command>{DeleteRefs{{Ref{9}}}}));
+}
+
+TEST(ControllerState, CompletesWhenEveryWorkerReportedAndAsksOnlyTheLaggingOnes) {
+  Session s;
+  const Ident a = s.ctl->new_ident();
+  s.ctl->append({1, 2}, call(a), a);
+  s.ctl->flush();
+  s.received(1);
+  s.received(2);
+  s.reply(1, Status{.first_uncompleted_ident = a + 1, .live_values = 3});
+  s.ctl->poll_replies();
+  EXPECT_LT(s.ctl->frontier(), a);
+  EXPECT_EQ(s.ctl->live_values(1), 3u);
+  s.ctl->request_status(a);
+  EXPECT_TRUE(s.received(1).empty());
+  EXPECT_EQ(s.received(2), (std::vector<Command>{RequestStatus{a}}));
+  s.ctl->request_status(a);  // asked already
+  EXPECT_TRUE(s.received(2).empty());
+  // A fetch's value completes the invocation on its rank.
+  s.reply(2, FetchResult{.ident = a, .value = Value(1)});
+  s.ctl->wait_for(a, std::chrono::seconds(30), "test");
+  EXPECT_GE(s.ctl->frontier(), a);
+}
+
+TEST(ControllerState, AFailureReachesWhatDependsOnItOnce) {
+  Session s;
+  const auto here = std::source_location::current();
+  const Ident a = s.ctl->new_ident();
+  auto failing = s.ctl->make_node(a, "meshrt.fail", here, {});
+  s.ctl->append({1, 2}, call(a), a);
+  const Ident b = s.ctl->new_ident();
+  auto fetch = s.ctl->make_node(b, "fetch from rank 1", here, {failing});
+  s.ctl->append({1}, call(b), b);
+  s.reply(2, RemoteFunctionFailed{.ident = a, .error = "boom", .rank = 2, .function = "meshrt.fail"});
+  s.reply(1, Status{.first_uncompleted_ident = b + 1});
+  s.ctl->wait_for(b, std::chrono::seconds(30), "test");
+  const auto e = s.ctl->failure_of(fetch, "fetch (invocation 2)");
+  ASSERT_NE(e, nullptr);
+  try {
+    std::rethrow_exception(e);
+  } catch (const RemoteError& err) {
+    EXPECT_EQ(err.ident(), a);
+    EXPECT_EQ(err.ranks(), std::vector<int>{2});
+    expect_contains(err.what(), "fetch (invocation 2) depends on a failed invocation: meshrt.fail failed on rank 2");
+  }
+  // Raised once: synchronize does not raise it again, but does raise one nobody saw.
+  EXPECT_NO_THROW(s.ctl->raise_unobserved_failures());
+  s.reply(1, RemoteFunctionFailed{.ident = 0, .error = "CreateDeviceMesh failed: x", .rank = 1});
+  s.ctl->poll_replies();
+  EXPECT_THROW(s.ctl->raise_unobserved_failures(), RemoteError);
+  EXPECT_NO_THROW(s.ctl->raise_unobserved_failures());
+}
+
+// Plays the watch threads of ranks 1 and 2: rank 1 is idle, rank 2 runs `ident`.
+class ScriptedWatches {
+ public:
+  ScriptedWatches(std::shared_ptr<control::MemoryNetwork> net, Ident ident) {
+    thread_ = std::thread([this, net, ident] {
+      auto w1 = net->endpoint(1), w2 = net->endpoint(2);
+      control::Bytes b;
+      while (!stop_.load()) {
+        bool any = false;
+        for (auto& [rank, ep] : {std::pair{1, w1}, std::pair{2, w2}}) {
+          if (!ep->try_receive(0, Tag::Query, b)) continue;
+          any = true;
+          const Query q = decode_query(b);
+          QueryAnswer a{.query = q.id, .rank = rank, .op = q.op};
+          if (q.op == QueryOp::State) {
+            a.payload = rank == 1 ? R"({"rank":1,"first_uncompleted":9,"queued":0,"current":null})"
+                                  : R"({"rank":2,"first_uncompleted":1,"queued":2,"current":{"kind":"CallFunction",)"
+                                    R"("ident":)" +
+                                        std::to_string(ident) + R"(,"seconds":1.5,"name":"meshrt.sleep"}})";
+          } else if (q.op == QueryOp::Dump) {
+            a.payload = "flight recorder of rank " + std::to_string(rank) + "\n";
+          }
+          ep->send(0, Tag::Answer, std::make_shared<control::Bytes>(encode(a)));
+          ++answered_;
+        }
+        if (!any) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    });
+  }
+  ~ScriptedWatches() {
+    stop_.store(true);
+    thread_.join();
+  }
+  int answered() const { return answered_.load(); }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<int> answered_{0};
+  std::thread thread_;
+};
+
+TEST(ControllerState, ATimeoutSaysWhoLagsAndWhatEveryWorkerRuns) {
+  Session s;
+  const Ident a = s.ctl->new_ident();
+  s.ctl->make_node(a, "meshrt.sleep", std::source_location::current(), {});
+  s.ctl->append({1, 2}, call(a), a);
+  s.reply(1, Status{.first_uncompleted_ident = a + 1});
+  ScriptedWatches watches(s.net, a);
+  try {
+    s.ctl->wait_for(a, std::chrono::milliseconds(1), "synchronize");
+    FAIL() << "expected a TimeoutError";
+  } catch (const TimeoutError& e) {
+    const std::string text = e.what();
+    expect_contains(text, "synchronize did not complete within 0.001 s: rank 2 has not reached it");
+    expect_contains(text,
+                    "rank 2: has not reported invocation 1 done (meshrt.sleep, issued at controller_state_test.cpp:");
+    expect_contains(text, "desync report: what every worker is doing now");
+    expect_contains(text, "idle (0 queued)");
+    expect_contains(text, "1.500 s  CallFunction meshrt.sleep, issued at controller_state_test.cpp:");
+    EXPECT_EQ(text.find("no answer within"), std::string::npos) << text;
+  }
+  EXPECT_GE(watches.answered(), 4);  // a dump and a state query, each to both ranks
+  const std::string dump = s.ctl->dump_flight_recorder();
+  expect_contains(dump, "flight recorder of rank 1\nflight recorder of rank 2\n");
+}
+
+TEST(ControllerState, RestartWaitsForEveryWorkerAndForgetsTheOldSession) {
+  Session s;
+  const Ident a = s.ctl->new_ident();
+  s.ctl->append({1, 2}, call(a), a);
+  s.ctl->defer_delete({1, 2}, Ref{4});
+  s.reply(1, Restarted{});
+  s.reply(2, Restarted{});
+  s.ctl->restart_workers();
+  EXPECT_EQ(s.ctl->epoch(), 2u);
+  EXPECT_GE(s.ctl->frontier(), a);  // nothing from before is outstanding
+  const auto got = s.received(1);
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got.back(), Command{Exit{.restart = true}});
+  expect_contains(test::usage_error([&] { s.ctl->check_epoch(1, "tensor"); }),
+                  "this tensor was made before restart_workers()");
+  // The deletes of the old session are not sent to the new one.
+  s.ctl->flush_deferred();
+  EXPECT_TRUE(s.received(1).empty());
+}
+
+TEST(ControllerState, ShutdownWaitsForEverythingThenEndsTheLoops) {
+  Session s;
+  s.reply(1, Status{.first_uncompleted_ident = 100});
+  s.reply(2, Status{.first_uncompleted_ident = 100});
+  s.ctl->shutdown(std::chrono::seconds(30));
+  for (int rank : {1, 2}) {
+    const auto got = s.received(rank);
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_TRUE(std::holds_alternative<RequestStatus>(got[0]));
+    EXPECT_EQ(got[1], Command{Exit{.restart = false}});
+  }
+}
+
+}  // namespace
+}  // namespace meshrt

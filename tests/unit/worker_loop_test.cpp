@@ -1,0 +1,250 @@
+// The worker's event loop against a scripted controller over the in-memory transport:
+// no mpiexec. The worker still needs MPI for its mesh communicators, so this test starts
+// MPI as a singleton (MPI_Init_thread without mpiexec: one rank, MPI_COMM_WORLD of size
+// 1), which MPI allows; rank 0 is then both the scripted controller and the worker, as
+// in a real job where worker 0 runs beside the controller.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <thread>
+
+#include "../support/expect_error.hpp"
+#include "meshrt/control.hpp"
+#include "meshrt/protocol.hpp"
+#include "meshrt/worker.hpp"
+
+namespace meshrt {
+namespace {
+
+using namespace protocol;
+using control::Tag;
+using test::expect_contains;
+
+class MpiSingleton : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    int provided = 0;
+    ASSERT_EQ(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), MPI_SUCCESS);
+    ASSERT_GE(provided, MPI_THREAD_MULTIPLE) << "the worker's loop runs beside the scripted controller";
+  }
+  void TearDown() override { MPI_Finalize(); }
+};
+const auto* const g_mpi = ::testing::AddGlobalTestEnvironment(new MpiSingleton);
+
+constexpr auto kWait = std::chrono::seconds(30);
+
+// Plays the controller by hand: sends commands, reads replies, runs the worker's serve()
+// on a thread, and ends it with Exit at the end of each test.
+class ScriptedController {
+ public:
+  explicit ScriptedController(double status_interval = 1.0) {
+    WorkerOptions o;
+    o.rank = 0;
+    o.world = MPI_COMM_WORLD;
+    o.p2p = MPI_COMM_WORLD;
+    o.status_interval_seconds = status_interval;
+    o.transport = network_->endpoint(0);
+    worker_ = std::thread([o] { Worker::serve(o); });
+  }
+  ~ScriptedController() {
+    if (worker_.joinable()) {
+      send(Exit{.restart = false});
+      worker_.join();
+    }
+  }
+
+  void send(Command c) { endpoint_->send(0, Tag::Command, std::make_shared<control::Bytes>(encode(c))); }
+  void send_bytes(control::Bytes b) {
+    endpoint_->send(0, Tag::Command, std::make_shared<control::Bytes>(std::move(b)));
+  }
+
+  Reply next() {
+    int from = -1;
+    auto bytes = network_->wait_for(0, Tag::Reply, kWait, &from);
+    if (!bytes) throw std::runtime_error("the worker sent no reply within 30 s");
+    EXPECT_EQ(from, 0);
+    return decode_reply(*bytes);
+  }
+  // The next reply that is not a Status (Status comes whenever the worker moved).
+  Reply next_not_status() {
+    for (;;) {
+      Reply r = next();
+      if (!std::holds_alternative<Status>(r)) return r;
+    }
+  }
+  template <class R>
+  R expect(Reply r) {
+    if (auto* x = std::get_if<R>(&r)) return *x;
+    ADD_FAILURE() << "expected a " << name(Reply{R{}}) << ", found a " << name(r)
+                  << (std::holds_alternative<RemoteFunctionFailed>(r) ? ": " + std::get<RemoteFunctionFailed>(r).error
+                                                                      : "");
+    return R{};
+  }
+  // Asks for status and returns the answer to that request (older Status skipped).
+  Status status(Ident ident) {
+    send(RequestStatus{ident});
+    for (;;) {
+      const Status s = expect<Status>(next());
+      if (s.first_uncompleted_ident > ident || ::testing::Test::HasFailure()) return s;
+    }
+  }
+  std::size_t waiting() const { return network_->waiting(0, Tag::Reply); }
+  void finish() {
+    send(Exit{.restart = false});
+    worker_.join();
+  }
+
+ private:
+  std::shared_ptr<control::MemoryNetwork> network_ = control::MemoryNetwork::create();
+  std::shared_ptr<control::Transport> endpoint_ = network_->endpoint(0);
+  std::thread worker_;
+};
+
+const NDSlice kOneRank = NDSlice::row_major({1});
+const TensorMeta kVector({2}, DType::Float32);
+
+std::vector<float> values_of(const Value& v) {
+  const Tensor& t = v.as_tensor();
+  const auto s = t.span<float>();
+  return {s.begin(), s.end()};
+}
+
+CallFunction full(Ident ident, Ref result, float value, Ref stream = Ref{1}) {
+  return CallFunction{.ident = ident,
+                      .results = {result},
+                      .mutates = {},
+                      .function = "meshrt.full",
+                      .args = {Value{2}, Value("float32"), Value(static_cast<double>(value))},
+                      .stream = stream,
+                      .mesh = Ref{2}};
+}
+
+Command setup() {
+  return CommandGroup{{CreateStream{.result = Ref{1}, .is_default = true},
+                       CreateDeviceMesh{.result = Ref{2}, .names = {"x"}, .ranks = kOneRank}}};
+}
+
+TEST(WorkerLoop, RunsEveryCommandKind) {
+  ScriptedController ctl;
+  ctl.send(setup());
+  ctl.send(CommandGroup{{
+      full(1, Ref{10}, 3),
+      Reduce{.result = Ref{11},
+             .tensor = Ref{10},
+             .factory = kVector,
+             .mesh = Ref{2},
+             .stream = Ref{1},
+             .dim = "x",
+             .reduction = Reduction::Sum},
+      SendTensor{.result = Ref{12},
+                 .from_ranks = kOneRank,
+                 .to_ranks = kOneRank,
+                 .tensor = Ref{11},
+                 .factory = kVector,
+                 .stream = Ref{1}},
+      CreateStream{.result = Ref{3}, .is_default = false},
+      BorrowCreate{.result = Ref{13}, .tensor = Ref{12}, .from_stream = Ref{1}, .to_stream = Ref{3}},
+      BorrowFirstUse{.borrow = Ref{13}},
+      CallFunction{.ident = 2,
+                   .results = {Ref{14}},
+                   .function = "meshrt.add",
+                   .args = {Value(Ref{13}), Value(Ref{13})},
+                   .stream = Ref{3},
+                   .mesh = Ref{2}},
+      BorrowDrop{.borrow = Ref{13}},
+  }});
+  ctl.send(FetchValue{.ident = 3, .value = Value(Ref{14}), .stream = Ref{3}});
+  const FetchResult r = ctl.expect<FetchResult>(ctl.next_not_status());
+  EXPECT_EQ(r.ident, 3u);
+  // full 3 -> sum over one rank -> send to itself -> borrowed and added to itself.
+  EXPECT_EQ(values_of(r.value), (std::vector<float>{6, 6}));
+  ctl.send(DeleteRefs{.refs = {Ref{10}, Ref{11}}});
+  const Status s = ctl.status(4);
+  EXPECT_EQ(s.first_uncompleted_ident, 5u);
+  // Streams 1 and 3, mesh 2, tensors 12 and 14 and the borrow 13: 10 and 11 are deleted.
+  EXPECT_EQ(s.live_values, 6u);
+  ctl.finish();
+  EXPECT_EQ(ctl.waiting(), 0u) << "no reply after Exit: nothing moved since the last Status";
+}
+
+TEST(WorkerLoop, AFailingFunctionIsReportedOnceAndPoisonsWhatDependsOnIt) {
+  ScriptedController ctl;
+  ctl.send(setup());
+  ctl.send(CallFunction{.ident = 1,
+                        .results = {Ref{10}},
+                        .function = "meshrt.fail",
+                        .args = {Value("no luck"), Value::list()},
+                        .stream = Ref{1},
+                        .mesh = Ref{2}});
+  const auto f = ctl.expect<RemoteFunctionFailed>(ctl.next_not_status());
+  EXPECT_EQ(f.ident, 1u);
+  EXPECT_EQ(f.rank, 0);
+  EXPECT_EQ(f.function, "meshrt.fail");
+  EXPECT_EQ(f.error, "no luck");
+  EXPECT_EQ(f.exception_type, "std::runtime_error");
+  // What depends on it neither runs nor reports again; the fetch sends no value.
+  ctl.send(CallFunction{.ident = 2,
+                        .results = {Ref{11}},
+                        .function = "meshrt.add",
+                        .args = {Value(Ref{10}), Value(Ref{10})},
+                        .stream = Ref{1},
+                        .mesh = Ref{2}});
+  ctl.send(FetchValue{.ident = 3, .value = Value(Ref{11}), .stream = Ref{1}});
+  EXPECT_EQ(ctl.status(3).first_uncompleted_ident, 4u);
+  // A bad ref fails its invocation with a message that names the ref and the rank.
+  ctl.send(FetchValue{.ident = 4, .value = Value(Ref{99}), .stream = Ref{1}});
+  const auto bad = ctl.expect<RemoteFunctionFailed>(ctl.next_not_status());
+  EXPECT_EQ(bad.ident, 4u);
+  expect_contains(bad.error, "rank 0: argument ref 99 is not defined on this worker");
+  // An undecodable frame is dropped and reported outside any invocation.
+  control::Bytes garbage = encode(Command{RequestStatus{5}});
+  garbage[4] = std::byte{200};
+  ctl.send_bytes(garbage);
+  const auto undecodable = ctl.expect<RemoteFunctionFailed>(ctl.next_not_status());
+  EXPECT_EQ(undecodable.ident, 0u);
+  EXPECT_EQ(undecodable.function, "<protocol>");
+  expect_contains(undecodable.error, "expected a command tag in 0..12, found 200");
+  // The worker goes on.
+  EXPECT_EQ(ctl.status(6).first_uncompleted_ident, 7u);
+}
+
+TEST(WorkerLoop, SendsStatusWhenItMovedAndOnlyThen) {
+  ScriptedController ctl(/*status_interval=*/0.01);
+  ctl.send(setup());
+  ctl.send(full(1, Ref{10}, 1));
+  // Unasked: the worker ran out of work after completing invocation 1.
+  Status s = ctl.expect<Status>(ctl.next());
+  EXPECT_EQ(s.first_uncompleted_ident, 2u);
+  // Nothing moved: no further Status over many intervals, though it is due each 10 ms.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(ctl.waiting(), 0u);
+  // Asked, it answers even when nothing changed.
+  ctl.send(RequestStatus{1});
+  s = ctl.expect<Status>(ctl.next());
+  EXPECT_EQ(s.first_uncompleted_ident, 2u);
+  EXPECT_EQ(s.live_values, 3u);
+}
+
+TEST(WorkerLoop, RestartForgetsEveryValue) {
+  ScriptedController ctl;
+  ctl.send(setup());
+  ctl.send(full(1, Ref{10}, 1));
+  EXPECT_EQ(ctl.status(1).live_values, 3u);
+  ctl.send(Exit{.restart = true});
+  ctl.expect<Restarted>(ctl.next_not_status());
+  // A fresh loop: the stream, the mesh and the tensor are gone.
+  EXPECT_EQ(ctl.status(2).live_values, 0u);
+  ctl.send(FetchValue{.ident = 3, .value = Value(Ref{10}), .stream = Ref{1}});
+  const auto f = ctl.expect<RemoteFunctionFailed>(ctl.next_not_status());
+  EXPECT_EQ(f.ident, 3u);
+  expect_contains(f.error, "ref 10 is not defined on this worker");
+  // And it runs work again.
+  ctl.send(setup());
+  ctl.send(full(4, Ref{10}, 2));
+  ctl.send(FetchValue{.ident = 5, .value = Value(Ref{10}), .stream = Ref{1}});
+  EXPECT_EQ(values_of(ctl.expect<FetchResult>(ctl.next_not_status()).value), (std::vector<float>{2, 2}));
+}
+
+}  // namespace
+}  // namespace meshrt
