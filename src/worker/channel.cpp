@@ -1,9 +1,5 @@
 #include "worker/channel.hpp"
 
-#include <sched.h>
-
-#include <thread>
-
 #include "common/checks.hpp"
 
 namespace meshrt::detail {
@@ -63,7 +59,7 @@ void Channel::reap_locked() {
 bool Channel::drain(std::chrono::duration<double> timeout) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);
-  Backoff backoff;
+  Backoff backoff(kControl);
   for (;;) {
     {
       std::lock_guard lock(mutex_);
@@ -73,24 +69,6 @@ bool Channel::drain(std::chrono::duration<double> timeout) {
     if (std::chrono::steady_clock::now() > deadline) return false;
     backoff.pause();
   }
-}
-
-void Backoff::pause() {
-  using namespace std::chrono;
-  const auto now = steady_clock::now();
-  if (idle_since_ == steady_clock::time_point{}) {
-    idle_since_ = now;
-    sleep_ = microseconds(0);
-  }
-  const auto idle = now - idle_since_;
-  // Yield rather than spin: on an oversubscribed node the peer we wait for may need
-  // this very core.
-  if (idle < milliseconds(2)) {
-    sched_yield();
-    return;
-  }
-  sleep_ = std::min(microseconds(1000), sleep_ < microseconds(10) ? microseconds(10) : sleep_ * 2);
-  std::this_thread::sleep_for(sleep_);
 }
 
 }  // namespace meshrt::detail

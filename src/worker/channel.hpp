@@ -13,6 +13,8 @@
 #include <mutex>
 #include <vector>
 
+#include "common/backoff.hpp"  // Backoff, used with the channel by its callers
+
 namespace meshrt::detail {
 
 inline constexpr int kCommandTag = 101;  // controller -> worker: encoded Commands
@@ -56,19 +58,6 @@ class Channel {
   MPI_Comm comm_;
   std::mutex mutex_;  // the controller's batch flusher sends from its own thread
   std::deque<Send> sends_;
-};
-
-// Waits politely: spins while work is likely to arrive soon, then yields, then sleeps
-// with growing intervals up to a millisecond, so an idle rank never burns a core and a
-// busy one reacts within microseconds.
-class Backoff {
- public:
-  void reset() noexcept { idle_since_ = {}; }
-  void pause();
-
- private:
-  std::chrono::steady_clock::time_point idle_since_{};
-  std::chrono::microseconds sleep_{0};
 };
 
 }  // namespace meshrt::detail
