@@ -67,6 +67,17 @@ struct Row {
 };
 void print_rows(const std::vector<Row>& rows, int ranks, const std::string& json_path);
 
+// The same for collectives, with nccl-tests' algbw and busbw beside the times (the
+// format of the Google Benchmark pair suites). One block per (suite, op).
+struct CollectiveRow {
+  std::string suite, op;
+  std::size_t bytes;
+  BusFactor bus;
+  double meshrt_seconds;
+  double mpi_seconds;
+};
+void print_collective_rows(const std::vector<CollectiveRow>& rows, int ranks, const std::string& json_path);
+
 struct SuiteRegistrar {
   explicit SuiteRegistrar(Suite suite);
 };

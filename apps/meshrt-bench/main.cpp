@@ -87,47 +87,15 @@ class RatioReporter : public benchmark::ConsoleReporter {
   }
 
   void print_pairs() {
-    std::vector<nlohmann::json> lines;
-    std::string suite;
+    std::vector<CollectiveRow> rows;
     for (const auto& [key, info] : pair_infos()) {
       auto m = times_.find(key + "/meshrt");
       auto r = times_.find(key + "/mpi");
       if (m == times_.end() || r == times_.end()) continue;
-      if (info.suite + info.op != suite) {
-        suite = info.suite + info.op;
-        fmt::print("\n{} {} at {} ranks: meshrt against the same MPI call in the same run\n", info.suite, info.op,
-                   info.ranks);
-        fmt::print("{:<16} {:>10} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>7}\n", "op", "bytes", "meshrt us",
-                   "mpi us", "algbw GB/s", "busbw GB/s", "mpi algbw", "mpi busbw", "ratio");
-      }
-      const double factor = bus_factor(info.bus, info.ranks);
-      const double alg_m = static_cast<double>(info.bytes) / m->second / 1e9;
-      const double alg_r = static_cast<double>(info.bytes) / r->second / 1e9;
-      const double ratio = m->second / r->second;
-      fmt::print("{:<16} {:>10} {:>12.2f} {:>12.2f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>7.2f}\n", info.op,
-                 info.bytes, m->second * 1e6, r->second * 1e6, alg_m, alg_m * factor, alg_r, alg_r * factor, ratio);
-      lines.push_back({{"suite", info.suite},
-                       {"op", info.op},
-                       {"bytes", info.bytes},
-                       {"ranks", info.ranks},
-                       {"meshrt_us", m->second * 1e6},
-                       {"mpi_us", r->second * 1e6},
-                       {"meshrt_algbw_gbs", alg_m},
-                       {"meshrt_busbw_gbs", alg_m * factor},
-                       {"mpi_algbw_gbs", alg_r},
-                       {"mpi_busbw_gbs", alg_r * factor},
-                       {"ratio", ratio}});
+      rows.push_back({info.suite, info.op, info.bytes, info.bus, m->second, r->second});
     }
-    std::FILE* out = stdout;
-    std::ofstream file;
-    if (json_path_) file.open(*json_path_, std::ios::app);
-    for (const auto& j : lines) {
-      if (file.is_open())
-        file << j.dump() << "\n";
-      else
-        std::fprintf(out, "%s\n", j.dump().c_str());
-    }
-    std::fflush(stdout);
+    const int ranks = pair_infos().empty() ? 1 : pair_infos().front().second.ranks;
+    print_collective_rows(rows, ranks, json_path_.value_or(""));
   }
 
   std::optional<std::string> json_path_;
@@ -144,7 +112,7 @@ class NullReporter : public benchmark::BenchmarkReporter {
 void usage() {
   std::printf(
       "usage: mpiexec -n <ranks> meshrt-bench <suite> [--quick] [--json FILE] [Google Benchmark flags]\nsuites:\n");
-  for (const Suite& s : suites()) std::printf("  %-12s %s\n", s.name, s.description);
+  for (const Suite& s : suites()) std::printf("  %-20s %s\n", s.name, s.description);
 }
 
 }  // namespace
@@ -186,6 +154,47 @@ void print_rows(const std::vector<Row>& rows, int ranks, const std::string& json
                      {"mpi_us", r.mpi_seconds * 1e6},
                      {"ratio", r.meshrt_seconds / r.mpi_seconds},
                      {"note", r.unit_note}};
+    if (file.is_open())
+      file << j.dump() << "\n";
+    else
+      std::printf("%s\n", j.dump().c_str());
+  }
+  std::fflush(stdout);
+}
+
+void print_collective_rows(const std::vector<CollectiveRow>& rows, int ranks, const std::string& json_path) {
+  std::ofstream file;
+  if (!json_path.empty()) file.open(json_path, std::ios::app);
+  std::vector<nlohmann::json> lines;
+  std::string block;
+  for (const CollectiveRow& row : rows) {
+    if (row.suite + "/" + row.op != block) {
+      block = row.suite + "/" + row.op;
+      fmt::print("\n{} {} at {} ranks: meshrt against the same MPI call in the same run\n", row.suite, row.op, ranks);
+      fmt::print("{:<16} {:>10} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>7}\n", "op", "bytes", "meshrt us",
+                 "mpi us", "algbw GB/s", "busbw GB/s", "mpi algbw", "mpi busbw", "ratio");
+    }
+    const double factor = bus_factor(row.bus, ranks);
+    const double alg_m = static_cast<double>(row.bytes) / row.meshrt_seconds / 1e9;
+    const double alg_r = static_cast<double>(row.bytes) / row.mpi_seconds / 1e9;
+    const double ratio = row.meshrt_seconds / row.mpi_seconds;
+    fmt::print("{:<16} {:>10} {:>12.2f} {:>12.2f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>7.2f}\n", row.op,
+               row.bytes, row.meshrt_seconds * 1e6, row.mpi_seconds * 1e6, alg_m, alg_m * factor, alg_r, alg_r * factor,
+               ratio);
+    lines.push_back({{"suite", row.suite},
+                     {"op", row.op},
+                     {"bytes", row.bytes},
+                     {"ranks", ranks},
+                     {"meshrt_us", row.meshrt_seconds * 1e6},
+                     {"mpi_us", row.mpi_seconds * 1e6},
+                     {"meshrt_algbw_gbs", alg_m},
+                     {"meshrt_busbw_gbs", alg_m * factor},
+                     {"mpi_algbw_gbs", alg_r},
+                     {"mpi_busbw_gbs", alg_r * factor},
+                     {"ratio", ratio}});
+  }
+  // All JSON lines after the tables, as the suites always printed them.
+  for (const auto& j : lines) {
     if (file.is_open())
       file << j.dump() << "\n";
     else

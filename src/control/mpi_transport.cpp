@@ -1,9 +1,6 @@
 #include "control/mpi_transport.hpp"
 
-#include <sched.h>
-
-#include <thread>
-
+#include "common/backoff.hpp"
 #include "common/checks.hpp"
 
 namespace meshrt::control {
@@ -70,7 +67,7 @@ void MpiTransport::reap_locked() {
 bool MpiTransport::drain(std::chrono::duration<double> timeout) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);
-  detail::Backoff backoff;
+  detail::Backoff backoff(detail::kControl);
   for (;;) {
     {
       std::lock_guard lock(mutex_);
@@ -83,25 +80,3 @@ bool MpiTransport::drain(std::chrono::duration<double> timeout) {
 }
 
 }  // namespace meshrt::control
-
-namespace meshrt::detail {
-
-void Backoff::pause() {
-  using namespace std::chrono;
-  const auto now = steady_clock::now();
-  if (idle_since_ == steady_clock::time_point{}) {
-    idle_since_ = now;
-    sleep_ = microseconds(0);
-  }
-  const auto idle = now - idle_since_;
-  // Yield rather than spin: on an oversubscribed node the peer we wait for may need
-  // this very core.
-  if (idle < milliseconds(2)) {
-    sched_yield();
-    return;
-  }
-  sleep_ = std::min(microseconds(1000), sleep_ < microseconds(10) ? microseconds(10) : sleep_ * 2);
-  std::this_thread::sleep_for(sleep_);
-}
-
-}  // namespace meshrt::detail

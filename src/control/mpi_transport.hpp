@@ -45,20 +45,3 @@ class MpiTransport final : public Transport {
 };
 
 }  // namespace meshrt::control
-
-namespace meshrt::detail {
-
-// Waits politely: spins while work is likely to arrive soon, then yields, then sleeps
-// with growing intervals up to a millisecond, so an idle rank never burns a core and a
-// busy one reacts within microseconds.
-class Backoff {
- public:
-  void reset() noexcept { idle_since_ = {}; }
-  void pause();
-
- private:
-  std::chrono::steady_clock::time_point idle_since_{};
-  std::chrono::microseconds sleep_{0};
-};
-
-}  // namespace meshrt::detail

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "control/mpi_transport.hpp"  // detail::Backoff, until the one in common
+#include "common/backoff.hpp"
 #include "controller/batcher.hpp"
 #include "controller/completion.hpp"
 #include "meshrt/log.hpp"

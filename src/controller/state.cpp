@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "control/mpi_transport.hpp"  // detail::Backoff, until the one in common
+#include "common/backoff.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/settings.hpp"
 

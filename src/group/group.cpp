@@ -37,6 +37,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/backoff.hpp"
 #include "common/checks.hpp"
 #include "meshrt/settings.hpp"
 
@@ -114,46 +115,17 @@ Clock::time_point deadline_after(Seconds t) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(t);
 }
 
-// While nothing is moving a waiting rank polls back to back for a few dozen tries (no
-// clock reads), then yields the core between polls until `spin` has passed (cheap when
-// the peer is about to answer, polite on an oversubscribed machine), then sleeps for an
-// eighth of the time it has waited so far (20 us to 1 ms): at most ~1/8 added latency
-// when a peer was descheduled for a while, about a thousand wakeups a second when idle.
-// `spin` grows with the bytes in flight (spin_for): shared-memory transfers only advance
+// Waits use the common back-off with kGroup's parameters (common/backoff.hpp says why);
+// the yielding phase grows with the bytes in flight: shared-memory transfers only advance
 // while both ranks call into MPI, and a sleeping sender stalls its receiver.
-constexpr Clock::duration kSpin = std::chrono::microseconds(200);
-constexpr int kHotPolls = 64;
-
 Clock::duration spin_for(std::size_t bytes) {
   // About twice as long as the bytes take at 1 GB/s.
-  return std::max<Clock::duration>(kSpin, std::chrono::nanoseconds(2 * bytes));
+  return std::max<Clock::duration>(detail::kGroup.yield, std::chrono::nanoseconds(2 * bytes));
 }
-
-class Backoff {
- public:
-  explicit Backoff(Clock::duration spin = kSpin) : spin_(spin) {}
-  void reset() {
-    start_ = Clock::now();
-    polls_ = 0;
-  }
-  // True once `dl` has passed; the clock is only read after the hot polls.
-  bool expired(Clock::time_point dl) const { return polls_ >= kHotPolls && Clock::now() >= dl; }
-  void pause() {
-    if (++polls_ <= kHotPolls) return;
-    const auto waited = Clock::now() - start_;
-    if (waited < spin_) {
-      std::this_thread::yield();
-      return;
-    }
-    std::this_thread::sleep_for(
-        std::clamp<Clock::duration>(waited / 8, std::chrono::microseconds(20), std::chrono::milliseconds(1)));
-  }
-
- private:
-  Clock::duration spin_;
-  Clock::time_point start_ = Clock::now();
-  int polls_ = 0;
-};
+using Backoff = detail::Backoff;
+detail::BackoffPolicy group_wait(std::size_t bytes = 0) {
+  return detail::kGroup.yielding_until(spin_for(bytes));
+}
 
 std::string int_list(const std::vector<int>& v) {
   return fmt::format("[{}]", fmt::join(v, ", "));
@@ -284,7 +256,7 @@ struct StatelessGroup::Impl {
   // `bytes`: how much data the requests move (how long to poll closely).
   bool wait_all(std::span<MPI_Request> reqs, Clock::time_point dl, std::size_t bytes) {
     if (reqs.empty()) return true;
-    Backoff backoff(spin_for(bytes));
+    Backoff backoff(group_wait(bytes));
     if (reqs.size() == 1) {
       for (;;) {
         int done = 0;
@@ -380,7 +352,7 @@ struct StatelessGroup::Impl {
     MPI_Request r = MPI_REQUEST_NULL;
     post_first_recv(src, kind, r);
     MPI_Status st;
-    Backoff backoff;
+    Backoff backoff(group_wait());
     for (;;) {
       int done = 0;
       const int rc = MPI_Test(&r, &done, &st);
@@ -449,7 +421,7 @@ struct StatelessGroup::Impl {
 
   // Waits for a message with `tag` from `src`; false on timeout (nothing consumed).
   bool probe(int src, int tag, Clock::time_point dl, MPI_Message& msg, int& bytes) {
-    Backoff backoff;
+    Backoff backoff(group_wait());
     for (;;) {
       int found = 0;
       MPI_Status st;
@@ -613,7 +585,7 @@ struct StatelessGroup::Impl {
   // cancelled).
   bool finish_payload_in_order(const char* op, Kind kind, const char* out, std::size_t chunk_size,
                                std::span<const int> forward, std::size_t total) {
-    Backoff backoff(spin_for(total));
+    Backoff backoff(group_wait(total));
     for (std::size_t i = 0; i < chunks.size(); ++i) {
       MPI_Status st;
       for (;;) {
@@ -644,7 +616,7 @@ struct StatelessGroup::Impl {
   // pending ones are left for the caller to name and cancel).
   bool finish_payload_any(const char* op, std::size_t total) {
     if (chunks.empty()) return true;
-    Backoff backoff(spin_for(total));
+    Backoff backoff(group_wait(total));
     idx.resize(chunks.size());
     statuses.resize(chunks.size());
     for (;;) {
@@ -1104,7 +1076,7 @@ void StatelessGroup::all_gather_bytes(const detail::TypeTag& type, bool raw, std
   // Any error from here on leaves receives posted into the inboxes and parts of this
   // operation in flight: they are withdrawn, and the group breaks.
   try {
-    Backoff backoff;
+    Backoff backoff(group_wait());
     g.idx.resize(g.recvs.size());
     g.statuses.resize(g.recvs.size());
     std::size_t left = g.recvs.size();

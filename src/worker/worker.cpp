@@ -11,8 +11,8 @@
 #include <unordered_map>
 #include <variant>
 
+#include "common/backoff.hpp"
 #include "common/checks.hpp"
-#include "control/mpi_transport.hpp"  // detail::Backoff, until the one in common
 #include "meshrt/comm.hpp"
 #include "meshrt/control.hpp"
 #include "meshrt/functions.hpp"
@@ -71,6 +71,9 @@ struct Worker::Impl {
     std::unique_ptr<Pending> op;
     std::optional<Ref> result;  // defined when the operation completes
     std::uint64_t seq = 0;
+    // On meshrt's comm thread (Completion::Auto at kThreadMinBytes and up, CPU tensors):
+    // its Pending wakes a waiter in idle() the moment it completes.
+    bool on_comm_thread = false;
   };
   std::optional<InFlight> in_flight;
 
@@ -240,6 +243,7 @@ struct Worker::Impl {
 #endif
     in_flight =
         InFlight{start_reduce(*mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory), c.result};
+    in_flight->on_comm_thread = c.factory.nbytes() >= kThreadMinBytes;
   }
 
   void run(SendTensor& c) {
@@ -249,6 +253,7 @@ struct Worker::Impl {
     Input in = sends ? input(c.tensor) : Input(Tensor());
     in_flight = InFlight{start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory),
                          receives ? std::optional<Ref>(c.result) : std::nullopt};
+    in_flight->on_comm_thread = c.factory.nbytes() >= kThreadMinBytes;
   }
 
   void finish_in_flight() {
@@ -261,6 +266,35 @@ struct Worker::Impl {
         define(*in_flight->result, std::move(out.tensor));
     }
     in_flight.reset();
+  }
+
+  // Between two polls of the loop while a collective is in flight and nothing else moved.
+  // Commands wait until it completes; the channel is still polled (status, queries).
+  // - On the comm thread: wait in the Pending's idle() (a condition variable), which
+  //   returns the moment the job is done, for at most kControl.max_sleep between polls:
+  //   no spinning or yielding beside the comm thread and the peer ranks on a small machine.
+  // - Non-blocking (MPI_I*, below kThreadMinBytes): it progresses only inside MPI calls,
+  //   so poll as wait() does (kDataPlaneWait: spin 20 us, yield to 200 us, then short
+  //   sleeps of waited/32) instead of the idle worker's policy (yield 2 ms, then sleeps up
+  //   to 1 ms, which stalled it).
+  // Measured with meshrt-bench runtime-collectives, 2 ranks, Open MPI 4.1 over shared
+  // memory with single copy on, on the project's 2-core machine loaded by four parallel
+  // builds (load 5-7), median of 2-3 interleaved runs of 3-5 repetitions each, per op:
+  //   idle policy (before) -> kDataPlaneWait: all_reduce 8 B 28.8 -> 15.1 us and
+  //   12.6 -> 7.6 us (two sessions), in place 7.5 -> 6.1 us; 1-16 MiB within noise
+  //   (1 MiB all_reduce 624 -> 602 us, 655 -> 678 us).
+  //   comm-thread jobs straight to idle() against kDataPlaneWait for them too: within
+  //   noise (1 MiB all_reduce 864 -> 902 us, all_gather 198 -> 196, to_mesh 157 -> 162);
+  //   kept because it leaves the cores to the comm thread and the peers.
+  //   Rejected, measured in the same runs: non-blocking at every size (1-2 MiB 1.6-3x
+  //   slower: libnbc needs many progress calls), the comm thread yielding 100 us for the
+  //   next job before blocking (1 MiB all_gather 177 -> 424 us: it takes a core).
+  void pause_in_flight(detail::Backoff& flight) {
+    if (in_flight->on_comm_thread) {
+      in_flight->op->idle(detail::kControl.max_sleep);
+      return;
+    }
+    flight.pause([this](std::chrono::microseconds d) { in_flight->op->idle(d); });
   }
 
   struct BorrowRecord {
@@ -428,7 +462,8 @@ struct Worker::Impl {
   }
 
   WorkerExit loop() {
-    detail::Backoff backoff;
+    detail::Backoff backoff(detail::kControl);
+    detail::Backoff flight(detail::kDataPlaneWait);
     const auto interval = std::chrono::duration<double>(opt.status_interval_seconds);
     while (!exit) {
       bool worked = receive();
@@ -447,10 +482,14 @@ struct Worker::Impl {
       // batch of commands).
       if ((worked && queue.empty() && !in_flight) || Clock::now() - last_status_time > interval) send_status(false);
       channel->reap();
-      if (worked)
+      if (worked) {
         backoff.reset();
-      else
+        flight.reset();
+      } else if (in_flight) {
+        pause_in_flight(flight);
+      } else {
         backoff.pause();
+      }
     }
     send_status(false);
     channel->drain(std::chrono::seconds(30));
