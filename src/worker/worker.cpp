@@ -299,7 +299,8 @@ struct Worker::Impl {
     const bool sends = c.from_ranks.contains(opt.rank);
     const bool receives = c.to_ranks.contains(opt.rank);
     Input in = sends ? input(c.tensor) : Input(Tensor());
-    in_flight = InFlight{start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory),
+    in_flight = InFlight{start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory,
+                                           Completion::Auto, c.to_order),
                          receives ? std::optional<Ref>(c.result) : std::nullopt};
   }
 
@@ -442,8 +443,9 @@ struct Worker::Impl {
       peers = mesh->line_world_ranks(mesh->dim_index(r->dim));
     } else if (const auto* s = std::get_if<SendTensor>(&command)) {
       for (std::int64_t i = 0; i < s->from_ranks.len(); ++i) {
-        if (s->from_ranks[i] == opt.rank) peers.push_back(static_cast<int>(s->to_ranks[i]));
-        if (s->to_ranks[i] == opt.rank) peers.push_back(static_cast<int>(s->from_ranks[i]));
+        const std::int64_t to = s->to_order.empty() ? i : s->to_order[static_cast<std::size_t>(i)];
+        if (s->from_ranks[i] == opt.rank) peers.push_back(static_cast<int>(s->to_ranks[to]));
+        if (s->to_ranks[to] == opt.rank) peers.push_back(static_cast<int>(s->from_ranks[i]));
       }
     }
     return peers;
