@@ -1164,11 +1164,16 @@ std::vector<int> StatelessGroup::Impl::exchange_first(const char* op, const Time
       }
       std::sort(missing.begin(), missing.end());
       const bool root_missing = root >= 0 && std::find(missing.begin(), missing.end(), root) != missing.end();
-      g.timed_out(op, call_timeout,
-                  root_missing ? fmt::format("no object from the root {} arrived (nor the first messages of {})",
-                                             g.peer(root), g.peers(missing))
-                               : fmt::format("the first messages of {} did not arrive", g.peers(missing)),
-                  missing, true);
+      std::vector<int> others;
+      for (int m : missing) {
+        if (m != root) others.push_back(m);
+      }
+      std::string waiting_for = fmt::format("the first messages of {} did not arrive", g.peers(missing));
+      if (root_missing) {
+        waiting_for = fmt::format("no object from the root {} arrived", g.peer(root));
+        if (!others.empty()) waiting_for += fmt::format(", nor the first messages of {}", g.peers(others));
+      }
+      g.timed_out(op, call_timeout, waiting_for, missing, true);
     }
     backoff.pause();
   }
