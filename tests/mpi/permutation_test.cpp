@@ -112,6 +112,20 @@ TEST(Permutation, ChainedRotationsReturnToTheStart) {
     DTensor w = x.rotate("ring", 8);
     expect_holds(
         ctl, w, ring, kSmall, [&](std::int64_t k) { return ring.ranks()[k]; }, "rotate +8");
+    // A long loop (x = x.rotate(...)) keeps one live tensor, not one per step.
+    ctl.synchronize();
+    std::vector<std::uint64_t> before;
+    for (auto r : ctl.worker_ranks()) before.push_back(ctl.live_values(static_cast<int>(r)));
+    DTensor v = x;
+    for (int step = 0; step < 1001; ++step) v = v.rotate("ring", step % 2 == 0 ? 1 : 2);
+    // 501 steps of +1 and 500 of +2: 1501 = 375 turns + 1.
+    expect_holds(
+        ctl, v, ring, kSmall, [&](std::int64_t k) { return ring.ranks()[(k + 3) % 4]; }, "1001 rotations");
+    ctl.synchronize();
+    for (std::size_t k = 0; k < before.size(); ++k) {
+      EXPECT_LE(ctl.live_values(static_cast<int>(ctl.worker_ranks()[static_cast<std::int64_t>(k)])), before[k] + 2)
+          << "worker " << k;
+    }
   });
 }
 
