@@ -249,7 +249,8 @@ using CudaStream = void*;
                                                          const TensorMeta& factory, CudaStream stream);
 [[nodiscard]] std::unique_ptr<Pending> start_send_tensor_nccl(WorkerMesh& mesh, const NDSlice& from_ranks,
                                                               const NDSlice& to_ranks, Input input,
-                                                              const TensorMeta& factory, CudaStream stream);
+                                                              const TensorMeta& factory, CudaStream stream,
+                                                              std::span<const std::int64_t> to_order = {});
 #endif
 
 }  // namespace meshrt
