@@ -748,9 +748,12 @@ struct StatelessGroup::Impl {
 
   // The exchange every collective starts with, and the check that the members agree
   // (defined with the collectives below).
-  std::vector<int> exchange_first(const char* op, const Timeout& call_timeout, int root);
-  std::vector<WireHeaderView> agree(const char* op, Kind kind, const detail::TypeTag& type, bool raw, int root,
-                                    std::uint64_t seq, const std::vector<int>& sizes);
+  // Their results live in these (reused: no allocation per call).
+  const std::vector<int>& exchange_first(const char* op, const Timeout& call_timeout, int root);
+  const std::vector<WireHeaderView>& agree(const char* op, Kind kind, const detail::TypeTag& type, bool raw, int root,
+                                           std::uint64_t seq, const std::vector<int>& sizes);
+  std::vector<int> first_sizes;
+  std::vector<WireHeaderView> first_headers;
 
   // Starts an operation: the request lists are empty, the deadline set.
   void begin(const Timeout& t) {
@@ -1108,10 +1111,11 @@ std::string describe_call(std::uint8_t kind, std::uint64_t seq, std::int32_t roo
 // Posts the first-message receives from every peer, sends this rank's first message
 // (buf->first) to every peer, and waits for every peer's: their sizes by group rank.
 // Times out (breaking the group) naming the peers that did not arrive.
-std::vector<int> StatelessGroup::Impl::exchange_first(const char* op, const Timeout& call_timeout, int root) {
+const std::vector<int>& StatelessGroup::Impl::exchange_first(const char* op, const Timeout& call_timeout, int root) {
   Impl& g = *this;
   const int n = g.size;
-  std::vector<int> sizes(static_cast<std::size_t>(n), -1);
+  std::vector<int>& sizes = first_sizes;
+  sizes.assign(static_cast<std::size_t>(n), -1);
   for (int i = 1; i < n; ++i) {
     const int p = (g.rank - i + n) % n;
     g.recvs.push_back(MPI_REQUEST_NULL);
@@ -1185,11 +1189,12 @@ std::vector<int> StatelessGroup::Impl::exchange_first(const char* op, const Time
 // message is a ProtocolError and breaks the group; a disagreement is a UsageError naming
 // every member that called something else, and leaves the group usable once this rank's
 // first messages are taken (nothing else of the operation was sent).
-std::vector<WireHeaderView> StatelessGroup::Impl::agree(const char* op, Kind kind, const detail::TypeTag& type,
-                                                        bool raw, int root, std::uint64_t seq,
-                                                        const std::vector<int>& sizes) {
+const std::vector<WireHeaderView>& StatelessGroup::Impl::agree(const char* op, Kind kind, const detail::TypeTag& type,
+                                                               bool raw, int root, std::uint64_t seq,
+                                                               const std::vector<int>& sizes) {
   Impl& g = *this;
-  std::vector<WireHeaderView> headers(sizes.size());
+  std::vector<WireHeaderView>& headers = first_headers;
+  headers.assign(sizes.size(), WireHeaderView{});
   std::vector<std::string> others;
   for (int p = 0; p < g.size; ++p) {
     WireHeaderView& v = headers[static_cast<std::size_t>(p)];
@@ -1262,7 +1267,7 @@ void StatelessGroup::broadcast_bytes(const detail::TypeTag& type, bool raw, std:
   // The root's first message carries the payload (inline when small); the others' carry
   // only what they called.
   g.pack_first(Kind::Broadcast, type, raw, root ? payload : std::span<const char>(), src, seq);
-  const auto headers = g.agree(op, Kind::Broadcast, type, raw, src, seq, g.exchange_first(op, timeout, src));
+  const auto& headers = g.agree(op, Kind::Broadcast, type, raw, src, seq, g.exchange_first(op, timeout, src));
   const WireHeader& h = headers[static_cast<std::size_t>(src)].h;
   // Chunks of a large payload go down a binomial tree over ranks relative to the root:
   // log2(n) rounds, like MPI_Bcast.
@@ -1315,7 +1320,7 @@ void StatelessGroup::all_gather_bytes(const detail::TypeTag& type, bool raw, std
   g.begin(timeout);
   const int n = g.size;
   g.pack_first(Kind::AllGather, type, raw, payload, -1, seq);
-  const auto headers = g.agree(op, Kind::AllGather, type, raw, -1, seq, g.exchange_first(op, timeout, -1));
+  const auto& headers = g.agree(op, Kind::AllGather, type, raw, -1, seq, g.exchange_first(op, timeout, -1));
   char* own = sinks[static_cast<std::size_t>(g.rank)]->prepare(payload.size());
   if (!payload.empty()) std::memcpy(own, payload.data(), payload.size());
   // Direct exchange of the chunks of large parts: every rank sends to every other, so each
