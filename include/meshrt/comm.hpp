@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -197,13 +198,15 @@ inline constexpr std::size_t kThreadMinBytes = std::size_t{32} << 10;
                                                     Completion completion = Completion::Auto);
 
 // Positional point-to-point over `p2p`: from_ranks[i] sends to to_ranks[i] (ranks of
-// `p2p`; `my_rank` is this rank in it). A rank may send and receive in one command; a
+// `p2p`; `my_rank` is this rank in it), or to to_ranks[to_order[i]] when `to_order` (a
+// permutation of the positions) is given. A rank may send and receive in one command; a
 // rank paired with itself copies locally. The Outcome holds the received tensor on a
 // rank in to_ranks, and is undefined on a rank that only sends or takes no part.
 [[nodiscard]] std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks,
                                                          const NDSlice& to_ranks, Input input,
                                                          const TensorMeta& factory,
-                                                         Completion completion = Completion::Auto);
+                                                         Completion completion = Completion::Auto,
+                                                         std::span<const std::int64_t> to_order = {});
 
 // Completes `pending` without burning a core: spins a few microseconds, then yields,
 // then sleeps with growing intervals up to about 1 ms, testing in between.
@@ -251,7 +254,8 @@ using CudaStream = void*;
                                                          const TensorMeta& factory, CudaStream stream);
 [[nodiscard]] std::unique_ptr<Pending> start_send_tensor_nccl(WorkerMesh& mesh, const NDSlice& from_ranks,
                                                               const NDSlice& to_ranks, Input input,
-                                                              const TensorMeta& factory, CudaStream stream);
+                                                              const TensorMeta& factory, CudaStream stream,
+                                                              std::span<const std::int64_t> to_order = {});
 #endif
 
 }  // namespace meshrt

@@ -132,6 +132,40 @@ class Stream {
   std::shared_ptr<detail::StreamState> state_;
 };
 
+// A rank order for DTensor::to_mesh between meshes of the same sizes: to which
+// coordinate of the target each coordinate of the source sends its local tensor. The
+// dimensions are named as in the source mesh.
+//
+//   x = x.to_mesh(mesh, MeshPermutation::rotate("sp", 1));  // ring: coordinate i -> i + 1
+//   y = x.to_mesh(mesh, MeshPermutation::transpose("row", "col"));
+class MeshPermutation {
+ public:
+  // Along `dim`, coordinate i goes to (i + shift) mod size(dim); a negative shift
+  // rotates the other way.
+  static MeshPermutation rotate(std::string dim, std::int64_t shift);
+  // The coordinates along `dim_a` and `dim_b` (of equal sizes) trade places.
+  static MeshPermutation transpose(std::string dim_a, std::string dim_b);
+  // Source position k (row-major over the mesh's coordinates) goes to target position
+  // to[k]; `to` is a permutation of 0..n-1 for a mesh of n ranks.
+  static MeshPermutation mapping(std::vector<std::int64_t> to);
+
+  // The target position of every source position, for a mesh with these dimensions;
+  // UsageError naming the problem (unknown dimension, sizes, not a permutation).
+  std::vector<std::int64_t> resolve(const std::vector<std::string>& names,
+                                    const std::vector<std::int64_t>& sizes) const;
+  // "rotate 'sp' by 1", "transpose 'row' and 'col'", "mapping [1, 0, 3, 2]".
+  std::string to_string() const;
+
+ private:
+  enum class Kind : std::uint8_t { Rotate, Transpose, Mapping };
+  MeshPermutation(Kind kind, std::string a, std::string b, std::int64_t shift, std::vector<std::int64_t> to)
+      : kind_(kind), dim_a_(std::move(a)), dim_b_(std::move(b)), shift_(shift), to_(std::move(to)) {}
+  Kind kind_;
+  std::string dim_a_, dim_b_;
+  std::int64_t shift_ = 0;
+  std::vector<std::int64_t> to_;
+};
+
 // A distributed tensor: one local tensor per rank of its mesh, all with meta().
 class DTensor {
  public:
@@ -150,6 +184,15 @@ class DTensor {
                    std::source_location where = std::source_location::current());
   // The same values, sent positionally to `target` (a mesh of the same sizes).
   DTensor to_mesh(const Mesh& target, std::source_location where = std::source_location::current()) const;
+  // The same values, sent to `target` (a mesh of the same sizes, or this tensor's own
+  // mesh) in the rank order `p` says: one SendTensor in which a rank may both send and
+  // receive. The result lives on `target`.
+  DTensor to_mesh(const Mesh& target, const MeshPermutation& p,
+                  std::source_location where = std::source_location::current()) const;
+  // to_mesh(mesh(), MeshPermutation::rotate(dim, shift)): each rank's tensor moves `shift`
+  // coordinates along `dim` (ring attention, pipeline loops: `x = x.rotate("sp", 1)`).
+  DTensor rotate(std::string_view dim, std::int64_t shift,
+                 std::source_location where = std::source_location::current()) const;
   // The part of this tensor on the sub-mesh where `dim` == index.
   DTensor slice_mesh(std::string_view dim, std::int64_t index) const;
   // Ends a borrow: the origin stream may use the tensor again (and waits for this one).
@@ -163,6 +206,7 @@ class DTensor {
   friend struct detail::ControllerState;
   DTensor(std::shared_ptr<detail::TensorState> s, std::shared_ptr<detail::MeshState> mesh)
       : state_(std::move(s)), mesh_(std::move(mesh)) {}
+  DTensor send_to_mesh(const Mesh& target, const MeshPermutation* permutation, const std::source_location& where) const;
   std::shared_ptr<detail::TensorState> state_;
   std::shared_ptr<detail::MeshState> mesh_;  // the (sub-)mesh this handle covers
 };

@@ -13,7 +13,16 @@
 // Every message carries a header with a type tag (demangled name + hash), the payload
 // size and the operation's sequence number, so a type mismatch, a truncated or foreign
 // message or a mismatched collective is a clear meshrt::UsageError / ProtocolError.
-// Payloads over MESHRT_GROUP_CHUNK_BYTES (and so over 2 GiB) go in chunks.
+// Payloads over MESHRT_GROUP_CHUNK_BYTES (and so over 2 GiB) go in chunks. A recv_obj of
+// the wrong type takes the whole object (its chunks too) and leaves the group usable: the
+// next recv_obj from that source gets the next object. A send to self (any size) is
+// queued locally and taken by a later recv_obj from self.
+//
+// Every collective (broadcast_obj, all_gather_obj, barrier) starts with each member
+// telling every other what it called (operation, root, type, sequence number) before any
+// payload chunk moves, so members that disagree get a UsageError naming the disagreement
+// on every rank and the group stays usable. The price: a broadcast's root waits for one
+// small message from each member (MPI_Bcast's root does not wait).
 //
 // Every call waits with a deadline (the group's timeout, MESHRT_GROUP_TIMEOUT, or the
 // call's own) and raises meshrt::TimeoutError naming the operation and the ranks that

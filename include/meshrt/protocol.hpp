@@ -91,6 +91,9 @@ struct SendTensor {
   Ref tensor;
   TensorMeta factory;
   Ref stream;
+  // A permutation send: from_ranks[i] sends to to_ranks[to_order[i]] (positions in
+  // row-major order). Empty: to_ranks[i], by position.
+  std::vector<std::int64_t> to_order;
   friend bool operator==(const SendTensor&, const SendTensor&) = default;
 };
 

@@ -308,11 +308,11 @@ constexpr int kSendTensorTag = 0x5e4d;
 
 std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks,
                                            const NDSlice& to_ranks, Input input, const TensorMeta& factory,
-                                           Completion completion) {
+                                           Completion completion, std::span<const std::int64_t> to_order) {
   int comm_size = 0;
   MESHRT_MPI_CHECK(MPI_Comm_size(p2p, &comm_size));
   const detail::SendPlan plan =
-      detail::plan_send(my_rank, comm_size, from_ranks, to_ranks, factory, detail::Backend::Mpi);
+      detail::plan_send(my_rank, comm_size, from_ranks, to_ranks, factory, detail::Backend::Mpi, to_order);
   completion = resolve(completion, factory.nbytes());
   auto p = std::make_unique<MpiPending>();
   p->send = plan;

@@ -166,13 +166,14 @@ std::unique_ptr<Pending> start_reduce_nccl(WorkerMesh& mesh, std::string_view di
 }
 
 std::unique_ptr<Pending> start_send_tensor_nccl(WorkerMesh& mesh, const NDSlice& from_ranks, const NDSlice& to_ranks,
-                                                Input input, const TensorMeta& factory, CudaStream stream_handle) {
+                                                Input input, const TensorMeta& factory, CudaStream stream_handle,
+                                                std::span<const std::int64_t> to_order) {
   // from_ranks and to_ranks are world ranks, as for the MPI path; NCCL addresses peers by
   // their index in `mesh`, which must hold every rank of both.
   const int me = mesh.world_rank();
   const NDSlice& members = mesh.ranks();
   const detail::SendPlan plan =
-      detail::plan_send(me, static_cast<int>(INT_MAX), from_ranks, to_ranks, factory, detail::Backend::Nccl);
+      detail::plan_send(me, static_cast<int>(INT_MAX), from_ranks, to_ranks, factory, detail::Backend::Nccl, to_order);
   auto p = std::make_unique<NcclPending>();
   p->text = detail::describe_send(plan, me, factory.nbytes(), "NCCL");
   if (plan.send_to < 0 && plan.recv_from < 0) {

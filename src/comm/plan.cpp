@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <climits>
 
 namespace meshrt::detail {
@@ -85,7 +86,12 @@ NDSlice::Int slice_max(const NDSlice& s) {
 }  // namespace
 
 SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const NDSlice& to_ranks,
-                   const TensorMeta& factory, Backend backend) {
+                   const TensorMeta& factory, Backend backend, std::span<const std::int64_t> to_order) {
+  if (!to_order.empty() && static_cast<NDSlice::Int>(to_order.size()) != to_ranks.len()) {
+    throw UsageError(
+        fmt::format("send_tensor: expected a to_order of {} positions (the ranks), found {} (world rank {})",
+                    to_ranks.len(), to_order.size(), my_rank));
+  }
   if (from_ranks.len() != to_ranks.len()) {
     throw UsageError(
         fmt::format("send_tensor: expected from_ranks and to_ranks of equal length, found {} ({}) and "
@@ -113,13 +119,24 @@ SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const 
   check_count(factory.numel(), "send_tensor");
   SendPlan plan;
   const NDSlice::Int send_index = position(from_ranks, my_rank);
-  if (send_index >= 0) plan.send_to = static_cast<int>(to_ranks[send_index]);
+  if (to_order.empty()) {
+    if (send_index >= 0) plan.send_to = static_cast<int>(to_ranks[send_index]);
+    const NDSlice::Int recv_index = position(to_ranks, my_rank);
+    if (recv_index >= 0) {
+      plan.recv_from = static_cast<int>(from_ranks[recv_index]);
+      // A rank appears at most once in each slice, so it is its own peer exactly when it
+      // sends and receives through the same position.
+      plan.self = recv_index == send_index;
+    }
+    return plan;
+  }
+  // A permutation send: the source of target position k is the i with to_order[i] == k.
+  if (send_index >= 0) plan.send_to = static_cast<int>(to_ranks[to_order[static_cast<std::size_t>(send_index)]]);
   const NDSlice::Int recv_index = position(to_ranks, my_rank);
   if (recv_index >= 0) {
-    plan.recv_from = static_cast<int>(from_ranks[recv_index]);
-    // A rank appears at most once in each slice, so it is its own peer exactly when it
-    // sends and receives through the same position.
-    plan.self = recv_index == send_index;
+    const auto it = std::find(to_order.begin(), to_order.end(), recv_index);
+    plan.recv_from = static_cast<int>(from_ranks[static_cast<NDSlice::Int>(it - to_order.begin())]);
+    plan.self = plan.recv_from == my_rank;
   }
   return plan;
 }

@@ -45,15 +45,17 @@ std::string where_reduce(const WorkerMesh& mesh, std::size_t dim);
 std::string describe_reduce(const WorkerMesh& mesh, std::size_t dim, const char* collective, Reduction reduction,
                             std::size_t bytes, std::string_view backend);
 
-// SendTensor: from_ranks[i] -> to_ranks[i]; this rank's send peer and receive peer (-1
-// when none). A self-pair has send_to == recv_from == my_rank.
+// SendTensor: from_ranks[i] -> to_ranks[i], or to_ranks[to_order[i]] for a permutation
+// send (to_order: a permutation of the positions, checked by the decoder); this rank's
+// send peer and receive peer (-1 when none). A self-pair has send_to == recv_from ==
+// my_rank.
 struct SendPlan {
   int send_to = -1;
   int recv_from = -1;
   bool self = false;
 };
 SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const NDSlice& to_ranks,
-                   const TensorMeta& factory, Backend backend);
+                   const TensorMeta& factory, Backend backend, std::span<const std::int64_t> to_order = {});
 std::string describe_send(const SendPlan& plan, int my_rank, std::size_t bytes, std::string_view backend);
 
 // MPI and NCCL counts are int: more elements than that in one message are refused.

@@ -275,34 +275,138 @@ DTensor& DTensor::reduce_(std::string_view dim, Reduction reduction, bool scatte
   });
 }
 
-DTensor DTensor::to_mesh(const Mesh& target, std::source_location where) const {
-  return at_site(where, [&] {
-    if (!state_) throw UsageError("to_mesh: an undefined DTensor");
-    auto ctl = lock(state_->controller);
-    const MeshState& from = *mesh_;
-    const MeshState& to = *target.state_;
-    ctl->check_epoch(to.epoch, "mesh");
-    if (from.ranks.sizes() != to.ranks.sizes()) {
-      throw UsageError(fmt::format("to_mesh: the meshes must have the same sizes; from [{}] to [{}]",
-                                   fmt::join(from.ranks.sizes(), ", "), fmt::join(to.ranks.sizes(), ", ")));
+// ------------------------------------------------------------------ MeshPermutation
+
+MeshPermutation MeshPermutation::rotate(std::string dim, std::int64_t shift) {
+  return MeshPermutation(Kind::Rotate, std::move(dim), {}, shift, {});
+}
+MeshPermutation MeshPermutation::transpose(std::string dim_a, std::string dim_b) {
+  return MeshPermutation(Kind::Transpose, std::move(dim_a), std::move(dim_b), 0, {});
+}
+MeshPermutation MeshPermutation::mapping(std::vector<std::int64_t> to) {
+  return MeshPermutation(Kind::Mapping, {}, {}, 0, std::move(to));
+}
+
+std::string MeshPermutation::to_string() const {
+  switch (kind_) {
+    case Kind::Rotate:
+      return fmt::format("rotate '{}' by {}", dim_a_, shift_);
+    case Kind::Transpose:
+      return fmt::format("transpose '{}' and '{}'", dim_a_, dim_b_);
+    case Kind::Mapping:
+      return fmt::format("mapping [{}]", fmt::join(to_, ", "));
+  }
+  return "?";
+}
+
+std::vector<std::int64_t> MeshPermutation::resolve(const std::vector<std::string>& names,
+                                                   const std::vector<std::int64_t>& sizes) const {
+  std::int64_t n = 1;
+  for (std::int64_t s : sizes) n *= s;
+  auto dim = [&](const std::string& d) -> std::size_t {
+    const auto it = std::find(names.begin(), names.end(), d);
+    if (it == names.end()) {
+      throw UsageError(fmt::format("to_mesh ({}): unknown mesh dimension '{}'; the mesh has [{}]", to_string(), d,
+                                   fmt::join(names, ", ")));
     }
-    const std::string what = fmt::format("to_mesh [{}] -> [{}]", fmt::join(from.dests, ","), fmt::join(to.dests, ","));
-    use_tensor(*ctl, *state_, from, *state_->stream, false, what);
-    ctl->ensure_stream(*state_->stream);
-    auto result =
-        new_tensor(*ctl, state_->meta, target.state_, state_->stream, ctl->make_node(0, what, where, {state_->node}));
-    std::vector<int> dests = from.dests;
-    dests.insert(dests.end(), to.dests.begin(), to.dests.end());
-    std::sort(dests.begin(), dests.end());
-    dests.erase(std::unique(dests.begin(), dests.end()), dests.end());
-    ctl->append(dests, protocol::SendTensor{.result = result->ref,
-                                            .from_ranks = from.ranks,
-                                            .to_ranks = to.ranks,
-                                            .tensor = state_->ref,
-                                            .factory = state_->meta,
-                                            .stream = state_->stream->ref});
-    return DTensor(result, target.state_);
+    return static_cast<std::size_t>(it - names.begin());
+  };
+  std::vector<std::int64_t> out(static_cast<std::size_t>(n));
+  if (kind_ == Kind::Mapping) {
+    if (static_cast<std::int64_t>(to_.size()) != n) {
+      throw UsageError(fmt::format("to_mesh ({}): expected a target position for each of the {} ranks, found {}",
+                                   to_string(), n, to_.size()));
+    }
+    std::vector<bool> seen(static_cast<std::size_t>(n), false);
+    for (std::size_t k = 0; k < to_.size(); ++k) {
+      const std::int64_t t = to_[k];
+      if (t < 0 || t >= n || seen[static_cast<std::size_t>(t)]) {
+        throw UsageError(fmt::format("to_mesh ({}): expected a permutation of 0..{}, found {} at source position {}{}",
+                                     to_string(), n - 1, t, k, t >= 0 && t < n ? " a second time" : " (out of range)"));
+      }
+      seen[static_cast<std::size_t>(t)] = true;
+    }
+    return to_;
+  }
+  const std::size_t a = dim(dim_a_);
+  const std::size_t b = kind_ == Kind::Transpose ? dim(dim_b_) : a;
+  if (kind_ == Kind::Transpose && sizes[a] != sizes[b]) {
+    throw UsageError(fmt::format("to_mesh ({}): expected dimensions of one size, found '{}' = {} and '{}' = {}",
+                                 to_string(), dim_a_, sizes[a], dim_b_, sizes[b]));
+  }
+  // Row-major strides of the positions.
+  std::vector<std::int64_t> stride(sizes.size(), 1);
+  for (std::size_t d = sizes.size(); d-- > 1;) stride[d - 1] = stride[d] * sizes[d];
+  for (std::int64_t k = 0; k < n; ++k) {
+    const std::int64_t ca = k / stride[a] % sizes[a];
+    std::int64_t t = k;
+    if (kind_ == Kind::Rotate) {
+      const std::int64_t moved = ((ca + shift_) % sizes[a] + sizes[a]) % sizes[a];
+      t += (moved - ca) * stride[a];
+    } else {
+      const std::int64_t cb = k / stride[b] % sizes[b];
+      t += (cb - ca) * stride[a] + (ca - cb) * stride[b];
+    }
+    out[static_cast<std::size_t>(k)] = t;
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------ to_mesh
+
+DTensor DTensor::to_mesh(const Mesh& target, std::source_location where) const {
+  return at_site(where, [&] { return send_to_mesh(target, nullptr, where); });
+}
+
+DTensor DTensor::to_mesh(const Mesh& target, const MeshPermutation& p, std::source_location where) const {
+  return at_site(where, [&] { return send_to_mesh(target, &p, where); });
+}
+
+DTensor DTensor::rotate(std::string_view dim, std::int64_t shift, std::source_location where) const {
+  return at_site(where, [&] {
+    if (!state_) throw UsageError("rotate: an undefined DTensor");
+    const MeshPermutation p = MeshPermutation::rotate(std::string(dim), shift);
+    return send_to_mesh(Mesh(mesh_), &p, where);
   });
+}
+
+DTensor DTensor::send_to_mesh(const Mesh& target, const MeshPermutation* permutation,
+                              const std::source_location& where) const {
+  if (!state_) throw UsageError("to_mesh: an undefined DTensor");
+  auto ctl = lock(state_->controller);
+  const MeshState& from = *mesh_;
+  const MeshState& to = *target.state_;
+  ctl->check_epoch(to.epoch, "mesh");
+  if (from.ranks.sizes() != to.ranks.sizes()) {
+    throw UsageError(fmt::format("to_mesh: the meshes must have the same sizes; from [{}] to [{}]",
+                                 fmt::join(from.ranks.sizes(), ", "), fmt::join(to.ranks.sizes(), ", ")));
+  }
+  std::vector<std::int64_t> to_order;
+  if (permutation) {
+    to_order = permutation->resolve(from.names, from.ranks.sizes());
+    bool identity = true;
+    for (std::size_t k = 0; k < to_order.size(); ++k)
+      identity = identity && to_order[k] == static_cast<std::int64_t>(k);
+    if (identity) to_order.clear();  // positional: the plain command
+  }
+  std::string what = fmt::format("to_mesh [{}] -> [{}]", fmt::join(from.dests, ","), fmt::join(to.dests, ","));
+  if (permutation) what += fmt::format(" ({})", permutation->to_string());
+  use_tensor(*ctl, *state_, from, *state_->stream, false, what);
+  ctl->ensure_stream(*state_->stream);
+  auto result =
+      new_tensor(*ctl, state_->meta, target.state_, state_->stream, ctl->make_node(0, what, where, {state_->node}));
+  std::vector<int> dests = from.dests;
+  dests.insert(dests.end(), to.dests.begin(), to.dests.end());
+  std::sort(dests.begin(), dests.end());
+  dests.erase(std::unique(dests.begin(), dests.end()), dests.end());
+  ctl->append(dests, protocol::SendTensor{.result = result->ref,
+                                          .from_ranks = from.ranks,
+                                          .to_ranks = to.ranks,
+                                          .tensor = state_->ref,
+                                          .factory = state_->meta,
+                                          .stream = state_->stream->ref,
+                                          .to_order = std::move(to_order)});
+  return DTensor(result, target.state_);
 }
 
 DTensor DTensor::slice_mesh(std::string_view dim, std::int64_t index) const {

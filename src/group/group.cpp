@@ -1,8 +1,9 @@
 // StatelessGroup's transfers: every MPI call of the group module lives here.
 //
 // Wire protocol. Every object travels as one "first message" on the operation's header
-// tag: a 64-byte WireHeader, the sender's type name, and (for small objects) the whole
-// payload, so a small object costs exactly one MPI message. Larger payloads follow on
+// tag (one tag for every collective, see "collectives" below): a 64-byte WireHeader, the
+// sender's type name, and (for small objects) the whole payload, so a small object costs
+// exactly one MPI message. Larger payloads follow on
 // the operation's chunk tag as ceil(total / chunk) messages of at most `chunk` bytes,
 // sent from and received into the object's own memory where the type allows (raw types)
 // or the serialization buffer. MPI matches by (source, tag) and never overtakes between
@@ -32,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -102,6 +104,13 @@ struct WireHeader {
 };
 static_assert(sizeof(WireHeader) == 64);
 
+// A collective's first message from one member: its header and the type name it carries
+// (pointing into that member's inbox).
+struct WireHeaderView {
+  WireHeader h{};
+  std::string_view type_name;
+};
+
 std::size_t physical_memory() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGE_SIZE);
@@ -162,9 +171,13 @@ struct StatelessGroup::Impl {
   std::vector<int> parent_ranks;
   Seconds timeout{};
   std::size_t chunk = 0;
-  MPI_Comm inter = MPI_COMM_NULL;      // cross-job groups: the intercommunicator `comm` was merged from
-  std::string unusable_after;          // why the group broke ("a timeout in barrier"); empty: usable
-  std::array<std::uint64_t, 5> seq{};  // per Kind
+  MPI_Comm inter = MPI_COMM_NULL;  // cross-job groups: the intercommunicator `comm` was merged from
+  std::string unusable_after;      // why the group broke ("a timeout in barrier"); empty: usable
+  std::uint64_t coll_seq = 0;      // collectives made so far (every kind: one order)
+  // Sends to self never touch MPI (a send to self waits for its own receive, which this
+  // rank cannot post while it waits): first messages and chunked payloads, in send order.
+  std::deque<std::string> self_first;
+  std::deque<std::string> self_chunks;
   // Buffers reused across calls. MPI may still read a pending send's buffer after a
   // timeout (Open MPI cannot cancel sends), so a breaking timeout abandons them: leaked
   // on purpose, never freed under MPI's feet.
@@ -467,11 +480,6 @@ struct StatelessGroup::Impl {
                       "(truncated or corrupt)",
                       where(op, src), sizeof h, h.name_len, h.inline_bytes, n));
     }
-    const std::string_view their_name(data + sizeof h, h.name_len);
-    if (h.type_hash != type.hash || their_name != type.name || h.raw != (raw ? 1 : 0)) {
-      throw UsageError(fmt::format("{}: type mismatch: expected {} (tag {:016x}), found {} (tag {:016x})",
-                                   where(op, src), type.name, type.hash, their_name, h.type_hash));
-    }
     if (root >= 0 && (h.seq != my_seq || h.root != root)) {
       throw ProtocolError(
           fmt::format("{}: mismatched collective: expected {} #{} with root {}, found #{} with root {} "
@@ -488,7 +496,39 @@ struct StatelessGroup::Impl {
                       "memory (corrupt header)",
                       where(op, src), h.total, max_object));
     }
+    const std::string_view their_name(data + sizeof h, h.name_len);
+    if (h.type_hash != type.hash || their_name != type.name || h.raw != (raw ? 1 : 0)) {
+      std::string message = fmt::format("{}: type mismatch: expected {} (tag {:016x}), found {} (tag {:016x})",
+                                        where(op, src), type.name, type.hash, their_name, h.type_hash);
+      // The whole object is taken off the wire, so the group stays usable and the next
+      // receive from `src` gets the next object.
+      if (kind == Kind::Send && !discard_payload(h, src)) {
+        break_group(fmt::format("a type mismatch in {} whose chunks did not arrive", op));
+        message += "; its chunks did not arrive in time: the group is unusable now";
+      }
+      throw UsageError(message);
+    }
     return h;
+  }
+
+  // Takes the chunks of an object of the wrong type off the wire (or off the local queue
+  // for a send to self) without keeping them. False if they did not arrive by the deadline.
+  bool discard_payload(const WireHeader& h, int src) {
+    const std::size_t nchunks = chunks_of(h);
+    if (nchunks == 0) return true;
+    if (src == rank) {
+      if (!self_chunks.empty()) self_chunks.pop_front();
+      return true;
+    }
+    std::vector<char> sinkhole;
+    for (std::size_t i = 0; i < nchunks; ++i) {
+      MPI_Message msg = MPI_MESSAGE_NULL;
+      int bytes = 0;
+      if (!probe(src, chunk_tag(Kind::Send), dl_, msg, bytes)) return false;
+      sinkhole.resize(static_cast<std::size_t>(std::max(bytes, 1)));
+      MESHRT_MPI_CHECK(MPI_Mrecv(sinkhole.data(), bytes, MPI_BYTE, &msg, MPI_STATUS_IGNORE));
+    }
+    return true;
   }
 
   // Starts receiving the payload described by `h` (its first message is in src's inbox)
@@ -496,14 +536,29 @@ struct StatelessGroup::Impl {
   // and checked, the object allocated and a receive posted for every chunk, straight into
   // the sink's memory (appended to `chunks`, with their lengths and owner). False on
   // timeout (nothing consumed).
-  bool start_payload(const char* op, Kind kind, const WireHeader& h, int src, detail::PayloadSink& sink,
-                     Clock::time_point dl, char** out_ptr = nullptr) {
+  bool start_payload(const char* op, Kind kind, const WireHeader& h, int first_src, detail::PayloadSink& sink,
+                     Clock::time_point dl, char** out_ptr = nullptr, int chunk_src = -1) {
     const std::size_t nchunks = chunks_of(h);
     if (nchunks == 0) {
       char* out = sink.prepare(h.total);
       if (h.total) {
-        std::memcpy(out, buf->inbox[static_cast<std::size_t>(src)].data() + sizeof h + h.name_len, h.total);
+        std::memcpy(out, buf->inbox[static_cast<std::size_t>(first_src)].data() + sizeof h + h.name_len, h.total);
       }
+      return true;
+    }
+    // The chunks come from `chunk_src` (a broadcast's parent in the tree) or the sender.
+    const int src = chunk_src >= 0 ? chunk_src : first_src;
+    if (src == rank) {
+      // A send to self: the payload was queued locally (MPI would need a posted receive).
+      if (self_chunks.empty() || self_chunks.front().size() != h.total) {
+        throw ProtocolError(fmt::format(
+            "{}: expected a {}-byte payload sent to itself, found {}", where(op, src), h.total,
+            self_chunks.empty() ? std::string("none") : fmt::format("{} bytes", self_chunks.front().size())));
+      }
+      char* out = sink.prepare(h.total);
+      std::memcpy(out, self_chunks.front().data(), h.total);
+      self_chunks.pop_front();
+      if (out_ptr) *out_ptr = out;
       return true;
     }
     auto len = [&](std::size_t i) { return std::min<std::size_t>(h.chunk, h.total - i * h.chunk); };
@@ -662,6 +717,15 @@ struct StatelessGroup::Impl {
       send_owner.resize(sends.size(), dst);
     }
   }
+
+  // The exchange every collective starts with, and the check that the members agree
+  // (defined with the collectives below).
+  // Their results live in these (reused: no allocation per call).
+  const std::vector<int>& exchange_first(const char* op, const Timeout& call_timeout, int root);
+  const std::vector<WireHeaderView>& agree(const char* op, Kind kind, const detail::TypeTag& type, bool raw, int root,
+                                           std::uint64_t seq, const std::vector<int>& sizes);
+  std::vector<int> first_sizes;
+  std::vector<WireHeaderView> first_headers;
 
   // Starts an operation: the request lists are empty, the deadline set.
   void begin(const Timeout& t) {
@@ -940,6 +1004,11 @@ void StatelessGroup::send_bytes(const detail::TypeTag& type, bool raw, std::span
   g.check_peer("send_obj", dst, "destination");
   g.begin(timeout);
   g.pack_first(Kind::Send, type, raw, payload, g.rank, 0);
+  if (dst == g.rank) {
+    g.self_first.push_back(g.buf->first);
+    if (!Impl::goes_inline(payload.size(), g.chunk)) g.self_chunks.emplace_back(payload.data(), payload.size());
+    return;
+  }
   const int dsts[] = {dst};
   g.post_sends(Kind::Send, payload, dsts);
   if (!g.wait_all(g.sends, g.dl_, payload.size())) {
@@ -954,7 +1023,20 @@ void StatelessGroup::recv_bytes(const detail::TypeTag& type, bool raw, detail::P
   g.check_usable("recv_obj");
   g.check_peer("recv_obj", src, "source");
   g.begin(timeout);
-  const int bytes = g.recv_first("recv_obj", Kind::Send, src, g.dl_);
+  int bytes = 0;
+  if (src == g.rank) {
+    if (g.self_first.empty()) {
+      // Nothing can arrive while this rank waits: only this rank sends to itself.
+      throw UsageError(
+          fmt::format("recv_obj on {} from itself: expected an object sent to itself before, found none", g.me()));
+    }
+    const std::string first = std::move(g.self_first.front());
+    g.self_first.pop_front();
+    std::memcpy(g.inbox(src), first.data(), first.size());
+    bytes = static_cast<int>(first.size());
+  } else {
+    bytes = g.recv_first("recv_obj", Kind::Send, src, g.dl_);
+  }
   if (bytes < 0) {
     g.timed_out("recv_obj", timeout,
                 bytes == -1 ? fmt::format("no {} object from {} arrived", type.name, g.peer(src))
@@ -972,16 +1054,195 @@ void StatelessGroup::recv_bytes(const detail::TypeTag& type, bool raw, detail::P
 }
 
 // ---- collectives --------------------------------------------------------------------
+//
+// Every collective starts with the same exchange: each member sends its first message to
+// every other member and receives theirs, all on one tag, before any payload chunk moves.
+// So members that disagree on the operation, its root, its type or their order of calls
+// all see it, each raises a UsageError naming the disagreement, and nothing of the
+// operation is left in flight (the group stays usable). Small payloads ride inside the
+// first messages (a broadcast's root's, every all_gather part), so that exchange is the
+// whole operation: one message per pair of members.
+
+namespace {
+constexpr int kCollectiveTag = 2 * 5 - 1;  // after every Kind's header and chunk tags
+
+const detail::TypeTag& barrier_tag() {
+  static const detail::TypeTag tag{"(barrier)", detail::fnv1a("(barrier)")};
+  return tag;
+}
+
+std::string describe_call(std::uint8_t kind, std::uint64_t seq, std::int32_t root, std::string_view type) {
+  std::string what = kind >= 1 && kind <= 4 ? kind_name(static_cast<Kind>(kind)) : fmt::format("kind {}", kind);
+  what += fmt::format(" #{}", seq);
+  if (kind == static_cast<std::uint8_t>(Kind::Broadcast)) what += fmt::format(" with root {}", root);
+  if (kind != static_cast<std::uint8_t>(Kind::Barrier)) what += fmt::format(" of {}", type);
+  return what;
+}
+}  // namespace
+
+// Posts the first-message receives from every peer, sends this rank's first message
+// (buf->first) to every peer, and waits for every peer's: their sizes by group rank.
+// Times out (breaking the group) naming the peers that did not arrive.
+const std::vector<int>& StatelessGroup::Impl::exchange_first(const char* op, const Timeout& call_timeout, int root) {
+  Impl& g = *this;
+  const int n = g.size;
+  std::vector<int>& sizes = first_sizes;
+  sizes.assign(static_cast<std::size_t>(n), -1);
+  for (int i = 1; i < n; ++i) {
+    const int p = (g.rank - i + n) % n;
+    g.recvs.push_back(MPI_REQUEST_NULL);
+    g.recv_owner.push_back(p);
+    MESHRT_MPI_CHECK(
+        MPI_Irecv(g.inbox(p), static_cast<int>(kFirstMax), MPI_BYTE, p, kCollectiveTag, g.comm, &g.recvs.back()));
+  }
+  for (int i = 1; i < n; ++i) {
+    const int p = (g.rank + i) % n;
+    g.sends.push_back(MPI_REQUEST_NULL);
+    g.send_owner.push_back(p);
+    MESHRT_MPI_CHECK(MPI_Isend(g.buf->first.data(), static_cast<int>(g.buf->first.size()), MPI_BYTE, p, kCollectiveTag,
+                               g.comm, &g.sends.back()));
+  }
+  Backoff backoff(group_wait());
+  g.idx.resize(g.recvs.size());
+  g.statuses.resize(g.recvs.size());
+  for (;;) {
+    int outcount = 0;
+    const int rc =
+        MPI_Testsome(static_cast<int>(g.recvs.size()), g.recvs.data(), &outcount, g.idx.data(), g.statuses.data());
+    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) MESHRT_MPI_CHECK(rc);
+    if (outcount == MPI_UNDEFINED) break;
+    for (int k = 0; k < outcount; ++k) {
+      const auto i = static_cast<std::size_t>(g.idx[static_cast<std::size_t>(k)]);
+      const MPI_Status& st = g.statuses[static_cast<std::size_t>(k)];
+      const int p = g.recv_owner[i];
+      if (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR != MPI_SUCCESS) {
+        for (auto& r : g.recvs) {
+          MPI_Status ignored;
+          if (r != MPI_REQUEST_NULL) (void)Impl::withdraw(r, ignored);
+        }
+        g.break_group(fmt::format("a failed {}", op));
+        g.first_failed(op, p, st.MPI_ERROR);
+      }
+      MPI_Get_count(&st, MPI_BYTE, &sizes[static_cast<std::size_t>(p)]);
+    }
+    if (outcount > 0) {
+      backoff.reset();
+      continue;
+    }
+    if (backoff.expired(g.dl_)) {
+      // Missing: the peers whose first message has not arrived (withdrawing a receive
+      // that completes meanwhile means that peer did arrive).
+      std::vector<int> missing;
+      for (std::size_t i = 0; i < g.recvs.size(); ++i) {
+        if (g.recvs[i] == MPI_REQUEST_NULL) continue;
+        MPI_Status st;
+        if (Impl::withdraw(g.recvs[i], st) != Impl::Withdrawn::Completed) missing.push_back(g.recv_owner[i]);
+      }
+      std::sort(missing.begin(), missing.end());
+      const bool root_missing = root >= 0 && std::find(missing.begin(), missing.end(), root) != missing.end();
+      std::vector<int> others;
+      for (int m : missing) {
+        if (m != root) others.push_back(m);
+      }
+      std::string waiting_for = fmt::format("the first messages of {} did not arrive", g.peers(missing));
+      if (root_missing) {
+        waiting_for = fmt::format("no object from the root {} arrived", g.peer(root));
+        if (!others.empty()) waiting_for += fmt::format(", nor the first messages of {}", g.peers(others));
+      }
+      g.timed_out(op, call_timeout, waiting_for, missing, true);
+    }
+    backoff.pause();
+  }
+  return sizes;
+}
+
+// Checks every peer's first message against this rank's call (kind, sequence number,
+// root, type): their headers, by group rank (this rank's own: from buf->first). A corrupt
+// message is a ProtocolError and breaks the group; a disagreement is a UsageError naming
+// every member that called something else, and leaves the group usable once this rank's
+// first messages are taken (nothing else of the operation was sent).
+const std::vector<WireHeaderView>& StatelessGroup::Impl::agree(const char* op, Kind kind, const detail::TypeTag& type,
+                                                               bool raw, int root, std::uint64_t seq,
+                                                               const std::vector<int>& sizes) {
+  Impl& g = *this;
+  std::vector<WireHeaderView>& headers = first_headers;
+  headers.assign(sizes.size(), WireHeaderView{});
+  std::vector<std::string> others;
+  for (int p = 0; p < g.size; ++p) {
+    WireHeaderView& v = headers[static_cast<std::size_t>(p)];
+    if (p == g.rank) {
+      std::memcpy(&v.h, g.buf->first.data(), sizeof v.h);
+      continue;
+    }
+    const char* data = g.buf->inbox[static_cast<std::size_t>(p)].data();
+    const auto n = static_cast<std::size_t>(sizes[static_cast<std::size_t>(p)]);
+    std::string problem;
+    if (n < sizeof(WireHeader)) {
+      problem =
+          fmt::format("expected a message of at least the {}-byte group header, found {} bytes", sizeof(WireHeader), n);
+    } else {
+      std::memcpy(&v.h, data, sizeof v.h);
+      const WireHeader& h = v.h;
+      if (h.magic != kMagic || h.version != kVersion) {
+        problem = fmt::format("expected group header magic {:#x} version {}, found {:#x} version {}", kMagic, kVersion,
+                              h.magic, h.version);
+      } else if (h.sender != p || h.name_len > kMaxTypeName || h.inline_bytes > kInlineMax ||
+                 n != sizeof h + h.name_len + h.inline_bytes) {
+        problem = fmt::format("header from rank {} declares {} + {} name + {} payload bytes, found a {}-byte message",
+                              h.sender, sizeof h, h.name_len, h.inline_bytes, n);
+      } else if (h.inline_bytes != h.total && (h.inline_bytes != 0 || h.chunk == 0 || h.chunk > INT32_MAX)) {
+        problem = fmt::format("header declares {} payload bytes, {} inline, chunks of {}: inconsistent", h.total,
+                              h.inline_bytes, h.chunk);
+      } else if (h.total > g.max_object) {
+        problem = fmt::format("header declares a {}-byte object, more than this machine's {} bytes of memory", h.total,
+                              g.max_object);
+      }
+    }
+    if (!problem.empty()) {
+      g.break_group(fmt::format("a corrupt message in {}", op));
+      throw ProtocolError(
+          fmt::format("{}: {} (garbage, truncated, or not sent by a StatelessGroup)", g.where(op, p), problem));
+    }
+    const WireHeader& h = v.h;
+    v.type_name = std::string_view(data + sizeof h, h.name_len);
+    const bool same =
+        h.kind == static_cast<std::uint8_t>(kind) && h.seq == seq && (kind != Kind::Broadcast || h.root == root) &&
+        (kind == Kind::Barrier || (h.type_hash == type.hash && v.type_name == type.name && h.raw == (raw ? 1 : 0)));
+    if (!same) {
+      others.push_back(fmt::format("{} called {}", g.peer(p), describe_call(h.kind, h.seq, h.root, v.type_name)));
+    }
+  }
+  if (!others.empty()) {
+    // Every member received every first message: nothing but this rank's own sends is
+    // pending, and those its peers have taken or are taking.
+    if (!g.wait_all(g.sends, g.dl_, 0)) g.break_group(fmt::format("a mismatched {}", op));
+    throw UsageError(
+        fmt::format("{} on {}: the members disagree on the collective: this rank called {}, but {}{}", op, g.me(),
+                    describe_call(static_cast<std::uint8_t>(kind), seq, root,
+                                  kind == Kind::Barrier ? std::string_view() : type.name),
+                    fmt::join(others, "; "),
+                    g.unusable_after.empty() ? "; the group is still usable" : "; the group is unusable now"));
+  }
+  return headers;
+}
 
 void StatelessGroup::broadcast_bytes(const detail::TypeTag& type, bool raw, std::span<const char> payload,
                                      detail::PayloadSink& sink, int src, Timeout timeout) {
   Impl& g = *impl_;
-  g.check_usable("broadcast_obj");
-  g.check_peer("broadcast_obj", src, "root");
-  const std::uint64_t seq = g.seq[static_cast<std::size_t>(Kind::Broadcast)]++;
+  const char* op = "broadcast_obj";
+  g.check_usable(op);
+  g.check_peer(op, src, "root");
+  const std::uint64_t seq = g.coll_seq++;
   g.begin(timeout);
   const int n = g.size;
-  // Binomial tree over ranks relative to the root: log2(n) rounds, like MPI_Bcast.
+  const bool root = g.rank == src;
+  // The root's first message carries the payload (inline when small); the others' carry
+  // only what they called.
+  g.pack_first(Kind::Broadcast, type, raw, root ? payload : std::span<const char>(), src, seq);
+  const auto& headers = g.agree(op, Kind::Broadcast, type, raw, src, seq, g.exchange_first(op, timeout, src));
+  const WireHeader& h = headers[static_cast<std::size_t>(src)].h;
+  // Chunks of a large payload go down a binomial tree over ranks relative to the root:
+  // log2(n) rounds, like MPI_Bcast.
   const int rel = (g.rank - src + n) % n;
   int parent = -1;
   int top = 1;
@@ -1000,132 +1261,62 @@ void StatelessGroup::broadcast_bytes(const detail::TypeTag& type, bool raw, std:
     if (rel + mask < n) child_buf[nchildren++] = (rel + mask + src) % n;
   }
   const std::span<const int> children(child_buf.data(), nchildren);
-  std::size_t total = payload.size();
-  if (parent < 0) {
-    g.pack_first(Kind::Broadcast, type, raw, payload, src, seq);
-    g.post_sends(Kind::Broadcast, payload, children);
-  } else {
-    const int bytes = g.recv_first("broadcast_obj", Kind::Broadcast, parent, g.dl_);
-    if (bytes < 0) {
-      std::vector<int> missing{src};
-      if (parent != src) missing.push_back(parent);
-      std::sort(missing.begin(), missing.end());
-      g.timed_out("broadcast_obj", timeout,
-                  parent == src ? fmt::format("no object from the root {} arrived", g.peer(src))
-                                : fmt::format("no object from the root {} arrived through its relay {}", g.peer(src),
-                                              g.peer(parent)),
-                  missing, true);
-    }
-    const WireHeader h = g.check_first("broadcast_obj", Kind::Broadcast, type, raw, parent, src, seq, bytes);
-    total = h.total;
-    // Relay the first message with this rank as its sender, then each chunk as it lands.
-    const char* in = g.buf->inbox[static_cast<std::size_t>(parent)].data();
-    g.buf->first.assign(in, static_cast<std::size_t>(bytes));
-    const std::int32_t me = g.rank;
-    std::memcpy(g.buf->first.data() + offsetof(WireHeader, sender), &me, sizeof me);
+  if (root) {
     for (int c : children) {
-      MPI_Request r = MPI_REQUEST_NULL;
-      MESHRT_MPI_CHECK(MPI_Isend(g.buf->first.data(), static_cast<int>(g.buf->first.size()), MPI_BYTE, c,
-                                 header_tag(Kind::Broadcast), g.comm, &r));
-      g.sends.push_back(r);
-      g.send_owner.push_back(c);
+      g.post_chunk_sends(Kind::Broadcast, payload, c, g.sends);
+      g.send_owner.resize(g.sends.size(), c);
     }
+  } else {
     char* out = nullptr;
-    if (!g.start_payload("broadcast_obj", Kind::Broadcast, h, parent, sink, g.dl_, &out) ||
-        !g.finish_payload_in_order("broadcast_obj", Kind::Broadcast, out, h.chunk, children, h.total)) {
-      g.timed_out(
-          "broadcast_obj", timeout,
-          fmt::format("the header of a {}-byte object from {} arrived, its chunks did not", h.total, g.peer(parent)),
-          {parent}, true);
+    if (!g.start_payload(op, Kind::Broadcast, h, src, sink, g.dl_, &out, parent) ||
+        !g.finish_payload_in_order(op, Kind::Broadcast, out, h.chunk, children, h.total)) {
+      g.timed_out(op, timeout,
+                  fmt::format("the header of a {}-byte object from the root {} arrived, its chunks from {} did not",
+                              h.total, g.peer(src), g.peer(parent)),
+                  {parent}, true);
     }
   }
-  if (!g.wait_all(g.sends, g.dl_, total * nchildren)) {
+  if (!g.wait_all(g.sends, g.dl_, h.total * nchildren)) {
     const auto late = g.late_of(g.sends, g.send_owner);
-    g.timed_out("broadcast_obj", timeout,
-                fmt::format("{} (this rank's subtree of the broadcast) did not receive", g.peers(late)), late, true);
+    g.timed_out(op, timeout, fmt::format("{} did not receive this rank's first message or its chunks", g.peers(late)),
+                late, true);
   }
 }
 
 void StatelessGroup::all_gather_bytes(const detail::TypeTag& type, bool raw, std::span<const char> payload,
                                       std::span<detail::PayloadSink* const> sinks, Timeout timeout) {
   Impl& g = *impl_;
-  g.check_usable("all_gather_obj");
-  const std::uint64_t seq = g.seq[static_cast<std::size_t>(Kind::AllGather)]++;
+  const char* op = "all_gather_obj";
+  g.check_usable(op);
+  const std::uint64_t seq = g.coll_seq++;
   g.begin(timeout);
   const int n = g.size;
-  // Direct exchange: every rank sends to and receives from every other, so each rank
-  // knows exactly whose part is missing. Peers in ring order spread the load. Every
-  // first-message receive is posted before anything is sent, so parts land in place.
-  for (int i = 1; i < n; ++i) {
-    const int p = (g.rank - i + n) % n;
-    g.recvs.push_back(MPI_REQUEST_NULL);
-    g.recv_owner.push_back(p);
-    g.post_first_recv(p, Kind::AllGather, g.recvs.back());
-  }
-  g.pack_first(Kind::AllGather, type, raw, payload, g.rank, seq);
-  for (int i = 1; i < n; ++i) {
-    const int dst[] = {(g.rank + i) % n};
-    g.post_sends(Kind::AllGather, payload, dst);
-  }
+  g.pack_first(Kind::AllGather, type, raw, payload, -1, seq);
+  const auto& headers = g.agree(op, Kind::AllGather, type, raw, -1, seq, g.exchange_first(op, timeout, -1));
   char* own = sinks[static_cast<std::size_t>(g.rank)]->prepare(payload.size());
   if (!payload.empty()) std::memcpy(own, payload.data(), payload.size());
-
-  // First messages, in whatever order they come; chunked parts start as their header lands.
+  // Direct exchange of the chunks of large parts: every rank sends to every other, so each
+  // rank knows exactly whose part is missing. Peers in ring order spread the load. This
+  // rank's chunks are posted before it waits for anyone's.
+  for (int i = 1; i < n; ++i) {
+    const int dst = (g.rank + i) % n;
+    g.post_chunk_sends(Kind::AllGather, payload, dst, g.sends);
+    g.send_owner.resize(g.sends.size(), dst);
+  }
   std::size_t expected = payload.size() * static_cast<std::size_t>(n);
-  const char* op = "all_gather_obj";
-  // Any error from here on leaves receives posted into the inboxes and parts of this
-  // operation in flight: they are withdrawn, and the group breaks.
   try {
-    Backoff backoff(group_wait());
-    g.idx.resize(g.recvs.size());
-    g.statuses.resize(g.recvs.size());
-    std::size_t left = g.recvs.size();
-    while (left > 0) {
-      int outcount = 0;
-      const int rc =
-          MPI_Testsome(static_cast<int>(g.recvs.size()), g.recvs.data(), &outcount, g.idx.data(), g.statuses.data());
-      if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) MESHRT_MPI_CHECK(rc);
-      if (outcount == MPI_UNDEFINED) break;
-      for (int k = 0; k < outcount; ++k) {
-        const auto i = static_cast<std::size_t>(g.idx[static_cast<std::size_t>(k)]);
-        const MPI_Status st = g.statuses[static_cast<std::size_t>(k)];
-        const int p = g.recv_owner[i];
-        if (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR != MPI_SUCCESS) g.first_failed(op, p, st.MPI_ERROR);
-        int bytes = 0;
-        MESHRT_MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
-        const WireHeader h = g.check_first(op, Kind::AllGather, type, raw, p, p, seq, bytes);
-        if (!g.start_payload(op, Kind::AllGather, h, p, *sinks[static_cast<std::size_t>(p)], g.dl_)) {
-          g.timed_out(
-              op, timeout,
-              fmt::format("the header of a {}-byte part from {} arrived, its chunks did not", h.total, g.peer(p)), {p},
-              true);
-        }
-        expected += static_cast<std::size_t>(h.total);
-        --left;
+    for (int i = 1; i < n; ++i) {
+      const int p = (g.rank - i + n) % n;
+      const WireHeader& h = headers[static_cast<std::size_t>(p)].h;
+      if (!g.start_payload(op, Kind::AllGather, h, p, *sinks[static_cast<std::size_t>(p)], g.dl_)) {
+        g.timed_out(op, timeout,
+                    fmt::format("the header of a {}-byte part from {} arrived, its chunks did not", h.total, g.peer(p)),
+                    {p}, true);
       }
-      if (outcount > 0) {
-        backoff.reset();
-        continue;
-      }
-      if (backoff.expired(g.dl_)) {
-        // Missing: the peers whose first message has not arrived (withdrawing a receive
-        // that completes meanwhile means that peer did arrive).
-        std::vector<int> missing;
-        for (std::size_t i = 0; i < g.recvs.size(); ++i) {
-          if (g.recvs[i] == MPI_REQUEST_NULL) continue;
-          MPI_Status st;
-          if (Impl::withdraw(g.recvs[i], st) != Impl::Withdrawn::Completed) missing.push_back(g.recv_owner[i]);
-        }
-        std::sort(missing.begin(), missing.end());
-        g.timed_out(op, timeout, fmt::format("the parts of {} did not arrive", g.peers(missing)), missing, true);
-      }
-      backoff.pause();
+      expected += static_cast<std::size_t>(h.total);
     }
   } catch (...) {
-    for (auto& r : g.recvs) {
-      MPI_Status st;
-      if (r != MPI_REQUEST_NULL) (void)Impl::withdraw(r, st);
-    }
+    Impl::cancel_receives(g.chunks);
     if (g.unusable_after.empty()) g.break_group(fmt::format("a failed {}", op));
     throw;
   }
@@ -1142,48 +1333,18 @@ void StatelessGroup::all_gather_bytes(const detail::TypeTag& type, bool raw, std
 
 void StatelessGroup::barrier(Timeout timeout) {
   Impl& g = *impl_;
-  g.check_usable("barrier");
-  const std::uint64_t seq = g.seq[static_cast<std::size_t>(Kind::Barrier)]++;
+  const char* op = "barrier";
+  g.check_usable(op);
+  const std::uint64_t seq = g.coll_seq++;
   g.begin(timeout);
-  const int n = g.size;
-  if (n == 1) return;
-  // Every rank tells every other that it arrived (O(n^2) tiny messages, n - 1 per rank:
-  // at 2 and 4 ranks as many as a dissemination barrier's, and every rank can name
-  // exactly who did not arrive).
-  auto& tokens = g.buf->tokens;
-  tokens.assign(static_cast<std::size_t>(n) + 1, ~std::uint64_t{0});
-  tokens[0] = seq;
-  for (int i = 1; i < n; ++i) {
-    const int p = (g.rank - i + n) % n;
-    g.recvs.push_back(MPI_REQUEST_NULL);
-    g.recv_owner.push_back(p);
-    MESHRT_MPI_CHECK(MPI_Irecv(&tokens[static_cast<std::size_t>(p) + 1], 8, MPI_BYTE, p, header_tag(Kind::Barrier),
-                               g.comm, &g.recvs.back()));
-  }
-  for (int i = 1; i < n; ++i) {
-    const int p = (g.rank + i) % n;
-    g.sends.push_back(MPI_REQUEST_NULL);
-    MESHRT_MPI_CHECK(MPI_Isend(&tokens[0], 8, MPI_BYTE, p, header_tag(Kind::Barrier), g.comm, &g.sends.back()));
-  }
-  if (!g.wait_all(g.recvs, g.dl_, 0)) {
-    std::vector<int> missing;
-    for (std::size_t i : Impl::pending(g.recvs)) missing.push_back(g.recv_owner[i]);
-    std::sort(missing.begin(), missing.end());
-    Impl::cancel_receives(g.recvs);
-    g.timed_out("barrier", timeout, fmt::format("{} did not arrive", g.peers(missing)), missing, true);
-  }
+  if (g.size == 1) return;
+  // Every rank tells every other that it arrived (n - 1 first messages of 64 bytes per
+  // rank: at 2 and 4 ranks as many as a dissemination barrier's), so every rank can name
+  // exactly who did not arrive.
+  g.pack_first(Kind::Barrier, barrier_tag(), true, {}, -1, seq);
+  (void)g.agree(op, Kind::Barrier, barrier_tag(), true, -1, seq, g.exchange_first(op, timeout, -1));
   if (!g.wait_all(g.sends, g.dl_, 0)) {
-    g.timed_out("barrier", timeout, "every rank arrived, but this rank's tokens were not taken", {}, true);
-  }
-  for (int p = 0; p < n; ++p) {
-    const std::uint64_t got = tokens[static_cast<std::size_t>(p) + 1];
-    if (p != g.rank && got != seq) {
-      g.break_group("a mismatched barrier");
-      throw ProtocolError(
-          fmt::format("barrier on {}: expected barrier #{} from {}, found #{} (the members did not "
-                      "make the same calls in the same order)",
-                      g.me(), seq, g.peer(p), got));
-    }
+    g.timed_out(op, timeout, "every rank arrived, but this rank's tokens were not taken", {}, true);
   }
 }
 

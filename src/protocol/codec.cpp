@@ -266,6 +266,7 @@ class Writer {
     ref(m.tensor);
     meta(m.factory);
     ref(m.stream);
+    i64s(m.to_order, "SendTensor to_order");
   }
   void body(const BorrowCreate& m) {
     ref(m.result);
@@ -594,6 +595,21 @@ class Reader {
         m.tensor = ref("SendTensor.tensor");
         m.factory = meta("SendTensor.factory");
         m.stream = ref("SendTensor.stream");
+        m.to_order = dims("SendTensor.to_order", length("SendTensor.to_order", sizeof(std::int64_t)));
+        if (!m.to_order.empty()) {
+          std::vector<bool> seen(m.to_order.size(), false);
+          for (std::int64_t k : m.to_order) {
+            if (k < 0 || static_cast<std::size_t>(k) >= seen.size() || seen[static_cast<std::size_t>(k)]) {
+              fail("SendTensor",
+                   fmt::format("expected to_order to be a permutation of 0..{}, found {}", seen.size() - 1, k));
+            }
+            seen[static_cast<std::size_t>(k)] = true;
+          }
+          if (static_cast<std::int64_t>(m.to_order.size()) != m.from_ranks.len()) {
+            fail("SendTensor", fmt::format("expected to_order of length {} (the ranks), found {}", m.from_ranks.len(),
+                                           m.to_order.size()));
+          }
+        }
         return m;
       }
       case CommandTag::BorrowCreate: {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cxxabi.h>
+
 #include <boost/core/demangle.hpp>
 
 #include <chrono>
@@ -74,6 +76,7 @@ struct Worker::Impl {
     // On meshrt's comm thread (Completion::Auto at kThreadMinBytes and up, CPU tensors):
     // its Pending wakes a waiter in idle() the moment it completes.
     bool on_comm_thread = false;
+    std::string kind;  // the command ("Reduce", "SendTensor"), for a failure report
   };
   std::optional<InFlight> in_flight;
 
@@ -98,13 +101,13 @@ struct Worker::Impl {
   }
 
   void report_failure(Ident ident, const std::string& function, const std::exception& e) {
+    report_failure(ident, function, e.what(), boost::core::demangle(typeid(e).name()));
+  }
+  void report_failure(Ident ident, const std::string& function, const std::string& message, const std::string& type) {
     current_failed = true;
-    MESHRT_LOG(info) << "function " << function << " (ident " << ident << ") failed: " << e.what();
-    reply(RemoteFunctionFailed{.ident = ident,
-                               .error = e.what(),
-                               .rank = opt.rank,
-                               .function = function,
-                               .exception_type = boost::core::demangle(typeid(e).name())});
+    MESHRT_LOG(info) << "function " << function << " (ident " << ident << ") failed: " << message;
+    reply(RemoteFunctionFailed{
+        .ident = ident, .error = message, .rank = opt.rank, .function = function, .exception_type = type});
   }
 
   // ------------------------------------------------------------------ values
@@ -166,15 +169,37 @@ struct Worker::Impl {
   template <class Body>
   void invocation(Ident ident, const std::string& function, const std::vector<Ref>& results,
                   const std::vector<Ref>& mutates, Body&& body) {
+    auto fail = [&](DependentOnError marker) {
+      for (Ref r : results) define(r, marker);
+      for (Ref r : mutates) define(r, marker);
+    };
     try {
       body();
     } catch (const Poisoned& p) {
-      for (Ref r : results) define(r, p.marker);
-      for (Ref r : mutates) define(r, p.marker);
+      if (p.marker.ident != 0) {
+        fail(p.marker);  // the controller knows that invocation failed
+      } else {
+        // The input failed outside any invocation (a collective or send that failed in
+        // flight): the controller cannot trace that, so this invocation reports it.
+        fail(DependentOnError{ident});
+        report_failure(ident, function,
+                       fmt::format("an input on rank {} failed outside any invocation (a collective or send; "
+                                   "its error was reported when it failed)",
+                                   opt.rank),
+                       "meshrt::RemoteError");
+      }
     } catch (const std::exception& e) {
-      for (Ref r : results) define(r, DependentOnError{ident});
-      for (Ref r : mutates) define(r, DependentOnError{ident});
+      fail(DependentOnError{ident});
       report_failure(ident, function, e);
+    } catch (...) {
+      // A kernel may throw anything (`throw 42`): that fails the call, not the worker.
+      fail(DependentOnError{ident});
+      const std::type_info* type = abi::__cxa_current_exception_type();
+      const std::string type_name = type ? boost::core::demangle(type->name()) : "an unknown type";
+      report_failure(ident, function,
+                     fmt::format("{} on rank {} threw an exception of type {}, not derived from std::exception",
+                                 function, opt.rank, type_name),
+                     type_name);
     }
     first_uncompleted = std::max(first_uncompleted, ident + 1);
     monitor.completed_ident(first_uncompleted);
@@ -188,13 +213,42 @@ struct Worker::Impl {
       for (const Value& a : c.args) args.push_back(resolve(a));
       const functions::Function& fn = functions::lookup(c.function);
       Args kernel_args(c.function, std::move(args));
+      // What the controller expects (its shape function on the inputs' metas), computed
+      // before the kernel runs: a mutating kernel may change its inputs.
+      const Signature expected = expected_signature(fn, kernel_args, ctx.device());
       std::vector<Tensor> outputs = fn.kernel(ctx, kernel_args);
-      if (outputs.size() != c.results.size()) {
-        throw UsageError(fmt::format("{} returned {} tensors on rank {}; its shape function declared {}", c.function,
-                                     outputs.size(), opt.rank, c.results.size()));
-      }
+      check_outputs(c.function, expected, outputs);
       for (std::size_t i = 0; i < outputs.size(); ++i) define(c.results[i], std::move(outputs[i]));
     });
+  }
+
+  static Signature expected_signature(const functions::Function& fn, const Args& args, const Device& device) {
+    std::vector<Value> metas;
+    metas.reserve(args.size());
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      metas.push_back(args.value(i).map(
+          [](const Value& leaf) { return leaf.is_tensor() ? Value(leaf.as_tensor().meta()) : leaf; }));
+    }
+    return functions::infer(fn, ArgMetas(fn.name, std::move(metas), device));
+  }
+
+  // A kernel's outputs must be what its shape function declared: the controller planned
+  // every later command (collectives, sends, fetches) with those metas, and peers join
+  // collectives with them.
+  void check_outputs(const std::string& function, const Signature& expected, const std::vector<Tensor>& outputs) const {
+    if (outputs.size() != expected.outputs.size()) {
+      throw UsageError(fmt::format("{} returned {} tensors on rank {}; its shape function declared {}", function,
+                                   outputs.size(), opt.rank, expected.outputs.size()));
+    }
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      const TensorMeta& want = expected.outputs[i];
+      const Tensor& got = outputs[i];
+      if (!got.defined() || !(got.meta() == want)) {
+        throw UsageError(fmt::format("{} returned on rank {} as output {}: expected {} (its shape function), found {}",
+                                     function, opt.rank, i, want.to_string(),
+                                     got.defined() ? got.meta().to_string() : "an undefined tensor"));
+      }
+    }
   }
 
   void run(FetchValue& c) {
@@ -251,14 +305,21 @@ struct Worker::Impl {
     const bool sends = c.from_ranks.contains(opt.rank);
     const bool receives = c.to_ranks.contains(opt.rank);
     Input in = sends ? input(c.tensor) : Input(Tensor());
-    in_flight = InFlight{start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory),
+    in_flight = InFlight{start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory,
+                                           Completion::Auto, c.to_order),
                          receives ? std::optional<Ref>(c.result) : std::nullopt};
     in_flight->on_comm_thread = c.factory.nbytes() >= kThreadMinBytes;
   }
 
   void finish_in_flight() {
+    Outcome out;
+    try {
+      out = in_flight->op->take();
+    } catch (...) {
+      fail_in_flight();
+      return;
+    }
     monitor.finished(in_flight->seq, false);
-    Outcome out = in_flight->op->take();
     if (in_flight->result) {
       if (out.broken)
         define(*in_flight->result, *out.broken);
@@ -295,6 +356,38 @@ struct Worker::Impl {
       return;
     }
     flight.pause([this](std::chrono::microseconds d) { in_flight->op->idle(d); });
+  }
+
+  // The pending collective or send threw from test() or take() (an input that does not
+  // match its factory, an MPI or device error): that command fails, the worker goes on.
+  // Its result becomes a failure marker and the controller hears of it as a failure
+  // outside any invocation (ident 0), raised at the next synchronize.
+  void fail_in_flight() {
+    std::string message, type;
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      message = e.what();
+      type = boost::core::demangle(typeid(e).name());
+    } catch (...) {
+      message = "an exception not derived from std::exception";
+      type = "unknown";
+    }
+    std::string what;
+    try {
+      what = in_flight->op->describe();
+    } catch (...) {
+      what = "the operation in flight";
+    }
+    MESHRT_LOG(error) << "rank " << opt.rank << ": " << what << " failed: " << message;
+    if (in_flight->result) define(*in_flight->result, DependentOnError{0});
+    reply(RemoteFunctionFailed{.ident = 0,
+                               .error = fmt::format("{} failed on rank {}: {}", what, opt.rank, message),
+                               .rank = opt.rank,
+                               .function = in_flight->kind,
+                               .exception_type = type});
+    monitor.finished(in_flight->seq, true);
+    in_flight.reset();
   }
 
   struct BorrowRecord {
@@ -359,6 +452,7 @@ struct Worker::Impl {
       execute(command);
       if (in_flight) {
         in_flight->seq = q.seq;
+        in_flight->kind = std::string(name(command));
         monitor.describe(q.seq, in_flight->op->describe(), peers_of(command), 0);
         return;
       }
@@ -373,6 +467,15 @@ struct Worker::Impl {
                                  .function = std::string(name(command)),
                                  .exception_type = boost::core::demangle(typeid(e).name())});
       current_failed = true;
+    } catch (...) {
+      MESHRT_LOG(error) << "rank " << opt.rank << ": " << name(command) << " failed with a non-std::exception";
+      reply(RemoteFunctionFailed{
+          .ident = 0,
+          .error = fmt::format("{} failed: an exception not derived from std::exception", name(command)),
+          .rank = opt.rank,
+          .function = std::string(name(command)),
+          .exception_type = "unknown"});
+      current_failed = true;
     }
     monitor.finished(q.seq, current_failed);
   }
@@ -385,8 +488,9 @@ struct Worker::Impl {
       peers = mesh->line_world_ranks(mesh->dim_index(r->dim));
     } else if (const auto* s = std::get_if<SendTensor>(&command)) {
       for (std::int64_t i = 0; i < s->from_ranks.len(); ++i) {
-        if (s->from_ranks[i] == opt.rank) peers.push_back(static_cast<int>(s->to_ranks[i]));
-        if (s->to_ranks[i] == opt.rank) peers.push_back(static_cast<int>(s->from_ranks[i]));
+        const std::int64_t to = s->to_order.empty() ? i : s->to_order[static_cast<std::size_t>(i)];
+        if (s->from_ranks[i] == opt.rank) peers.push_back(static_cast<int>(s->to_ranks[to]));
+        if (s->to_ranks[to] == opt.rank) peers.push_back(static_cast<int>(s->from_ranks[i]));
       }
     }
     return peers;
@@ -467,9 +571,18 @@ struct Worker::Impl {
     const auto interval = std::chrono::duration<double>(opt.status_interval_seconds);
     while (!exit) {
       bool worked = receive();
-      if (in_flight && in_flight->op->test()) {
-        finish_in_flight();
-        worked = true;
+      if (in_flight) {
+        bool done = false;
+        try {
+          done = in_flight->op->test();
+        } catch (...) {
+          fail_in_flight();
+          worked = true;
+        }
+        if (done) {
+          finish_in_flight();
+          worked = true;
+        }
       }
       while (!in_flight && !queue.empty() && !exit) {
         Queued q = std::move(queue.front());

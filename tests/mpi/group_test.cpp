@@ -33,6 +33,8 @@ int world_rank() {
 // Tag of a send_obj first message in the group protocol (group.cpp: header_tag(Send)).
 // Tests use it to inject raw messages the receiver will take for send_obj's.
 constexpr int kSendHeaderTag = 1;
+// A tag the group protocol never uses (it uses tags below 64).
+constexpr int kCaptureTag = 1000;
 
 struct Params {
   std::string name;
@@ -63,6 +65,10 @@ std::string error_text(const std::function<void()>& f) {
     return e.what();
   }
   return "(no exception)";
+}
+
+std::string fmt_root(int root) {
+  return "with root " + std::to_string(root);
 }
 
 }  // namespace
@@ -161,15 +167,16 @@ TEST(Group, GarbageAndTruncatedMessagesRaiseNeverCrash) {
     // 2. 200 bytes of garbage: long enough, wrong magic.
     std::vector<char> junk2(200, 'x');
     MPI_Send(junk2.data(), 200, MPI_BYTE, 0, kSendHeaderTag, g.comm());
-    // Capture real messages by sending to ourselves and taking the bytes with plain MPI.
+    // Capture real messages: rank 2 takes them with plain MPI and sends their bytes back
+    // (a send to self never goes through MPI).
     auto capture = [&](auto obj) {
-      g.send_obj(obj, 1);
+      g.send_obj(obj, 2);
       MPI_Status st;
-      MPI_Probe(1, kSendHeaderTag, g.comm(), &st);
+      MPI_Probe(2, kCaptureTag, g.comm(), &st);
       int bytes = 0;
       MPI_Get_count(&st, MPI_BYTE, &bytes);
       std::vector<char> raw(static_cast<std::size_t>(bytes));
-      MPI_Recv(raw.data(), bytes, MPI_BYTE, 1, kSendHeaderTag, g.comm(), MPI_STATUS_IGNORE);
+      MPI_Recv(raw.data(), bytes, MPI_BYTE, 2, kCaptureTag, g.comm(), MPI_STATUS_IGNORE);
       return raw;
     };
     // 3. A real message cut short by 5 bytes.
@@ -194,6 +201,17 @@ TEST(Group, GarbageAndTruncatedMessagesRaiseNeverCrash) {
     MPI_Send(big.data(), static_cast<int>(64 + name_len), MPI_BYTE, 0, kSendHeaderTag, g.comm());
     // 6. Still usable afterwards: a good message.
     g.send_obj(std::string("fine"), 0);
+  }
+  if (g.rank() == 2) {
+    for (int i = 0; i < 3; ++i) {
+      MPI_Status st;
+      MPI_Probe(1, kSendHeaderTag, g.comm(), &st);
+      int bytes = 0;
+      MPI_Get_count(&st, MPI_BYTE, &bytes);
+      std::vector<char> raw(static_cast<std::size_t>(bytes));
+      MPI_Recv(raw.data(), bytes, MPI_BYTE, 1, kSendHeaderTag, g.comm(), MPI_STATUS_IGNORE);
+      MPI_Send(raw.data(), bytes, MPI_BYTE, 1, kCaptureTag, g.comm());
+    }
   }
   if (g.rank() == 0) {
     const std::string e1 = error_text([&] { (void)g.recv_obj<std::string>(1, 10s); });
@@ -282,4 +300,100 @@ TEST(Group, BadCallsAreUsageErrors) {
   // A moved-from group refuses politely; the moved-to one works.
   StatelessGroup h = std::move(g);
   h.barrier(10s);
+}
+
+TEST(Group, TypeMismatchOnAChunkedObjectTakesTheWholeObject) {
+  // Above the 16 KiB inline limit the payload follows in chunks: a receive of the wrong
+  // type takes them too, so the sender completes and the next receive gets the next object.
+  auto g = StatelessGroup::from_comm(MPI_COMM_WORLD);
+  if (g.rank() == 1) {
+    g.send_obj(std::vector<char>(100 * 1024, 'c'), 0, 10s);  // completes only once taken
+    g.send_obj(std::vector<double>(300 * 1024, 1.5), 0, 10s);
+    g.send_obj(7, 0, 10s);
+  }
+  if (g.rank() == 0) {
+    const std::string e1 = error_text([&] { (void)g.recv_obj<std::string>(1, 10s); });
+    EXPECT_NE(e1.find("type mismatch: expected std::__cxx11::basic_string"), std::string::npos) << e1;
+    EXPECT_NE(e1.find("found std::vector<char"), std::string::npos) << e1;
+    EXPECT_TRUE(g.usable());
+    EXPECT_THROW((void)g.recv_obj<std::vector<float>>(1, 10s), meshrt::UsageError);
+    EXPECT_TRUE(g.usable());
+    EXPECT_EQ(g.recv_obj<int>(1, 10s), 7);
+  }
+  g.barrier(10s);
+}
+
+TEST(Group, SendToSelfOfAnySize) {
+  auto g = StatelessGroup::from_comm(MPI_COMM_WORLD);
+  const int me = g.rank();
+  std::vector<double> big(1 << 20);  // 8 MiB: chunked
+  std::iota(big.begin(), big.end(), me * 1.0);
+  g.send_obj(big, me, 10s);
+  g.send_obj(std::string("small"), me, 10s);
+  g.send_obj(sample_params(me), me, 10s);
+  g.send_obj(std::vector<char>(64 * 1024, 'x'), me, 10s);
+  EXPECT_EQ(g.recv_obj<std::vector<double>>(me, 10s), big);
+  EXPECT_EQ(g.recv_obj<std::string>(me, 10s), "small");
+  EXPECT_EQ(g.recv_obj<Params>(me, 10s), sample_params(me));
+  // A wrong type takes the whole object, as from any peer.
+  EXPECT_THROW((void)g.recv_obj<std::string>(me, 10s), meshrt::UsageError);
+  const std::string e = error_text([&] { (void)g.recv_obj<int>(me, 10s); });
+  EXPECT_NE(e.find("from itself: expected an object sent to itself before, found none"), std::string::npos) << e;
+  EXPECT_TRUE(g.usable());
+  // Self messages and peers' do not mix (a ring of tiny sends: a blocking send larger than
+  // MPI's eager limit around a ring would wait for a receive that comes after it).
+  const int next = (me + 1) % g.world_size(), prev = (me + g.world_size() - 1) % g.world_size();
+  g.send_obj(std::vector<int>(100, me), next, 10s);
+  g.send_obj(std::vector<int>(10000, me), me, 10s);
+  EXPECT_EQ(g.recv_obj<std::vector<int>>(me, 10s), std::vector<int>(10000, me));
+  EXPECT_EQ(g.recv_obj<std::vector<int>>(prev, 10s), std::vector<int>(100, prev));
+  g.barrier(10s);
+}
+
+TEST(Group, DisagreementOnACollectiveIsAnErrorOnEveryRank) {
+  auto g = StatelessGroup::from_comm(MPI_COMM_WORLD);
+  const int r = g.rank(), n = g.world_size();
+  auto expect_disagreement = [&](const std::function<void()>& f, const std::vector<std::string>& parts) {
+    try {
+      f();
+      ADD_FAILURE() << "rank " << r << ": expected a UsageError naming the disagreement, the call returned";
+    } catch (const meshrt::UsageError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("the members disagree on the collective"), std::string::npos) << what;
+      EXPECT_NE(what.find("the group is still usable"), std::string::npos) << what;
+      for (const auto& p : parts) EXPECT_NE(what.find(p), std::string::npos) << "expected \"" << p << "\" in " << what;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": expected a UsageError, found: " << e.what();
+    }
+    EXPECT_TRUE(g.usable());
+  };
+  // 1. The root: the first half says 0, the second half says 1 (small and chunked).
+  for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20}) {
+    const int root = r < n / 2 ? 0 : 1;
+    expect_disagreement([&] { (void)g.broadcast_obj(std::vector<char>(r == root ? bytes : 0, 'b'), root, 10s); },
+                        {fmt_root(root), fmt_root(1 - root)});
+  }
+  // 2. The operation: rank 0 calls a barrier, the others an all_gather.
+  expect_disagreement(
+      [&] {
+        if (r == 0)
+          g.barrier(10s);
+        else
+          (void)g.all_gather_obj(r, 10s);
+      },
+      {r == 0 ? "called all_gather_obj" : "called barrier"});
+  // 3. The type of a broadcast.
+  expect_disagreement(
+      [&] {
+        if (r == n - 1)
+          (void)g.broadcast_obj(std::string("s"), 0, 10s);
+        else
+          (void)g.broadcast_obj(5, 0, 10s);
+      },
+      {"of int", "of std::__cxx11::basic_string"});
+  // The group still works, and every member's calls are counted alike.
+  auto all = g.all_gather_obj(r * 3, 10s);
+  for (int p = 0; p < n; ++p) EXPECT_EQ(all[static_cast<std::size_t>(p)], p * 3);
+  EXPECT_EQ(g.broadcast_obj(r == 2 ? std::string(40000, 'z') : std::string(), 2, 10s), std::string(40000, 'z'));
+  g.barrier(10s);
 }

@@ -1,6 +1,8 @@
 // Remote functions the runtime tests use.
 #include <chrono>
 #include <csignal>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "meshrt/functions.hpp"
@@ -64,8 +66,35 @@ std::vector<Tensor> usr1_kernel(CallContext& ctx, Args& args) {
   return {Tensor::zeros(TensorMeta({}, DType::Float32))};
 }
 
+// test.misbehave(mode, ranks): float32[4] holding test.pattern's values, except on the
+// listed ranks, where the kernel breaks its shape function's promise the way `mode` says:
+// "shape" (float32[3]), "dtype" (int32[4]), "count" (two tensors), or throws: "throw42"
+// (`throw 42`), "runtime" (std::runtime_error).
+Signature misbehave_shape(const ArgMetas& args) {
+  args.expect_count(2, 2);
+  return {{TensorMeta({4}, DType::Float32, args.device())}, {}};
+}
+std::vector<Tensor> misbehave_kernel(CallContext& ctx, Args& args) {
+  const std::string mode = args.value(0).as_string();
+  bool bad = false;
+  for (const Value& r : args.value(1).as_list()) bad = bad || r.as_int() == ctx.rank();
+  auto pattern = [&](std::int64_t n) {
+    Tensor t = Tensor::empty(TensorMeta({n}, DType::Float32));
+    for (std::int64_t i = 0; i < n; ++i) t.data<float>()[i] = static_cast<float>(ctx.rank() * 100 + i + 1);
+    return t;
+  };
+  if (!bad) return {pattern(4)};
+  if (mode == "shape") return {pattern(3)};
+  if (mode == "dtype") return {Tensor::zeros(TensorMeta({4}, DType::Int32))};
+  if (mode == "count") return {pattern(4), pattern(4)};
+  if (mode == "throw42") throw 42;
+  if (mode == "runtime") throw std::runtime_error("misbehave: a plain runtime_error");
+  throw std::invalid_argument("test.misbehave: unknown mode " + mode);
+}
+
 }  // namespace
 
+MESHRT_REGISTER_FUNCTION("test.misbehave", misbehave_kernel, misbehave_shape);
 MESHRT_REGISTER_FUNCTION("test.crash", crash_kernel, one_scalar_shape);
 MESHRT_REGISTER_FUNCTION("test.usr1", usr1_kernel, one_scalar_shape);
 MESHRT_REGISTER_FUNCTION("test.pattern", pattern_kernel, pattern_shape);

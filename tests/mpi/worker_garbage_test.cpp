@@ -262,6 +262,51 @@ void rank0_plays_controller(MPI_Comm control) {
     EXPECT_EQ(s->first_uncompleted_ident, 6u);
     EXPECT_EQ(s->live_values, 2u) << "the stream and the tensor of invocation 1";
   }
+
+  // 7. A collective or send whose pending operation throws (here: an input that does not
+  //    match its factory) fails that command only (review finding E2): reported with
+  //    ident 0, its result a failure marker that a fetch reports, the worker alive.
+  ctl.send(p::CreateDeviceMesh{Ref{30}, {"a"}, NDSlice(kWorker, {1}, {1})});
+  ctl.send(p::CallFunction{6,
+                           {Ref{31}},
+                           {},
+                           "meshrt.full",
+                           {Value(std::vector<std::int64_t>{3}), Value("float32"), Value(1.5)},
+                           Ref{1},
+                           Ref{0}});
+  const auto expect_in_flight_failure = [&](const p::Command& c, const std::string& kind) {
+    ctl.send(c);
+    const p::Reply r = ctl.receive("the failure of a " + kind + " with a mismatched input");
+    const auto* f = std::get_if<p::RemoteFunctionFailed>(&r);
+    ASSERT_NE(f, nullptr) << "expected RemoteFunctionFailed, found " << p::name(r);
+    EXPECT_EQ(f->ident, 0u);
+    EXPECT_EQ(f->function, kind);
+    EXPECT_NE(f->error.find("expected an input float32[4] on cpu as the controller computed, found float32[3] on cpu"),
+              std::string::npos)
+        << f->error;
+  };
+  expect_in_flight_failure(
+      p::Reduce{Ref{32}, Ref{31}, TensorMeta({4}, DType::Float32), Ref{30}, Ref{1}, "a", Reduction::Sum, false, false},
+      "Reduce");
+  expect_in_flight_failure(p::SendTensor{Ref{33}, NDSlice(kWorker, {1}, {1}), NDSlice(kWorker, {1}, {1}), Ref{31},
+                                         TensorMeta({4}, DType::Float32), Ref{1}},
+                           "SendTensor");
+  for (const auto& [ident, ref] : {std::pair{p::Ident{7}, Ref{32}}, std::pair{p::Ident{8}, Ref{33}}}) {
+    ctl.send(p::FetchValue{ident, {}, std::nullopt, Value(ref), Ref{1}});
+    const p::Reply r = ctl.receive("the failure of fetch " + std::to_string(ident));
+    const auto* f = std::get_if<p::RemoteFunctionFailed>(&r);
+    ASSERT_NE(f, nullptr) << "expected RemoteFunctionFailed, found " << p::name(r);
+    EXPECT_EQ(f->ident, ident);
+    EXPECT_NE(f->error.find("failed outside any invocation"), std::string::npos) << f->error;
+  }
+  ctl.send(p::FetchValue{9, {}, std::nullopt, Value(Ref{31}), Ref{1}});
+  {
+    const p::Reply r = ctl.receive("FetchResult of invocation 9");
+    const auto* f = std::get_if<p::FetchResult>(&r);
+    ASSERT_NE(f, nullptr) << "expected FetchResult, found " << p::name(r);
+    ASSERT_TRUE(f->value.is_tensor()) << f->value.to_string();
+    for (float x : f->value.as_tensor().span<float>()) EXPECT_EQ(x, 1.5f);
+  }
 }
 
 }  // namespace

@@ -222,6 +222,18 @@ TEST(Protocol, BadSliceAndMeshNames) {
                                                              Ref{2}, TensorMeta(), Ref{3}}}));
                   }),
                   "expected from_ranks and to_ranks of one length, found 2 and 3");
+  // A permutation send: to_order round-trips, and must be a permutation of the positions.
+  const SendTensor rotated{Ref{1},   NDSlice::row_major({3}), NDSlice::row_major({3}), Ref{2}, TensorMeta(), Ref{3},
+                           {1, 2, 0}};
+  EXPECT_EQ(std::get<SendTensor>(decode_command(encode(Command{rotated}))), rotated);
+  for (const auto& [order, message] : std::vector<std::pair<std::vector<std::int64_t>, std::string>>{
+           {{1, 1, 0}, "expected to_order to be a permutation of 0..2, found 1"},
+           {{0, 3, 1}, "expected to_order to be a permutation of 0..2, found 3"},
+           {{1, 0}, "expected to_order of length 3 (the ranks), found 2"}}) {
+    SendTensor bad = rotated;
+    bad.to_order = order;
+    expect_contains(protocol_error([&] { decode_command(encode(Command{bad})); }), message);
+  }
 }
 
 TEST(Protocol, DepthAndDuplicateKeysAreBounded) {

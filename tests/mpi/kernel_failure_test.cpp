@@ -1,0 +1,103 @@
+// A kernel that breaks its promise on one rank (issue 12 item 4, review finding E2): it
+// returns outputs that differ from its shape function, or throws something that is not a
+// std::exception. That call fails on that rank only: every dependent fetch, through a
+// reduce that the bad rank joins too, raises RemoteError naming the function and the
+// rank; unrelated work gives correct values; synchronize() returns; the workers live on.
+// Runs at 4 ranks as a 2x2 mesh; every TEST is one session.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "runtime_support.hpp"
+
+using namespace meshrt;
+using meshrt::testing::session;
+
+MESHRT_RUNTIME_TEST_ENVIRONMENT();
+
+namespace {
+
+struct Case {
+  std::string mode;
+  std::vector<std::string> expect;  // parts of the worker's message
+};
+
+void expect_poisoned_everywhere(Controller& ctl, const Case& c, int bad) {
+  Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", ctl.world_size() / 2}});
+  DTensor f = mesh.call("test.misbehave", c.mode, {bad});
+  DTensor g = f.reduce("gpu", Reduction::Sum);   // the bad rank joins it too
+  DTensor h = g.reduce("host", Reduction::Max);  // and a chain behind it
+  DTensor unrelated = mesh.call("test.pattern", {2}, DType::Float32);
+  DTensor unrelated_sum = unrelated.reduce("gpu", Reduction::Sum);
+  const NDSlice& ranks = mesh.ranks();
+  for (auto rank : ranks) {
+    const auto c0 = ranks.coordinates(rank);
+    const std::vector<std::pair<std::string, std::int64_t>> coords{{"host", c0[0]}, {"gpu", c0[1]}};
+    for (const DTensor* t : {&f, &g, &h}) {
+      try {
+        ctl.fetch_shard(*t, coords).get();
+        ADD_FAILURE() << c.mode << ": expected RemoteError at rank " << rank;
+      } catch (const RemoteError& e) {
+        EXPECT_EQ(e.function(), "test.misbehave") << c.mode;
+        EXPECT_EQ(e.ranks(), std::vector<int>{bad}) << c.mode;
+        for (const std::string& part : c.expect) {
+          EXPECT_NE(e.worker_message().find(part), std::string::npos)
+              << c.mode << ": expected \"" << part << "\" in: " << e.worker_message();
+        }
+      }
+    }
+    // Unrelated work, including a collective the bad rank joins after its failure.
+    const Tensor u = ctl.fetch_shard(unrelated, coords).get();
+    EXPECT_EQ(u.span<float>()[1], static_cast<float>(rank * 100 + 2)) << c.mode << " at rank " << rank;
+    const Tensor s = ctl.fetch_shard(unrelated_sum, coords).get();
+    float want = 0;
+    for (std::int64_t j = 0; j < mesh.size("gpu"); ++j) {
+      const std::vector<std::int64_t> at{c0[0], j};
+      want += static_cast<float>(ranks.location(at) * 100 + 1);
+    }
+    EXPECT_EQ(s.span<float>()[0], want) << c.mode << " at rank " << rank;
+  }
+  // Every failure was observed by a fetch: nothing left to raise.
+  EXPECT_NO_THROW(ctl.synchronize()) << c.mode;
+}
+
+std::vector<Case> cases(int bad) {
+  const std::string r = "on rank " + std::to_string(bad);
+  return {
+      {"shape", {"test.misbehave returned " + r + " as output 0", "expected float32[4]", "found float32[3]"}},
+      {"dtype", {"as output 0", "expected float32[4]", "found int32[4]"}},
+      {"count", {"test.misbehave returned 2 tensors " + r, "its shape function declared 1"}},
+      {"throw42", {"test.misbehave " + r + " threw an exception of type int, not derived from std::exception"}},
+      {"runtime", {"misbehave: a plain runtime_error"}},
+  };
+}
+
+}  // namespace
+
+TEST(KernelFailure, BrokenPromiseOnOneRankFailsOnlyThatCall) {
+  session([](Controller& ctl) {
+    ASSERT_EQ(ctl.world_size() % 2, 0) << "runs on an even number of ranks (a 2 x n mesh)";
+    const int bad = ctl.world_size() - 1;
+    for (const Case& c : cases(bad)) expect_poisoned_everywhere(ctl, c, bad);
+  });
+}
+
+TEST(KernelFailure, UnobservedFailureIsRaisedBySynchronize) {
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"all", ctl.world_size()}});
+    DTensor f = mesh.call("test.misbehave", "throw42", {1});
+    DTensor g = f.reduce("all", Reduction::Sum);
+    try {
+      ctl.synchronize();
+      ADD_FAILURE() << "expected synchronize to raise the failure of test.misbehave";
+    } catch (const RemoteError& e) {
+      EXPECT_EQ(e.function(), "test.misbehave");
+      EXPECT_EQ(e.ranks(), std::vector<int>{1});
+    }
+    EXPECT_NO_THROW(ctl.synchronize());
+    // The worker that threw still runs calls.
+    DTensor ok = mesh.call("test.misbehave", "throw42", {-1});
+    EXPECT_EQ(ctl.fetch_shard(ok, {{"all", 1}}).get().span<float>()[3], 104.0f);
+  });
+}
