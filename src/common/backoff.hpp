@@ -72,6 +72,12 @@ inline constexpr BackoffPolicy kGroup{.hot_polls = 64,
                                       .min_sleep = std::chrono::microseconds(20),
                                       .max_sleep = std::chrono::microseconds(1000)};
 
+// Each set's phases in order, and a sleep range that is one.
+constexpr bool well_formed(const BackoffPolicy& p) {
+  return p.hot_polls >= 0 && p.spin <= p.yield && p.sleep_divisor > 0 && p.min_sleep <= p.max_sleep;
+}
+static_assert(well_formed(kDataPlaneWait) && well_formed(kControl) && well_formed(kGroup));
+
 class Backoff {
  public:
   using Clock = std::chrono::steady_clock;
