@@ -28,7 +28,7 @@
 //   (never spin: the controller or a peer may need this very core) for 2 ms, then sleep
 //   waited/32 (10 us .. 1 ms): an idle worker wakes ~1000 times a second, and a
 //   synchronize that waited T returns at most T/32 late (the old doubling sleeps, 10 us
-//   to 1 ms after 2 ms, made a 4 ms synchronize up to 25% late; runtime-collectives
+//   to 1 ms after 2 ms, could make a 4 ms synchronize up to 25% late; runtime-collectives
 //   measures synchronize loops).
 // - kGroup (StatelessGroup's waits): 64 hot polls (a few us) without reading the clock,
 //   which costs as much as a poll; yield until the operation's spin time (200 us, or

@@ -277,7 +277,7 @@ struct Worker::Impl {
   // against variants of it, time per operation:
   // - kDataPlaneWait for non-blocking ops (yield only until 200 us): 8 B 10-25% faster
   //   (all_reduce 7.3 -> 6.1 us, in place 8.1 -> 6.0, all_to_all 5.0 -> 4.1), but at
-  //   256 KiB ~3x slower (all_gather 64 -> 187 us): hence kInFlight's 2 ms of yielding.
+  //   256 KiB ~3x slower (all_gather 64 -> 187 us, two sessions): hence kInFlight's yielding.
   //   Its 20 us spin against 5 us and none (the same runs' medians): all_reduce 8 B
   //   6.1 / 7.2 / 13.5 us, all_to_all 4 KiB 6.8 / 6.9 / 16.4, 32 KiB 18.4 / 33.6 / 37.4,
   //   all_gather 256 KiB 62 / 69 / 97.
@@ -287,7 +287,7 @@ struct Worker::Impl {
   //   1-16 MiB against before: within noise (1 MiB all_gather 200 -> 198 us, to_mesh
   //   157 -> 155, reduce_scatter 503 -> 499; 16 MiB to_mesh 3.8 -> 3.0 ms, all_gather
   //   3.7 -> 4.0 ms).
-  // - Rejected, measured in the same runs: non-blocking at every size (1-2 MiB 1.6-3x
+  // - Rejected, measured in sessions of the same kind: non-blocking at every size (1-2 MiB 1.6-3x
   //   slower: libnbc needs many progress calls), the comm thread yielding 100 us for the
   //   next job before blocking (1 MiB all_gather 177 -> 424 us: it takes a core).
   void pause_in_flight(detail::Backoff& flight) {
