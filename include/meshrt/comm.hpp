@@ -171,16 +171,16 @@ class Pending {
 //   still spins, and cost ~1 us more than blocking, against ~17 us for the hand-off to
 //   the comm thread), Thread from there on (where NonBlocking stalls between tests).
 //   Neither holds the caller's thread: this is the worker loop's mode. The threshold was
-//   512 KiB; meshrt-bench runtime-collectives (2 ranks, loaded 2-core machine, three
-//   interleaved runs) put the crossover lower: with Thread from 32 KiB, 32 KiB and 256 KiB
-//   took 40-60% less time than non-blocking (256 KiB all_reduce 374 -> 201 us, all_gather
-//   187 -> 68, reduce_scatter 433 -> 187, to_mesh 130 -> 54; 32 KiB all_reduce 112 -> 67);
-//   at 4 KiB Thread was sometimes faster, sometimes slower (20-60 us either way).
+//   512 KiB; meshrt-bench runtime-collectives (2 ranks, loaded 2-core machine, medians of
+//   three interleaved runs) put the crossover at 256 KiB: there Thread took a third less
+//   time for all_reduce (308 -> 202 us, in place 292 -> 194) and about the same for the
+//   others (all_gather 64 -> 68, to_mesh 50 -> 53); at 32 KiB non-blocking was level or
+//   faster (all_to_all 13 against 29 us, to_mesh 13 against 23).
 // Modes may be mixed only between operations, not while one is in flight: MPI needs the
 // collectives of one communicator issued in the same order everywhere, and one thread
 // at a time.
 enum class Completion : std::uint8_t { NonBlocking, Blocking, Thread, Auto };
-inline constexpr std::size_t kThreadMinBytes = std::size_t{32} << 10;
+inline constexpr std::size_t kThreadMinBytes = std::size_t{256} << 10;
 
 // Reduce over mesh dimension `dim` (docs/ARCHITECTURE.md section 3.6). Usage errors
 // that every member sees alike (unknown dimension, dtype, scatter size, in place where

@@ -17,12 +17,18 @@
 //   spinning 20 us costs less than one trip through the scheduler; yielding until 200 us
 //   still reacts within microseconds but lets an oversubscribed peer run; then sleep
 //   waited/32 (10 us .. 1 ms), so oversleeping adds at most ~3% to a long operation.
+// - kInFlight (the worker loop while a non-blocking collective is in flight): spin 20 us
+//   as kDataPlaneWait, then yield, not sleep, until 2 ms: Open MPI's non-blocking
+//   collectives progress only inside MPI calls, and sleeping from 200 us on made 256 KiB
+//   collectives through the runtime ~3x slower (all_gather 64 -> 187 us); then sleep
+//   waited/32 (10 us .. 1 ms) for a peer that is late. Without the 20 us spin, 8 B
+//   all_reduce took 13.5 us instead of 6.1 (src/worker/worker.cpp has the figures).
 // - kControl (the control channel, the worker loop, the controller's waits for replies):
 //   a controller sends the next batch within a few ms while a program runs, so yield
 //   (never spin: the controller or a peer may need this very core) for 2 ms, then sleep
 //   waited/32 (10 us .. 1 ms): an idle worker wakes ~1000 times a second, and a
 //   synchronize that waited T returns at most T/32 late (the old doubling sleeps, 10 us
-//   to 1 ms after 2 ms, made a 4 ms synchronize up to 25% late; runtime-collectives
+//   to 1 ms after 2 ms, could make a 4 ms synchronize up to 25% late; runtime-collectives
 //   measures synchronize loops).
 // - kGroup (StatelessGroup's waits): 64 hot polls (a few us) without reading the clock,
 //   which costs as much as a poll; yield until the operation's spin time (200 us, or
@@ -59,6 +65,12 @@ inline constexpr BackoffPolicy kDataPlaneWait{.hot_polls = 0,
                                               .sleep_divisor = 32,
                                               .min_sleep = std::chrono::microseconds(10),
                                               .max_sleep = std::chrono::microseconds(1000)};
+inline constexpr BackoffPolicy kInFlight{.hot_polls = 0,
+                                         .spin = std::chrono::microseconds(20),
+                                         .yield = std::chrono::milliseconds(2),
+                                         .sleep_divisor = 32,
+                                         .min_sleep = std::chrono::microseconds(10),
+                                         .max_sleep = std::chrono::microseconds(1000)};
 inline constexpr BackoffPolicy kControl{.hot_polls = 0,
                                         .spin = std::chrono::nanoseconds(0),
                                         .yield = std::chrono::milliseconds(2),
@@ -71,6 +83,12 @@ inline constexpr BackoffPolicy kGroup{.hot_polls = 64,
                                       .sleep_divisor = 8,
                                       .min_sleep = std::chrono::microseconds(20),
                                       .max_sleep = std::chrono::microseconds(1000)};
+
+// Each set's phases in order, and a sleep range that is one.
+constexpr bool well_formed(const BackoffPolicy& p) {
+  return p.hot_polls >= 0 && p.spin <= p.yield && p.sleep_divisor > 0 && p.min_sleep <= p.max_sleep;
+}
+static_assert(well_formed(kDataPlaneWait) && well_formed(kInFlight) && well_formed(kControl) && well_formed(kGroup));
 
 class Backoff {
  public:

@@ -335,19 +335,25 @@ struct Worker::Impl {
   //   returns the moment the job is done, for at most kControl.max_sleep between polls:
   //   no spinning or yielding beside the comm thread and the peer ranks on a small machine.
   // - Non-blocking (MPI_I*, below kThreadMinBytes): it progresses only inside MPI calls,
-  //   so poll as wait() does (kDataPlaneWait: spin 20 us, yield to 200 us, then short
-  //   sleeps of waited/32) instead of the idle worker's policy (yield 2 ms, then sleeps up
-  //   to 1 ms, which stalled it).
+  //   so kInFlight: spin 20 us, yield until 2 ms, then short sleeps (waited/32).
   // Measured with meshrt-bench runtime-collectives, 2 ranks, Open MPI 4.1 over shared
-  // memory with single copy on, on the project's 2-core machine loaded by four parallel
-  // builds (load 5-7), median of 2-3 interleaved runs of 3-5 repetitions each, per op:
-  //   idle policy (before) -> kDataPlaneWait: all_reduce 8 B 28.8 -> 15.1 us and
-  //   12.6 -> 7.6 us (two sessions), in place 7.5 -> 6.1 us; 1-16 MiB within noise
-  //   (1 MiB all_reduce 624 -> 602 us, 655 -> 678 us).
-  //   comm-thread jobs straight to idle() against kDataPlaneWait for them too: within
-  //   noise (1 MiB all_reduce 864 -> 902 us, all_gather 198 -> 196, to_mesh 157 -> 162);
-  //   kept because it leaves the cores to the comm thread and the peers.
-  //   Rejected, measured in the same runs: non-blocking at every size (1-2 MiB 1.6-3x
+  // memory with single copy on, on the project's 2-core machine loaded by parallel builds
+  // (load 4-8), medians of 3 interleaved runs of 3 repetitions, the worker before this
+  // change (the idle policy throughout: yield 2 ms, then doubling sleeps up to 1 ms)
+  // against variants of it, time per operation:
+  // - kDataPlaneWait for non-blocking ops (yield only until 200 us): 8 B 10-25% faster
+  //   (all_reduce 7.3 -> 6.1 us, in place 8.1 -> 6.0, all_to_all 5.0 -> 4.1), but at
+  //   256 KiB ~3x slower (all_gather 64 -> 187 us, two sessions): hence kInFlight's yielding.
+  //   Its 20 us spin against 5 us and none (the same runs' medians): all_reduce 8 B
+  //   6.1 / 7.2 / 13.5 us, all_to_all 4 KiB 6.8 / 6.9 / 16.4, 32 KiB 18.4 / 33.6 / 37.4,
+  //   all_gather 256 KiB 62 / 69 / 97.
+  // - comm-thread jobs straight to idle(), against polling them with kDataPlaneWait:
+  //   within noise (1 MiB all_reduce 864 -> 902 us, all_gather 198 -> 196, to_mesh
+  //   157 -> 162); kept because it leaves the cores to the comm thread and the peers.
+  //   1-16 MiB against before: within noise (1 MiB all_gather 200 -> 198 us, to_mesh
+  //   157 -> 155, reduce_scatter 503 -> 499; 16 MiB to_mesh 3.8 -> 3.0 ms, all_gather
+  //   3.7 -> 4.0 ms).
+  // - Rejected, measured in sessions of the same kind: non-blocking at every size (1-2 MiB 1.6-3x
   //   slower: libnbc needs many progress calls), the comm thread yielding 100 us for the
   //   next job before blocking (1 MiB all_gather 177 -> 424 us: it takes a core).
   void pause_in_flight(detail::Backoff& flight) {
@@ -567,7 +573,7 @@ struct Worker::Impl {
 
   WorkerExit loop() {
     detail::Backoff backoff(detail::kControl);
-    detail::Backoff flight(detail::kDataPlaneWait);
+    detail::Backoff flight(detail::kInFlight);
     const auto interval = std::chrono::duration<double>(opt.status_interval_seconds);
     while (!exit) {
       bool worked = receive();
