@@ -3,7 +3,7 @@
 // do, so errors surface at the controller's call site rather than on a worker.
 //
 // Device policy: elementwise ops run on CUDA tensors with the kernels of
-// builtins_cuda.cu; the others (arange, rand, matmul, sum) compute on the host and copy,
+// src/device/kernels_cuda.cu; the others (arange, rand, matmul, sum) compute on the host and copy,
 // which is correct everywhere and fast enough for what they are used for (tests, demos).
 #include <cblas.h>
 #include <fmt/format.h>
@@ -21,7 +21,7 @@
 #include "meshrt/functions.hpp"
 
 #if MESHRT_HAVE_CUDA
-#include "functions/cuda_kernels.hpp"
+#include "device/cuda_kernels.hpp"
 #endif
 
 namespace meshrt {
