@@ -139,6 +139,31 @@ Backend& backend(Accelerator accelerator);
 // The backend of an accelerator Device kind (cuda, emulated).
 Backend& backend(Device::Kind kind);
 
+// ---------------------------------------------------------------------------- placement
+
+// This rank's device (DESIGN.md section 9: one device per rank, chosen once at start from
+// the local rank, MESHRT_DEVICE overriding; src/device/comm.hpp select_device). The
+// runtime sets it; until then it is device 0 of no accelerator.
+struct Placement {
+  Accelerator accelerator = Accelerator::None;
+  int device = 0;
+};
+void set_placement(Placement placement) noexcept;
+Placement placement() noexcept;
+// This rank's device of `kind`: the cpu, or index placement().device of an accelerator
+// kind (the emulated kind is always available; cuda only in a CUDA build).
+Device rank_device(Device::Kind kind);
+// Makes this rank's device current on the calling thread (every thread that works for
+// the worker calls it: the current CUDA device is per thread). For cuda it sets the device
+// only once the backend exists, so a CPU-only program never creates a CUDA context.
+void enter_worker_thread();
+
+// The device stream of meshrt stream `stream_id` on `device`, created on first use and
+// shared by everything that works on that meshrt stream in this process (the worker's
+// streams, kernels, the data plane). release_stream drops them once the stream is gone.
+Stream stream_for(std::uint64_t stream_id, const Device& device);
+void release_stream(std::uint64_t stream_id);
+
 // Stream-ordered helpers over Backend, for any accelerator tensor.
 
 // A device tensor of `meta` (on meta.device()), zeroed on `stream`.

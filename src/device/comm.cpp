@@ -11,7 +11,7 @@
 #include "device/emulated_comm.hpp"
 #include "meshrt/settings.hpp"
 
-#if MESHRT_HAVE_NCCL
+#if MESHRT_HAVE_CUDA
 #include "device/cuda.hpp"
 #endif
 
@@ -27,7 +27,7 @@ std::uint64_t host_hash() {
   return h;
 }
 
-struct Placement {
+struct MemberPlace {
   std::uint64_t host = 0;
   std::int32_t device = 0;
   std::int32_t world_rank = 0;
@@ -62,11 +62,18 @@ int local_rank(MPI_Comm world) {
 }
 
 int select_device(Accelerator accelerator, MPI_Comm world) {
+#if MESHRT_HAVE_CUDA
+  // Counting CUDA devices needs no backend (and so no context) yet.
+  const int count = accelerator == Accelerator::Cuda ? cuda_visible_devices() : backend(accelerator).device_count();
+#else
   const int count = backend(accelerator).device_count();
+#endif
   if (count < 1) {
     throw UsageError(
         fmt::format("device placement: expected at least one {} device on this node, found none", name(accelerator)));
   }
+  // Always collective, so ranks with and without MESHRT_DEVICE still agree.
+  const int local = local_rank(world);
   if (settings::from_environment("MESHRT_DEVICE")) {
     const auto chosen = settings::get_int("MESHRT_DEVICE");
     if (chosen < 0 || chosen >= count) {
@@ -75,18 +82,19 @@ int select_device(Accelerator accelerator, MPI_Comm world) {
     }
     return static_cast<int>(chosen);
   }
-  return local_rank(world) % count;
+  return local % count;
 }
 
 void check_distinct_devices(MPI_Comm members, Accelerator accelerator, int device) {
   int size = 0;
   MESHRT_MPI_CHECK(MPI_Comm_size(members, &size));
-  Placement mine;
+  MemberPlace mine;
   mine.host = host_hash();
   mine.device = device;
   MESHRT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &mine.world_rank));
-  std::vector<Placement> all(static_cast<std::size_t>(size));
-  MESHRT_MPI_CHECK(MPI_Allgather(&mine, sizeof(Placement), MPI_BYTE, all.data(), sizeof(Placement), MPI_BYTE, members));
+  std::vector<MemberPlace> all(static_cast<std::size_t>(size));
+  MESHRT_MPI_CHECK(
+      MPI_Allgather(&mine, sizeof(MemberPlace), MPI_BYTE, all.data(), sizeof(MemberPlace), MPI_BYTE, members));
   // Every member sees the same table, so every member throws the same error: none waits.
   for (int i = 0; i < size; ++i) {
     for (int j = i + 1; j < size; ++j) {

@@ -23,7 +23,7 @@ std::unique_ptr<Communicator> create_communicator(Accelerator accelerator, MPI_C
 // over `world`.
 int local_rank(MPI_Comm world);
 // This rank's device of `accelerator`: MESHRT_DEVICE if set, else the local rank modulo
-// the node's device count. Collective over `world` (local_rank) unless MESHRT_DEVICE is set.
+// the node's device count. Collective over `world`.
 int select_device(Accelerator accelerator, MPI_Comm world);
 
 // Members' (node, device) pairs must differ; throws UsageError naming both ranks

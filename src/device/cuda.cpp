@@ -222,10 +222,28 @@ CudaDeviceGuard::~CudaDeviceGuard() {
   (void)cudaSetDevice(previous_);
 }
 
+namespace {
+std::atomic<bool> g_cuda_created{false};
+}
+
 Backend& cuda_backend() {
   // Never destroyed, as the emulated one: tensors freed at exit return to its pools.
   static auto* backend = new CudaBackend();
+  g_cuda_created.store(true);
   return *backend;
+}
+
+int cuda_visible_devices() noexcept {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+bool cuda_backend_created() noexcept {
+  return g_cuda_created.load();
 }
 
 }  // namespace meshrt::device

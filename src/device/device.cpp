@@ -4,6 +4,10 @@
 
 #include <atomic>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
 
 #include "device/backend.hpp"
 #include "device/emulated.hpp"
@@ -18,6 +22,12 @@ namespace meshrt::device {
 namespace {
 
 std::atomic<bool> g_unordered_fetch{false};
+
+std::mutex g_placement_mutex;
+Placement g_placement;
+
+std::mutex g_streams_mutex;
+std::map<std::tuple<std::uint64_t, int, int>, Stream> g_streams;  // (meshrt stream, kind, index)
 
 Stream::Impl& require(const Stream& stream, const char* what) {
   if (!stream.defined()) throw UsageError(fmt::format("{}: expected a stream, found an undefined one", what));
@@ -125,6 +135,66 @@ Stream::Impl& stream_impl(const Stream& stream, Accelerator expected, const char
         fmt::format("{}: expected a stream of the {} accelerator, found {}", what, name(expected), s.to_string()));
   }
   return s;
+}
+
+// ---------------------------------------------------------------------------- placement
+
+void set_placement(Placement p) noexcept {
+  std::lock_guard lock(g_placement_mutex);
+  g_placement = p;
+}
+
+Placement placement() noexcept {
+  std::lock_guard lock(g_placement_mutex);
+  return g_placement;
+}
+
+Device rank_device(Device::Kind kind) {
+  if (kind == Device::Kind::Cpu) return Device::cpu();
+  const Placement p = placement();
+  // The emulated accelerator exists everywhere; a rank placed on cuda that asks for it
+  // (or one without a placement) uses its local choice, device p.device modulo the count.
+  Backend& b = backend(kind);
+  return Device::of(kind, p.device % b.device_count());
+}
+
+void enter_worker_thread() {
+  const Placement p = placement();
+  if (p.accelerator == Accelerator::Emulated) {
+    backend(Accelerator::Emulated).make_current(p.device);
+  }
+#if MESHRT_HAVE_CUDA
+  if (p.accelerator == Accelerator::Cuda && cuda_backend_created()) backend(Accelerator::Cuda).make_current(p.device);
+#endif
+}
+
+Stream stream_for(std::uint64_t stream_id, const Device& device) {
+  if (!device.is_accelerator()) {
+    throw UsageError(fmt::format("stream_for: expected an accelerator device, found {}", device.to_string()));
+  }
+  const auto key = std::make_tuple(stream_id, static_cast<int>(device.kind()), device.index());
+  {
+    std::lock_guard lock(g_streams_mutex);
+    if (auto it = g_streams.find(key); it != g_streams.end()) return it->second;
+  }
+  Stream s = backend(device.kind()).create_stream(device.index());
+  std::lock_guard lock(g_streams_mutex);
+  return g_streams.try_emplace(key, std::move(s)).first->second;
+}
+
+void release_stream(std::uint64_t stream_id) {
+  std::vector<Stream> gone;  // destroyed outside the lock: an emulated stream drains first
+  {
+    std::lock_guard lock(g_streams_mutex);
+    for (auto it = g_streams.begin(); it != g_streams.end();) {
+      if (std::get<0>(it->first) == stream_id) {
+        gone.push_back(std::move(it->second));
+        it = g_streams.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------- handles

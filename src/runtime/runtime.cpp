@@ -9,6 +9,7 @@
 
 #include "common/checks.hpp"
 #include "controller/state.hpp"
+#include "device/comm.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/protocol.hpp"
@@ -174,6 +175,10 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
     MESHRT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &i.world));
     MESHRT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &i.p2p));
     i.handshake();
+    // One device per rank (DESIGN.md section 9), chosen before any worker thread starts.
+    if (const auto acc = device::configured_accelerator(); acc != device::Accelerator::None) {
+      device::set_placement({acc, device::select_device(acc, MPI_COMM_WORLD)});
+    }
     if (options.dedicated_controller) {
       if (i.size < 2) throw UsageError("a dedicated controller needs at least 2 ranks: one controller, one worker");
       i.worker_ranks = NDSlice(1, {i.size - 1}, {1});
@@ -213,6 +218,7 @@ void Runtime::session(const std::function<void(Controller&)>& fn) {
   Impl& i = *impl_;
   const WorkerOptions wo = i.worker_options();
   if (i.rank != 0) {
+    device::enter_worker_thread();
     Worker::serve(wo);
     return;
   }
@@ -221,6 +227,7 @@ void Runtime::session(const std::function<void(Controller&)>& fn) {
     worker0 = std::thread([wo] {
       log::set_thread_role("worker 0");
       try {
+        device::enter_worker_thread();  // the current device is per thread
         Worker::serve(wo);
       } catch (const std::exception& e) {
         // A worker that cannot go on must not leave its peers waiting.

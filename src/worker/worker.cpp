@@ -152,7 +152,7 @@ struct Worker::Impl {
   void run(CreateDeviceMesh& c) { define(c.result, std::make_shared<WorkerMesh>(c.names, c.ranks, opt.world)); }
 
   void run(CreateStream& c) {
-    define(c.result, StreamValue{c.result.id, c.is_default, detail::make_stream(c.is_default)});
+    define(c.result, StreamValue{c.result.id, c.is_default, detail::make_stream(c.is_default, c.result.id)});
   }
 
   template <class Body>
