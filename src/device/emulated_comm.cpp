@@ -241,7 +241,9 @@ class EmulatedCommunicator final : public Communicator {
       return;
     }
     state_->cv.wait(lock, [&] { return state_->pending == 0; });
-    MPI_Comm_free(&state_->comm);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&state_->comm);
   }
 
   std::string describe() const override {

@@ -10,6 +10,7 @@
 #include "common/checks.hpp"
 #include "controller/state.hpp"
 #include "device/comm.hpp"
+#include "meshrt/comm.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/protocol.hpp"
@@ -38,6 +39,7 @@ struct Runtime::Impl {
   bool runs_worker() const { return !(options.dedicated_controller && rank == 0); }
 
   void free_comms() {
+    free_device_communicators();
     for (MPI_Comm* c : {&world, &control, &p2p}) {
       if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
     }
