@@ -365,14 +365,14 @@ class Reader {
   TensorMeta meta(const char* field) {
     const std::size_t at = pos_;
     const auto dtype = enumeration<DType>(field, kNumDTypes);
-    const auto kind = enumeration<Device::Kind>(field, 2);
+    const auto kind = enumeration<Device::Kind>(field, Device::kNumKinds);
     const auto index = pod<std::int32_t>(field);
     if (index < 0 || (kind == Device::Kind::Cpu && index != 0)) {
       fail_at(pos_ - 4, field, fmt::format("expected a device index >= 0 (0 for cpu), found {}", index));
     }
     auto shape = dims(field, ndim(field));
     try {
-      return TensorMeta(std::move(shape), dtype, kind == Device::Kind::Cpu ? Device::cpu() : Device::cuda(index));
+      return TensorMeta(std::move(shape), dtype, Device::of(kind, index));
     } catch (const UsageError& e) {
       fail_at(at, field, fmt::format("expected a valid tensor meta, found {}", e.what()));
     }

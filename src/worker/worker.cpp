@@ -13,6 +13,7 @@
 
 #include "common/checks.hpp"
 #include "meshrt/comm.hpp"
+#include "meshrt/device.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/protocol.hpp"
@@ -199,10 +200,18 @@ struct Worker::Impl {
         std::vector<Tensor> outputs = functions::lookup(*c.function).kernel(ctx, args);
         value = outputs.size() == 1 ? Value(outputs[0]) : Value(Value::List(outputs.begin(), outputs.end()));
       }
-      // Device tensors travel as host copies.
-      value = value.map([](const Value& leaf) {
-        return leaf.is_tensor() && !leaf.as_tensor().device().is_cpu() ? Value(leaf.as_tensor().to(Device::cpu()))
-                                                                       : leaf;
+      // Device tensors travel as host copies, made in the order of the fetch's device
+      // stream (after the kernels that wrote them). TODO(issue 12): poll the copy's event
+      // from the loop instead of waiting for it here.
+      value = value.map([&c](const Value& leaf) {
+        if (!leaf.is_tensor() || leaf.as_tensor().device().is_cpu()) return leaf;
+        const Tensor& t = leaf.as_tensor();
+        const device::Stream s = device::stream_for(c.stream.id, t.device());
+        device::Fetch f = device::fetch(t, s);
+        f.done.synchronize();
+        if (auto error = s.error())
+          throw SystemError(fmt::format("fetch of {}: device error: {}", t.to_string(), *error));
+        return Value(std::move(f.host));
       });
       reply(FetchResult{c.ident, std::move(value)});
       // The controller counts a FetchResult as the invocation's completion on this rank:
@@ -223,16 +232,14 @@ struct Worker::Impl {
                                  meshrt::name(c.reduction), c.dim),
                      std::move(members), c.factory.nbytes());
     Input in = input(c.tensor);
-#if MESHRT_HAVE_NCCL
-    // CUDA tensors (and the factory of a broken CUDA input) go through NCCL on the stream.
-    if (c.factory.device().is_cuda()) {
-      const StreamValue& stream = get_as<StreamValue>(c.stream, "stream");
-      in_flight = InFlight{start_reduce_nccl(*mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory,
-                                             stream.handle.native()),
-                           c.result};
+    // Accelerator tensors (and the factory of a broken one) go over the device layer's
+    // communicators on the command's device stream.
+    if (c.factory.device().is_accelerator()) {
+      in_flight = InFlight{
+          start_reduce_device(*mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory, c.stream.id),
+          c.result};
       return;
     }
-#endif
     in_flight =
         InFlight{start_reduce(*mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory), c.result};
   }
@@ -242,8 +249,15 @@ struct Worker::Impl {
     const bool sends = c.from_ranks.contains(opt.rank);
     const bool receives = c.to_ranks.contains(opt.rank);
     Input in = sends ? input(c.tensor) : Input(Tensor());
-    in_flight = InFlight{start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory),
-                         receives ? std::optional<Ref>(c.result) : std::nullopt};
+    const std::optional<Ref> result = receives ? std::optional<Ref>(c.result) : std::nullopt;
+    if (c.factory.device().is_accelerator()) {
+      in_flight = InFlight{
+          start_send_tensor_device(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory, c.stream.id),
+          result};
+      return;
+    }
+    in_flight =
+        InFlight{start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory), result};
   }
 
   void finish_in_flight() {
@@ -305,9 +319,7 @@ struct Worker::Impl {
     send_status(true);
   }
 
-  void run(Exit& c) {
-    exit = c.restart ? WorkerExit::Restart : WorkerExit::Shutdown;
-  }
+  void run(Exit& c) { exit = c.restart ? WorkerExit::Restart : WorkerExit::Shutdown; }
 
   // Runs one command; a failure outside any invocation (a broken collective set-up, a
   // bad ref) is logged and reported with ident 0 so it is never silent.
