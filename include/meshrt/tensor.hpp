@@ -125,6 +125,8 @@ class Device {
 
 // "cpu", "cuda" or "emulated".
 std::string_view name(Device::Kind kind) noexcept;
+// What a mesh is placed on (DESIGN.md section 9): ctl.world_mesh(dims, DeviceKind::Emulated).
+using DeviceKind = Device::Kind;
 
 // While one is alive on a thread, that thread may read and write emulated device memory
 // through Tensor's accessors: the emulated accelerator holds one while it runs a task on

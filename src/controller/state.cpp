@@ -159,7 +159,7 @@ void ControllerState::ensure_mesh(MeshState& mesh) {
   check_epoch(mesh.epoch, "mesh");
   if (mesh.created) return;
   mesh.created = true;
-  append(mesh.dests, protocol::CreateDeviceMesh{mesh.ref, mesh.names, mesh.ranks});
+  append(mesh.dests, protocol::CreateDeviceMesh{mesh.ref, mesh.names, mesh.ranks, mesh.kind});
 }
 
 void ControllerState::ensure_stream(StreamState& stream) {

@@ -168,6 +168,7 @@ class Writer {
     length(m.names.size(), "CreateDeviceMesh names");
     for (const auto& n : m.names) string(n, "CreateDeviceMesh name");
     slice(m.ranks);
+    u8(static_cast<std::uint8_t>(m.device));
   }
   void body(const CreateStream& m) {
     ref(m.result);
@@ -466,6 +467,7 @@ class Reader {
         m.names.reserve(n);
         for (std::size_t i = 0; i < n; ++i) m.names.push_back(string("CreateDeviceMesh.names"));
         m.ranks = slice("CreateDeviceMesh.ranks");
+        m.device = enumeration<Device::Kind>("CreateDeviceMesh.device", Device::kNumKinds);
         if (m.names.size() != m.ranks.ndim()) {
           fail("CreateDeviceMesh", fmt::format("expected one name per mesh dimension ({}), found {} names",
                                                m.ranks.ndim(), m.names.size()));

@@ -141,8 +141,14 @@ struct Worker::Impl {
     const StreamValue& stream = get_as<StreamValue>(stream_ref, "stream");
     if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, stream.id, Device::cpu(), stream.handle.native());
     const auto& mesh = get_as<std::shared_ptr<WorkerMesh>>(mesh_ref, "mesh");
-    return CallContext(opt.rank, mesh->names(), mesh->coordinates(), stream.id, Device::cpu(), stream.handle.native());
+    // Kernels get this rank's own device of the kind the mesh is placed on.
+    const auto kind = mesh_kinds.find(mesh_ref.id);
+    const Device where = kind == mesh_kinds.end() || kind->second == Device::Kind::Cpu
+                             ? Device::cpu()
+                             : device::rank_device(kind->second);
+    return CallContext(opt.rank, mesh->names(), mesh->coordinates(), stream.id, where, stream.handle.native());
   }
+  std::unordered_map<std::uint64_t, Device::Kind> mesh_kinds;
 
   // ------------------------------------------------------------------ commands
 
@@ -150,7 +156,10 @@ struct Worker::Impl {
     std::visit([this](auto& c) { run(c); }, command);
   }
 
-  void run(CreateDeviceMesh& c) { define(c.result, std::make_shared<WorkerMesh>(c.names, c.ranks, opt.world)); }
+  void run(CreateDeviceMesh& c) {
+    define(c.result, std::make_shared<WorkerMesh>(c.names, c.ranks, opt.world));
+    mesh_kinds[c.result.id] = c.device;
+  }
 
   void run(CreateStream& c) {
     define(c.result, StreamValue{c.result.id, c.is_default, detail::make_stream(c.is_default, c.result.id)});
@@ -308,7 +317,10 @@ struct Worker::Impl {
   }
 
   void run(DeleteRefs& c) {
-    for (Ref r : c.refs) env.erase(r.id);
+    for (Ref r : c.refs) {
+      env.erase(r.id);
+      mesh_kinds.erase(r.id);
+    }
   }
 
   void run(CommandGroup&) {}  // flattened when it arrives (enqueue)

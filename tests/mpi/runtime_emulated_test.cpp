@@ -107,3 +107,29 @@ TEST(RuntimeEmulated, AFetchWithoutItsOrderingReadsAWrongValue) {
     EXPECT_EQ(first(ctl.fetch_shard(d, {{"host", 0}, {"gpu", 0}}).get()), 900.0f);
   });
 }
+
+TEST(RuntimeEmulated, AMeshPlacedOnTheAcceleratorRunsTheBuiltinsThere) {
+  session([](Controller& ctl) {
+    EXPECT_EQ(ctl.accelerator(), DeviceKind::Emulated);
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}}, DeviceKind::Emulated);
+    DTensor x = mesh.call("meshrt.full", {2, 3}, DType::Float32, 1.5);
+    EXPECT_EQ(x.meta().device(), Device::emulated(0));  // the shape function saw the kind
+    DTensor y = x.reduce("gpu", Reduction::Sum);
+    EXPECT_EQ(first(ctl.fetch_shard(y, {{"host", 1}, {"gpu", 0}}).get()), 3.0f);
+    // Slices keep the placement; a send between them goes over device communicators.
+    Mesh row = mesh.slice("host", 1);
+    DTensor r = row.call("meshrt.arange", 4, DType::Int64);
+    EXPECT_EQ(r.meta().device(), Device::emulated(0));
+    DTensor moved = r.to_mesh(mesh.slice("host", 0));
+    const Tensor got = ctl.fetch_shard(moved, {{"gpu", 1}}).get();
+    EXPECT_TRUE(got.equals(Tensor::from<std::int64_t>({4}, {0, 1, 2, 3})));
+    // Bitwise reductions are refused at the call site, as on cuda.
+    DTensor i = mesh.call("meshrt.zeros", {4}, DType::Int32);
+    try {
+      (void)i.reduce("gpu", Reduction::Bor);
+      ADD_FAILURE() << "expected a UsageError";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("NCCL has no bitwise reductions"), std::string::npos) << e.what();
+    }
+  });
+}
