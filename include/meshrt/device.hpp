@@ -164,6 +164,16 @@ void enter_worker_thread();
 Stream stream_for(std::uint64_t stream_id, const Device& device);
 void release_stream(std::uint64_t stream_id);
 
+// For kernels (DESIGN.md section 9, "Kernels on the accelerator"), with the call's
+// ctx.stream_id() and ctx.device():
+// - empty_on: a new tensor of `meta`; on an accelerator from the pool of the call's stream.
+// - host_task: host code in the order of the call's stream: at once on the cpu; on the
+//   emulated accelerator a task on the stream, the one place its memory is readable
+//   (capture tensors by value: the task runs after the kernel returned). cuda memory is
+//   not readable from the host: there it throws UsageError (use a CUDA kernel).
+Tensor empty_on(std::uint64_t stream_id, const TensorMeta& meta);
+void host_task(std::uint64_t stream_id, const Device& device, std::function<void()> work);
+
 // Stream-ordered helpers over Backend, for any accelerator tensor.
 
 // A device tensor of `meta` (on meta.device()), zeroed on `stream`.

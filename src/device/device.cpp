@@ -287,6 +287,25 @@ Fetch fetch(const Tensor& tensor, const Stream& stream) {
   return out;
 }
 
+Tensor empty_on(std::uint64_t stream_id, const TensorMeta& meta) {
+  if (!meta.device().is_accelerator()) return Tensor::empty(meta);
+  return backend(meta.device().kind()).empty(meta, stream_for(stream_id, meta.device()));
+}
+
+void host_task(std::uint64_t stream_id, const Device& device, std::function<void()> work) {
+  if (device.is_cpu()) {
+    work();
+    return;
+  }
+  if (device.is_cuda()) {
+    throw UsageError(
+        fmt::format("host_task on {}: expected host-readable memory, found CUDA device memory; run a "
+                    "CUDA kernel on ctx.native_stream() instead",
+                    device.to_string()));
+  }
+  stream_for(stream_id, device).enqueue(std::move(work));
+}
+
 void set_unordered_fetch_for_testing(bool on) noexcept {
   g_unordered_fetch.store(on);
 }

@@ -42,13 +42,14 @@ void on_stream(const CallContext& ctx, const Device& where, F&& work) {
     work();
     return;
   }
-  device::stream_for(ctx.stream_id(), where).enqueue(std::forward<F>(work));
+  device::host_task(ctx.stream_id(), where, std::forward<F>(work));
 }
 
-// An output: on an emulated device from the stream-ordered pool of the call's stream.
+// An output: on an emulated device from the stream-ordered pool of the call's stream
+// (CUDA outputs keep Tensor::empty until the cuda path is verified on a GPU).
 Tensor new_tensor(const CallContext& ctx, const TensorMeta& meta) {
   if (!meta.device().is_emulated()) return Tensor::empty(meta);
-  return device::backend(meta.device().kind()).empty(meta, device::stream_for(ctx.stream_id(), meta.device()));
+  return device::empty_on(ctx.stream_id(), meta);
 }
 
 Tensor new_zeros(const CallContext& ctx, const TensorMeta& meta) {
