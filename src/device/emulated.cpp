@@ -60,43 +60,50 @@ class EmulatedEvent final : public Event::Impl {
 // ---------------------------------------------------------------------------- stream
 
 EmulatedStream::EmulatedStream(int device, std::uint64_t id, std::chrono::microseconds delay, CachingPool& pool)
-    : device_(device), id_(id), delay_(delay), pool_(pool), thread_([this] { run(); }) {}
+    : shared_(std::make_shared<Shared>()) {
+  shared_->device = device;
+  shared_->id = id;
+  shared_->delay = delay;
+  shared_->pool = &pool;
+  thread_ = std::thread([shared = shared_] { run(shared); });
+}
 
 EmulatedStream::~EmulatedStream() {
   {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
+    std::lock_guard lock(shared_->mutex);
+    shared_->stopping = true;
   }
-  cv_.notify_all();
-  // The last handle may go inside one of this stream's own tasks.
+  shared_->cv.notify_all();
+  // The last handle may go inside one of this stream's own tasks: the thread then drains
+  // the queue and ends on its own.
   if (thread_.get_id() == std::this_thread::get_id()) {
     thread_.detach();
-    return;
+  } else {
+    thread_.join();
   }
-  thread_.join();
-  pool_.forget_stream(id_);
 }
 
 void EmulatedStream::enqueue(std::function<void()> task) {
   {
-    std::lock_guard lock(mutex_);
-    queue_.push_back(std::move(task));
-    ++enqueued_;
+    std::lock_guard lock(shared_->mutex);
+    shared_->queue.push_back(std::move(task));
+    ++shared_->enqueued;
   }
-  cv_.notify_all();
+  shared_->cv.notify_all();
 }
 
-void EmulatedStream::run() {
-  std::unique_lock lock(mutex_);
+void EmulatedStream::run(const std::shared_ptr<Shared>& shared) {
+  Shared& s = *shared;
+  std::unique_lock lock(s.mutex);
   for (;;) {
-    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    s.cv.wait(lock, [&] { return s.stopping || !s.queue.empty(); });
     // Stopping drains the queue first: queued work still runs, as on a GPU.
-    if (queue_.empty()) return;
-    std::function<void()> task = std::move(queue_.front());
-    queue_.pop_front();
-    const bool failed = error_.has_value();
+    if (s.queue.empty()) break;
+    std::function<void()> task = std::move(s.queue.front());
+    s.queue.pop_front();
+    const bool failed = s.error.has_value();
     lock.unlock();
-    if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
+    if (s.delay.count() > 0) std::this_thread::sleep_for(s.delay);
     std::optional<std::string> error;
     // After an error the stream is broken, as a CUDA context after a fault: later work
     // is skipped (events still complete, so nobody waits forever).
@@ -112,15 +119,18 @@ void EmulatedStream::run() {
     }
     task = nullptr;  // its captures (tensors, pinned blocks) go before the count moves
     lock.lock();
-    if (error && !error_) error_ = fmt::format("{}: {}", to_string(), *error);
-    ++completed_;
-    cv_.notify_all();
+    if (error && !s.error) s.error = fmt::format("emulated:{} stream {}: {}", s.device, s.id, *error);
+    ++s.completed;
+    s.cv.notify_all();
   }
+  lock.unlock();
+  // Its work is done: the blocks it cached may go.
+  s.pool->forget_stream(s.id);
 }
 
 bool EmulatedStream::query() {
-  std::lock_guard lock(mutex_);
-  return completed_ == enqueued_;
+  std::lock_guard lock(shared_->mutex);
+  return shared_->completed == shared_->enqueued;
 }
 
 void EmulatedStream::synchronize() {
@@ -128,27 +138,27 @@ void EmulatedStream::synchronize() {
 }
 
 std::uint64_t EmulatedStream::enqueued() {
-  std::lock_guard lock(mutex_);
-  return enqueued_;
+  std::lock_guard lock(shared_->mutex);
+  return shared_->enqueued;
 }
 
 void EmulatedStream::wait_until(std::uint64_t count) {
-  std::unique_lock lock(mutex_);
-  cv_.wait(lock, [&] { return completed_ >= count; });
+  std::unique_lock lock(shared_->mutex);
+  shared_->cv.wait(lock, [&] { return shared_->completed >= count; });
 }
 
 bool EmulatedStream::reached(std::uint64_t count) {
-  std::lock_guard lock(mutex_);
-  return completed_ >= count;
+  std::lock_guard lock(shared_->mutex);
+  return shared_->completed >= count;
 }
 
 std::optional<std::string> EmulatedStream::error() {
-  std::lock_guard lock(mutex_);
-  return error_;
+  std::lock_guard lock(shared_->mutex);
+  return shared_->error;
 }
 
 std::string EmulatedStream::to_string() const {
-  return fmt::format("emulated:{} stream {}", device_, id_);
+  return fmt::format("emulated:{} stream {}", shared_->device, shared_->id);
 }
 
 // ---------------------------------------------------------------------------- backend

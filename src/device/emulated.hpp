@@ -22,8 +22,8 @@ class EmulatedStream final : public Stream::Impl {
   ~EmulatedStream() override;
 
   Accelerator accelerator() const noexcept override { return Accelerator::Emulated; }
-  int device() const noexcept override { return device_; }
-  std::uint64_t id() const noexcept override { return id_; }
+  int device() const noexcept override { return shared_->device; }
+  std::uint64_t id() const noexcept override { return shared_->id; }
   void* native() const noexcept override { return nullptr; }
   void enqueue(std::function<void()> task) override;
   bool query() override;
@@ -37,19 +37,24 @@ class EmulatedStream final : public Stream::Impl {
   bool reached(std::uint64_t count);
 
  private:
-  void run();
+  // What the stream's thread uses, owned jointly with it: the last handle may go inside
+  // one of the stream's own tasks, and the thread then outlives the EmulatedStream.
+  struct Shared {
+    int device = 0;
+    std::uint64_t id = 0;
+    std::chrono::microseconds delay{0};
+    CachingPool* pool = nullptr;
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> queue;
+    std::uint64_t enqueued = 0;
+    std::uint64_t completed = 0;
+    bool stopping = false;
+    std::optional<std::string> error;
+  };
+  static void run(const std::shared_ptr<Shared>& shared);
 
-  const int device_;
-  const std::uint64_t id_;
-  const std::chrono::microseconds delay_;
-  CachingPool& pool_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  std::uint64_t enqueued_ = 0;
-  std::uint64_t completed_ = 0;
-  bool stopping_ = false;
-  std::optional<std::string> error_;
+  std::shared_ptr<Shared> shared_;
   std::thread thread_;
 };
 

@@ -227,6 +227,20 @@ TEST(DeviceStream, AThrowingTaskPutsTheStreamInErrorAndLaterWorkIsSkipped) {
   EXPECT_FALSE(later_ran);
 }
 
+TEST(DeviceStream, TheLastHandleMayGoInsideItsOwnTask) {
+  std::promise<void> ran;
+  auto done = ran.get_future();
+  {
+    Stream s = emulated().create_stream(0);
+    // The task holds the last handle: the stream is destroyed on its own thread, which
+    // then ends by itself (under ASan a use after free would show here).
+    s.enqueue([keep = s, &ran] { ran.set_value(); });
+  }
+  done.wait();
+  Stream next = emulated().create_stream(0);
+  next.synchronize();
+}
+
 TEST(DeviceBackend, RefusesDevicesOutOfRange) {
   const int n = emulated().device_count();
   expect_contains(usage_error([&] { (void)emulated().create_stream(n); }),
