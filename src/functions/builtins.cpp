@@ -45,15 +45,13 @@ void on_stream(const CallContext& ctx, const Device& where, F&& work) {
   device::host_task(ctx.stream_id(), where, std::forward<F>(work));
 }
 
-// An output: on an emulated device from the stream-ordered pool of the call's stream
-// (CUDA outputs keep Tensor::empty until the cuda path is verified on a GPU).
+// An output: on an accelerator from the stream-ordered pool of the call's stream.
 Tensor new_tensor(const CallContext& ctx, const TensorMeta& meta) {
-  if (!meta.device().is_emulated()) return Tensor::empty(meta);
   return device::empty_on(ctx.stream_id(), meta);
 }
 
 Tensor new_zeros(const CallContext& ctx, const TensorMeta& meta) {
-  if (!meta.device().is_emulated()) return Tensor::zeros(meta);
+  if (meta.device().is_cpu()) return Tensor::zeros(meta);
   return device::zeros(meta, device::stream_for(ctx.stream_id(), meta.device()));
 }
 
@@ -186,9 +184,20 @@ void fill(CallContext& ctx, Tensor& t, const Scalar& s) {
   });
 }
 
-// Runs `host_fn` on host copies of CUDA inputs and moves the result back to `device`.
-Tensor on_device(const Tensor& host_result, const Device& device) {
-  return host_result.to(device);
+// A result computed on the host, moved to `device` through pinned staging on the call's
+// stream.
+Tensor on_device(std::uint64_t stream_id, const Tensor& host_result, const Device& device) {
+  if (device.is_cpu()) return host_result;
+  return device::to_device(host_result, device, device::stream_for(stream_id, device));
+}
+
+// A host copy of CUDA tensor `x` made on the call's stream, after the work queued there
+// (a copy on the legacy stream could read it before a kernel on a named stream wrote it).
+Tensor on_host(std::uint64_t stream_id, const Tensor& x) {
+  if (!x.device().is_cuda()) return x;
+  device::Fetch f = device::fetch(x, device::stream_for(stream_id, x.device()));
+  f.done.synchronize();
+  return f.host;
 }
 
 // ------------------------------------------------------------------ shape helpers
@@ -247,7 +256,7 @@ Tensor create(CallContext& ctx, const TensorMeta& host_meta, Compute compute) {
   if (ctx.device().is_cuda()) {
     Tensor t = Tensor::empty(host_meta);
     compute(t);
-    return on_device(t, ctx.device());
+    return on_device(ctx.stream_id(), t, ctx.device());
   }
   Tensor t = new_tensor(ctx, host_meta.with_device(ctx.device()));
   on_stream(ctx, t.device(), [t, compute]() mutable { compute(t); });
@@ -367,7 +376,7 @@ Signature copy_shape(const ArgMetas& args) {
 }
 std::vector<Tensor> copy_kernel(CallContext& ctx, Args& args) {
   const Tensor& x = args.tensor(0);
-  if (!x.device().is_emulated()) return {x.clone()};
+  if (x.device().is_cpu()) return {x.clone()};
   Tensor out = new_tensor(ctx, x.meta());
   device::copy(out, x, device::stream_for(ctx.stream_id(), x.device()));
   return {out};
@@ -425,11 +434,11 @@ std::vector<Tensor> matmul_kernel(CallContext& ctx, Args& args) {
     on_stream(ctx, x.device(), [a = x, b = args.tensor(1), c]() mutable { gemm(a, b, c); });
     return {c};
   }
-  const Tensor a = x.to(Device::cpu());
-  const Tensor b = args.tensor(1).to(Device::cpu());
+  const Tensor a = on_host(ctx.stream_id(), x);
+  const Tensor b = on_host(ctx.stream_id(), args.tensor(1));
   Tensor c = Tensor::empty(out);
   gemm(a, b, c);
-  return {on_device(c, x.device())};
+  return {on_device(ctx.stream_id(), c, x.device())};
 }
 
 DType sum_dtype(DType in) {
@@ -476,10 +485,10 @@ std::vector<Tensor> sum_kernel(CallContext& ctx, Args& args) {
     on_stream(ctx, in.device(), [in, out]() mutable { sum_into(in, out); });
     return {out};
   }
-  const Tensor x = in.to(Device::cpu());
+  const Tensor x = on_host(ctx.stream_id(), in);
   Tensor out = Tensor::empty(meta);
   sum_into(x, out);
-  return {on_device(out, in.device())};
+  return {on_device(ctx.stream_id(), out, in.device())};
 }
 
 // ------------------------------------------------------------------ in place

@@ -146,7 +146,13 @@ struct Worker::Impl {
     const Device where = kind == mesh_kinds.end() || kind->second == Device::Kind::Cpu
                              ? Device::cpu()
                              : device::rank_device(kind->second);
-    return CallContext(opt.rank, mesh->names(), mesh->coordinates(), stream.id, where, stream.handle.native());
+    // A cuda mesh's kernels launch on the CUDA stream of this meshrt stream (never the
+    // legacy default stream); CPU meshes keep the handle's (a CUDA stream only for the
+    // non-default streams of a cuda job), emulated ones enqueue through the device layer.
+    void* native = where.is_cuda()  ? stream.handle.device(Device::Kind::Cuda).native()
+                   : where.is_cpu() ? stream.handle.native()
+                                    : nullptr;
+    return CallContext(opt.rank, mesh->names(), mesh->coordinates(), stream.id, where, native);
   }
   std::unordered_map<std::uint64_t, Device::Kind> mesh_kinds;
 
