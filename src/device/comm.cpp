@@ -77,8 +77,8 @@ int select_device(Accelerator accelerator, MPI_Comm world) {
   if (settings::from_environment("MESHRT_DEVICE")) {
     const auto chosen = settings::get_int("MESHRT_DEVICE");
     if (chosen < 0 || chosen >= count) {
-      throw UsageError(fmt::format("setting MESHRT_DEVICE: expected a {} device in 0..{}, found {}", name(accelerator),
-                                   count - 1, chosen));
+      throw UsageError(fmt::format("setting MESHRT_DEVICE: expected a device of the {} accelerator in 0..{}, found {}",
+                                   name(accelerator), count - 1, chosen));
     }
     return static_cast<int>(chosen);
   }

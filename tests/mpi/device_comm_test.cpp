@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -257,6 +258,19 @@ TEST(DeviceComm, AnAbortedCommunicatorFailsLaterWork) {
   expect_contains(*s.comm->async_error(), "aborted");
   ASSERT_TRUE(other.error());
   expect_contains(*other.error(), "the communicator was aborted");
+}
+
+TEST(DevicePlacement, LocalRankModuloTheDeviceCountAndTheOverride) {
+  // All ranks of a test run on one node: the local rank is the world rank.
+  EXPECT_EQ(device::local_rank(MPI_COMM_WORLD), world_rank());
+  EXPECT_EQ(device::select_device(Accelerator::Emulated, MPI_COMM_WORLD), world_rank() % emulated().device_count());
+  setenv("MESHRT_DEVICE", "3", 1);
+  EXPECT_EQ(device::select_device(Accelerator::Emulated, MPI_COMM_WORLD), 3);
+  setenv("MESHRT_DEVICE", "99", 1);
+  expect_contains(usage_error([] { (void)device::select_device(Accelerator::Emulated, MPI_COMM_WORLD); }),
+                  "setting MESHRT_DEVICE: expected a device of the emulated accelerator in 0.." +
+                      std::to_string(emulated().device_count() - 1) + ", found 99");
+  unsetenv("MESHRT_DEVICE");
 }
 
 }  // namespace
