@@ -5,10 +5,13 @@
 // turn a missing ordering into a wrong value every time).
 //
 // Handles (Stream, Event) are small values sharing their backend object, as cudaStream_t
-// and cudaEvent_t are. No CUDA, NCCL or MPI header is included here: the communicator's
-// collective creation over an MPI communicator is in the internal src/device/comm.hpp.
+// and cudaEvent_t are. No CUDA or NCCL header is included here; mpi.h is, because a device
+// communicator is made over an MPI communicator of its members (as comm.hpp does).
 #pragma once
 
+#include <mpi.h>
+
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -237,5 +240,20 @@ class Communicator {
   // "emulated communicator 3f2a.. rank 1 of 4 on emulated:1"
   virtual std::string describe() const = 0;
 };
+
+// Collective over exactly the ranks of `members` (every one must call it, as for
+// ncclCommInitRank): member 0 makes the unique id and broadcasts it, then every member
+// joins on `device` of `accelerator`. Throws UsageError on every member when two of them
+// are on one device of one node (naming both ranks), and TimeoutError when the init does
+// not finish within `timeout`.
+std::unique_ptr<Communicator> create_communicator(Accelerator accelerator, MPI_Comm members, int device,
+                                                  std::chrono::duration<double> timeout);
+
+// This rank's index among the ranks of its node (MPI_Comm_split_type SHARED); collective
+// over `world`.
+int local_rank(MPI_Comm world);
+// This rank's device of `accelerator`: MESHRT_DEVICE if set, else the local rank modulo
+// the node's device count. Collective over `world`.
+int select_device(Accelerator accelerator, MPI_Comm world);
 
 }  // namespace meshrt::device

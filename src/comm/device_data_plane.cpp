@@ -15,7 +15,6 @@
 
 #include "comm/plan.hpp"
 #include "common/checks.hpp"
-#include "device/comm.hpp"
 #include "meshrt/comm.hpp"
 #include "meshrt/device.hpp"
 #include "meshrt/settings.hpp"

@@ -9,8 +9,8 @@
 
 #include "common/checks.hpp"
 #include "controller/state.hpp"
-#include "device/comm.hpp"
 #include "meshrt/comm.hpp"
+#include "meshrt/device.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/protocol.hpp"

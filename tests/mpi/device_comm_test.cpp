@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "../support/expect_error.hpp"
-#include "device/comm.hpp"
 #include "meshrt/device.hpp"
 
 namespace meshrt::test {

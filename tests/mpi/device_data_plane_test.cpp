@@ -11,7 +11,6 @@
 #include <thread>
 
 #include "comm_test_util.hpp"
-#include "device/comm.hpp"
 #include "meshrt/device.hpp"
 
 namespace meshrt::test {
