@@ -1,6 +1,8 @@
 // The demo's remote functions. Each kernel runs on every rank of the dp x tp mesh and
 // only wraps model.cpp; each shape function runs on the controller at the call site and
-// refuses mismatched shapes there, before anything is sent to the workers.
+// refuses mismatched shapes there, before anything is sent to the workers. The numerics
+// run through device::host_task: at once on the CPU, as a task on the call's device stream
+// on the emulated accelerator (whose memory the host may read only there).
 //
 //   demo.init_params(seed, in, hidden, out, tp) -> W1 [in, hidden/tp], b1 [hidden/tp],
 //                                                 W2 [hidden/tp, out], b2 [out]
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "meshrt/device.hpp"
 #include "meshrt/functions.hpp"
 #include "model.hpp"
 
@@ -31,13 +34,17 @@ TensorMeta f32(const ArgMetas& args, std::vector<std::int64_t> shape) {
   return TensorMeta(std::move(shape), DType::Float32, args.device());
 }
 Tensor empty_f32(const CallContext& ctx, std::vector<std::int64_t> shape) {
-  return Tensor::empty(TensorMeta(std::move(shape), DType::Float32, ctx.device()));
+  return meshrt::device::empty_on(ctx.stream_id(), TensorMeta(std::move(shape), DType::Float32, ctx.device()));
+}
+template <class F>
+void host_task(const CallContext& ctx, F&& work) {
+  meshrt::device::host_task(ctx.stream_id(), ctx.device(), std::forward<F>(work));
 }
 
-// Argument i is a float32 CPU tensor of exactly `shape`; `what` names it in the error.
+// Argument i is a float32 tensor of exactly `shape` on the mesh's device; `what` names it.
 void expect_tensor(const ArgMetas& args, std::size_t i, const char* what, const std::vector<std::int64_t>& shape) {
   const TensorMeta m = args.tensor(i);
-  const TensorMeta want(shape, DType::Float32);
+  const TensorMeta want(shape, DType::Float32, args.device());
   if (!(m == want)) {
     args.fail(fmt::format("argument {} ({}): expected {}, found {}", i, what, want.to_string(), m.to_string()));
   }
@@ -71,8 +78,9 @@ std::vector<Tensor> init_params_kernel(CallContext& ctx, Args& args) {
   const std::int64_t col0 = ctx.coordinate("tp") * cols;
   Tensor w1 = empty_f32(ctx, {s.in, cols}), b1 = empty_f32(ctx, {cols});
   Tensor w2 = empty_f32(ctx, {cols, s.out}), b2 = empty_f32(ctx, {s.out});
-  demo::init_params(static_cast<std::uint64_t>(args.integer(0)), s, col0, cols, w1.data<float>(), b1.data<float>(),
-                    w2.data<float>(), b2.data<float>());
+  host_task(ctx, [seed = static_cast<std::uint64_t>(args.integer(0)), s, col0, cols, w1, b1, w2, b2]() mutable {
+    demo::init_params(seed, s, col0, cols, w1.data<float>(), b1.data<float>(), w2.data<float>(), b2.data<float>());
+  });
   return {w1, b1, w2, b2};
 }
 
@@ -91,8 +99,9 @@ std::vector<Tensor> make_batch_kernel(CallContext& ctx, Args& args) {
   const demo::Sizes s{.in = args.integer(3), .hidden = 0, .out = args.integer(4)};
   Tensor x = empty_f32(ctx, {rows, s.in}), t = empty_f32(ctx, {rows, s.out});
   // Data parallelism: dp rank d gets rows [d * rows, (d + 1) * rows) of the global batch.
-  demo::make_batch(static_cast<std::uint64_t>(args.integer(0)), args.integer(1), ctx.coordinate("dp") * rows, rows, s,
-                   x.data<float>(), t.data<float>());
+  host_task(ctx, [seed = static_cast<std::uint64_t>(args.integer(0)), step = args.integer(1),
+                  row0 = ctx.coordinate("dp") * rows, rows, s, x,
+                  t]() mutable { demo::make_batch(seed, step, row0, rows, s, x.data<float>(), t.data<float>()); });
   return {x, t};
 }
 
@@ -117,8 +126,10 @@ std::vector<Tensor> forward_kernel(CallContext& ctx, Args& args) {
   const Tensor &x = args.tensor(0), &w1 = args.tensor(1), &b1 = args.tensor(2), &w2 = args.tensor(3);
   const std::int64_t rows = x.shape()[0], in = x.shape()[1], cols = w1.shape()[1], out = w2.shape()[1];
   Tensor z = empty_f32(ctx, {rows, cols}), y_part = empty_f32(ctx, {rows, out});
-  demo::forward(rows, in, cols, out, x.data<float>(), w1.data<float>(), b1.data<float>(), w2.data<float>(),
-                z.data<float>(), y_part.data<float>());
+  host_task(ctx, [=]() mutable {
+    demo::forward(rows, in, cols, out, x.data<float>(), w1.data<float>(), b1.data<float>(), w2.data<float>(),
+                  z.data<float>(), y_part.data<float>());
+  });
   return {z, y_part};
 }
 
@@ -137,8 +148,10 @@ Signature loss_grad_shape(const ArgMetas& args) {
 std::vector<Tensor> loss_grad_kernel(CallContext& ctx, Args& args) {
   const Tensor &y = args.tensor(0), &b2 = args.tensor(1), &t = args.tensor(2);
   Tensor dy = empty_f32(ctx, y.shape()), loss = empty_f32(ctx, {});
-  loss.data<float>()[0] = static_cast<float>(demo::loss_grad(y.shape()[0], y.shape()[1], y.data<float>(),
-                                                             b2.data<float>(), t.data<float>(), dy.data<float>()));
+  host_task(ctx, [=]() mutable {
+    loss.data<float>()[0] = static_cast<float>(demo::loss_grad(y.shape()[0], y.shape()[1], y.data<float>(),
+                                                               b2.data<float>(), t.data<float>(), dy.data<float>()));
+  });
   return {dy, loss};
 }
 
@@ -163,8 +176,10 @@ std::vector<Tensor> backward_kernel(CallContext& ctx, Args& args) {
   const Tensor &x = args.tensor(0), &z = args.tensor(1), &w2 = args.tensor(2), &dy = args.tensor(3);
   const std::int64_t rows = x.shape()[0], in = x.shape()[1], cols = z.shape()[1], out = w2.shape()[1];
   Tensor grads = empty_f32(ctx, {demo::grad_size(in, cols, out)});
-  demo::backward(rows, in, cols, out, x.data<float>(), z.data<float>(), w2.data<float>(), dy.data<float>(),
-                 grads.data<float>());
+  host_task(ctx, [=]() mutable {
+    demo::backward(rows, in, cols, out, x.data<float>(), z.data<float>(), w2.data<float>(), dy.data<float>(),
+                   grads.data<float>());
+  });
   return {grads};
 }
 
@@ -188,10 +203,12 @@ Signature sgd_step_shape(const ArgMetas& args) {
   return {.outputs = {}, .mutates = {0, 1, 2, 3}};
 }
 
-std::vector<Tensor> sgd_step_kernel(CallContext&, Args& args) {
+std::vector<Tensor> sgd_step_kernel(CallContext& ctx, Args& args) {
   Tensor &w1 = args.tensor(0), &b1 = args.tensor(1), &w2 = args.tensor(2), &b2 = args.tensor(3);
-  demo::sgd_step(w1.shape()[0], w1.shape()[1], b2.shape()[0], static_cast<float>(args.number(5)),
-                 args.tensor(4).data<float>(), w1.data<float>(), b1.data<float>(), w2.data<float>(), b2.data<float>());
+  host_task(ctx, [w1, b1, w2, b2, grads = args.tensor(4), lr = static_cast<float>(args.number(5))]() mutable {
+    demo::sgd_step(w1.shape()[0], w1.shape()[1], b2.shape()[0], lr, grads.data<float>(), w1.data<float>(),
+                   b1.data<float>(), w2.data<float>(), b2.data<float>());
+  });
   return {};
 }
 

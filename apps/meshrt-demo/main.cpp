@@ -123,7 +123,8 @@ void train(meshrt::Controller& ctl, const Options& o) {
   fmt::print("{:>6}  {:>10}  {:>9}\n", "step", "loss", "steps/s");
   std::fflush(stdout);
 
-  meshrt::Mesh mesh = ctl.world_mesh({{"dp", dp}, {"tp", tp}});
+  // On the job's accelerator (MESHRT_ACCELERATOR=emulated runs it anywhere), else the CPU.
+  meshrt::Mesh mesh = ctl.world_mesh({{"dp", dp}, {"tp", tp}}, ctl.accelerator());
   const auto seed = static_cast<std::int64_t>(t.seed);
   const std::vector<meshrt::DTensor> params = mesh.call_n("demo.init_params", {seed, s.in, s.hidden, s.out, tp});
   const meshrt::DTensor &w1 = params[0], &b1 = params[1], &w2 = params[2], &b2 = params[3];

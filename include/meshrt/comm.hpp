@@ -243,6 +243,25 @@ OutputPoolStats output_pool_stats();
 // so kernels stuck in NCCL return before the job ends. No-op without NCCL.
 void abort_nccl_communicators() noexcept;
 
+// As start_reduce / start_send_tensor, for accelerator tensors (cuda or emulated), over
+// the device layer's communicators, on the device stream of meshrt stream `stream_id`
+// (docs/ARCHITECTURE.md section 7). A reduction's communicator is the line's (made from the MPI
+// split of the dimension); a send's is made over exactly from_ranks ∪ to_ranks; both are
+// cached by rank set. test() polls an event and the communicator's asynchronous error: a
+// device error makes take() raise it (the failed communicator is aborted and dropped).
+// Bitwise reductions are refused, as NCCL has none.
+[[nodiscard]] std::unique_ptr<Pending> start_reduce_device(WorkerMesh& mesh, std::string_view dim, Reduction reduction,
+                                                           bool scatter, bool inplace, Input input,
+                                                           const TensorMeta& factory, std::uint64_t stream_id);
+[[nodiscard]] std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks,
+                                                                const NDSlice& to_ranks, Input input,
+                                                                const TensorMeta& factory, std::uint64_t stream_id,
+                                                                std::span<const std::int64_t> to_order = {});
+
+// Destroys the cached device communicators (the runtime calls it before MPI_Finalize);
+// the next device operation makes new ones.
+void free_device_communicators() noexcept;
+
 #if MESHRT_HAVE_NCCL
 // The CUDA stream the NCCL data plane enqueues on (a cudaStream_t; nullptr is the legacy
 // default stream). Kept opaque so this header needs no CUDA header.

@@ -42,6 +42,7 @@ struct CreateDeviceMesh {
   Ref result;
   std::vector<std::string> names;
   NDSlice ranks = NDSlice::row_major({});
+  Device::Kind device = Device::Kind::Cpu;  // what the mesh is placed on
   friend bool operator==(const CreateDeviceMesh&, const CreateDeviceMesh&) = default;
 };
 

@@ -40,7 +40,8 @@ struct ReductionRule {
 };
 
 // The rules of a reduction of a tensor `in` over a mesh dimension of `n` ranks, run on
-// `device` (Cuda: NCCL, which has no bitwise operations; Cpu: MPI). Pure: it throws
+// `device` (Cuda: NCCL, which has no bitwise operations, and Emulated, which keeps NCCL's
+// rules; Cpu: MPI). Pure: it throws
 // nothing and depends on nothing but its arguments, so the controller and the workers
 // agree by construction.
 //

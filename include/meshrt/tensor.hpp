@@ -3,7 +3,9 @@
 // A Tensor is contiguous, row-major and shares its storage: copying a Tensor copies a
 // handle (like torch.Tensor), clone() copies the data. CPU storage is 64-byte aligned so
 // that kernels and MPI see cache-line aligned buffers. CUDA storage exists only when
-// meshrt was built with CUDA; no CUDA header is included here.
+// meshrt was built with CUDA; no CUDA header is included here. Emulated-accelerator
+// storage (docs/ARCHITECTURE.md section 7) is host memory that host code may not read, except inside
+// a task running on one of the emulated accelerator's streams (DeviceMemoryAccess).
 #pragma once
 
 #include <cstddef>
@@ -90,18 +92,28 @@ decltype(auto) dispatch_dtype(DType dtype, F&& f) {
 
 class Device {
  public:
-  enum class Kind : std::uint8_t { Cpu, Cuda };
+  // Emulated: the emulated accelerator (docs/ARCHITECTURE.md section 7), which enforces a GPU's
+  // rules on the host. The order is part of the wire format: append only.
+  enum class Kind : std::uint8_t { Cpu, Cuda, Emulated };
+  static constexpr int kNumKinds = 3;
   constexpr Device() = default;
   static constexpr Device cpu() { return Device(); }
   // Throws UsageError for a negative index.
   static Device cuda(int index);
-  // "cpu", "cuda" (= cuda:0) or "cuda:N"; throws UsageError otherwise.
+  static Device emulated(int index);
+  // Any kind; throws UsageError for a negative index, or a non-zero one for the cpu.
+  static Device of(Kind kind, int index);
+  // "cpu", "cuda" (= cuda:0), "cuda:N", "emulated" (= emulated:0) or "emulated:N";
+  // throws UsageError otherwise.
   static Device parse(std::string_view text);
 
   Kind kind() const noexcept { return kind_; }
   int index() const noexcept { return index_; }
   bool is_cpu() const noexcept { return kind_ == Kind::Cpu; }
   bool is_cuda() const noexcept { return kind_ == Kind::Cuda; }
+  bool is_emulated() const noexcept { return kind_ == Kind::Emulated; }
+  // Device memory that host code cannot read directly (cuda, emulated).
+  bool is_accelerator() const noexcept { return kind_ != Kind::Cpu; }
   std::string to_string() const;
   friend bool operator==(const Device&, const Device&) = default;
 
@@ -110,6 +122,31 @@ class Device {
   Kind kind_ = Kind::Cpu;
   int index_ = 0;
 };
+
+// "cpu", "cuda" or "emulated".
+std::string_view name(Device::Kind kind) noexcept;
+// What a mesh is placed on (docs/ARCHITECTURE.md section 7): ctl.world_mesh(dims, DeviceKind::Emulated).
+using DeviceKind = Device::Kind;
+
+// While one is alive on a thread, that thread may read and write emulated device memory
+// through Tensor's accessors: the emulated accelerator holds one while it runs a task on
+// a stream, the only place a GPU's memory is readable from kernels. Nests.
+class DeviceMemoryAccess {
+ public:
+  DeviceMemoryAccess() noexcept;
+  ~DeviceMemoryAccess();
+  DeviceMemoryAccess(const DeviceMemoryAccess&) = delete;
+  DeviceMemoryAccess& operator=(const DeviceMemoryAccess&) = delete;
+  // Whether the calling thread is inside one.
+  static bool active() noexcept;
+};
+
+namespace detail {
+// Where Tensor::empty gets emulated device memory: the device layer installs its pool here
+// at load time (it sits above tensor in the module order, so tensor cannot call it).
+using DeviceAllocator = std::shared_ptr<void> (*)(const Device& device, std::size_t bytes);
+void set_device_allocator(DeviceAllocator allocator) noexcept;
+}  // namespace detail
 
 class Tensor;
 
@@ -162,6 +199,9 @@ class Tensor {
   // meta.nbytes() bytes, 64-byte aligned; its deleter runs when the last handle goes. This
   // is how buffer pools (the comm data plane's output pool) hand out warm memory.
   static Tensor adopt_host(const TensorMeta& meta, std::shared_ptr<void> buffer);
+  // The same for device memory of meta.device() (cuda or emulated), which is how the device
+  // layer's stream-ordered pool hands out its blocks.
+  static Tensor adopt_device(const TensorMeta& meta, std::shared_ptr<void> buffer);
   // A CPU tensor holding a copy of `values` with the given shape.
   template <class T>
   static Tensor from(std::vector<std::int64_t> shape, std::span<const T> values);
@@ -182,8 +222,8 @@ class Tensor {
   void* raw_data() noexcept;
   const void* raw_data() const noexcept;
 
-  // Typed host access; throws UsageError if T is not this tensor's element type or the
-  // tensor is not on the CPU.
+  // Typed host access; throws UsageError if T is not this tensor's element type, the
+  // tensor is on CUDA, or it is emulated device memory outside a stream task.
   template <class T>
   T* data() {
     check_access(dtype_of<T>, kIsElement<T>);
@@ -205,7 +245,10 @@ class Tensor {
   // The single element of a tensor with numel() == 1, as double (bool -> 0/1).
   double item() const;
 
-  // A deep copy on the same device.
+  // A deep copy on the same device. These host-side copies (clone, to, copy_from, zeros,
+  // item, equals) are synchronous: on emulated device memory they are refused outside a
+  // stream task, as they would be unordered with the device's streams; the device layer
+  // (meshrt/device.hpp) has the stream-ordered forms.
   Tensor clone() const;
   // This tensor on `device` (itself when already there). Without CUDA, or without a GPU,
   // a CUDA device raises UsageError.

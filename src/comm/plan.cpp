@@ -17,7 +17,7 @@ ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim_name, Reduct
   ReducePlan plan;
   plan.dim = mesh.dim_index(dim_name);
   plan.n = mesh.size(plan.dim);
-  const bool on_cuda = factory.device().is_cuda();
+  const bool on_cuda = factory.device().is_accelerator();  // cuda or emulated: the device data plane
   if (backend == Backend::Mpi && on_cuda) {
     throw UsageError(
         fmt::format("{} over MPI: expected a CPU tensor, found {}; CUDA tensors go through the NCCL data "
@@ -106,13 +106,13 @@ SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const 
                       comm_size, slice_max(*s), s->to_string(), my_rank));
     }
   }
-  if (backend == Backend::Mpi && factory.device().is_cuda()) {
+  if (backend == Backend::Mpi && factory.device().is_accelerator()) {
     throw UsageError(
         fmt::format("send_tensor over MPI: expected a CPU tensor, found {}; CUDA tensors go through "
                     "NCCL (start_send_tensor_nccl) (world rank {})",
                     factory.to_string(), my_rank));
   }
-  if (backend == Backend::Nccl && !factory.device().is_cuda()) {
+  if (backend == Backend::Nccl && !factory.device().is_accelerator()) {
     throw UsageError(fmt::format("send_tensor over NCCL: expected a CUDA tensor, found {} (world rank {})",
                                  factory.to_string(), my_rank));
   }

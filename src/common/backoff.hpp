@@ -1,4 +1,4 @@
-// Waiting without burning a core (DESIGN section 8): the one back-off every polling loop
+// Waiting without burning a core (docs/ARCHITECTURE.md section 6): the one back-off every polling loop
 // in meshrt uses (the control channel, the worker loop, the data plane's wait(), the
 // StatelessGroup). A loop calls pause() after each poll that found nothing and reset()
 // after one that did. Between two polls pause():

@@ -34,11 +34,13 @@ ReductionRule reduction_rule(const TensorMeta& in, std::int64_t n, Reduction red
   ReductionRule rule;
   const DType dtype = in.dtype();
   if (is_bitwise(reduction)) {
-    if (device == Device::Kind::Cuda) {
+    if (device != Device::Kind::Cpu) {  // cuda, and emulated, which keeps NCCL's rules
       rule.error = fmt::format(
-          "bitwise reduction {} is not supported by NCCL, found a CUDA tensor {}; move it to the CPU or use another "
+          "bitwise reduction {} is not supported by NCCL, found {} tensor {}; move it to the CPU or use another "
           "reduction",
-          name(reduction), in.to_string());
+          name(reduction),
+          device == Device::Kind::Cuda ? "a CUDA" : "an emulated-accelerator (which keeps NCCL's rules)",
+          in.to_string());
       return rule;
     }
     if (is_floating(dtype)) {

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "controller/state.hpp"
+#include "meshrt/device.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
 
@@ -27,9 +28,8 @@ std::shared_ptr<ControllerState> lock(const std::weak_ptr<ControllerState>& w) {
   return s;
 }
 
-// Every mesh is made here (world_mesh, slice, rename, split, flatten), so the names are
-// checked at the controller, not first on the workers.
-std::shared_ptr<MeshState> make_mesh(ControllerState& ctl, std::vector<std::string> names, NDSlice ranks) {
+std::shared_ptr<MeshState> make_mesh(ControllerState& ctl, Device::Kind kind, std::vector<std::string> names,
+                                     NDSlice ranks) {
   if (std::find(names.begin(), names.end(), std::string()) != names.end()) {
     throw UsageError(
         fmt::format("mesh dimension names must be non-empty, found an empty one in ['{}']", fmt::join(names, "', '")));
@@ -49,6 +49,7 @@ std::shared_ptr<MeshState> make_mesh(ControllerState& ctl, std::vector<std::stri
   m->names = std::move(names);
   m->dests = detail::to_dests(ranks);
   m->ranks = std::move(ranks);
+  m->kind = kind;
   return m;
 }
 
@@ -456,13 +457,13 @@ Mesh Mesh::slice(std::string_view dim, std::int64_t index) const {
   const auto d = static_cast<std::size_t>(state_->dim_index(dim));
   std::vector<std::string> names = state_->names;
   names.erase(names.begin() + static_cast<std::ptrdiff_t>(d));
-  return Mesh(make_mesh(*ctl, std::move(names), state_->ranks.at(d, index)));
+  return Mesh(make_mesh(*ctl, state_->kind, std::move(names), state_->ranks.at(d, index)));
 }
 
 Mesh Mesh::slice(std::string_view dim, std::int64_t begin, std::int64_t end, std::int64_t step) const {
   auto ctl = lock(state_->controller);
   const auto d = static_cast<std::size_t>(state_->dim_index(dim));
-  return Mesh(make_mesh(*ctl, state_->names, state_->ranks.select(d, begin, end, step)));
+  return Mesh(make_mesh(*ctl, state_->kind, state_->names, state_->ranks.select(d, begin, end, step)));
 }
 
 Mesh Mesh::rename(std::string_view from, std::string to) const {
@@ -470,7 +471,7 @@ Mesh Mesh::rename(std::string_view from, std::string to) const {
   const auto d = static_cast<std::size_t>(state_->dim_index(from));
   std::vector<std::string> names = state_->names;
   names[d] = std::move(to);
-  return Mesh(make_mesh(*ctl, std::move(names), state_->ranks));
+  return Mesh(make_mesh(*ctl, state_->kind, std::move(names), state_->ranks));
 }
 
 Mesh Mesh::split(std::string_view dim, std::vector<std::pair<std::string, std::int64_t>> parts) const {
@@ -508,7 +509,8 @@ Mesh Mesh::split(std::string_view dim, std::vector<std::pair<std::string, std::i
       strides.push_back(part_strides[k]);
     }
   }
-  return Mesh(make_mesh(*ctl, std::move(names), NDSlice(r.offset(), std::move(sizes), std::move(strides))));
+  return Mesh(
+      make_mesh(*ctl, state_->kind, std::move(names), NDSlice(r.offset(), std::move(sizes), std::move(strides))));
 }
 
 Mesh Mesh::flatten(std::string name) const {
@@ -536,7 +538,7 @@ Mesh Mesh::flatten(std::string name) const {
       break;
     }
   }
-  return Mesh(make_mesh(*ctl, {std::move(name)}, NDSlice(r.offset(), {r.len()}, {stride})));
+  return Mesh(make_mesh(*ctl, state_->kind, {std::move(name)}, NDSlice(r.offset(), {r.len()}, {stride})));
 }
 
 DTensor Mesh::rank(std::string_view dim, std::source_location where) const {
@@ -597,7 +599,8 @@ std::vector<DTensor> Mesh::call_on_impl(const Stream& stream, FunctionName fn, s
       return Value(tensors[next++].state_->meta);
     }));
   }
-  const Signature sig = infer_at_call(f, ArgMetas(fn.name, metas));
+  // On the controller a device means "each rank's own device of this kind" (index 0).
+  const Signature sig = infer_at_call(f, ArgMetas(fn.name, metas, Device::of(state_->kind, 0)));
   // Which tensors the call mutates: the tensor arguments at the positions sig.mutates names.
   std::vector<Ref> mutates;
   std::vector<TensorState*> mutated;
@@ -689,7 +692,7 @@ Tensor value_to_tensor(const Value& v) {
 Controller::Controller(std::shared_ptr<ControllerState> state) : state_(std::move(state)) {}
 Controller::~Controller() = default;
 
-Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> dims) {
+Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> dims, DeviceKind kind) {
   std::vector<std::string> names;
   std::vector<std::int64_t> sizes;
   std::int64_t product = 1;
@@ -703,11 +706,15 @@ Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> di
     throw UsageError(fmt::format("world_mesh: the sizes [{}] hold {} ranks, expected the {} worker ranks",
                                  fmt::join(sizes, ", "), product, w.len()));
   }
-  return Mesh(make_mesh(*state_, std::move(names), NDSlice::row_major(std::move(sizes), w.offset())));
+  return Mesh(make_mesh(*state_, kind, std::move(names), NDSlice::row_major(std::move(sizes), w.offset())));
 }
 
 Stream Controller::stream(const std::string& name) {
   return Stream(state_->stream(name));
+}
+
+DeviceKind Controller::accelerator() const {
+  return device::device_kind(device::configured_accelerator());
 }
 
 Stream Controller::default_stream() {

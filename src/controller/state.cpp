@@ -101,7 +101,8 @@ void ControllerState::ensure_mesh(MeshState& mesh) {
   check_epoch(mesh.epoch, "mesh");
   if (mesh.created) return;
   mesh.created = true;
-  append(mesh.dests, protocol::CreateDeviceMesh{.result = mesh.ref, .names = mesh.names, .ranks = mesh.ranks});
+  append(mesh.dests,
+         protocol::CreateDeviceMesh{.result = mesh.ref, .names = mesh.names, .ranks = mesh.ranks, .device = mesh.kind});
 }
 
 void ControllerState::ensure_stream(StreamState& stream) {

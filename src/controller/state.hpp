@@ -33,7 +33,8 @@ struct MeshState {
   Ref ref;
   std::vector<std::string> names;
   NDSlice ranks = NDSlice::row_major({});
-  std::vector<int> dests;  // ranks as a sorted list
+  Device::Kind kind = Device::Kind::Cpu;  // what it is placed on; slices keep it
+  std::vector<int> dests;                 // ranks as a sorted list
   bool created = false;
   std::int64_t dim_index(std::string_view dim) const;  // throws UsageError naming the dims
 };

@@ -3,8 +3,10 @@
 // do, so errors surface at the controller's call site rather than on a worker.
 //
 // Device policy: elementwise ops run on CUDA tensors with the kernels of
-// builtins_cuda.cu; the others (arange, rand, matmul, sum) compute on the host and copy,
-// which is correct everywhere and fast enough for what they are used for (tests, demos).
+// src/device/kernels_cuda.cu; the others (arange, rand, matmul, sum) compute on the host
+// and copy, which is correct everywhere and fast enough for what they are used for
+// (tests, demos). On the emulated accelerator every built-in is the same host code run as
+// a task on the call's device stream, with outputs from the stream-ordered pool.
 #include <cblas.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -12,20 +14,46 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <type_traits>
 
 #include "meshrt/config.hpp"
+#include "meshrt/device.hpp"
 #include "meshrt/functions.hpp"
 
 #if MESHRT_HAVE_CUDA
-#include "functions/cuda_kernels.hpp"
+#include "device/cuda_kernels.hpp"
 #endif
 
 namespace meshrt {
 namespace {
+
+// ------------------------------------------------------------------ stream order
+
+// A kernel's host work in stream order: on the emulated accelerator a task on the call's
+// device stream, the one place its memory is readable (docs/ARCHITECTURE.md section 7), so it runs
+// after the stream's earlier work and before its later work; elsewhere at once.
+template <class F>
+void on_stream(const CallContext& ctx, const Device& where, F&& work) {
+  if (!where.is_emulated()) {
+    work();
+    return;
+  }
+  device::host_task(ctx.stream_id(), where, std::forward<F>(work));
+}
+
+// An output: on an accelerator from the stream-ordered pool of the call's stream.
+Tensor new_tensor(const CallContext& ctx, const TensorMeta& meta) {
+  return device::empty_on(ctx.stream_id(), meta);
+}
+
+Tensor new_zeros(const CallContext& ctx, const TensorMeta& meta) {
+  if (meta.device().is_cpu()) return Tensor::zeros(meta);
+  return device::zeros(meta, device::stream_for(ctx.stream_id(), meta.device()));
+}
 
 // ------------------------------------------------------------------ element arithmetic
 
@@ -83,6 +111,10 @@ void binary_host(const Tensor& a, const Tensor& b, Tensor& out) {
 template <BinaryOp Op>
 void binary(CallContext& ctx, const Tensor& a, const Tensor& b, Tensor& out) {
   if (a.device().is_cpu()) return binary_host<Op>(a, b, out);
+  if (a.device().is_emulated()) {
+    on_stream(ctx, a.device(), [a, b, out]() mutable { binary_host<Op>(a, b, out); });
+    return;
+  }
 #if MESHRT_HAVE_CUDA
   cuda_kernels::binary(static_cast<int>(Op), static_cast<int>(a.dtype()), a.raw_data(), b.raw_data(), out.raw_data(),
                        a.numel(), ctx.native_stream());
@@ -144,16 +176,28 @@ void fill(CallContext& ctx, Tensor& t, const Scalar& s) {
 #endif
     return;
   }
-  (void)ctx;
-  dispatch_dtype(t.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    std::fill_n(t.data<T>(), t.numel(), convert<T>(s));
+  on_stream(ctx, t.device(), [t, s]() mutable {
+    dispatch_dtype(t.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      std::fill_n(t.data<T>(), t.numel(), convert<T>(s));
+    });
   });
 }
 
-// Runs `host_fn` on host copies of CUDA inputs and moves the result back to `device`.
-Tensor on_device(const Tensor& host_result, const Device& device) {
-  return host_result.to(device);
+// A result computed on the host, moved to `device` through pinned staging on the call's
+// stream.
+Tensor on_device(std::uint64_t stream_id, const Tensor& host_result, const Device& device) {
+  if (device.is_cpu()) return host_result;
+  return device::to_device(host_result, device, device::stream_for(stream_id, device));
+}
+
+// A host copy of CUDA tensor `x` made on the call's stream, after the work queued there
+// (a copy on the legacy stream could read it before a kernel on a named stream wrote it).
+Tensor on_host(std::uint64_t stream_id, const Tensor& x) {
+  if (!x.device().is_cuda()) return x;
+  device::Fetch f = device::fetch(x, device::stream_for(stream_id, x.device()));
+  f.done.synchronize();
+  return f.host;
 }
 
 // ------------------------------------------------------------------ shape helpers
@@ -181,7 +225,7 @@ Signature full_shape(const ArgMetas& args) {
   return {.outputs = {m}, .mutates = {}};
 }
 std::vector<Tensor> full_kernel(CallContext& ctx, Args& args) {
-  Tensor t = Tensor::empty(TensorMeta(args.shape(0), args.dtype(1), ctx.device()));
+  Tensor t = new_tensor(ctx, TensorMeta(args.shape(0), args.dtype(1), ctx.device()));
   fill(ctx, t, fill_value(args, 2, t.dtype()));
   return {t};
 }
@@ -191,7 +235,7 @@ Signature zeros_shape(const ArgMetas& args) {
   return {.outputs = {TensorMeta(args.shape(0), args.dtype(1), args.device())}, .mutates = {}};
 }
 std::vector<Tensor> zeros_kernel(CallContext& ctx, Args& args) {
-  return {Tensor::zeros(TensorMeta(args.shape(0), args.dtype(1), ctx.device()))};
+  return {new_zeros(ctx, TensorMeta(args.shape(0), args.dtype(1), ctx.device()))};
 }
 
 Signature arange_shape(const ArgMetas& args) {
@@ -205,19 +249,33 @@ Signature arange_shape(const ArgMetas& args) {
     args.fail(fmt::format("expected n <= 2^31 for int32, found {}", n));
   return {.outputs = {TensorMeta({n}, dtype, args.device())}, .mutates = {}};
 }
+// Host-computed creations: straight into the output on the CPU and on the emulated
+// accelerator (as a stream task), through a host copy on CUDA.
+template <class Compute>
+Tensor create(CallContext& ctx, const TensorMeta& host_meta, Compute compute) {
+  if (ctx.device().is_cuda()) {
+    Tensor t = Tensor::empty(host_meta);
+    compute(t);
+    return on_device(ctx.stream_id(), t, ctx.device());
+  }
+  Tensor t = new_tensor(ctx, host_meta.with_device(ctx.device()));
+  on_stream(ctx, t.device(), [t, compute]() mutable { compute(t); });
+  return t;
+}
+
 std::vector<Tensor> arange_kernel(CallContext& ctx, Args& args) {
-  Tensor t = Tensor::empty(TensorMeta({args.integer(0)}, args.dtype(1)));
-  dispatch_dtype(t.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    T* p = t.data<T>();
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-      if constexpr (kIsHalf<T>)
-        p[i] = from_float<T>(static_cast<float>(i));
-      else
-        p[i] = static_cast<T>(i);
-    }
-  });
-  return {on_device(t, ctx.device())};
+  return {create(ctx, TensorMeta({args.integer(0)}, args.dtype(1)), [](Tensor& t) {
+    dispatch_dtype(t.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      T* p = t.data<T>();
+      for (std::int64_t i = 0; i < t.numel(); ++i) {
+        if constexpr (kIsHalf<T>)
+          p[i] = from_float<T>(static_cast<float>(i));
+        else
+          p[i] = static_cast<T>(i);
+      }
+    });
+  })};
 }
 
 // splitmix64: a counter-based generator, so element i of rank r's stream is a pure
@@ -237,24 +295,24 @@ Signature rand_shape(const ArgMetas& args) {
   return {.outputs = {m}, .mutates = {}};
 }
 std::vector<Tensor> rand_kernel(CallContext& ctx, Args& args) {
-  Tensor t = Tensor::empty(TensorMeta(args.shape(0), args.dtype(1)));
   const std::uint64_t key =
       splitmix64(static_cast<std::uint64_t>(args.integer(2)) ^ splitmix64(static_cast<std::uint64_t>(ctx.rank()) + 1));
-  dispatch_dtype(t.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (!std::is_integral_v<T>) {
-      T* p = t.data<T>();
-      for (std::int64_t i = 0; i < t.numel(); ++i) {
-        // 53 random bits -> [0, 1)
-        const double u = static_cast<double>(splitmix64(key + static_cast<std::uint64_t>(i)) >> 11) * 0x1.0p-53;
-        if constexpr (kIsHalf<T>)
-          p[i] = from_float<T>(static_cast<float>(u));
-        else
-          p[i] = static_cast<T>(u);
+  return {create(ctx, TensorMeta(args.shape(0), args.dtype(1)), [key](Tensor& t) {
+    dispatch_dtype(t.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_integral_v<T>) {
+        T* p = t.data<T>();
+        for (std::int64_t i = 0; i < t.numel(); ++i) {
+          // 53 random bits -> [0, 1)
+          const double u = static_cast<double>(splitmix64(key + static_cast<std::uint64_t>(i)) >> 11) * 0x1.0p-53;
+          if constexpr (kIsHalf<T>)
+            p[i] = from_float<T>(static_cast<float>(u));
+          else
+            p[i] = static_cast<T>(u);
+        }
       }
-    }
-  });
-  return {on_device(t, ctx.device())};
+    });
+  })};
 }
 
 // ------------------------------------------------------------------ elementwise
@@ -271,7 +329,7 @@ Signature binary_shape(const ArgMetas& args, bool allow_bool) {
 template <BinaryOp Op>
 std::vector<Tensor> binary_kernel(CallContext& ctx, Args& args) {
   const Tensor& a = args.tensor(0);
-  Tensor out = Tensor::empty(a.meta());
+  Tensor out = new_tensor(ctx, a.meta());
   binary<Op>(ctx, a, args.tensor(1), out);
   return {out};
 }
@@ -286,7 +344,7 @@ Signature scale_shape(const ArgMetas& args) {
 std::vector<Tensor> scale_kernel([[maybe_unused]] CallContext& ctx, Args& args) {  // ctx: CUDA builds only
   const Tensor& x = args.tensor(0);
   const double factor = args.number(1);
-  Tensor out = Tensor::empty(x.meta());
+  Tensor out = new_tensor(ctx, x.meta());
   if (x.device().is_cuda()) {
 #if MESHRT_HAVE_CUDA
     cuda_kernels::scale(static_cast<int>(x.dtype()), x.raw_data(), factor, out.raw_data(), x.numel(),
@@ -294,18 +352,20 @@ std::vector<Tensor> scale_kernel([[maybe_unused]] CallContext& ctx, Args& args) 
 #endif
     return {out};
   }
-  dispatch_dtype(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (!std::is_integral_v<T>) {
-      const T* p = x.data<T>();
-      T* q = out.data<T>();
-      for (std::int64_t i = 0; i < x.numel(); ++i) {
-        if constexpr (kIsHalf<T>)
-          q[i] = from_float<T>(to_float(p[i]) * static_cast<float>(factor));
-        else
-          q[i] = static_cast<T>(p[i] * static_cast<T>(factor));
+  on_stream(ctx, x.device(), [x, out, factor]() mutable {
+    dispatch_dtype(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_integral_v<T>) {
+        const T* p = x.data<T>();
+        T* q = out.data<T>();
+        for (std::int64_t i = 0; i < x.numel(); ++i) {
+          if constexpr (kIsHalf<T>)
+            q[i] = from_float<T>(to_float(p[i]) * static_cast<float>(factor));
+          else
+            q[i] = static_cast<T>(p[i] * static_cast<T>(factor));
+        }
       }
-    }
+    });
   });
   return {out};
 }
@@ -314,8 +374,12 @@ Signature copy_shape(const ArgMetas& args) {
   args.expect_count(1, 1);
   return {.outputs = {args.tensor(0)}, .mutates = {}};
 }
-std::vector<Tensor> copy_kernel(CallContext&, Args& args) {
-  return {args.tensor(0).clone()};
+std::vector<Tensor> copy_kernel(CallContext& ctx, Args& args) {
+  const Tensor& x = args.tensor(0);
+  if (x.device().is_cpu()) return {x.clone()};
+  Tensor out = new_tensor(ctx, x.meta());
+  device::copy(out, x, device::stream_for(ctx.stream_id(), x.device()));
+  return {out};
 }
 
 // ------------------------------------------------------------------ matmul, sum
@@ -346,12 +410,10 @@ Signature matmul_shape(const ArgMetas& args) {
   }
   return {.outputs = {TensorMeta({a.shape()[0], b.shape()[1]}, a.dtype(), a.device())}, .mutates = {}};
 }
-std::vector<Tensor> matmul_kernel(CallContext&, Args& args) {
-  init_blas_threads();
-  const Tensor a = args.tensor(0).to(Device::cpu());
-  const Tensor b = args.tensor(1).to(Device::cpu());
+// c = a b on host-readable memory; c is zeroed first.
+void gemm(const Tensor& a, const Tensor& b, Tensor& c) {
   const auto m = static_cast<int>(a.shape()[0]), k = static_cast<int>(a.shape()[1]), n = static_cast<int>(b.shape()[1]);
-  Tensor c = Tensor::zeros(TensorMeta({m, n}, a.dtype()));
+  if (c.nbytes() > 0) std::memset(c.raw_data(), 0, c.nbytes());
   if (m > 0 && n > 0 && k > 0) {
     if (a.dtype() == DType::Float32) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data<float>(), k, b.data<float>(), n,
@@ -361,7 +423,22 @@ std::vector<Tensor> matmul_kernel(CallContext&, Args& args) {
                   0.0, c.data<double>(), n);
     }
   }
-  return {on_device(c, args.tensor(0).device())};
+}
+
+std::vector<Tensor> matmul_kernel(CallContext& ctx, Args& args) {
+  init_blas_threads();
+  const Tensor& x = args.tensor(0);
+  const TensorMeta out({x.shape()[0], args.tensor(1).shape()[1]}, x.dtype());
+  if (x.device().is_emulated()) {
+    Tensor c = new_tensor(ctx, out.with_device(x.device()));
+    on_stream(ctx, x.device(), [a = x, b = args.tensor(1), c]() mutable { gemm(a, b, c); });
+    return {c};
+  }
+  const Tensor a = on_host(ctx.stream_id(), x);
+  const Tensor b = on_host(ctx.stream_id(), args.tensor(1));
+  Tensor c = Tensor::empty(out);
+  gemm(a, b, c);
+  return {on_device(ctx.stream_id(), c, x.device())};
 }
 
 DType sum_dtype(DType in) {
@@ -373,9 +450,7 @@ Signature sum_shape(const ArgMetas& args) {
   const TensorMeta x = args.tensor(0);
   return {.outputs = {TensorMeta({}, sum_dtype(x.dtype()), x.device())}, .mutates = {}};
 }
-std::vector<Tensor> sum_kernel(CallContext&, Args& args) {
-  const Tensor x = args.tensor(0).to(Device::cpu());
-  Tensor out = Tensor::empty(TensorMeta({}, sum_dtype(x.dtype())));
+void sum_into(const Tensor& x, Tensor& out) {
   dispatch_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* p = x.data<T>();
@@ -400,7 +475,20 @@ std::vector<Tensor> sum_kernel(CallContext&, Args& args) {
         *out.data<T>() = static_cast<T>(acc);
     }
   });
-  return {on_device(out, args.tensor(0).device())};
+}
+
+std::vector<Tensor> sum_kernel(CallContext& ctx, Args& args) {
+  const Tensor& in = args.tensor(0);
+  const TensorMeta meta({}, sum_dtype(in.dtype()));
+  if (in.device().is_emulated()) {
+    Tensor out = new_tensor(ctx, meta.with_device(in.device()));
+    on_stream(ctx, in.device(), [in, out]() mutable { sum_into(in, out); });
+    return {out};
+  }
+  const Tensor x = on_host(ctx.stream_id(), in);
+  Tensor out = Tensor::empty(meta);
+  sum_into(x, out);
+  return {on_device(ctx.stream_id(), out, in.device())};
 }
 
 // ------------------------------------------------------------------ in place
@@ -443,7 +531,7 @@ std::vector<Tensor> fail_kernel(CallContext& ctx, Args& args) {
   const bool mine = ranks.empty() ||
                     std::any_of(ranks.begin(), ranks.end(), [&](const Value& r) { return r.as_int() == ctx.rank(); });
   if (mine) throw std::runtime_error(args.string(0));
-  return {Tensor::zeros(TensorMeta({}, DType::Float32, ctx.device()))};
+  return {new_zeros(ctx, TensorMeta({}, DType::Float32, ctx.device()))};
 }
 
 }  // namespace

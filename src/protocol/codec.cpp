@@ -226,6 +226,7 @@ class Writer {
     length(m.names.size(), "CreateDeviceMesh names");
     for (const auto& n : m.names) string(n, "CreateDeviceMesh name");
     slice(m.ranks);
+    u8(static_cast<std::uint8_t>(m.device));
   }
   void body(const CreateStream& m) {
     ref(m.result);
@@ -437,14 +438,14 @@ class Reader {
   TensorMeta meta(const char* field) {
     const std::size_t at = pos_;
     const auto dtype = enumeration<DType>(field, kNumDTypes);
-    const auto kind = enumeration<Device::Kind>(field, 2);
+    const auto kind = enumeration<Device::Kind>(field, Device::kNumKinds);
     const auto index = pod<std::int32_t>(field);
     if (index < 0 || (kind == Device::Kind::Cpu && index != 0)) {
       fail_at(pos_ - 4, field, fmt::format("expected a device index >= 0 (0 for cpu), found {}", index));
     }
     auto shape = dims(field, ndim(field));
     try {
-      return TensorMeta(std::move(shape), dtype, kind == Device::Kind::Cpu ? Device::cpu() : Device::cuda(index));
+      return TensorMeta(std::move(shape), dtype, Device::of(kind, index));
     } catch (const UsageError& e) {
       fail_at(at, field, fmt::format("expected a valid tensor meta, found {}", e.what()));
     }
@@ -538,6 +539,7 @@ class Reader {
         m.names.reserve(n);
         for (std::size_t i = 0; i < n; ++i) m.names.push_back(string("CreateDeviceMesh.names"));
         m.ranks = slice("CreateDeviceMesh.ranks");
+        m.device = enumeration<Device::Kind>("CreateDeviceMesh.device", Device::kNumKinds);
         if (m.names.size() != m.ranks.ndim()) {
           fail("CreateDeviceMesh", fmt::format("expected one name per mesh dimension ({}), found {} names",
                                                m.ranks.ndim(), m.names.size()));

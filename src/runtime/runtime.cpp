@@ -9,7 +9,9 @@
 
 #include "common/checks.hpp"
 #include "controller/state.hpp"
+#include "meshrt/comm.hpp"
 #include "meshrt/control.hpp"
+#include "meshrt/device.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/settings.hpp"
 #include "meshrt/worker.hpp"
@@ -33,6 +35,7 @@ struct Runtime::Impl {
   bool runs_worker() const { return !(options.dedicated_controller && rank == 0); }
 
   void free_comms() {
+    free_device_communicators();
     // Return codes ignored on purpose: this runs in the destructor and on a failed start,
     // where raising would hide the first error (or terminate), and the job is ending.
     for (MPI_Comm* c : {&world, &control, &p2p}) {
@@ -78,6 +81,10 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
       detail::set_error_policy(*c);
     }
     i.handshake();
+    // One device per rank (docs/ARCHITECTURE.md section 7), chosen before any worker thread starts.
+    if (const auto acc = device::configured_accelerator(); acc != device::Accelerator::None) {
+      device::set_placement({acc, device::select_device(acc, MPI_COMM_WORLD)});
+    }
     if (options.dedicated_controller) {
       if (i.size < 2) throw UsageError("a dedicated controller needs at least 2 ranks: one controller, one worker");
       i.worker_ranks = NDSlice(1, {i.size - 1}, {1});
@@ -115,6 +122,7 @@ void Runtime::session(const std::function<void(Controller&)>& fn) {
   Impl& i = *impl_;
   const WorkerOptions wo = i.worker_options();
   if (i.rank != 0) {
+    device::enter_worker_thread();
     Worker::serve(wo);
     return;
   }
@@ -123,6 +131,7 @@ void Runtime::session(const std::function<void(Controller&)>& fn) {
     worker0 = std::thread([wo] {
       log::set_thread_role("worker 0");
       try {
+        device::enter_worker_thread();  // the current device is per thread
         Worker::serve(wo);
       } catch (const std::exception& e) {
         // A worker that cannot go on must not leave its peers waiting.

@@ -29,6 +29,15 @@ constexpr std::array kSettings{
             "Seconds the controller waits for workers' answers when it builds a desync report"},
     Setting{"MESHRT_COMM_POOL_BYTES", "1073741824",
             "Bytes of freed CPU collective outputs (256 KiB and up) each rank keeps warm for reuse (0 = none)"},
+    Setting{"MESHRT_ACCELERATOR", "auto",
+            "The job's accelerator: auto (cuda if built with CUDA and a device is visible, else none), cuda, emulated "
+            "or none"},
+    Setting{"MESHRT_DEVICE", "", "This rank's device index (default: the local rank modulo the node's device count)"},
+    Setting{"MESHRT_EMULATED_DEVICES", "8", "Devices per node of the emulated accelerator"},
+    Setting{"MESHRT_EMULATED_DELAY_US", "0",
+            "Microseconds the emulated accelerator sleeps before each stream operation (makes missing orderings show)"},
+    Setting{"MESHRT_DEVICE_POOL_BYTES", "1073741824",
+            "Bytes of freed device memory each rank's stream-ordered pool keeps cached for reuse"},
     Setting{"MESHRT_TEST_WATCHDOG", "",
             "Seconds after which an MPI test binary names the running test and aborts the job"},
 };

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <charconv>
 #include <cstdlib>
@@ -108,20 +109,76 @@ Device Device::cuda(int index) {
   return Device(Kind::Cuda, index);
 }
 
+Device Device::emulated(int index) {
+  if (index < 0) throw UsageError(fmt::format("Device::emulated: expected a device index >= 0, found {}", index));
+  return Device(Kind::Emulated, index);
+}
+
+Device Device::of(Kind kind, int index) {
+  switch (kind) {
+    case Kind::Cpu:
+      if (index != 0) throw UsageError(fmt::format("Device::of: expected index 0 for the cpu, found {}", index));
+      return cpu();
+    case Kind::Cuda:
+      return cuda(index);
+    case Kind::Emulated:
+      return emulated(index);
+  }
+  throw UsageError(
+      fmt::format("Device::of: expected a kind in 0..{}, found {}", kNumKinds - 1, static_cast<int>(kind)));
+}
+
 Device Device::parse(std::string_view text) {
   if (text == "cpu") return cpu();
-  if (text == "cuda") return cuda(0);
-  if (text.starts_with("cuda:")) {
-    const std::string_view digits = text.substr(5);
-    int index = -1;
-    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
-    if (ec == std::errc() && end == digits.data() + digits.size() && !digits.empty() && index >= 0) return cuda(index);
+  for (const Kind kind : {Kind::Cuda, Kind::Emulated}) {
+    const std::string_view prefix = name(kind);
+    if (text == prefix) return of(kind, 0);
+    if (text.starts_with(prefix) && text.size() > prefix.size() && text[prefix.size()] == ':') {
+      const std::string_view digits = text.substr(prefix.size() + 1);
+      int index = -1;
+      const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+      if (ec == std::errc() && end == digits.data() + digits.size() && !digits.empty() && index >= 0) {
+        return of(kind, index);
+      }
+    }
   }
-  throw UsageError(fmt::format("device: expected 'cpu', 'cuda' or 'cuda:N' with N >= 0, found '{}'", text));
+  throw UsageError(fmt::format(
+      "device: expected 'cpu', 'cuda', 'cuda:N', 'emulated' or 'emulated:N' with N >= 0, found '{}'", text));
 }
 
 std::string Device::to_string() const {
-  return is_cpu() ? std::string("cpu") : fmt::format("cuda:{}", index_);
+  return is_cpu() ? std::string("cpu") : fmt::format("{}:{}", name(kind_), index_);
+}
+
+std::string_view name(Device::Kind kind) noexcept {
+  switch (kind) {
+    case Device::Kind::Cpu:
+      return "cpu";
+    case Device::Kind::Cuda:
+      return "cuda";
+    case Device::Kind::Emulated:
+      return "emulated";
+  }
+  return "invalid";
+}
+
+namespace {
+thread_local int t_device_memory_access = 0;
+std::atomic<detail::DeviceAllocator> g_device_allocator{nullptr};
+}  // namespace
+
+void detail::set_device_allocator(DeviceAllocator allocator) noexcept {
+  g_device_allocator.store(allocator);
+}
+
+DeviceMemoryAccess::DeviceMemoryAccess() noexcept {
+  ++t_device_memory_access;
+}
+DeviceMemoryAccess::~DeviceMemoryAccess() {
+  --t_device_memory_access;
+}
+bool DeviceMemoryAccess::active() noexcept {
+  return t_device_memory_access > 0;
 }
 
 // ---------------------------------------------------------------------------- TensorMeta
@@ -212,6 +269,16 @@ class DeviceGuard {
 };
 #endif
 
+// Host code touching emulated device memory outside a stream task would be unordered with
+// the device's streams: on a GPU it reads stale data (or faults), so the emulator refuses.
+void require_host_access(const TensorMeta& meta, const char* what) {
+  if (!meta.device().is_emulated() || DeviceMemoryAccess::active()) return;
+  throw UsageError(fmt::format(
+      "{}: expected host-readable memory, found emulated device memory ({}); the host cannot read an accelerator's "
+      "memory: read it in a task on its stream (a kernel on the accelerator's stream) or fetch it",
+      what, meta.to_string()));
+}
+
 void require_cuda(const Device& device, const char* what) {
   if (!device.is_cuda()) return;
 #if MESHRT_HAVE_CUDA
@@ -233,7 +300,15 @@ void require_cuda(const Device& device, const char* what) {
 }  // namespace
 
 Tensor::Storage::Storage(std::size_t n, Device d) : bytes(n), device(d) {
-  if (d.is_cpu()) {
+  if (d.is_emulated()) {
+    if (const detail::DeviceAllocator allocate = g_device_allocator.load()) {
+      adopted = allocate(d, n);
+      ptr = adopted.get();
+      return;
+    }
+  }
+  // Emulated device memory is host memory; only the accessors tell it apart.
+  if (d.is_cpu() || d.is_emulated()) {
     // Never a null pointer, even for 0 bytes: kernels and MPI may take the address.
     const std::size_t rounded =
         std::max<std::size_t>(kHostAlignment, (n + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
@@ -249,7 +324,7 @@ Tensor::Storage::Storage(std::size_t n, Device d) : bytes(n), device(d) {
 
 Tensor::Storage::~Storage() {
   if (adopted) return;
-  if (device.is_cpu()) {
+  if (device.is_cpu() || device.is_emulated()) {
     ::operator delete(ptr, std::align_val_t(kHostAlignment));
     return;
   }
@@ -261,9 +336,10 @@ Tensor::Storage::~Storage() {
 namespace {
 
 // dst and src of n bytes, on any pair of devices.
+// Emulated memory is host memory: the callers have checked DeviceMemoryAccess already.
 void copy_bytes(void* dst, const Device& dst_device, const void* src, const Device& src_device, std::size_t n) {
   if (n == 0) return;
-  if (dst_device.is_cpu() && src_device.is_cpu()) {
+  if (!dst_device.is_cuda() && !src_device.is_cuda()) {
     std::memcpy(dst, src, n);
     return;
   }
@@ -295,9 +371,21 @@ Tensor Tensor::adopt_host(const TensorMeta& meta, std::shared_ptr<void> buffer) 
   return Tensor(meta, std::make_shared<Storage>(std::move(buffer), meta.nbytes()));
 }
 
+Tensor Tensor::adopt_device(const TensorMeta& meta, std::shared_ptr<void> buffer) {
+  if (!meta.device().is_accelerator()) {
+    throw UsageError(fmt::format("Tensor::adopt_device: expected an accelerator tensor, found {}", meta.to_string()));
+  }
+  if (!buffer)
+    throw UsageError(fmt::format("Tensor::adopt_device: expected a buffer for {}, found null", meta.to_string()));
+  auto storage = std::make_shared<Storage>(std::move(buffer), meta.nbytes());
+  storage->device = meta.device();
+  return Tensor(meta, std::move(storage));
+}
+
 Tensor Tensor::zeros(const TensorMeta& meta) {
+  require_host_access(meta, "Tensor::zeros");
   Tensor t = empty(meta);
-  if (meta.device().is_cpu()) {
+  if (!meta.device().is_cuda()) {
     std::memset(t.raw_data(), 0, meta.nbytes());
   } else {
 #if MESHRT_HAVE_CUDA
@@ -333,10 +421,11 @@ void Tensor::check_access(DType requested, bool is_element) const {
     throw UsageError(fmt::format("tensor data: expected element type {} for a {} tensor, found a request for {}",
                                  name(dtype()), name(dtype()), is_element ? name(requested) : "a non-element type"));
   }
-  if (!device().is_cpu()) {
+  if (device().is_cuda()) {
     throw UsageError(fmt::format("tensor data: expected a CPU tensor for host access, found {}; use to(Device::cpu())",
                                  meta_.to_string()));
   }
+  require_host_access(meta_, "tensor data");
 }
 
 double Tensor::item() const {
@@ -356,6 +445,7 @@ double Tensor::item() const {
 
 Tensor Tensor::clone() const {
   if (!defined()) return {};
+  require_host_access(meta_, "Tensor::clone");
   Tensor t = empty(meta_);
   copy_bytes(t.raw_data(), device(), raw_data(), device(), nbytes());
   return t;
@@ -365,6 +455,8 @@ Tensor Tensor::to(const Device& target) const {
   if (!defined()) throw UsageError("Tensor::to: expected a defined tensor, found an undefined one");
   if (target == device()) return *this;
   require_cuda(target, "Tensor::to");
+  require_host_access(meta_, "Tensor::to");
+  require_host_access(meta_.with_device(target), "Tensor::to");
   Tensor t = empty(meta_.with_device(target));
   copy_bytes(t.raw_data(), target, raw_data(), device(), nbytes());
   return t;
@@ -376,6 +468,8 @@ void Tensor::copy_from(const Tensor& other) {
                                  defined() ? meta_.to_string() : "undefined",
                                  other.defined() ? other.meta_.to_string() : "undefined"));
   }
+  require_host_access(meta_, "Tensor::copy_from");
+  require_host_access(other.meta_, "Tensor::copy_from");
   copy_bytes(raw_data(), device(), other.raw_data(), other.device(), nbytes());
 }
 

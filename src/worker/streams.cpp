@@ -1,61 +1,74 @@
 #include "worker/streams.hpp"
 
-#include "common/checks.hpp"
-#include "meshrt/tensor.hpp"
-
 namespace meshrt::detail {
-
-#if MESHRT_HAVE_CUDA
-
 namespace {
-std::shared_ptr<void> record(const StreamHandle& s) {
-  cudaEvent_t e = nullptr;
-  MESHRT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  MESHRT_CUDA_CHECK(cudaEventRecord(e, static_cast<cudaStream_t>(s.native())));
-  return std::shared_ptr<void>(e, [](void* p) { cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
+
+// The accelerator kind this rank's streams carry events on, or Cpu (none). A cuda job
+// orders only streams whose CUDA side already exists, so no context is made for borrows
+// of a CPU-only program.
+Device::Kind event_kind() {
+  const device::Placement p = device::placement();
+  return device::device_kind(p.accelerator);
 }
+
 }  // namespace
 
-StreamHandle make_stream(bool is_default) {
-  if (is_default || !cuda_available()) return {};
-  cudaStream_t s = nullptr;
-  MESHRT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  return {std::shared_ptr<void>(s, [](void* p) { cudaStreamDestroy(static_cast<cudaStream_t>(p)); })};
+struct StreamHandle::State {
+  std::uint64_t id = 0;
+  bool is_default = true;
+  ~State() {
+    if (id != 0) device::release_stream(id);
+  }
+};
+
+StreamHandle::StreamHandle(std::uint64_t id, bool is_default) : state_(std::make_shared<State>()) {
+  state_->id = id;
+  state_->is_default = is_default;
+}
+
+std::uint64_t StreamHandle::id() const noexcept {
+  return state_ ? state_->id : 0;
+}
+bool StreamHandle::is_default() const noexcept {
+  return !state_ || state_->is_default;
+}
+
+device::Stream StreamHandle::device(Device::Kind kind) const {
+  return device::stream_for(id(), device::rank_device(kind));
+}
+
+void* StreamHandle::native() const {
+  // As before the device layer: non-default streams of a cuda job are CUDA streams; the
+  // default stream is now one too once device work needs it (never the legacy stream).
+  if (event_kind() != Device::Kind::Cuda || is_default()) return nullptr;
+  return device(Device::Kind::Cuda).native();
+}
+
+StreamHandle make_stream(bool is_default, std::uint64_t id) {
+  return StreamHandle(id, is_default);
 }
 
 BorrowEvents borrow_create(const StreamHandle& from) {
-  if (!cuda_available()) return {};
-  return {record(from), false};
+  const Device::Kind kind = event_kind();
+  if (kind == Device::Kind::Cpu) return {};
+  const device::Stream s = from.device(kind);
+  device::Event e = device::backend(kind).create_event(s.device());
+  e.record(s);
+  return {std::move(e), kind, false};
 }
 
 void borrow_first_use(BorrowEvents& b, const StreamHandle& to) {
   b.used = true;
-  if (b.created)
-    MESHRT_CUDA_CHECK(
-        cudaStreamWaitEvent(static_cast<cudaStream_t>(to.native()), static_cast<cudaEvent_t>(b.created.get()), 0));
+  if (b.created.defined()) b.created.wait(to.device(b.kind));
 }
 
 void borrow_drop(BorrowEvents& b, const StreamHandle& from, const StreamHandle& to) {
-  if (!b.used || !b.created) return;
+  if (!b.used || !b.created.defined()) return;
   // The origin may reuse the memory only after the borrower's work on it.
-  auto done = record(to);
-  MESHRT_CUDA_CHECK(
-      cudaStreamWaitEvent(static_cast<cudaStream_t>(from.native()), static_cast<cudaEvent_t>(done.get()), 0));
+  const device::Stream borrower = to.device(b.kind);
+  device::Event done = device::backend(b.kind).create_event(borrower.device());
+  done.record(borrower);
+  done.wait(from.device(b.kind));
 }
-
-#else
-
-StreamHandle make_stream(bool) {
-  return {};
-}
-BorrowEvents borrow_create(const StreamHandle&) {
-  return {};
-}
-void borrow_first_use(BorrowEvents& b, const StreamHandle&) {
-  b.used = true;
-}
-void borrow_drop(BorrowEvents&, const StreamHandle&, const StreamHandle&) {}
-
-#endif
 
 }  // namespace meshrt::detail

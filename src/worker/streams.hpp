@@ -1,25 +1,43 @@
-// A worker's streams. On the CPU every stream runs in order on the event loop, so
-// borrows need no events (the controller still enforces their rules). With CUDA and a
-// GPU, a non-default stream is a CUDA stream and a borrow is a pair of CUDA events:
-// created on the origin stream, waited on by the borrower at first use, and at drop the
-// origin waits for the borrower.
+// A worker's streams over the device layer (meshrt/device.hpp). On the CPU every stream
+// runs in order on the event loop, so borrows need no events (the controller still
+// enforces their rules). On an accelerator a meshrt stream is one device stream per rank
+// (device::stream_for), created when device work first needs it, and a borrow is a pair
+// of device events: recorded on the origin at creation, waited on by the borrower at
+// first use, and at drop the origin waits for the borrower.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+
+#include "meshrt/device.hpp"
 
 namespace meshrt::detail {
 
-struct StreamHandle {
-  std::shared_ptr<void> cuda;  // cudaStream_t (nullptr: the CPU stream or CUDA's default)
-  void* native() const noexcept { return cuda.get(); }
+class StreamHandle {
+ public:
+  StreamHandle() = default;
+  StreamHandle(std::uint64_t id, bool is_default);
+
+  std::uint64_t id() const noexcept;
+  bool is_default() const noexcept;
+  // The device stream of this meshrt stream on this rank's device of `kind` (an
+  // accelerator kind), created on first use.
+  device::Stream device(Device::Kind kind) const;
+  // The cudaStream_t a kernel launches on: on a cuda job, the CUDA stream of this meshrt
+  // stream; nullptr on the CPU and on emulated (whose kernels enqueue on device()).
+  void* native() const;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;  // the device streams are released with the last copy
 };
 
-// A new stream: a CUDA stream when meshrt was built with CUDA, a GPU is visible and the
-// stream is not the default one; otherwise the CPU stream.
-StreamHandle make_stream(bool is_default);
+// A new stream, `id` its ref in the worker's environment.
+StreamHandle make_stream(bool is_default, std::uint64_t id = 0);
 
 struct BorrowEvents {
-  std::shared_ptr<void> created;  // recorded on the origin at BorrowCreate
+  device::Event created;  // recorded on the origin at BorrowCreate
+  Device::Kind kind = Device::Kind::Cpu;
   bool used = false;
 };
 

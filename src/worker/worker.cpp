@@ -17,6 +17,7 @@
 #include "common/checks.hpp"
 #include "meshrt/comm.hpp"
 #include "meshrt/control.hpp"
+#include "meshrt/device.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/protocol.hpp"
@@ -151,8 +152,20 @@ struct Worker::Impl {
     const StreamValue& stream = get_as<StreamValue>(stream_ref, "stream");
     if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, stream.id, Device::cpu(), stream.handle.native());
     const auto& mesh = get_as<std::shared_ptr<WorkerMesh>>(mesh_ref, "mesh");
-    return CallContext(opt.rank, mesh->names(), mesh->coordinates(), stream.id, Device::cpu(), stream.handle.native());
+    // Kernels get this rank's own device of the kind the mesh is placed on.
+    const auto kind = mesh_kinds.find(mesh_ref.id);
+    const Device where = kind == mesh_kinds.end() || kind->second == Device::Kind::Cpu
+                             ? Device::cpu()
+                             : device::rank_device(kind->second);
+    // A cuda mesh's kernels launch on the CUDA stream of this meshrt stream (never the
+    // legacy default stream); CPU meshes keep the handle's (a CUDA stream only for the
+    // non-default streams of a cuda job), emulated ones enqueue through the device layer.
+    void* native = where.is_cuda()  ? stream.handle.device(Device::Kind::Cuda).native()
+                   : where.is_cpu() ? stream.handle.native()
+                                    : nullptr;
+    return CallContext(opt.rank, mesh->names(), mesh->coordinates(), stream.id, where, native);
   }
+  std::unordered_map<std::uint64_t, Device::Kind> mesh_kinds;
 
   // ------------------------------------------------------------------ commands
 
@@ -160,10 +173,13 @@ struct Worker::Impl {
     std::visit([this](auto& c) { run(c); }, command);
   }
 
-  void run(CreateDeviceMesh& c) { define(c.result, std::make_shared<WorkerMesh>(c.names, c.ranks, opt.world)); }
+  void run(CreateDeviceMesh& c) {
+    define(c.result, std::make_shared<WorkerMesh>(c.names, c.ranks, opt.world));
+    mesh_kinds[c.result.id] = c.device;
+  }
 
   void run(CreateStream& c) {
-    define(c.result, StreamValue{c.result.id, c.is_default, detail::make_stream(c.is_default)});
+    define(c.result, StreamValue{c.result.id, c.is_default, detail::make_stream(c.is_default, c.result.id)});
   }
 
   template <class Body>
@@ -232,6 +248,15 @@ struct Worker::Impl {
     return functions::infer(fn, ArgMetas(fn.name, std::move(metas), device));
   }
 
+  // On the controller a device means "each rank's own device of this kind"
+  // (docs/ARCHITECTURE.md section 7): an output matches its declared meta when shape, dtype
+  // and device kind agree, and an accelerator output is on this rank's own device.
+  static bool matches(const TensorMeta& got, const TensorMeta& want) {
+    if (got.shape() != want.shape() || got.dtype() != want.dtype()) return false;
+    if (got.device().kind() != want.device().kind()) return false;
+    return got.device().is_cpu() || got.device() == device::rank_device(got.device().kind());
+  }
+
   // A kernel's outputs must be what its shape function declared: the controller planned
   // every later command (collectives, sends, fetches) with those metas, and peers join
   // collectives with them.
@@ -243,7 +268,7 @@ struct Worker::Impl {
     for (std::size_t i = 0; i < outputs.size(); ++i) {
       const TensorMeta& want = expected.outputs[i];
       const Tensor& got = outputs[i];
-      if (!got.defined() || !(got.meta() == want)) {
+      if (!got.defined() || !matches(got.meta(), want)) {
         throw UsageError(fmt::format("{} returned on rank {} as output {}: expected {} (its shape function), found {}",
                                      function, opt.rank, i, want.to_string(),
                                      got.defined() ? got.meta().to_string() : "an undefined tensor"));
@@ -261,10 +286,18 @@ struct Worker::Impl {
         std::vector<Tensor> outputs = functions::lookup(*c.function).kernel(ctx, args);
         value = outputs.size() == 1 ? Value(outputs[0]) : Value(Value::List(outputs.begin(), outputs.end()));
       }
-      // Device tensors travel as host copies.
-      value = value.map([](const Value& leaf) {
-        return leaf.is_tensor() && !leaf.as_tensor().device().is_cpu() ? Value(leaf.as_tensor().to(Device::cpu()))
-                                                                       : leaf;
+      // Device tensors travel as host copies, made in the order of the fetch's device
+      // stream (after the kernels that wrote them). TODO(issue 12): poll the copy's event
+      // from the loop instead of waiting for it here.
+      value = value.map([&c](const Value& leaf) {
+        if (!leaf.is_tensor() || leaf.as_tensor().device().is_cpu()) return leaf;
+        const Tensor& t = leaf.as_tensor();
+        const device::Stream s = device::stream_for(c.stream.id, t.device());
+        device::Fetch f = device::fetch(t, s);
+        f.done.synchronize();
+        if (auto error = s.error())
+          throw SystemError(fmt::format("fetch of {}: device error: {}", t.to_string(), *error));
+        return Value(std::move(f.host));
       });
       reply(FetchResult{.ident = c.ident, .value = std::move(value)});
       // The controller counts a FetchResult as the invocation's completion on this rank:
@@ -285,16 +318,14 @@ struct Worker::Impl {
                                  meshrt::name(c.reduction), c.dim),
                      std::move(members), c.factory.nbytes());
     Input in = input(c.tensor);
-#if MESHRT_HAVE_NCCL
-    // CUDA tensors (and the factory of a broken CUDA input) go through NCCL on the stream.
-    if (c.factory.device().is_cuda()) {
-      const StreamValue& stream = get_as<StreamValue>(c.stream, "stream");
-      in_flight = InFlight{start_reduce_nccl(*mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory,
-                                             stream.handle.native()),
-                           c.result};
+    // Accelerator tensors (and the factory of a broken one) go over the device layer's
+    // communicators on the command's device stream.
+    if (c.factory.device().is_accelerator()) {
+      in_flight = InFlight{
+          start_reduce_device(*mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory, c.stream.id),
+          c.result};
       return;
     }
-#endif
     in_flight =
         InFlight{start_reduce(*mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory), c.result};
     in_flight->on_comm_thread = c.factory.nbytes() >= kThreadMinBytes;
@@ -305,9 +336,16 @@ struct Worker::Impl {
     const bool sends = c.from_ranks.contains(opt.rank);
     const bool receives = c.to_ranks.contains(opt.rank);
     Input in = sends ? input(c.tensor) : Input(Tensor());
+    const std::optional<Ref> result = receives ? std::optional<Ref>(c.result) : std::nullopt;
+    if (c.factory.device().is_accelerator()) {
+      in_flight = InFlight{start_send_tensor_device(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in),
+                                                    c.factory, c.stream.id, c.to_order),
+                           result};
+      return;
+    }
     in_flight = InFlight{start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory,
                                            Completion::Auto, c.to_order),
-                         receives ? std::optional<Ref>(c.result) : std::nullopt};
+                         result};
     in_flight->on_comm_thread = c.factory.nbytes() >= kThreadMinBytes;
   }
 
@@ -432,7 +470,10 @@ struct Worker::Impl {
   }
 
   void run(DeleteRefs& c) {
-    for (Ref r : c.refs) env.erase(r.id);
+    for (Ref r : c.refs) {
+      env.erase(r.id);
+      mesh_kinds.erase(r.id);
+    }
   }
 
   void run(CommandGroup&) {}  // flattened when it arrives (enqueue)
@@ -443,9 +484,7 @@ struct Worker::Impl {
     send_status(true);
   }
 
-  void run(Exit& c) {
-    exit = c.restart ? WorkerExit::Restart : WorkerExit::Shutdown;
-  }
+  void run(Exit& c) { exit = c.restart ? WorkerExit::Restart : WorkerExit::Shutdown; }
 
   // Runs one command; a failure outside any invocation (a broken collective set-up, a
   // bad ref) is logged and reported with ident 0 so it is never silent.

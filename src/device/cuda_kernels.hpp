@@ -1,5 +1,5 @@
-// The CUDA side of the elementwise built-ins (builtins_cuda.cu). Plain types only, so
-// the .cu file does not need meshrt's C++20 headers. `dtype` is static_cast<int>(DType);
+// The device layer's CUDA kernels (kernels_cuda.cu): the elementwise built-ins and the
+// division of avg. Plain types only, so the .cu file needs no C++20 meshrt header. `dtype` is static_cast<int>(DType);
 // `stream` is a cudaStream_t (nullptr: the default stream). Errors raise SystemError.
 #pragma once
 
@@ -11,6 +11,8 @@ enum BinaryOp : int { kAdd = 0, kSub = 1, kMul = 2 };
 
 void binary(int op, int dtype, const void* a, const void* b, void* out, std::int64_t n, void* stream);
 void scale(int dtype, const void* x, double factor, void* out, std::int64_t n, void* stream);
+// x[i] = x[i] / divisor in place (avg's division; integers truncate toward zero).
+void divide(int dtype, void* x, std::int64_t divisor, std::int64_t n, void* stream);
 // Floating dtypes take `fvalue`, the others `ivalue`.
 void fill(int dtype, void* out, double fvalue, std::int64_t ivalue, std::int64_t n, void* stream);
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <type_traits>
 
-#include "functions/cuda_kernels.hpp"
+#include "device/cuda_kernels.hpp"
 #include "meshrt/error.hpp"
 
 // Not common/checks.hpp: this file is compiled as C++17 by nvcc, apart from libmeshrt's
@@ -108,6 +108,20 @@ __global__ void fill_kernel(T* out, T value, std::int64_t n) {
   }
 }
 
+// x[i] / n: the second half of avg (a sum, then a division, as on the CPU). Halves divide
+// in float and round once; integers truncate toward zero.
+template <class T>
+__global__ void divide_kernel(T* x, std::int64_t divisor, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+      x[i] = T(static_cast<float>(x[i]) / static_cast<float>(divisor));
+    } else {
+      x[i] = static_cast<T>(x[i] / static_cast<T>(divisor));
+    }
+  }
+}
+
 constexpr int kThreads = 256;
 unsigned blocks(std::int64_t n) {
   const std::int64_t b = (n + kThreads - 1) / kThreads;
@@ -135,6 +149,19 @@ void scale(int dtype, const void* x, double factor, void* out, std::int64_t n, v
     } else {
       scale_kernel<T><<<blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<const T*>(x), factor,
                                                                                      static_cast<T*>(out), n);
+    }
+  });
+  MESHRT_CUDA_CHECK(cudaGetLastError());
+}
+
+void divide(int dtype, void* x, std::int64_t divisor, std::int64_t n, void* stream) {
+  if (n == 0 || divisor == 1) return;
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      throw UsageError("CUDA divide: expected a numeric dtype, found bool");
+    } else {
+      divide_kernel<T><<<blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<T*>(x), divisor, n);
     }
   });
   MESHRT_CUDA_CHECK(cudaGetLastError());

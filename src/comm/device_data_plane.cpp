@@ -1,0 +1,273 @@
+// The data plane for accelerator tensors (cuda or emulated) over the device layer's
+// communicators (docs/ARCHITECTURE.md section 7): a Reduce over the communicator of the mesh
+// dimension's line (made from the MPI split of that line), a SendTensor over one made
+// over exactly from ∪ to; both cached by rank set across meshes. Everything is enqueued
+// on the command's device stream; Pending::test polls an event recorded after it and the
+// communicator's asynchronous error, so the worker's loop never blocks on the device.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "comm/plan.hpp"
+#include "common/checks.hpp"
+#include "meshrt/comm.hpp"
+#include "meshrt/device.hpp"
+#include "meshrt/settings.hpp"
+
+namespace meshrt {
+namespace {
+
+device::Accelerator accelerator_of(Device::Kind kind) {
+  return kind == Device::Kind::Cuda ? device::Accelerator::Cuda : device::Accelerator::Emulated;
+}
+
+// Device communicators by (kind, world ranks in member order). Only the worker thread
+// uses them: one creation at a time, in the order commands arrive (the same everywhere).
+using CommKey = std::tuple<int, std::vector<int>>;
+// Never destroyed at exit (that would run after MPI_Finalize): free_device_communicators
+// empties it while MPI is up.
+std::mutex g_comms_mutex;
+auto& g_comms = *new std::map<CommKey, std::shared_ptr<device::Communicator>>();
+
+std::shared_ptr<device::Communicator> cached(Device::Kind kind, std::vector<int> world_ranks, MPI_Comm members,
+                                             int device) {
+  CommKey key{static_cast<int>(kind), std::move(world_ranks)};
+  {
+    std::lock_guard lock(g_comms_mutex);
+    if (auto it = g_comms.find(key); it != g_comms.end()) return it->second;
+  }
+  std::shared_ptr<device::Communicator> comm =
+      device::create_communicator(accelerator_of(kind), members, device, settings::get_seconds("MESHRT_GROUP_TIMEOUT"));
+  std::lock_guard lock(g_comms_mutex);
+  return g_comms.try_emplace(std::move(key), std::move(comm)).first->second;
+}
+
+// A failed communicator is aborted from this (the worker) thread and dropped, so the
+// next command over those ranks makes a fresh one.
+void drop(const std::shared_ptr<device::Communicator>& comm) {
+  comm->abort();
+  std::lock_guard lock(g_comms_mutex);
+  for (auto it = g_comms.begin(); it != g_comms.end(); ++it) {
+    if (it->second == comm) {
+      g_comms.erase(it);
+      return;
+    }
+  }
+}
+
+class DevicePending final : public Pending {
+ public:
+  bool test() override {
+    if (finished()) return true;
+    if (comm) {
+      if (auto error = comm->async_error()) {
+        drop(comm);
+        return fail(*error);
+      }
+    }
+    if (done.defined() && !done.query()) return false;
+    if (auto error = stream.defined() ? stream.error() : std::nullopt) return fail(*error);
+    keep.clear();
+    finish(std::move(result));
+    return true;
+  }
+  std::string describe() const override { return text; }
+  void defer(std::string message) { fail_after_completion(std::move(message)); }
+  void record() {
+    done = device::backend(kind).create_event(stream.device());
+    done.record(stream);
+  }
+
+  std::string text;
+  Device::Kind kind = Device::Kind::Emulated;
+  device::Stream stream;
+  device::Event done;
+  std::shared_ptr<device::Communicator> comm;
+  std::vector<Tensor> keep;  // buffers the device still uses
+  Outcome result;
+
+ private:
+  bool fail(const std::string& error) {
+    fail_after_completion(fmt::format("{}: device error: {}", text, error));
+    keep.clear();
+    finish(Outcome{});
+    return true;
+  }
+};
+
+// The rank's own view of a factory: on the controller a device means "each rank's own
+// device of this kind".
+TensorMeta local_factory(const TensorMeta& factory) {
+  return factory.with_device(device::rank_device(factory.device().kind()));
+}
+
+// join_input for device tensors: a broken or mismatched input joins with zeros made on
+// the stream (Tensor::zeros would be unordered with it).
+detail::Joined join_device(Input&& input, const TensorMeta& factory, const device::Stream& stream, std::string_view op,
+                           std::string_view where) {
+  detail::Joined j;
+  if (auto* t = std::get_if<Tensor>(&input)) {
+    if (t->defined() && t->meta() == factory) {
+      j.tensor = std::move(*t);
+      return j;
+    }
+    j.mismatch = fmt::format(
+        "{}: expected an input {} as the controller computed, found {}; this rank joined with zeros so that its "
+        "peers complete{}",
+        op, factory.to_string(), t->defined() ? t->meta().to_string() : "an undefined tensor", where);
+  } else {
+    j.broken = std::get<DependentOnError>(input);
+  }
+  j.tensor = device::zeros(factory, stream);
+  return j;
+}
+
+}  // namespace
+
+void free_device_communicators() noexcept {
+  std::map<CommKey, std::shared_ptr<device::Communicator>> gone;
+  {
+    std::lock_guard lock(g_comms_mutex);
+    gone.swap(g_comms);
+  }
+  for (auto& [key, comm] : gone) comm->destroy();
+}
+
+std::unique_ptr<Pending> start_reduce_device(WorkerMesh& mesh, std::string_view dim, Reduction reduction, bool scatter,
+                                             bool inplace, Input input, const TensorMeta& controller_factory,
+                                             std::uint64_t stream_id) {
+  const TensorMeta factory = local_factory(controller_factory);
+  const detail::ReducePlan plan =
+      detail::plan_reduce(mesh, dim, reduction, scatter, inplace, factory, detail::Backend::Nccl);
+  auto p = std::make_unique<DevicePending>();
+  p->kind = factory.device().kind();
+  p->stream = device::stream_for(stream_id, factory.device());
+  p->text = detail::describe_reduce(mesh, plan.dim, plan.collective, reduction, factory.nbytes(),
+                                    name(factory.device().kind()));
+  detail::Joined in =
+      join_device(std::move(input), factory, p->stream, plan.collective, detail::where_reduce(mesh, plan.dim));
+  if (!in.mismatch.empty()) p->defer(in.mismatch);
+  p->result.broken = in.broken;
+  p->comm = cached(p->kind, mesh.line_world_ranks(plan.dim), mesh.dim_comm(plan.dim), factory.device().index());
+  device::Backend& b = device::backend(p->kind);
+  const auto numel = static_cast<std::size_t>(factory.numel());
+  const auto n = static_cast<std::size_t>(plan.n);
+  const void* src = in.tensor.raw_data();
+  const DType dtype = factory.dtype();
+  Tensor out;
+  if (reduction == Reduction::Stack && !scatter) {
+    out = b.empty(plan.out_meta(factory), p->stream);
+    p->comm->all_gather(src, out.raw_data(), numel, dtype, p->stream);
+  } else if (reduction == Reduction::Stack) {
+    // No in-place all-to-all on the device: in place goes through a scratch output
+    // copied back on the same stream.
+    Tensor scratch = b.empty(plan.out_meta(factory), p->stream);
+    p->comm->all_to_all(src, scratch.raw_data(), numel / n, dtype, p->stream);
+    if (inplace) {
+      device::copy(in.tensor, scratch, p->stream);
+      p->keep.push_back(scratch);
+      out = in.tensor;
+    } else {
+      out = scratch;
+    }
+  } else if (scatter) {
+    out = b.empty(plan.out_meta(factory), p->stream);
+    p->comm->reduce_scatter(src, out.raw_data(), numel / n, dtype, reduction, p->stream);
+  } else {
+    out = inplace ? in.tensor : b.empty(plan.out_meta(factory), p->stream);
+    p->comm->all_reduce(src, out.raw_data(), numel, dtype, reduction, p->stream);
+  }
+  p->keep.push_back(in.tensor);
+  p->result.tensor = std::move(out);
+  p->record();
+  return p;
+}
+
+std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks,
+                                                  const NDSlice& to_ranks, Input input,
+                                                  const TensorMeta& controller_factory, std::uint64_t stream_id,
+                                                  std::span<const std::int64_t> to_order) {
+  const TensorMeta factory = local_factory(controller_factory);
+  int size = 0;
+  MESHRT_MPI_CHECK(MPI_Comm_size(p2p, &size));
+  const detail::SendPlan plan =
+      detail::plan_send(my_rank, size, from_ranks, to_ranks, factory, detail::Backend::Nccl, to_order);
+  auto p = std::make_unique<DevicePending>();
+  p->kind = factory.device().kind();
+  p->text = detail::describe_send(plan, my_rank, factory.nbytes(), name(p->kind));
+  if (plan.send_to < 0 && plan.recv_from < 0) {
+    (void)p->test();  // no part in it: no stream, no communicator
+    return p;
+  }
+  p->stream = device::stream_for(stream_id, factory.device());
+  device::Backend& b = device::backend(p->kind);
+  Tensor sent;
+  if (plan.send_to >= 0) {
+    detail::Joined in = join_device(std::move(input), factory, p->stream, "send_tensor",
+                                    fmt::format(" (world rank {}, sending to rank {})", my_rank, plan.send_to));
+    if (!in.mismatch.empty()) p->defer(std::move(in.mismatch));
+    p->result.broken = plan.self ? in.broken : std::nullopt;
+    sent = std::move(in.tensor);
+  }
+  if (plan.self) {
+    Tensor copy = b.empty(factory, p->stream);
+    device::copy(copy, sent, p->stream);
+    p->result.tensor = std::move(copy);
+    p->record();
+    return p;
+  }
+  // The communicator over exactly from ∪ to (ranks of p2p, in increasing order): only
+  // those ranks receive this command, and only they join its creation.
+  std::vector<int> members;
+  for (auto r : from_ranks) members.push_back(static_cast<int>(r));
+  for (auto r : to_ranks) members.push_back(static_cast<int>(r));
+  std::sort(members.begin(), members.end());
+  members.erase(std::unique(members.begin(), members.end()), members.end());
+  const auto index = [&](int r) {
+    return static_cast<int>(std::lower_bound(members.begin(), members.end(), r) - members.begin());
+  };
+  std::shared_ptr<device::Communicator> comm;
+  {
+    CommKey key{static_cast<int>(p->kind), members};
+    std::lock_guard lock(g_comms_mutex);
+    if (auto it = g_comms.find(key); it != g_comms.end()) comm = it->second;
+  }
+  if (!comm) {
+    MPI_Group all = MPI_GROUP_NULL;
+    MPI_Group some = MPI_GROUP_NULL;
+    MPI_Comm sub = MPI_COMM_NULL;
+    MESHRT_MPI_CHECK(MPI_Comm_group(p2p, &all));
+    MESHRT_MPI_CHECK(MPI_Group_incl(all, static_cast<int>(members.size()), members.data(), &some));
+    MESHRT_MPI_CHECK(MPI_Comm_create_group(p2p, some, /*tag=*/0x6d65, &sub));
+    MPI_Group_free(&some);
+    MPI_Group_free(&all);
+    try {
+      comm = cached(p->kind, members, sub, factory.device().index());
+    } catch (...) {
+      MPI_Comm_free(&sub);
+      throw;
+    }
+    MPI_Comm_free(&sub);  // the device communicator dup'd what it needs
+  }
+  p->comm = comm;
+  std::vector<device::Communicator::PeerOp> ops;
+  if (plan.recv_from >= 0) {
+    p->result.tensor = b.empty(factory, p->stream);
+    ops.push_back(
+        {false, index(plan.recv_from), p->result.tensor.raw_data(), static_cast<std::size_t>(factory.numel())});
+  }
+  if (plan.send_to >= 0) {
+    ops.push_back({true, index(plan.send_to), sent.raw_data(), static_cast<std::size_t>(factory.numel())});
+    p->keep.push_back(sent);
+  }
+  comm->send_recv(ops, factory.dtype(), p->stream);
+  p->record();
+  return p;
+}
+
+}  // namespace meshrt

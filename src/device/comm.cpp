@@ -1,0 +1,112 @@
+// Device placement and the backend-neutral parts of making a device communicator.
+#include "device/comm.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/checks.hpp"
+#include "device/emulated_comm.hpp"
+#include "meshrt/settings.hpp"
+
+#if MESHRT_HAVE_CUDA
+#include "device/cuda.hpp"
+#endif
+
+namespace meshrt::device {
+namespace {
+
+std::uint64_t host_hash() {
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  MESHRT_MPI_CHECK(MPI_Get_processor_name(host, &length));
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a, as NCCL hashes host names
+  for (int i = 0; i < length; ++i) h = (h ^ static_cast<unsigned char>(host[i])) * 1099511628211ull;
+  return h;
+}
+
+struct MemberPlace {
+  std::uint64_t host = 0;
+  std::int32_t device = 0;
+  std::int32_t world_rank = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> create_communicator(Accelerator accelerator, MPI_Comm members, int device,
+                                                  std::chrono::duration<double> timeout) {
+  switch (accelerator) {
+    case Accelerator::Emulated:
+      return create_emulated_communicator(members, device, timeout);
+    case Accelerator::Cuda:
+#if MESHRT_HAVE_NCCL
+      return create_nccl_communicator(members, device, timeout);
+#else
+      throw UsageError("device communicator: expected NCCL for cuda, found a build without it");
+#endif
+    case Accelerator::None:
+      break;
+  }
+  throw UsageError("device communicator: expected an accelerator (cuda or emulated), found none");
+}
+
+int local_rank(MPI_Comm world) {
+  MPI_Comm node = MPI_COMM_NULL;
+  MESHRT_MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int rank = 0;
+  MESHRT_MPI_CHECK(MPI_Comm_rank(node, &rank));
+  MESHRT_MPI_CHECK(MPI_Comm_free(&node));
+  return rank;
+}
+
+int select_device(Accelerator accelerator, MPI_Comm world) {
+#if MESHRT_HAVE_CUDA
+  // Counting CUDA devices needs no backend (and so no context) yet.
+  const int count = accelerator == Accelerator::Cuda ? cuda_visible_devices() : backend(accelerator).device_count();
+#else
+  const int count = backend(accelerator).device_count();
+#endif
+  if (count < 1) {
+    throw UsageError(
+        fmt::format("device placement: expected at least one {} device on this node, found none", name(accelerator)));
+  }
+  // Always collective, so ranks with and without MESHRT_DEVICE still agree.
+  const int local = local_rank(world);
+  if (settings::from_environment("MESHRT_DEVICE")) {
+    const auto chosen = settings::get_int("MESHRT_DEVICE");
+    if (chosen < 0 || chosen >= count) {
+      throw UsageError(fmt::format("setting MESHRT_DEVICE: expected a device of the {} accelerator in 0..{}, found {}",
+                                   name(accelerator), count - 1, chosen));
+    }
+    return static_cast<int>(chosen);
+  }
+  return local % count;
+}
+
+void check_distinct_devices(MPI_Comm members, Accelerator accelerator, int device) {
+  int size = 0;
+  MESHRT_MPI_CHECK(MPI_Comm_size(members, &size));
+  MemberPlace mine;
+  mine.host = host_hash();
+  mine.device = device;
+  MESHRT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &mine.world_rank));
+  std::vector<MemberPlace> all(static_cast<std::size_t>(size));
+  MESHRT_MPI_CHECK(
+      MPI_Allgather(&mine, sizeof(MemberPlace), MPI_BYTE, all.data(), sizeof(MemberPlace), MPI_BYTE, members));
+  // Every member sees the same table, so every member throws the same error: none waits.
+  for (int i = 0; i < size; ++i) {
+    for (int j = i + 1; j < size; ++j) {
+      if (all[i].host == all[j].host && all[i].device == all[j].device) {
+        throw UsageError(fmt::format(
+            "device communicator: expected one rank per device, found world ranks {} and {} (members {} and {}) both "
+            "on {}:{} of one node; give each rank its own device (MESHRT_DEVICE, or fewer ranks per node than "
+            "devices)",
+            all[i].world_rank, all[j].world_rank, i, j, name(accelerator), all[i].device));
+      }
+    }
+  }
+}
+
+}  // namespace meshrt::device

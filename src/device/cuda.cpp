@@ -1,0 +1,249 @@
+// The cuda backend's streams, events and memory. Nothing here uses the legacy default
+// stream: every copy and memset is asynchronous on the stream it is given.
+#include "device/cuda.hpp"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "device/backend.hpp"
+#include "device/pool.hpp"
+#include "meshrt/settings.hpp"
+
+namespace meshrt::device {
+namespace {
+
+// The first error of the host functions of one stream, shared with those in flight.
+struct ErrorSlot {
+  std::mutex mutex;
+  std::optional<std::string> error;
+  void set(std::string text) {
+    std::lock_guard lock(mutex);
+    if (!error) error = std::move(text);
+  }
+};
+
+struct HostTask {
+  std::function<void()> fn;
+  std::shared_ptr<ErrorSlot> slot;
+};
+
+// A host function must not call CUDA; meshrt's tasks only touch host memory and the pool.
+void CUDART_CB run_host_task(void* p) {
+  std::unique_ptr<HostTask> task(static_cast<HostTask*>(p));
+  try {
+    task->fn();
+  } catch (const std::exception& e) {
+    task->slot->set(e.what());
+  } catch (...) {
+    task->slot->set("a host task threw a non-std::exception");
+  }
+}
+
+class CudaStream final : public Stream::Impl {
+ public:
+  CudaStream(int device, std::uint64_t id, CachingPool& pool) : device_(device), id_(id), pool_(pool) {
+    CudaDeviceGuard guard(device);
+    MESHRT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  ~CudaStream() override {
+    // Queued work still runs after cudaStreamDestroy; the pool frees this stream's
+    // cached blocks only with cudaFree, which waits for the device.
+    (void)cudaStreamDestroy(stream_);
+    pool_.forget_stream(id_);
+  }
+
+  Accelerator accelerator() const noexcept override { return Accelerator::Cuda; }
+  int device() const noexcept override { return device_; }
+  std::uint64_t id() const noexcept override { return id_; }
+  void* native() const noexcept override { return stream_; }
+
+  void enqueue(std::function<void()> task) override {
+    auto* t = new HostTask{std::move(task), slot_};
+    const cudaError_t rc = cudaLaunchHostFunc(stream_, run_host_task, t);
+    if (rc != cudaSuccess) {
+      delete t;
+      MESHRT_CUDA_CHECK(rc);
+    }
+  }
+  bool query() override {
+    const cudaError_t rc = cudaStreamQuery(stream_);
+    if (rc == cudaErrorNotReady) return false;
+    if (rc != cudaSuccess) slot_->set(fmt::format("{}: {}", to_string(), cudaGetErrorString(rc)));
+    return true;
+  }
+  void synchronize() override {
+    const cudaError_t rc = cudaStreamSynchronize(stream_);
+    if (rc != cudaSuccess) slot_->set(fmt::format("{}: {}", to_string(), cudaGetErrorString(rc)));
+  }
+  std::optional<std::string> error() override {
+    std::lock_guard lock(slot_->mutex);
+    return slot_->error;
+  }
+  std::string to_string() const override { return fmt::format("cuda:{} stream {}", device_, id_); }
+
+ private:
+  int device_;
+  std::uint64_t id_;
+  CachingPool& pool_;
+  cudaStream_t stream_ = nullptr;
+  std::shared_ptr<ErrorSlot> slot_ = std::make_shared<ErrorSlot>();
+};
+
+class CudaEvent final : public Event::Impl {
+ public:
+  explicit CudaEvent(int device) {
+    CudaDeviceGuard guard(device);
+    MESHRT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  }
+  ~CudaEvent() override { (void)cudaEventDestroy(event_); }
+  void record(Stream::Impl& stream) override {
+    MESHRT_CUDA_CHECK(cudaEventRecord(event_, static_cast<cudaStream_t>(stream.native())));
+  }
+  void wait(Stream::Impl& stream) override {
+    MESHRT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream.native()), event_, 0));
+  }
+  bool query() override {
+    const cudaError_t rc = cudaEventQuery(event_);
+    if (rc == cudaErrorNotReady) return false;
+    MESHRT_CUDA_CHECK(rc);
+    return true;
+  }
+  void synchronize() override { MESHRT_CUDA_CHECK(cudaEventSynchronize(event_)); }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend()
+      : pool_limit_(static_cast<std::size_t>(settings::get_int("MESHRT_DEVICE_POOL_BYTES"))),
+        pinned_(
+            [](std::size_t n) {
+              void* p = nullptr;
+              MESHRT_CUDA_CHECK(cudaMallocHost(&p, n));
+              return p;
+            },
+            [](void* p) { (void)cudaFreeHost(p); }, SIZE_MAX) {
+    const cudaError_t rc = cudaGetDeviceCount(&count_);
+    if (rc != cudaSuccess || count_ < 1) {
+      (void)cudaGetLastError();
+      throw UsageError(fmt::format("cuda backend: expected a usable CUDA device, found {}",
+                                   rc != cudaSuccess ? cudaGetErrorString(rc) : "none visible"));
+    }
+    for (int d = 0; d < count_; ++d) {
+      pools_.push_back(std::make_unique<CachingPool>(
+          [d](std::size_t n) {
+            CudaDeviceGuard guard(d);
+            void* p = nullptr;
+            MESHRT_CUDA_CHECK(cudaMalloc(&p, n));
+            return p;
+          },
+          [d](void* p) {
+            CudaDeviceGuard guard(d);
+            (void)cudaFree(p);
+          },
+          pool_limit_));
+    }
+  }
+
+  Accelerator accelerator() const noexcept override { return Accelerator::Cuda; }
+  int device_count() const override { return count_; }
+  void make_current(int index) override {
+    check(index, "make_current");
+    MESHRT_CUDA_CHECK(cudaSetDevice(index));
+  }
+  Stream create_stream(int device) override {
+    check(device, "create_stream");
+    return Stream(std::make_shared<CudaStream>(device, next_stream_++, *pools_[static_cast<std::size_t>(device)]));
+  }
+  Event create_event(int device) override {
+    check(device, "create_event");
+    return Event(std::make_shared<CudaEvent>(device));
+  }
+  Tensor empty(const TensorMeta& meta, const Stream& stream) override {
+    Stream::Impl& s = stream_impl(stream, Accelerator::Cuda, "cuda empty");
+    if (!meta.device().is_cuda() || meta.device().index() != s.device()) {
+      throw UsageError(fmt::format("cuda empty: expected a tensor on {}'s device cuda:{}, found {}", s.to_string(),
+                                   s.device(), meta.to_string()));
+    }
+    return Tensor::adopt_device(meta, pools_[static_cast<std::size_t>(s.device())]->allocate(meta.nbytes(), s.id()));
+  }
+  void copy_async(void* dst, const void* src, std::size_t bytes, const Stream& stream) override {
+    Stream::Impl& s = stream_impl(stream, Accelerator::Cuda, "cuda copy_async");
+    if (bytes == 0) return;
+    MESHRT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(s.native())));
+  }
+  void memset_async(void* dst, int value, std::size_t bytes, const Stream& stream) override {
+    Stream::Impl& s = stream_impl(stream, Accelerator::Cuda, "cuda memset_async");
+    if (bytes == 0) return;
+    MESHRT_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(s.native())));
+  }
+  std::shared_ptr<void> pinned(std::size_t bytes) override { return pinned_.allocate(bytes, 1); }
+  PoolStats pool_stats() const override {
+    PoolStats total;
+    for (const auto& p : pools_) {
+      const PoolStats s = p->stats();
+      total.hits += s.hits;
+      total.misses += s.misses;
+      total.cached_bytes += s.cached_bytes;
+      total.live_bytes += s.live_bytes;
+    }
+    return total;
+  }
+  void empty_cache() override {
+    for (auto& p : pools_) p->empty_cache();
+  }
+
+ private:
+  void check(int index, const char* what) const {
+    if (index < 0 || index >= count_) {
+      throw UsageError(fmt::format("cuda {}: expected a device in 0..{}, found {}", what, count_ - 1, index));
+    }
+  }
+  int count_ = 0;
+  std::size_t pool_limit_;
+  std::vector<std::unique_ptr<CachingPool>> pools_;
+  CachingPool pinned_;
+  std::atomic<std::uint64_t> next_stream_{1};
+};
+
+}  // namespace
+
+CudaDeviceGuard::CudaDeviceGuard(int device) {
+  MESHRT_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != device) MESHRT_CUDA_CHECK(cudaSetDevice(device));
+}
+
+CudaDeviceGuard::~CudaDeviceGuard() {
+  (void)cudaSetDevice(previous_);
+}
+
+namespace {
+std::atomic<bool> g_cuda_created{false};
+}
+
+Backend& cuda_backend() {
+  // Never destroyed, as the emulated one: tensors freed at exit return to its pools.
+  static auto* backend = new CudaBackend();
+  g_cuda_created.store(true);
+  return *backend;
+}
+
+int cuda_visible_devices() noexcept {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+bool cuda_backend_created() noexcept {
+  return g_cuda_created.load();
+}
+
+}  // namespace meshrt::device

@@ -1,0 +1,41 @@
+// The cuda backend: the device layer over the CUDA runtime and NCCL. Internal header,
+// compiled only with MESHRT_HAVE_CUDA.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <memory>
+
+#include "common/checks.hpp"
+#include "meshrt/device.hpp"
+
+namespace meshrt::device {
+
+// Makes `device` current for a scope and restores the caller's device after, so a call
+// never changes the thread's CUDA device behind its back.
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int device);
+  ~CudaDeviceGuard();
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// Created on first use: a CPU-only program never makes a CUDA context.
+Backend& cuda_backend();
+// cudaGetDeviceCount, 0 when it fails (no driver, no device); makes no context.
+int cuda_visible_devices() noexcept;
+// Whether cuda_backend() was called yet (a CUDA context may exist).
+bool cuda_backend_created() noexcept;
+
+#if MESHRT_HAVE_NCCL
+// ncclCommInitRankConfig with blocking = 0 over `members`, polled against `timeout`.
+std::unique_ptr<Communicator> create_nccl_communicator(MPI_Comm members, int device,
+                                                       std::chrono::duration<double> timeout);
+#endif
+
+}  // namespace meshrt::device

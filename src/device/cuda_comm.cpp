@@ -1,0 +1,267 @@
+// The cuda backend's communicator: NCCL, non-blocking (config.blocking = 0) so that init
+// and every call can be polled against a deadline and aborted from the issuing thread.
+#include <fmt/format.h>
+
+#include <thread>
+#include <vector>
+
+#include "device/backend.hpp"
+#include "device/comm.hpp"
+#include "device/cuda.hpp"
+#include "device/cuda_kernels.hpp"
+
+namespace meshrt::device {
+namespace {
+
+ncclDataType_t nccl_datatype(DType dtype) {
+  switch (dtype) {
+    case DType::Bool:  // one byte holding 0 or 1: min (all) and max (any) work on it
+    case DType::UInt8:
+      return ncclUint8;
+    case DType::Int32:
+      return ncclInt32;
+    case DType::Int64:
+      return ncclInt64;
+    case DType::Float16:
+      return ncclFloat16;
+    case DType::BFloat16:
+      return ncclBfloat16;
+    case DType::Float32:
+      return ncclFloat32;
+    case DType::Float64:
+      return ncclFloat64;
+  }
+  throw UsageError(fmt::format("NCCL: expected a valid dtype, found code {}", static_cast<int>(dtype)));
+}
+
+// Avg is ncclSum and a division kernel: ncclAvg pre-multiplies by 1/n (rounded to the
+// dtype), which differs from the CPU's sum-then-divide when n is not a power of two.
+ncclRedOp_t nccl_op(Reduction r, const std::string& where) {
+  switch (r) {
+    case Reduction::Sum:
+    case Reduction::Avg:
+      return ncclSum;
+    case Reduction::Product:
+      return ncclProd;
+    case Reduction::Min:
+      return ncclMin;
+    case Reduction::Max:
+      return ncclMax;
+    default:
+      break;
+  }
+  throw UsageError(fmt::format("{}: expected sum, avg, product, min or max (NCCL has no {} operator), found {}", where,
+                               name(r), name(r)));
+}
+
+std::string nccl_message(ncclComm_t comm, ncclResult_t rc) {
+  const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
+  return fmt::format("{}{}{}", ncclGetErrorString(rc), last != nullptr && *last != '\0' ? ": " : "",
+                     last != nullptr ? last : "");
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int rank, int size, int device)
+      : comm_(comm), rank_(rank), size_(size), device_(device) {}
+  ~NcclCommunicator() override { destroy(); }
+
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return size_; }
+  int device() const noexcept override { return device_; }
+
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, Reduction reduction,
+                  const Stream& stream) override {
+    const ncclRedOp_t op = nccl_op(reduction, where("all_reduce"));
+    cudaStream_t s = native(stream, "all_reduce");
+    CudaDeviceGuard guard(device_);
+    check(ncclAllReduce(send, recv, count, nccl_datatype(dtype), op, comm_, s), "ncclAllReduce");
+    if (reduction == Reduction::Avg) divide(recv, count, dtype, s);
+  }
+  void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
+    cudaStream_t s = native(stream, "all_gather");
+    CudaDeviceGuard guard(device_);
+    check(ncclAllGather(send, recv, count, nccl_datatype(dtype), comm_, s), "ncclAllGather");
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, Reduction reduction,
+                      const Stream& stream) override {
+    const ncclRedOp_t op = nccl_op(reduction, where("reduce_scatter"));
+    cudaStream_t s = native(stream, "reduce_scatter");
+    CudaDeviceGuard guard(device_);
+    check(ncclReduceScatter(send, recv, count, nccl_datatype(dtype), op, comm_, s), "ncclReduceScatter");
+    if (reduction == Reduction::Avg) divide(recv, count, dtype, s);
+  }
+  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
+    if (send == recv) {
+      throw UsageError(
+          fmt::format("{}: expected distinct send and receive buffers (NCCL has no in-place all-to-all), "
+                      "found one buffer",
+                      where("all_to_all")));
+    }
+    cudaStream_t s = native(stream, "all_to_all");
+    CudaDeviceGuard guard(device_);
+    const ncclDataType_t type = nccl_datatype(dtype);
+    const std::size_t block = count * element_size(dtype);
+    check(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < size_; ++r) {
+      const auto offset = static_cast<std::size_t>(r) * block;
+      check(ncclSend(static_cast<const char*>(send) + offset, count, type, r, comm_, s), "ncclSend");
+      check(ncclRecv(static_cast<char*>(recv) + offset, count, type, r, comm_, s), "ncclRecv");
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd");
+  }
+  void send_recv(std::span<const PeerOp> ops, DType dtype, const Stream& stream) override {
+    cudaStream_t s = native(stream, "send_recv");
+    CudaDeviceGuard guard(device_);
+    const ncclDataType_t type = nccl_datatype(dtype);
+    check(ncclGroupStart(), "ncclGroupStart");
+    for (const PeerOp& op : ops) {
+      if (op.send) {
+        check(ncclSend(op.buffer, op.count, type, op.peer, comm_, s), "ncclSend");
+      } else {
+        check(ncclRecv(op.buffer, op.count, type, op.peer, comm_, s), "ncclRecv");
+      }
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd");
+  }
+
+  std::optional<std::string> async_error() override {
+    if (comm_ == nullptr) return fmt::format("{} is destroyed", describe());
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
+    if (rc != ncclSuccess) return fmt::format("{}: ncclCommGetAsyncError: {}", describe(), nccl_message(comm_, rc));
+    if (state != ncclSuccess && state != ncclInProgress) {
+      return fmt::format("{}: {}", describe(), nccl_message(comm_, state));
+    }
+    return std::nullopt;
+  }
+
+  void abort() noexcept override {
+    if (comm_ == nullptr) return;
+    (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+  void destroy() noexcept override {
+    if (comm_ == nullptr) return;
+    // ncclCommDestroy on a failed communicator may hang: such a one is aborted instead.
+    if (async_error()) {
+      abort();
+      return;
+    }
+    {
+      (void)ncclCommFinalize(comm_);
+      ncclResult_t state = ncclInProgress;
+      while (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclInProgress) std::this_thread::yield();
+      if (state != ncclSuccess) {
+        abort();
+        return;
+      }
+    }
+    (void)ncclCommDestroy(comm_);
+    comm_ = nullptr;
+  }
+
+  std::string describe() const override {
+    return fmt::format("NCCL communicator (rank {} of {} on cuda:{})", rank_, size_, device_);
+  }
+
+ private:
+  std::string where(const char* what) const { return fmt::format("{} on {}", what, describe()); }
+
+  cudaStream_t native(const Stream& stream, const char* what) const {
+    Stream::Impl& s = stream_impl(stream, Accelerator::Cuda, what);
+    if (comm_ == nullptr) {
+      throw UsageError(fmt::format("{}: expected a live communicator, found it aborted or destroyed", where(what)));
+    }
+    if (s.device() != device_) {
+      throw UsageError(fmt::format("{}: expected a stream of cuda:{}, found {}", where(what), device_, s.to_string()));
+    }
+    return static_cast<cudaStream_t>(s.native());
+  }
+
+  // A non-blocking communicator may answer ncclInProgress: the call is then complete only
+  // once ncclCommGetAsyncError says so, and nothing else may be issued before.
+  void check(ncclResult_t rc, const char* call) {
+    if (rc == ncclInProgress) {
+      ncclResult_t state = ncclInProgress;
+      do {
+        rc = ncclCommGetAsyncError(comm_, &state);
+        if (rc != ncclSuccess) break;
+        rc = state;
+      } while (state == ncclInProgress);
+    }
+    if (rc != ncclSuccess) {
+      throw SystemError(fmt::format("{}: {} failed: {}", describe(), call, nccl_message(comm_, rc)));
+    }
+  }
+
+  void divide(void* buffer, std::size_t count, DType dtype, cudaStream_t s) const {
+    cuda_kernels::divide(static_cast<int>(dtype), buffer, size_, static_cast<std::int64_t>(count), s);
+  }
+
+  ncclComm_t comm_;
+  int rank_;
+  int size_;
+  int device_;
+};
+
+void wait_request(MPI_Request& request, std::chrono::steady_clock::time_point deadline) {
+  for (int done = 0;;) {
+    MESHRT_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw TimeoutError(
+          "NCCL communicator init: expected every member to join the unique id's broadcast in time, "
+          "found it incomplete at the deadline");
+    }
+    std::this_thread::yield();
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> create_nccl_communicator(MPI_Comm members, int device,
+                                                       std::chrono::duration<double> timeout) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::min(
+                                             timeout, std::chrono::duration<double>(std::chrono::hours(24 * 365))));
+  int rank = 0;
+  int size = 0;
+  MESHRT_MPI_CHECK(MPI_Comm_rank(members, &rank));
+  MESHRT_MPI_CHECK(MPI_Comm_size(members, &size));
+  // Before NCCL sees it: NCCL's own "Duplicate GPU detected" names no MPI rank.
+  check_distinct_devices(members, Accelerator::Cuda, device);
+  ncclUniqueId id{};
+  if (rank == 0) MESHRT_NCCL_CHECK(ncclGetUniqueId(&id));
+  MPI_Request request = MPI_REQUEST_NULL;
+  MESHRT_MPI_CHECK(MPI_Ibcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, members, &request));
+  wait_request(request, deadline);
+  CudaDeviceGuard guard(device);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t rc = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  ncclResult_t state = rc;
+  while (rc == ncclInProgress || (rc == ncclSuccess && state == ncclInProgress)) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      (void)ncclCommAbort(comm);
+      throw TimeoutError(
+          fmt::format("NCCL communicator init on cuda:{} (rank {} of {}): expected every member to "
+                      "join in time, found the init still in progress at the deadline",
+                      device, rank, size));
+    }
+    std::this_thread::yield();
+    rc = ncclCommGetAsyncError(comm, &state);
+  }
+  if (rc != ncclSuccess || state != ncclSuccess) {
+    const std::string message = nccl_message(comm, rc != ncclSuccess ? rc : state);
+    if (comm != nullptr) (void)ncclCommAbort(comm);
+    throw SystemError(
+        fmt::format("NCCL communicator init on cuda:{} (rank {} of {}): ncclCommInitRankConfig failed: {}", device,
+                    rank, size, message));
+  }
+  return std::make_unique<NcclCommunicator>(comm, rank, size, device);
+}
+
+}  // namespace meshrt::device

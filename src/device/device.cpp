@@ -1,0 +1,313 @@
+// The device layer's handles, the accelerator setting, the backend registry and the
+// stream-ordered helpers shared by every backend.
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "device/backend.hpp"
+#include "device/emulated.hpp"
+#include "meshrt/config.hpp"
+#include "meshrt/settings.hpp"
+
+#if MESHRT_HAVE_CUDA
+#include "device/cuda.hpp"
+#endif
+
+namespace meshrt::device {
+namespace {
+
+std::atomic<bool> g_unordered_fetch{false};
+
+std::mutex g_placement_mutex;
+Placement g_placement;
+
+std::mutex g_streams_mutex;
+std::map<std::tuple<std::uint64_t, int, int>, Stream> g_streams;  // (meshrt stream, kind, index)
+
+Stream::Impl& require(const Stream& stream, const char* what) {
+  if (!stream.defined()) throw UsageError(fmt::format("{}: expected a stream, found an undefined one", what));
+  return *stream.impl();
+}
+
+Event::Impl& require(const Event& event, const char* what) {
+  if (!event.defined()) throw UsageError(fmt::format("{}: expected an event, found an undefined one", what));
+  return *event.impl();
+}
+
+// Tensor::empty of an emulated meta: device memory from the pool, outside any stream.
+std::shared_ptr<void> emulated_tensor_memory(const Device& device, std::size_t bytes) {
+  EmulatedBackend& b = emulated_backend();
+  b.check_device(device.index(), "emulated tensor allocation");
+  return b.allocate_unordered(bytes);
+}
+
+// Installed at load: libmeshrt is one shared library, so this runs before main.
+[[maybe_unused]] const bool g_allocator_installed = [] {
+  meshrt::detail::set_device_allocator(emulated_tensor_memory);
+  return true;
+}();
+
+void require_accelerator_tensor(const Tensor& t, const char* what) {
+  if (!t.defined() || !t.device().is_accelerator()) {
+    throw UsageError(fmt::format("{}: expected an accelerator tensor, found {}", what, t.to_string()));
+  }
+}
+
+}  // namespace
+
+std::string_view name(Accelerator accelerator) noexcept {
+  switch (accelerator) {
+    case Accelerator::None:
+      return "none";
+    case Accelerator::Cuda:
+      return "cuda";
+    case Accelerator::Emulated:
+      return "emulated";
+  }
+  return "invalid";
+}
+
+Accelerator parse_accelerator(std::string_view text) {
+  if (text == "none") return Accelerator::None;
+  if (text == "cuda") return Accelerator::Cuda;
+  if (text == "emulated") return Accelerator::Emulated;
+  if (text == "auto") return cuda_available() ? Accelerator::Cuda : Accelerator::None;
+  throw UsageError(
+      fmt::format("setting MESHRT_ACCELERATOR: expected one of auto, cuda, emulated, none, found \"{}\"", text));
+}
+
+Accelerator configured_accelerator() {
+  static const Accelerator accelerator = parse_accelerator(settings::get("MESHRT_ACCELERATOR"));
+  return accelerator;
+}
+
+Device::Kind device_kind(Accelerator accelerator) noexcept {
+  switch (accelerator) {
+    case Accelerator::Cuda:
+      return Device::Kind::Cuda;
+    case Accelerator::Emulated:
+      return Device::Kind::Emulated;
+    case Accelerator::None:
+      break;
+  }
+  return Device::Kind::Cpu;
+}
+
+Backend& backend(Accelerator accelerator) {
+  switch (accelerator) {
+    case Accelerator::Emulated:
+      return emulated_backend();
+    case Accelerator::Cuda:
+#if MESHRT_HAVE_CUDA
+      return cuda_backend();
+#else
+      throw UsageError(
+          "device backend: expected an accelerator this build has, found cuda (meshrt was built "
+          "without CUDA); use MESHRT_ACCELERATOR=emulated or none");
+#endif
+    case Accelerator::None:
+      break;
+  }
+  throw UsageError("device backend: expected an accelerator (cuda or emulated), found none");
+}
+
+Backend& backend(Device::Kind kind) {
+  switch (kind) {
+    case Device::Kind::Cuda:
+      return backend(Accelerator::Cuda);
+    case Device::Kind::Emulated:
+      return backend(Accelerator::Emulated);
+    case Device::Kind::Cpu:
+      break;
+  }
+  throw UsageError("device backend: expected an accelerator device kind (cuda or emulated), found cpu");
+}
+
+Stream::Impl& stream_impl(const Stream& stream, Accelerator expected, const char* what) {
+  Stream::Impl& s = require(stream, what);
+  if (s.accelerator() != expected) {
+    throw UsageError(
+        fmt::format("{}: expected a stream of the {} accelerator, found {}", what, name(expected), s.to_string()));
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------- placement
+
+void set_placement(Placement p) noexcept {
+  std::lock_guard lock(g_placement_mutex);
+  g_placement = p;
+}
+
+Placement placement() noexcept {
+  std::lock_guard lock(g_placement_mutex);
+  return g_placement;
+}
+
+Device rank_device(Device::Kind kind) {
+  if (kind == Device::Kind::Cpu) return Device::cpu();
+  const Placement p = placement();
+  // The emulated accelerator exists everywhere; a rank placed on cuda that asks for it
+  // (or one without a placement) uses its local choice, device p.device modulo the count.
+  Backend& b = backend(kind);
+  return Device::of(kind, p.device % b.device_count());
+}
+
+void enter_worker_thread() {
+  const Placement p = placement();
+  if (p.accelerator == Accelerator::Emulated) {
+    backend(Accelerator::Emulated).make_current(p.device);
+  }
+#if MESHRT_HAVE_CUDA
+  if (p.accelerator == Accelerator::Cuda && cuda_backend_created()) backend(Accelerator::Cuda).make_current(p.device);
+#endif
+}
+
+Stream stream_for(std::uint64_t stream_id, const Device& device) {
+  if (!device.is_accelerator()) {
+    throw UsageError(fmt::format("stream_for: expected an accelerator device, found {}", device.to_string()));
+  }
+  const auto key = std::make_tuple(stream_id, static_cast<int>(device.kind()), device.index());
+  {
+    std::lock_guard lock(g_streams_mutex);
+    if (auto it = g_streams.find(key); it != g_streams.end()) return it->second;
+  }
+  Stream s = backend(device.kind()).create_stream(device.index());
+  std::lock_guard lock(g_streams_mutex);
+  return g_streams.try_emplace(key, std::move(s)).first->second;
+}
+
+void release_stream(std::uint64_t stream_id) {
+  std::vector<Stream> gone;  // destroyed outside the lock: an emulated stream drains first
+  {
+    std::lock_guard lock(g_streams_mutex);
+    for (auto it = g_streams.begin(); it != g_streams.end();) {
+      if (std::get<0>(it->first) == stream_id) {
+        gone.push_back(std::move(it->second));
+        it = g_streams.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------- handles
+
+int Stream::device() const {
+  return require(*this, "Stream::device").device();
+}
+void* Stream::native() const {
+  return require(*this, "Stream::native").native();
+}
+void Stream::enqueue(std::function<void()> task) const {
+  require(*this, "Stream::enqueue").enqueue(std::move(task));
+}
+bool Stream::query() const {
+  return require(*this, "Stream::query").query();
+}
+void Stream::synchronize() const {
+  require(*this, "Stream::synchronize").synchronize();
+}
+std::optional<std::string> Stream::error() const {
+  return require(*this, "Stream::error").error();
+}
+std::string Stream::to_string() const {
+  return impl_ ? impl_->to_string() : std::string("undefined stream");
+}
+
+void Event::record(const Stream& stream) {
+  require(*this, "Event::record").record(require(stream, "Event::record"));
+}
+void Event::wait(const Stream& stream) const {
+  require(*this, "Event::wait").wait(require(stream, "Event::wait"));
+}
+bool Event::query() const {
+  return require(*this, "Event::query").query();
+}
+void Event::synchronize() const {
+  require(*this, "Event::synchronize").synchronize();
+}
+
+// ---------------------------------------------------------------------------- helpers
+
+Tensor zeros(const TensorMeta& meta, const Stream& stream) {
+  Backend& b = backend(meta.device().kind());
+  Tensor t = b.empty(meta, stream);
+  b.memset_async(t.raw_data(), 0, t.nbytes(), stream);
+  return t;
+}
+
+Tensor to_device(const Tensor& host, const Device& device, const Stream& stream) {
+  if (!host.defined() || !host.device().is_cpu()) {
+    throw UsageError(fmt::format("to_device: expected a CPU tensor, found {}", host.to_string()));
+  }
+  Backend& b = backend(device.kind());
+  Tensor out = b.empty(host.meta().with_device(device), stream);
+  std::shared_ptr<void> staging = b.pinned(host.nbytes());
+  if (host.nbytes() > 0) std::memcpy(staging.get(), host.raw_data(), host.nbytes());
+  b.copy_async(out.raw_data(), staging.get(), host.nbytes(), stream);
+  // The staging block stays alive until the copy ran (its release needs no device call).
+  stream.enqueue([staging = std::move(staging)] {});
+  return out;
+}
+
+void copy(const Tensor& dst, const Tensor& src, const Stream& stream) {
+  require_accelerator_tensor(dst, "device copy");
+  require_accelerator_tensor(src, "device copy");
+  if (dst.shape() != src.shape() || dst.dtype() != src.dtype()) {
+    throw UsageError(fmt::format("device copy: expected a source like {}, found {}", dst.meta().to_string(),
+                                 src.meta().to_string()));
+  }
+  backend(dst.device().kind()).copy_async(const_cast<void*>(dst.raw_data()), src.raw_data(), src.nbytes(), stream);
+  stream.enqueue([keep = src] {});
+}
+
+Fetch fetch(const Tensor& tensor, const Stream& stream) {
+  require_accelerator_tensor(tensor, "fetch");
+  Backend& b = backend(tensor.device().kind());
+  const TensorMeta host_meta = tensor.meta().with_device(Device::cpu());
+  Fetch out;
+  out.host = Tensor::adopt_host(host_meta, b.pinned(tensor.nbytes()));
+  out.done = b.create_event(stream.device());
+  if (g_unordered_fetch.load() && tensor.device().is_emulated()) {
+    // The bug this switch stands for: a copy not ordered after the stream's work.
+    DeviceMemoryAccess access;
+    if (tensor.nbytes() > 0) std::memcpy(out.host.raw_data(), tensor.raw_data(), tensor.nbytes());
+    return out;
+  }
+  b.copy_async(out.host.raw_data(), tensor.raw_data(), tensor.nbytes(), stream);
+  stream.enqueue([keep = tensor] {});
+  out.done.record(stream);
+  return out;
+}
+
+Tensor empty_on(std::uint64_t stream_id, const TensorMeta& meta) {
+  if (!meta.device().is_accelerator()) return Tensor::empty(meta);
+  return backend(meta.device().kind()).empty(meta, stream_for(stream_id, meta.device()));
+}
+
+void host_task(std::uint64_t stream_id, const Device& device, std::function<void()> work) {
+  if (device.is_cpu()) {
+    work();
+    return;
+  }
+  if (device.is_cuda()) {
+    throw UsageError(
+        fmt::format("host_task on {}: expected host-readable memory, found CUDA device memory; run a "
+                    "CUDA kernel on ctx.native_stream() instead",
+                    device.to_string()));
+  }
+  stream_for(stream_id, device).enqueue(std::move(work));
+}
+
+void set_unordered_fetch_for_testing(bool on) noexcept {
+  g_unordered_fetch.store(on);
+}
+
+}  // namespace meshrt::device

@@ -1,0 +1,238 @@
+#include "device/emulated.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <new>
+
+#include "meshrt/settings.hpp"
+
+namespace meshrt::device {
+namespace {
+
+constexpr std::size_t kAlignment = 64;
+
+void* host_allocate(std::size_t bytes) {
+  return ::operator new(bytes, std::align_val_t(kAlignment));
+}
+void host_free(void* p) {
+  ::operator delete(p, std::align_val_t(kAlignment));
+}
+
+thread_local int t_current_device = 0;
+
+class EmulatedEvent final : public Event::Impl {
+ public:
+  void record(Stream::Impl& stream) override {
+    auto s = std::static_pointer_cast<EmulatedStream>(stream.shared_from_this());
+    std::lock_guard lock(mutex_);
+    count_ = s->enqueued();
+    stream_ = std::move(s);
+  }
+  void wait(Stream::Impl& stream) override {
+    auto [s, count] = point();
+    if (!s) return;
+    // The waiting stream's thread blocks until the recorded point: device-side, the host
+    // caller goes on at once.
+    stream.enqueue([s = std::move(s), count = count] { s->wait_until(count); });
+  }
+  bool query() override {
+    auto [s, count] = point();
+    return !s || s->reached(count);
+  }
+  void synchronize() override {
+    auto [s, count] = point();
+    if (s) s->wait_until(count);
+  }
+
+ private:
+  std::pair<std::shared_ptr<EmulatedStream>, std::uint64_t> point() {
+    std::lock_guard lock(mutex_);
+    return {stream_, count_};
+  }
+  std::mutex mutex_;
+  std::shared_ptr<EmulatedStream> stream_;
+  std::uint64_t count_ = 0;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- stream
+
+EmulatedStream::EmulatedStream(int device, std::uint64_t id, std::chrono::microseconds delay, CachingPool& pool)
+    : shared_(std::make_shared<Shared>()) {
+  shared_->device = device;
+  shared_->id = id;
+  shared_->delay = delay;
+  shared_->pool = &pool;
+  thread_ = std::thread([shared = shared_] { run(shared); });
+}
+
+EmulatedStream::~EmulatedStream() {
+  {
+    std::lock_guard lock(shared_->mutex);
+    shared_->stopping = true;
+  }
+  shared_->cv.notify_all();
+  // The last handle may go inside one of this stream's own tasks: the thread then drains
+  // the queue and ends on its own.
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
+}
+
+void EmulatedStream::enqueue(std::function<void()> task) {
+  {
+    std::lock_guard lock(shared_->mutex);
+    shared_->queue.push_back(std::move(task));
+    ++shared_->enqueued;
+  }
+  shared_->cv.notify_all();
+}
+
+void EmulatedStream::run(const std::shared_ptr<Shared>& shared) {
+  Shared& s = *shared;
+  std::unique_lock lock(s.mutex);
+  for (;;) {
+    s.cv.wait(lock, [&] { return s.stopping || !s.queue.empty(); });
+    // Stopping drains the queue first: queued work still runs, as on a GPU.
+    if (s.queue.empty()) break;
+    std::function<void()> task = std::move(s.queue.front());
+    s.queue.pop_front();
+    const bool failed = s.error.has_value();
+    lock.unlock();
+    if (s.delay.count() > 0) std::this_thread::sleep_for(s.delay);
+    std::optional<std::string> error;
+    // After an error the stream is broken, as a CUDA context after a fault: later work
+    // is skipped (events still complete, so nobody waits forever).
+    if (!failed) {
+      DeviceMemoryAccess access;
+      try {
+        task();
+      } catch (const std::exception& e) {
+        error = e.what();
+      } catch (...) {
+        error = "a task threw a non-std::exception";
+      }
+    }
+    task = nullptr;  // its captures (tensors, pinned blocks) go before the count moves
+    lock.lock();
+    if (error && !s.error) s.error = fmt::format("emulated:{} stream {}: {}", s.device, s.id, *error);
+    ++s.completed;
+    s.cv.notify_all();
+  }
+  lock.unlock();
+  // Its work is done: the blocks it cached may go.
+  s.pool->forget_stream(s.id);
+}
+
+bool EmulatedStream::query() {
+  std::lock_guard lock(shared_->mutex);
+  return shared_->completed == shared_->enqueued;
+}
+
+void EmulatedStream::synchronize() {
+  wait_until(enqueued());
+}
+
+std::uint64_t EmulatedStream::enqueued() {
+  std::lock_guard lock(shared_->mutex);
+  return shared_->enqueued;
+}
+
+void EmulatedStream::wait_until(std::uint64_t count) {
+  std::unique_lock lock(shared_->mutex);
+  shared_->cv.wait(lock, [&] { return shared_->completed >= count; });
+}
+
+bool EmulatedStream::reached(std::uint64_t count) {
+  std::lock_guard lock(shared_->mutex);
+  return shared_->completed >= count;
+}
+
+std::optional<std::string> EmulatedStream::error() {
+  std::lock_guard lock(shared_->mutex);
+  return shared_->error;
+}
+
+std::string EmulatedStream::to_string() const {
+  return fmt::format("emulated:{} stream {}", shared_->device, shared_->id);
+}
+
+// ---------------------------------------------------------------------------- backend
+
+EmulatedBackend::EmulatedBackend()
+    : devices_(static_cast<int>(settings::get_int("MESHRT_EMULATED_DEVICES"))),
+      delay_(settings::get_int("MESHRT_EMULATED_DELAY_US")),
+      pool_(host_allocate, host_free, static_cast<std::size_t>(settings::get_int("MESHRT_DEVICE_POOL_BYTES"))),
+      pinned_(host_allocate, host_free, SIZE_MAX) {
+  if (devices_ < 1) {
+    throw UsageError(
+        fmt::format("setting MESHRT_EMULATED_DEVICES: expected at least 1 device per node, found {}", devices_));
+  }
+  if (delay_.count() < 0) {
+    throw UsageError(
+        fmt::format("setting MESHRT_EMULATED_DELAY_US: expected a delay >= 0 microseconds, found {}", delay_.count()));
+  }
+}
+
+void EmulatedBackend::check_device(int index, const char* what) const {
+  if (index < 0 || index >= devices_) {
+    throw UsageError(fmt::format("{}: expected an emulated device in 0..{} (MESHRT_EMULATED_DEVICES={}), found {}",
+                                 what, devices_ - 1, devices_, index));
+  }
+}
+
+void EmulatedBackend::make_current(int index) {
+  check_device(index, "make_current");
+  t_current_device = index;
+}
+
+int EmulatedBackend::current() {
+  return t_current_device;
+}
+
+Stream EmulatedBackend::create_stream(int device) {
+  check_device(device, "create_stream");
+  return Stream(std::make_shared<EmulatedStream>(device, next_stream_++, delay_, pool_));
+}
+
+Event EmulatedBackend::create_event(int device) {
+  check_device(device, "create_event");
+  return Event(std::make_shared<EmulatedEvent>());
+}
+
+Tensor EmulatedBackend::empty(const TensorMeta& meta, const Stream& stream) {
+  Stream::Impl& s = stream_impl(stream, Accelerator::Emulated, "emulated empty");
+  if (!meta.device().is_emulated() || meta.device().index() != s.device()) {
+    throw UsageError(fmt::format("emulated empty: expected a tensor on {}'s device emulated:{}, found {}",
+                                 s.to_string(), s.device(), meta.to_string()));
+  }
+  return Tensor::adopt_device(meta, pool_.allocate(meta.nbytes(), s.id()));
+}
+
+void EmulatedBackend::copy_async(void* dst, const void* src, std::size_t bytes, const Stream& stream) {
+  Stream::Impl& s = stream_impl(stream, Accelerator::Emulated, "emulated copy_async");
+  if (bytes == 0) return;
+  s.enqueue([=] { std::memcpy(dst, src, bytes); });
+}
+
+void EmulatedBackend::memset_async(void* dst, int value, std::size_t bytes, const Stream& stream) {
+  Stream::Impl& s = stream_impl(stream, Accelerator::Emulated, "emulated memset_async");
+  if (bytes == 0) return;
+  s.enqueue([=] { std::memset(dst, value, bytes); });
+}
+
+std::shared_ptr<void> EmulatedBackend::pinned(std::size_t bytes) {
+  return pinned_.allocate(bytes, 1);
+}
+
+EmulatedBackend& emulated_backend() {
+  // Never destroyed: tensors freed during exit still return their blocks to its pool.
+  static auto* backend = new EmulatedBackend();
+  return *backend;
+}
+
+}  // namespace meshrt::device

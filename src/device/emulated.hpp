@@ -1,0 +1,95 @@
+// The emulated accelerator (docs/ARCHITECTURE.md section 7): a GPU's rules, enforced on the host.
+// Device memory is host memory from the caching pool that Tensor's accessors refuse
+// outside a stream task; each stream is a FIFO run by its own thread, and every stream
+// operation first sleeps MESHRT_EMULATED_DELAY_US, so work the host does not order after
+// it reads the old value every time rather than once in a thousand runs.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "device/backend.hpp"
+#include "device/pool.hpp"
+
+namespace meshrt::device {
+
+class EmulatedStream final : public Stream::Impl {
+ public:
+  EmulatedStream(int device, std::uint64_t id, std::chrono::microseconds delay, CachingPool& pool);
+  ~EmulatedStream() override;
+
+  Accelerator accelerator() const noexcept override { return Accelerator::Emulated; }
+  int device() const noexcept override { return shared_->device; }
+  std::uint64_t id() const noexcept override { return shared_->id; }
+  void* native() const noexcept override { return nullptr; }
+  void enqueue(std::function<void()> task) override;
+  bool query() override;
+  void synchronize() override;
+  std::optional<std::string> error() override;
+  std::string to_string() const override;
+
+  // Operations enqueued so far / run so far (an event records the first).
+  std::uint64_t enqueued();
+  void wait_until(std::uint64_t count);
+  bool reached(std::uint64_t count);
+
+ private:
+  // What the stream's thread uses, owned jointly with it: the last handle may go inside
+  // one of the stream's own tasks, and the thread then outlives the EmulatedStream.
+  struct Shared {
+    int device = 0;
+    std::uint64_t id = 0;
+    std::chrono::microseconds delay{0};
+    CachingPool* pool = nullptr;
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> queue;
+    std::uint64_t enqueued = 0;
+    std::uint64_t completed = 0;
+    bool stopping = false;
+    std::optional<std::string> error;
+  };
+  static void run(const std::shared_ptr<Shared>& shared);
+
+  std::shared_ptr<Shared> shared_;
+  std::thread thread_;
+};
+
+class EmulatedBackend final : public Backend {
+ public:
+  EmulatedBackend();
+  Accelerator accelerator() const noexcept override { return Accelerator::Emulated; }
+  int device_count() const override { return devices_; }
+  void make_current(int index) override;
+  Stream create_stream(int device) override;
+  Event create_event(int device) override;
+  Tensor empty(const TensorMeta& meta, const Stream& stream) override;
+  void copy_async(void* dst, const void* src, std::size_t bytes, const Stream& stream) override;
+  void memset_async(void* dst, int value, std::size_t bytes, const Stream& stream) override;
+  std::shared_ptr<void> pinned(std::size_t bytes) override;
+  PoolStats pool_stats() const override { return pool_.stats(); }
+  void empty_cache() override { pool_.empty_cache(); }
+
+  // Whether [p, p + bytes) is live device memory of this backend (a collective given
+  // anything else faults, as NCCL does on a host pointer).
+  bool is_device_memory(const void* p, std::size_t bytes) const { return pool_.contains(p, bytes); }
+  // Device memory outside any stream (Tensor::empty of an emulated meta).
+  std::shared_ptr<void> allocate_unordered(std::size_t bytes) { return pool_.allocate(bytes, 0); }
+  void check_device(int index, const char* what) const;
+  // The calling thread's current device (make_current), 0 by default.
+  static int current();
+
+ private:
+  int devices_;
+  std::chrono::microseconds delay_;
+  CachingPool pool_;
+  CachingPool pinned_;
+  std::atomic<std::uint64_t> next_stream_{1};
+};
+
+EmulatedBackend& emulated_backend();
+
+}  // namespace meshrt::device

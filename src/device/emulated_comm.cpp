@@ -1,0 +1,362 @@
+#include "device/emulated_comm.hpp"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <climits>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "common/checks.hpp"
+#include "device/comm.hpp"
+#include "device/emulated.hpp"
+
+namespace meshrt::device {
+namespace {
+
+// Waits for a non-blocking MPI call until `deadline`: a member that never joins an init
+// gives a TimeoutError instead of a hang.
+void wait_request(MPI_Request& request, std::chrono::steady_clock::time_point deadline, const char* what) {
+  for (int done = 0;;) {
+    MESHRT_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw TimeoutError(
+          fmt::format("emulated communicator init: expected every member to join {} in time, found "
+                      "it still incomplete at the deadline",
+                      what));
+    }
+    std::this_thread::yield();
+  }
+}
+
+template <class T>
+T combine(T a, T b, Reduction r) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    constexpr bool half = std::is_same_v<T, Half>;
+    const float x = half ? half_to_float(Half{a.bits}) : bfloat16_to_float(BFloat16{a.bits});
+    const float y = half ? half_to_float(Half{b.bits}) : bfloat16_to_float(BFloat16{b.bits});
+    const float z = combine<float>(x, y, r);
+    if constexpr (half) {
+      return float_to_half(z);
+    } else {
+      return float_to_bfloat16(z);
+    }
+  } else if constexpr (std::is_integral_v<T>) {
+    // Signed overflow wraps through unsigned arithmetic, as on the GPU.
+    using U = std::make_unsigned_t<T>;
+    switch (r) {
+      case Reduction::Sum:
+      case Reduction::Avg:
+        return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+      case Reduction::Product:
+        return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+      case Reduction::Min:
+        return b < a ? b : a;
+      default:
+        return a < b ? b : a;
+    }
+  } else {
+    switch (r) {
+      case Reduction::Sum:
+      case Reduction::Avg:
+        return a + b;
+      case Reduction::Product:
+        return a * b;
+      case Reduction::Min:
+        return b < a ? b : a;
+      default:
+        return a < b ? b : a;
+    }
+  }
+}
+
+template <class T>
+T divide(T sum, int n) {
+  if constexpr (std::is_same_v<T, Half>) {
+    return float_to_half(half_to_float(sum) / static_cast<float>(n));
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    return float_to_bfloat16(bfloat16_to_float(sum) / static_cast<float>(n));
+  } else {
+    return static_cast<T>(sum / static_cast<T>(n));  // integers truncate toward zero
+  }
+}
+
+// out[i] = blocks[0][i] op blocks[1][i] op ... in rank order (the same on every member),
+// then / n for avg: a sum, then a division, on every backend.
+void reduce_blocks(const char* blocks, std::size_t block_bytes, int n, std::size_t count, DType dtype, Reduction r,
+                   void* out) {
+  // bool reduces as the byte it is, like NCCL's ncclUint8.
+  const DType as = dtype == DType::Bool ? DType::UInt8 : dtype;
+  dispatch_dtype(as, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, bool>) {
+      auto* o = static_cast<T*>(out);
+      std::vector<T> acc(count);
+      std::memcpy(acc.data(), blocks, count * sizeof(T));
+      for (int k = 1; k < n; ++k) {
+        const auto* b = reinterpret_cast<const T*>(blocks + static_cast<std::size_t>(k) * block_bytes);
+        for (std::size_t i = 0; i < count; ++i) acc[i] = combine<T>(acc[i], b[i], r);
+      }
+      if (r == Reduction::Avg) {
+        for (std::size_t i = 0; i < count; ++i) acc[i] = divide<T>(acc[i], n);
+      }
+      std::memcpy(o, acc.data(), count * sizeof(T));
+    }
+  });
+}
+
+struct CommState {
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::optional<std::string> error;
+  bool aborted = false;
+  bool destroyed = false;
+  int pending = 0;
+};
+
+class EmulatedCommunicator final : public Communicator {
+ public:
+  EmulatedCommunicator(MPI_Comm comm, int rank, int size, int device, std::string id)
+      : state_(std::make_shared<CommState>()), rank_(rank), size_(size), device_(device), id_(std::move(id)) {
+    state_->comm = comm;
+  }
+  ~EmulatedCommunicator() override { destroy(); }
+
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return size_; }
+  int device() const noexcept override { return device_; }
+
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, Reduction reduction,
+                  const Stream& stream) override {
+    check_reduction(reduction, dtype, "all_reduce");
+    const std::size_t bytes = checked_bytes(count, dtype, 1, "all_reduce");
+    const int n = size_;
+    submit(stream, "all_reduce", [=](MPI_Comm c) {
+      check_memory(send, bytes, "all_reduce send buffer");
+      check_memory(recv, bytes, "all_reduce receive buffer");
+      std::vector<char> all(bytes * static_cast<std::size_t>(n));
+      MESHRT_MPI_CHECK(
+          MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, all.data(), static_cast<int>(bytes), MPI_BYTE, c));
+      reduce_blocks(all.data(), bytes, n, count, dtype, reduction, recv);
+    });
+  }
+
+  void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
+    const std::size_t bytes = checked_bytes(count, dtype, size_, "all_gather");
+    const int n = size_;
+    submit(stream, "all_gather", [=](MPI_Comm c) {
+      check_memory(send, bytes, "all_gather send buffer");
+      check_memory(recv, bytes * static_cast<std::size_t>(n), "all_gather receive buffer");
+      MESHRT_MPI_CHECK(
+          MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE, c));
+    });
+  }
+
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, Reduction reduction,
+                      const Stream& stream) override {
+    check_reduction(reduction, dtype, "reduce_scatter");
+    const std::size_t bytes = checked_bytes(count, dtype, size_, "reduce_scatter");
+    const int n = size_;
+    submit(stream, "reduce_scatter", [=](MPI_Comm c) {
+      check_memory(send, bytes * static_cast<std::size_t>(n), "reduce_scatter send buffer");
+      check_memory(recv, bytes, "reduce_scatter receive buffer");
+      // Block r of every member comes to member r, which reduces them in member order.
+      std::vector<char> mine(bytes * static_cast<std::size_t>(n));
+      MESHRT_MPI_CHECK(
+          MPI_Alltoall(send, static_cast<int>(bytes), MPI_BYTE, mine.data(), static_cast<int>(bytes), MPI_BYTE, c));
+      reduce_blocks(mine.data(), bytes, n, count, dtype, reduction, recv);
+    });
+  }
+
+  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
+    const std::size_t bytes = checked_bytes(count, dtype, size_, "all_to_all");
+    const int n = size_;
+    submit(stream, "all_to_all", [=](MPI_Comm c) {
+      check_memory(send, bytes * static_cast<std::size_t>(n), "all_to_all send buffer");
+      check_memory(recv, bytes * static_cast<std::size_t>(n), "all_to_all receive buffer");
+      if (send == recv)
+        throw UsageError(
+            "all_to_all: expected distinct send and receive buffers (NCCL has no "
+            "in-place all-to-all), found one buffer");
+      MESHRT_MPI_CHECK(
+          MPI_Alltoall(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE, c));
+    });
+  }
+
+  void send_recv(std::span<const PeerOp> ops, DType dtype, const Stream& stream) override {
+    std::vector<PeerOp> copy(ops.begin(), ops.end());
+    for (const PeerOp& op : copy) {
+      if (op.peer < 0 || op.peer >= size_) {
+        throw UsageError(
+            fmt::format("send_recv on {}: expected a peer in 0..{}, found {}", describe(), size_ - 1, op.peer));
+      }
+      (void)checked_bytes(op.count, dtype, 1, "send_recv");
+    }
+    const std::size_t elsize = element_size(dtype);
+    submit(stream, "send_recv", [=](MPI_Comm c) {
+      std::vector<MPI_Request> requests;
+      requests.reserve(copy.size());
+      for (const PeerOp& op : copy) {
+        const auto bytes = static_cast<int>(op.count * elsize);
+        check_memory(op.buffer, op.count * elsize, op.send ? "send buffer" : "receive buffer");
+        MPI_Request r = MPI_REQUEST_NULL;
+        if (op.send) {
+          MESHRT_MPI_CHECK(MPI_Isend(op.buffer, bytes, MPI_BYTE, op.peer, 0, c, &r));
+        } else {
+          MESHRT_MPI_CHECK(MPI_Irecv(op.buffer, bytes, MPI_BYTE, op.peer, 0, c, &r));
+        }
+        requests.push_back(r);
+      }
+      MESHRT_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+    });
+  }
+
+  std::optional<std::string> async_error() override {
+    std::lock_guard lock(state_->mutex);
+    if (state_->error) return state_->error;
+    if (state_->aborted) return fmt::format("{} was aborted", describe());
+    return std::nullopt;
+  }
+
+  void abort() noexcept override {
+    std::lock_guard lock(state_->mutex);
+    state_->aborted = true;
+  }
+
+  void destroy() noexcept override {
+    std::unique_lock lock(state_->mutex);
+    if (state_->destroyed) return;
+    state_->destroyed = true;
+    if (state_->error || state_->aborted) {
+      // A task may still be blocked inside MPI on this communicator (a peer that never
+      // came): freeing it under that task is undefined, so a failed one is left to MPI.
+      state_->aborted = true;
+      return;
+    }
+    state_->cv.wait(lock, [&] { return state_->pending == 0; });
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&state_->comm);
+  }
+
+  std::string describe() const override {
+    return fmt::format("emulated communicator {} (rank {} of {} on emulated:{})", id_, rank_, size_, device_);
+  }
+
+ private:
+  void check_reduction(Reduction r, DType dtype, const char* what) const {
+    if (is_bitwise(r) || r == Reduction::Stack) {
+      throw UsageError(
+          fmt::format("{} on {}: expected sum, avg, product, min or max (NCCL has no {} operator), "
+                      "found {} on {}",
+                      what, describe(), name(r), name(r), meshrt::name(dtype)));
+    }
+  }
+
+  std::size_t checked_bytes(std::size_t count, DType dtype, int blocks, const char* what) const {
+    const std::size_t bytes = count * element_size(dtype);
+    if (bytes * static_cast<std::size_t>(blocks) > static_cast<std::size_t>(INT_MAX)) {
+      throw UsageError(fmt::format("{} on {}: expected at most {} bytes per call on the emulated accelerator, found {}",
+                                   what, describe(), INT_MAX, bytes * static_cast<std::size_t>(blocks)));
+    }
+    return bytes;
+  }
+
+  // A collective given anything but device memory faults on the stream, as NCCL's kernels
+  // do on a host pointer: an asynchronous error, not an exception at the call.
+  static void check_memory(const void* p, std::size_t bytes, const char* what) {
+    if (bytes == 0) return;
+    if (!emulated_backend().is_device_memory(p, bytes)) {
+      throw SystemError(
+          fmt::format("illegal memory access: the {} ({} bytes at {}) is not emulated device memory", what, bytes, p));
+    }
+  }
+
+  void submit(const Stream& stream, const char* what, std::function<void(MPI_Comm)> op) {
+    Stream::Impl& s = stream_impl(stream, Accelerator::Emulated, what);
+    if (s.device() != device_) {
+      throw UsageError(fmt::format("{} on {}: expected a stream of emulated:{}, found {}", what, describe(), device_,
+                                   s.to_string()));
+    }
+    {
+      std::lock_guard lock(state_->mutex);
+      if (state_->destroyed) {
+        throw UsageError(fmt::format("{}: expected a live communicator, found {} destroyed", what, describe()));
+      }
+      ++state_->pending;
+    }
+    s.enqueue([state = state_, what, text = describe(), op = std::move(op)] {
+      struct Done {
+        CommState& state;
+        ~Done() {
+          std::lock_guard lock(state.mutex);
+          --state.pending;
+          state.cv.notify_all();
+        }
+      } done{*state};
+      {
+        std::lock_guard lock(state->mutex);
+        if (state->aborted) throw SystemError(fmt::format("{} on {}: the communicator was aborted", what, text));
+        if (state->error) throw SystemError(fmt::format("{} on {}: the communicator failed before", what, text));
+      }
+      try {
+        op(state->comm);
+      } catch (const std::exception& e) {
+        std::lock_guard lock(state->mutex);
+        if (!state->error) state->error = fmt::format("{} on {}: {}", what, text, e.what());
+        throw;
+      }
+    });
+  }
+
+  std::shared_ptr<CommState> state_;
+  int rank_;
+  int size_;
+  int device_;
+  std::string id_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> create_emulated_communicator(MPI_Comm members, int device,
+                                                           std::chrono::duration<double> timeout) {
+  int provided = 0;
+  MESHRT_MPI_CHECK(MPI_Query_thread(&provided));
+  if (provided < MPI_THREAD_MULTIPLE) {
+    throw UsageError(
+        "emulated communicator: expected MPI_THREAD_MULTIPLE (its collectives run on stream threads), found a lower "
+        "thread level");
+  }
+  emulated_backend().check_device(device, "emulated communicator");
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::min(
+                                             timeout, std::chrono::duration<double>(std::chrono::hours(24 * 365))));
+  int rank = 0;
+  int size = 0;
+  MESHRT_MPI_CHECK(MPI_Comm_rank(members, &rank));
+  MESHRT_MPI_CHECK(MPI_Comm_size(members, &size));
+  // As ncclGetUniqueId + MPI_Bcast: member 0 names the communicator, every member joins.
+  std::array<std::uint64_t, 2> id{};
+  if (rank == 0) {
+    std::random_device random;
+    id = {(std::uint64_t{random()} << 32) | random(), (std::uint64_t{random()} << 32) | random()};
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  MESHRT_MPI_CHECK(MPI_Ibcast(id.data(), static_cast<int>(sizeof id), MPI_BYTE, 0, members, &request));
+  wait_request(request, deadline, "the unique id's broadcast");
+  check_distinct_devices(members, Accelerator::Emulated, device);
+  MPI_Comm own = MPI_COMM_NULL;
+  MESHRT_MPI_CHECK(MPI_Comm_idup(members, &own, &request));
+  wait_request(request, deadline, "the communicator's duplication");
+  MESHRT_MPI_CHECK(MPI_Comm_set_errhandler(own, MPI_ERRORS_RETURN));
+  return std::make_unique<EmulatedCommunicator>(own, rank, size, device, fmt::format("{:016x}", id[0]));
+}
+
+}  // namespace meshrt::device

@@ -1,0 +1,276 @@
+// The emulated accelerator's communicator over MPI (NP 2 and 4): every collective and
+// dtype, a communicator over only some ranks, and its refusals and asynchronous errors.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../support/expect_error.hpp"
+#include "meshrt/device.hpp"
+
+namespace meshrt::test {
+namespace {
+
+using device::Accelerator;
+using device::Communicator;
+using device::Stream;
+
+constexpr std::chrono::seconds kInitTimeout{60};
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+device::Backend& emulated() {
+  return device::backend(Accelerator::Emulated);
+}
+
+struct OnEmulated {
+  int device = device::select_device(Accelerator::Emulated, MPI_COMM_WORLD);
+  Stream stream = emulated().create_stream(device);
+  std::unique_ptr<Communicator> comm =
+      device::create_communicator(Accelerator::Emulated, MPI_COMM_WORLD, device, kInitTimeout);
+  Device where() const { return Device::emulated(device); }
+};
+
+// The value rank r holds at element i: small integers, exact in every dtype.
+double value(int r, std::size_t i) {
+  return static_cast<double>((r + static_cast<int>(i)) % 3 + 1);
+}
+
+// A host tensor of `dtype` from doubles (exact for the small values used here).
+Tensor host_tensor(DType dtype, const std::vector<double>& values) {
+  Tensor t = Tensor::empty(TensorMeta({static_cast<std::int64_t>(values.size())}, dtype));
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = t.data<T>();
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if constexpr (std::is_same_v<T, Half>) {
+        p[i] = float_to_half(static_cast<float>(values[i]));
+      } else if constexpr (std::is_same_v<T, BFloat16>) {
+        p[i] = float_to_bfloat16(static_cast<float>(values[i]));
+      } else {
+        p[i] = static_cast<T>(values[i]);
+      }
+    }
+  });
+  return t;
+}
+
+Tensor fetched(const Tensor& t, const Stream& s) {
+  device::Fetch f = device::fetch(t, s);
+  f.done.synchronize();
+  EXPECT_FALSE(s.error()) << *s.error();
+  return f.host;
+}
+
+// What a reduction of value(r, i) over n ranks gives in `dtype`: a sum, then a division.
+double expected(Reduction red, DType dtype, int n, std::size_t i) {
+  double acc = value(0, i);
+  for (int r = 1; r < n; ++r) {
+    const double v = value(r, i);
+    acc = red == Reduction::Product ? acc * v
+          : red == Reduction::Min   ? std::min(acc, v)
+          : red == Reduction::Max   ? std::max(acc, v)
+                                    : acc + v;
+  }
+  if (red != Reduction::Avg) return acc;
+  if (!is_floating(dtype)) return std::trunc(acc / n);
+  if (dtype == DType::Float16) return half_to_float(float_to_half(static_cast<float>(acc) / static_cast<float>(n)));
+  if (dtype == DType::BFloat16) {
+    return bfloat16_to_float(float_to_bfloat16(static_cast<float>(acc) / static_cast<float>(n)));
+  }
+  if (dtype == DType::Float32) return static_cast<float>(acc) / static_cast<float>(n);
+  return acc / n;
+}
+
+TEST(DeviceComm, AllReduceEveryDtypeAndReduction) {
+  OnEmulated s;
+  const int n = world_size();
+  const std::size_t count = 5;
+  for (DType dtype : {DType::UInt8, DType::Int32, DType::Int64, DType::Float16, DType::BFloat16, DType::Float32,
+                      DType::Float64, DType::Bool}) {
+    for (Reduction red : {Reduction::Sum, Reduction::Avg, Reduction::Product, Reduction::Min, Reduction::Max}) {
+      if (dtype == DType::Bool && red != Reduction::Min && red != Reduction::Max) continue;
+      std::vector<double> mine(count);
+      for (std::size_t i = 0; i < count; ++i)
+        mine[i] = dtype == DType::Bool ? (value(world_rank(), i) > 1) : value(world_rank(), i);
+      Tensor in = device::to_device(host_tensor(dtype, mine), s.where(), s.stream);
+      Tensor out = emulated().empty(in.meta(), s.stream);
+      s.comm->all_reduce(in.raw_data(), out.raw_data(), count, dtype, red, s.stream);
+      // In place too: the same buffer as input and output.
+      s.comm->all_reduce(in.raw_data(), in.raw_data(), count, dtype, red, s.stream);
+      const Tensor got = fetched(out, s.stream);
+      const Tensor got_inplace = fetched(in, s.stream);
+      std::vector<double> want(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        if (dtype == DType::Bool) {
+          bool acc = value(0, i) > 1;
+          for (int r = 1; r < n; ++r) acc = red == Reduction::Min ? (acc && value(r, i) > 1) : (acc || value(r, i) > 1);
+          want[i] = acc;
+        } else {
+          want[i] = expected(red, dtype, n, i);
+        }
+      }
+      EXPECT_TRUE(got.equals(host_tensor(dtype, want))) << name(red) << " on " << name(dtype);
+      EXPECT_TRUE(got_inplace.equals(host_tensor(dtype, want))) << "in place " << name(red) << " on " << name(dtype);
+    }
+  }
+  EXPECT_FALSE(s.comm->async_error());
+}
+
+TEST(DeviceComm, AllGatherReduceScatterAndAllToAll) {
+  OnEmulated s;
+  const int n = world_size();
+  const int me = world_rank();
+  const std::size_t block = 3;
+  for (DType dtype : {DType::Int32, DType::Float16, DType::Float64}) {
+    // all_gather: block r holds rank r's values.
+    std::vector<double> mine(block);
+    for (std::size_t i = 0; i < block; ++i) mine[i] = value(me, i);
+    const Tensor in = device::to_device(host_tensor(dtype, mine), s.where(), s.stream);
+    Tensor gathered = emulated().empty(TensorMeta({static_cast<std::int64_t>(block) * n}, dtype, s.where()), s.stream);
+    s.comm->all_gather(in.raw_data(), gathered.raw_data(), block, dtype, s.stream);
+    std::vector<double> want_gather;
+    for (int r = 0; r < n; ++r) {
+      for (std::size_t i = 0; i < block; ++i) want_gather.push_back(value(r, i));
+    }
+    EXPECT_TRUE(fetched(gathered, s.stream).equals(host_tensor(dtype, want_gather))) << name(dtype);
+
+    // reduce_scatter (sum, avg) of a send of n blocks: element k of everyone's send is
+    // value(rank, k); rank me keeps block me.
+    std::vector<double> send(block * static_cast<std::size_t>(n));
+    for (std::size_t k = 0; k < send.size(); ++k) send[k] = value(me, k);
+    const Tensor big = device::to_device(host_tensor(dtype, send), s.where(), s.stream);
+    for (Reduction red : {Reduction::Sum, Reduction::Avg}) {
+      Tensor part = emulated().empty(in.meta(), s.stream);
+      s.comm->reduce_scatter(big.raw_data(), part.raw_data(), block, dtype, red, s.stream);
+      std::vector<double> want(block);
+      for (std::size_t i = 0; i < block; ++i)
+        want[i] = expected(red, dtype, n, static_cast<std::size_t>(me) * block + i);
+      EXPECT_TRUE(fetched(part, s.stream).equals(host_tensor(dtype, want))) << name(red) << " on " << name(dtype);
+    }
+
+    // all_to_all: block r of my send goes to rank r; I get block me of every rank's send.
+    Tensor swapped = emulated().empty(big.meta(), s.stream);
+    s.comm->all_to_all(big.raw_data(), swapped.raw_data(), block, dtype, s.stream);
+    std::vector<double> want_swap;
+    for (int r = 0; r < n; ++r) {
+      for (std::size_t i = 0; i < block; ++i) want_swap.push_back(value(r, static_cast<std::size_t>(me) * block + i));
+    }
+    EXPECT_TRUE(fetched(swapped, s.stream).equals(host_tensor(dtype, want_swap))) << name(dtype);
+  }
+}
+
+TEST(DeviceComm, GroupedSendRecvAroundARing) {
+  OnEmulated s;
+  const int n = world_size();
+  const int me = world_rank();
+  const Tensor mine = device::to_device(Tensor::from<std::int64_t>({2}, {me, 100 + me}), s.where(), s.stream);
+  Tensor got = emulated().empty(mine.meta(), s.stream);
+  // Everyone sends before anyone receives: only a grouped call completes this.
+  const Communicator::PeerOp ops[] = {{true, (me + 1) % n, const_cast<void*>(mine.raw_data()), 2},
+                                      {false, (me + n - 1) % n, got.raw_data(), 2}};
+  s.comm->send_recv(ops, DType::Int64, s.stream);
+  const int from = (me + n - 1) % n;
+  EXPECT_TRUE(fetched(got, s.stream).equals(Tensor::from<std::int64_t>({2}, {from, 100 + from})));
+}
+
+TEST(DeviceComm, ACommunicatorOverSomeRanksOnly) {
+  // Even and odd world ranks make one each; neither waits for the other.
+  MPI_Comm half = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() % 2, world_rank(), &half);
+  int size = 0;
+  MPI_Comm_size(half, &size);
+  const int dev = device::select_device(Accelerator::Emulated, MPI_COMM_WORLD);
+  Stream stream = emulated().create_stream(dev);
+  auto comm = device::create_communicator(Accelerator::Emulated, half, dev, kInitTimeout);
+  EXPECT_EQ(comm->size(), size);
+  const Tensor in = device::to_device(Tensor::from<std::int32_t>({1}, {world_rank()}), Device::emulated(dev), stream);
+  Tensor out = emulated().empty(in.meta(), stream);
+  comm->all_reduce(in.raw_data(), out.raw_data(), 1, DType::Int32, Reduction::Sum, stream);
+  int want = 0;
+  for (int r = world_rank() % 2; r < world_size(); r += 2) want += r;
+  EXPECT_TRUE(fetched(out, stream).equals(Tensor::from<std::int32_t>({1}, {want})));
+  comm->destroy();
+  MPI_Comm_free(&half);
+}
+
+TEST(DeviceComm, RefusesTwoRanksOnOneDeviceOnEveryRank) {
+  // Every rank asks for device 0 of this node: each one is told, none waits.
+  const std::string text =
+      usage_error([] { (void)device::create_communicator(Accelerator::Emulated, MPI_COMM_WORLD, 0, kInitTimeout); });
+  expect_contains(text,
+                  "expected one rank per device, found world ranks 0 and 1 (members 0 and 1) both on "
+                  "emulated:0");
+}
+
+TEST(DeviceComm, RefusesBitwiseReductionsAsNcclDoes) {
+  OnEmulated s;
+  Tensor t = emulated().empty(TensorMeta({4}, DType::Int32, s.where()), s.stream);
+  for (Reduction red : {Reduction::Band, Reduction::Bor, Reduction::Bxor}) {
+    const std::string text =
+        usage_error([&] { s.comm->all_reduce(t.raw_data(), t.raw_data(), 4, DType::Int32, red, s.stream); });
+    expect_contains(text, std::string("NCCL has no ") + std::string(name(red)) + " operator");
+    expect_contains(text, "rank " + std::to_string(world_rank()));
+  }
+  EXPECT_FALSE(s.comm->async_error());
+}
+
+TEST(DeviceComm, AHostPointerIsAnAsynchronousErrorAndDestroyDoesNotHang) {
+  OnEmulated s;
+  std::vector<float> host(4, 1.0f);  // not device memory: a collective faults on it
+  s.comm->all_reduce(host.data(), host.data(), 4, DType::Float32, Reduction::Sum, s.stream);  // no throw here
+  s.stream.synchronize();
+  const auto error = s.comm->async_error();
+  ASSERT_TRUE(error);
+  expect_contains(*error, "all_reduce on emulated communicator");
+  expect_contains(*error, "illegal memory access: the all_reduce send buffer");
+  ASSERT_TRUE(s.stream.error());
+  expect_contains(*s.stream.error(), "illegal memory access");
+  s.comm->destroy();  // a failed communicator is aborted, not waited for
+  s.comm->destroy();
+  expect_contains(
+      usage_error([&] { s.comm->all_reduce(host.data(), host.data(), 4, DType::Float32, Reduction::Sum, s.stream); }),
+      "destroyed");
+}
+
+TEST(DeviceComm, AnAbortedCommunicatorFailsLaterWork) {
+  OnEmulated s;
+  Stream other = emulated().create_stream(s.device);
+  Tensor t = emulated().empty(TensorMeta({1}, DType::Float32, s.where()), other);
+  s.comm->abort();
+  s.comm->all_reduce(t.raw_data(), t.raw_data(), 1, DType::Float32, Reduction::Sum, other);
+  other.synchronize();
+  ASSERT_TRUE(s.comm->async_error());
+  expect_contains(*s.comm->async_error(), "aborted");
+  ASSERT_TRUE(other.error());
+  expect_contains(*other.error(), "the communicator was aborted");
+}
+
+TEST(DevicePlacement, LocalRankModuloTheDeviceCountAndTheOverride) {
+  // All ranks of a test run on one node: the local rank is the world rank.
+  EXPECT_EQ(device::local_rank(MPI_COMM_WORLD), world_rank());
+  EXPECT_EQ(device::select_device(Accelerator::Emulated, MPI_COMM_WORLD), world_rank() % emulated().device_count());
+  setenv("MESHRT_DEVICE", "3", 1);
+  EXPECT_EQ(device::select_device(Accelerator::Emulated, MPI_COMM_WORLD), 3);
+  setenv("MESHRT_DEVICE", "99", 1);
+  expect_contains(usage_error([] { (void)device::select_device(Accelerator::Emulated, MPI_COMM_WORLD); }),
+                  "setting MESHRT_DEVICE: expected a device of the emulated accelerator in 0.." +
+                      std::to_string(emulated().device_count() - 1) + ", found 99");
+  unsetenv("MESHRT_DEVICE");
+}
+
+}  // namespace
+}  // namespace meshrt::test

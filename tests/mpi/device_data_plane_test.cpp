@@ -1,0 +1,269 @@
+// The device data plane on the emulated accelerator (NP 2 and 4): every reduction x
+// dtype x scatter x in place over 1-D and 2-D meshes against a reference each rank
+// computes; broken and mismatched inputs; sends between sub-meshes (disjoint,
+// overlapping, self, chained); bitwise refusal. Inputs are made and results fetched in
+// the order of the command's device stream, with a delay on every stream operation.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdlib>
+#include <thread>
+
+#include "comm_test_util.hpp"
+#include "meshrt/device.hpp"
+
+namespace meshrt::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr std::uint64_t kStream = 7;
+
+constexpr std::array kReductions{Reduction::Stack,   Reduction::Sum, Reduction::Avg,
+                                 Reduction::Product, Reduction::Min, Reduction::Max};
+constexpr std::array kDTypes{DType::Bool,    DType::UInt8,    DType::Int32,   DType::Int64,
+                             DType::Float16, DType::BFloat16, DType::Float32, DType::Float64};
+
+// Places this rank on its emulated device once, as the runtime does at start, with a
+// delay on every stream operation (unless the environment sets one) so that anything
+// left unordered reads a wrong value.
+Device here() {
+  static const Device d = [] {
+    setenv("MESHRT_EMULATED_DELAY_US", "100", 0);
+    device::set_placement(
+        {device::Accelerator::Emulated, device::select_device(device::Accelerator::Emulated, MPI_COMM_WORLD)});
+    return device::rank_device(Device::Kind::Emulated);
+  }();
+  return d;
+}
+
+device::Stream stream() {
+  return device::stream_for(kStream, here());
+}
+
+// The controller's factory (device index 0 stands for "each rank's own device").
+TensorMeta factory(std::vector<std::int64_t> shape, DType dtype) {
+  return TensorMeta(std::move(shape), dtype, Device::emulated(0));
+}
+
+Tensor to_here(const Tensor& host) {
+  return device::to_device(host, here(), stream());
+}
+
+Tensor fetched(const Tensor& t) {
+  device::Fetch f = device::fetch(t, stream());
+  f.done.synchronize();
+  return f.host;
+}
+
+Outcome finish(Pending& p) {
+  while (!p.test()) std::this_thread::yield();  // 4 ranks share 2 cores here
+  return p.take();
+}
+
+std::vector<int> line_of(const NDSlice& ranks, std::size_t dim) {
+  std::vector<std::int64_t> at = ranks.coordinates(world_rank());
+  std::vector<int> out;
+  for (std::int64_t k = 0; k < ranks.sizes()[dim]; ++k) {
+    at[dim] = k;
+    out.push_back(static_cast<int>(ranks.location(at)));
+  }
+  return out;
+}
+
+bool refused(Reduction red, DType dtype, bool scatter, bool inplace) {
+  if (dtype == DType::Bool && (red == Reduction::Sum || red == Reduction::Avg || red == Reduction::Product))
+    return true;
+  if (red == Reduction::Stack && !scatter && inplace) return true;
+  if (red != Reduction::Stack && scatter && inplace) return true;
+  return false;
+}
+
+// The expected host output on this rank; `broken_rank` joins with zeros.
+Tensor expected(Reduction red, const TensorMeta& in, bool scatter, const std::vector<int>& line, std::int64_t me,
+                int broken_rank = -1) {
+  const auto n = static_cast<std::int64_t>(line.size());
+  const std::int64_t numel = in.numel();
+  auto value = [&](int rank, std::int64_t i) {
+    return rank == broken_rank ? 0.0 : fill_value(red, in.dtype(), rank, i);
+  };
+  std::vector<std::int64_t> shape = in.shape();
+  if (red == Reduction::Stack && !scatter) shape.insert(shape.begin(), n);
+  if (red != Reduction::Stack && scatter) shape.erase(shape.begin());
+  Tensor out = TensorMeta(shape, in.dtype()).empty();
+  dispatch_dtype(in.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* p = out.data<T>();
+    if (red == Reduction::Stack && !scatter) {
+      for (std::int64_t k = 0; k < n; ++k)
+        for (std::int64_t i = 0; i < numel; ++i) p[k * numel + i] = from_double<T>(value(line[k], i));
+    } else if (red == Reduction::Stack) {
+      const std::int64_t chunk = numel / n;
+      for (std::int64_t k = 0; k < n; ++k)
+        for (std::int64_t j = 0; j < chunk; ++j) p[k * chunk + j] = from_double<T>(value(line[k], me * chunk + j));
+    } else {
+      const std::int64_t count = scatter ? numel / n : numel;
+      for (std::int64_t j = 0; j < count; ++j) {
+        std::vector<double> values;
+        for (int r : line) values.push_back(value(r, (scatter ? me * count : 0) + j));
+        p[j] = reduce_values<T>(red, values);
+      }
+    }
+  });
+  return out;
+}
+
+int sweep(WorkerMesh& mesh, std::size_t dim) {
+  const std::string& dim_name = mesh.names()[dim];
+  const std::vector<int> line = line_of(mesh.ranks(), dim);
+  const std::int64_t n = mesh.size(dim);
+  const std::int64_t me = mesh.coordinates()[dim];
+  int ran = 0;
+  for (Reduction red : kReductions) {
+    for (DType dtype : kDTypes) {
+      for (bool scatter : {false, true}) {
+        for (bool inplace : {false, true}) {
+          SCOPED_TRACE(fmt::format("{} {} scatter={} inplace={} dim {} of {}", name(red), name(dtype), scatter, inplace,
+                                   dim_name, mesh.to_string()));
+          const TensorMeta host_meta(scatter ? std::vector<std::int64_t>{n, 3} : std::vector<std::int64_t>{2, 3},
+                                     dtype);
+          const Tensor host_in = make_input(host_meta, red, world_rank());
+          const Tensor input = to_here(host_in);
+          std::unique_ptr<Pending> p;
+          try {
+            p = start_reduce_device(mesh, dim_name, red, scatter, inplace, input, factory(host_meta.shape(), dtype),
+                                    kStream);
+          } catch (const UsageError& e) {
+            EXPECT_TRUE(refused(red, dtype, scatter, inplace)) << e.what();
+            continue;
+          }
+          EXPECT_FALSE(refused(red, dtype, scatter, inplace));
+          ++ran;
+          const Outcome out = finish(*p);
+          EXPECT_FALSE(out.broken.has_value());
+          EXPECT_EQ(out.tensor.device(), here());
+          EXPECT_EQ(compare(fetched(out.tensor), expected(red, host_meta, scatter, line, me)), "");
+          EXPECT_EQ(out.tensor.same_storage(input), inplace);
+          if (!inplace) {
+            EXPECT_EQ(compare(fetched(input), host_in), "") << "out of place must leave the input alone";
+          }
+        }
+      }
+    }
+  }
+  return ran;
+}
+
+// Every combination that is not refused (counted independently of the sweep).
+int expected_runs() {
+  int n = 0;
+  for (Reduction red : kReductions)
+    for (DType dtype : kDTypes)
+      for (bool scatter : {false, true})
+        for (bool inplace : {false, true}) n += refused(red, dtype, scatter, inplace) ? 0 : 1;
+  return n;
+}
+
+TEST(DeviceDataPlane, EveryReductionDtypeAndFlagOnTheWorldMesh) {
+  World world;
+  WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
+  EXPECT_EQ(sweep(mesh, 0), expected_runs());
+  EXPECT_FALSE(stream().error());
+}
+
+TEST(DeviceDataPlane, TwoDimensionalMeshBothDimensions) {
+  if (world_size() < 4 || world_size() % 2 != 0) GTEST_SKIP() << "needs an even world of 4 or more";
+  World world;
+  WorkerMesh mesh({"host", "gpu"}, NDSlice::row_major({2, world_size() / 2}), world.comm());
+  EXPECT_EQ(sweep(mesh, 1), expected_runs());
+  EXPECT_EQ(sweep(mesh, 0), expected_runs());
+}
+
+TEST(DeviceDataPlane, BrokenInputJoinsWithZerosAndAMismatchRaisesAfterCompletion) {
+  World world;
+  WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
+  const int me = world_rank();
+  const auto n = static_cast<std::int64_t>(world_size());
+  const TensorMeta host_meta({n, 4}, DType::Float32);
+  const std::vector<int> line = line_of(mesh.ranks(), 0);
+  Input input = me == 1 ? Input(DependentOnError{42}) : Input(to_here(make_input(host_meta, Reduction::Sum, me)));
+  auto p = start_reduce_device(mesh, "x", Reduction::Sum, false, false, std::move(input),
+                               factory({n, 4}, DType::Float32), kStream);
+  const Outcome out = finish(*p);
+  EXPECT_EQ(out.broken.has_value(), me == 1);
+  EXPECT_EQ(compare(fetched(out.tensor), expected(Reduction::Sum, host_meta, false, line, me, 1)), "");
+
+  // Rank 0's input has the wrong shape: it joins with zeros, and only it raises.
+  const Tensor wrong = to_here(make_input(TensorMeta({5}, DType::Int32), Reduction::Sum, me));
+  const Tensor right = to_here(make_input(TensorMeta({4}, DType::Int32), Reduction::Sum, me));
+  auto q = start_reduce_device(mesh, "x", Reduction::Sum, false, false, me == 0 ? wrong : right,
+                               factory({4}, DType::Int32), kStream);
+  while (!q->test()) {
+  }
+  if (me == 0) {
+    EXPECT_THAT(usage_error_text([&] { (void)q->take(); }),
+                HasSubstr("all_reduce: expected an input int32[4] on emulated:"));
+  } else {
+    EXPECT_EQ(
+        compare(fetched(q->take().tensor), expected(Reduction::Sum, TensorMeta({4}, DType::Int32), false, line, me, 0)),
+        "");
+  }
+}
+
+TEST(DeviceDataPlane, RefusesBitwiseReductions) {
+  World world;
+  WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
+  EXPECT_THAT(usage_error_text([&] {
+                (void)start_reduce_device(mesh, "x", Reduction::Bxor, false, false, DependentOnError{1},
+                                          factory({4}, DType::Int32), kStream);
+              }),
+              HasSubstr("bitwise reduction bxor is not supported by NCCL"));
+}
+
+// from[i] sends to to[i]; every rank checks what it received against the sender's data.
+void check_send(const NDSlice& from, const NDSlice& to, MPI_Comm p2p) {
+  const int me = world_rank();
+  const TensorMeta host_meta({3}, DType::Int64);
+  const Tensor mine = to_here(Tensor::from<std::int64_t>({3}, {me, 10 * me, 100 + me}));
+  auto p = start_send_tensor_device(p2p, me, from, to, mine, factory({3}, DType::Int64), kStream);
+  const Outcome out = finish(*p);
+  if (!to.contains(me)) {
+    EXPECT_FALSE(out.tensor.defined());
+    return;
+  }
+  const auto sender = static_cast<std::int64_t>(from[to.index(me)]);
+  EXPECT_TRUE(fetched(out.tensor).equals(Tensor::from<std::int64_t>({3}, {sender, 10 * sender, 100 + sender})))
+      << "from " << sender << " to " << me << " in " << from.to_string() << " -> " << to.to_string();
+}
+
+TEST(DeviceDataPlane, SendsBetweenSubMeshesOverExactlyTheirRanks) {
+  World world;
+  const int n = world_size();
+  const int half = n / 2;
+  // Disjoint halves, swapped; then self; then a chain of shifted ones (overlapping).
+  check_send(NDSlice(0, {half}, {1}), NDSlice(half, {half}, {1}), world.comm());
+  check_send(NDSlice(half, {half}, {1}), NDSlice(0, {half}, {1}), world.comm());
+  check_send(NDSlice::row_major({n}), NDSlice::row_major({n}), world.comm());
+  if (n >= 3) {
+    check_send(NDSlice(0, {n - 1}, {1}), NDSlice(1, {n - 1}, {1}), world.comm());
+    check_send(NDSlice(1, {n - 1}, {1}), NDSlice(0, {n - 1}, {1}), world.comm());
+  }
+  EXPECT_FALSE(stream().error());
+}
+
+// Last (gtest runs a file's tests in order): the cache is freed while MPI is up, and the
+// next operation makes a fresh communicator.
+TEST(DeviceDataPlane, FreedCommunicatorsAreMadeAgain) {
+  World world;
+  WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
+  free_device_communicators();
+  auto p = start_reduce_device(mesh, "x", Reduction::Max, false, false,
+                               to_here(Tensor::from<std::int32_t>({1}, {world_rank()})), factory({1}, DType::Int32),
+                               kStream);
+  EXPECT_TRUE(fetched(finish(*p).tensor).equals(Tensor::from<std::int32_t>({1}, {world_size() - 1})));
+  free_device_communicators();
+}
+
+}  // namespace
+}  // namespace meshrt::test

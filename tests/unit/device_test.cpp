@@ -1,0 +1,252 @@
+// The device layer on the emulated accelerator: the stream-ordered pool, streams (FIFO,
+// asynchronous, delayed), events, the host-read refusal, stream errors and the fetch.
+#include "meshrt/device.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "../support/expect_error.hpp"
+#include "device/emulated.hpp"
+#include "device/pool.hpp"
+
+namespace meshrt::test {
+namespace {
+
+using device::Backend;
+using device::CachingPool;
+using device::Event;
+using device::Stream;
+
+Backend& emulated() {
+  return device::backend(device::Accelerator::Emulated);
+}
+
+// A backend of its own with a delay on every stream operation (the process-wide one was
+// made with the environment's setting).
+std::unique_ptr<device::EmulatedBackend> delayed_backend(int delay_us) {
+  setenv("MESHRT_EMULATED_DELAY_US", std::to_string(delay_us).c_str(), 1);
+  auto b = std::make_unique<device::EmulatedBackend>();
+  unsetenv("MESHRT_EMULATED_DELAY_US");
+  return b;
+}
+
+TEST(DeviceKind, ParsesAndPrintsEmulated) {
+  EXPECT_EQ(Device::parse("emulated"), Device::emulated(0));
+  EXPECT_EQ(Device::parse("emulated:3").index(), 3);
+  EXPECT_TRUE(Device::parse("emulated:3").is_emulated());
+  EXPECT_EQ(Device::emulated(2).to_string(), "emulated:2");
+  EXPECT_EQ(Device::of(Device::Kind::Emulated, 1), Device::emulated(1));
+  expect_contains(usage_error([] { (void)Device::parse("emulated:x"); }), "'emulated:N'");
+  expect_contains(usage_error([] { (void)Device::of(Device::Kind::Cpu, 1); }), "expected index 0 for the cpu");
+}
+
+TEST(DeviceAccelerator, ParsesTheSetting) {
+  EXPECT_EQ(device::parse_accelerator("emulated"), device::Accelerator::Emulated);
+  EXPECT_EQ(device::parse_accelerator("none"), device::Accelerator::None);
+  expect_contains(usage_error([] { (void)device::parse_accelerator("tpu"); }), "found \"tpu\"");
+}
+
+TEST(DevicePool, ReusesBlocksOnTheirOwnStreamOnly) {
+  int allocations = 0;
+  int frees = 0;
+  CachingPool pool(
+      [&](std::size_t n) {
+        ++allocations;
+        return ::operator new(n);
+      },
+      [&](void* p) {
+        ++frees;
+        ::operator delete(p);
+      },
+      4096);
+  void* first = nullptr;
+  {
+    auto a = pool.allocate(100, 7);
+    first = a.get();
+    EXPECT_TRUE(pool.contains(first, 100));
+    EXPECT_TRUE(pool.contains(static_cast<char*>(first) + 500, 12));
+    EXPECT_FALSE(pool.contains(static_cast<char*>(first) + 500, 13));  // past the 512-byte block
+  }
+  EXPECT_FALSE(pool.contains(first, 1));  // freed: no longer live
+  EXPECT_EQ(pool.stats().cached_bytes, 512u);
+  {
+    auto again = pool.allocate(200, 7);  // same stream, same size class: the cached block
+    EXPECT_EQ(again.get(), first);
+    auto other = pool.allocate(200, 8);  // another stream never takes it
+    EXPECT_NE(other.get(), first);
+  }
+  EXPECT_EQ(pool.stats().hits, 1u);
+  EXPECT_EQ(pool.stats().misses, 2u);
+  EXPECT_EQ(allocations, 2);
+  {
+    auto unordered = pool.allocate(100, 0);  // no stream: not cached
+  }
+  (void)pool.allocate(1, 9);  // the allocation frees what waited to be freed
+  EXPECT_EQ(frees, 1);
+  // Over the limit, a freed block is freed rather than cached.
+  { auto big = pool.allocate(8192, 7); }
+  EXPECT_LE(pool.stats().cached_bytes, 4096u);
+  pool.forget_stream(7);
+  pool.empty_cache();
+  EXPECT_EQ(pool.stats().cached_bytes, 0u);
+  EXPECT_EQ(frees, allocations);
+}
+
+TEST(DeviceStream, RunsInFifoOrderOffTheCallersThread) {
+  Stream s = emulated().create_stream(0);
+  std::vector<int> order;
+  std::thread::id ran_on;
+  for (int i = 0; i < 50; ++i) {
+    s.enqueue([&order, &ran_on, i] {
+      order.push_back(i);
+      ran_on = std::this_thread::get_id();
+    });
+  }
+  s.synchronize();
+  ASSERT_EQ(order.size(), 50u);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(order[static_cast<std::size_t>(i)], i);
+  EXPECT_NE(ran_on, std::this_thread::get_id());
+  EXPECT_TRUE(s.query());
+}
+
+TEST(DeviceStream, IsAsynchronousToTheHost) {
+  Stream s = emulated().create_stream(1);
+  std::promise<void> go;
+  auto gate = go.get_future().share();
+  s.enqueue([gate] { gate.wait(); });
+  EXPECT_FALSE(s.query());  // the host went on while the stream is held
+  go.set_value();
+  s.synchronize();
+  EXPECT_TRUE(s.query());
+}
+
+TEST(DeviceStream, TheDelayMakesAnUnorderedReadWrongEveryTime) {
+  auto b = delayed_backend(20000);
+  Stream s = b->create_stream(0);
+  Tensor t = b->empty(TensorMeta({4}, DType::Int32, Device::emulated(0)), s);
+  {
+    DeviceMemoryAccess access;
+    for (auto& v : t.span<std::int32_t>()) v = 1;
+  }
+  s.enqueue([t]() mutable {
+    for (auto& v : t.span<std::int32_t>()) v = 7;
+  });
+  // Read without the stream's ordering, as a missing wait would: the kernel has not run.
+  int seen = -1;
+  {
+    DeviceMemoryAccess access;
+    seen = t.data<std::int32_t>()[0];
+  }
+  EXPECT_EQ(seen, 1);
+  s.synchronize();
+  DeviceMemoryAccess access;
+  EXPECT_EQ(t.data<std::int32_t>()[3], 7);
+}
+
+TEST(DeviceEvent, RecordsQueriesAndOrdersAnotherStream) {
+  Stream a = emulated().create_stream(0);
+  Stream b = emulated().create_stream(0);
+  Event e = emulated().create_event(0);
+  EXPECT_TRUE(e.query());  // never recorded: complete
+  std::promise<void> go;
+  auto gate = go.get_future().share();
+  int value = 0;
+  a.enqueue([gate, &value] {
+    gate.wait();
+    value = 1;
+  });
+  e.record(a);
+  int seen_by_b = -1;
+  e.wait(b);
+  b.enqueue([&] { seen_by_b = value; });
+  EXPECT_FALSE(e.query());
+  EXPECT_FALSE(b.query());  // b waits on the device, the host does not
+  go.set_value();
+  e.synchronize();
+  EXPECT_TRUE(e.query());
+  b.synchronize();
+  EXPECT_EQ(seen_by_b, 1);
+}
+
+TEST(DeviceMemory, HostReadsOfEmulatedTensorsAreRefusedOutsideStreamTasks) {
+  Tensor t = Tensor::empty(TensorMeta({2, 3}, DType::Float32, Device::emulated(0)));
+  const std::string text = usage_error([&] { (void)t.data<float>(); });
+  expect_contains(text, "float32[2, 3] on emulated:0");
+  expect_contains(text, "read it in a task on its stream");
+  expect_contains(text, "or fetch it");
+  expect_contains(usage_error([&] { (void)t.to(Device::cpu()); }), "Tensor::to");
+  expect_contains(usage_error([&] { (void)t.clone(); }), "Tensor::clone");
+  expect_contains(usage_error([&] { (void)t.item(); }), "one element");
+  expect_contains(usage_error([&] { (void)TensorMeta({1}, DType::Int32, Device::emulated(0)).zeros(); }),
+                  "Tensor::zeros");
+  // Inside a stream task it is the kernel's memory.
+  Stream s = emulated().create_stream(0);
+  s.enqueue([t]() mutable {
+    for (float& v : t.span<float>()) v = 2.5f;
+  });
+  s.synchronize();
+  EXPECT_FALSE(s.error()) << *s.error();
+  device::Fetch f = device::fetch(t, s);
+  f.done.synchronize();
+  EXPECT_EQ(f.host.span<float>()[5], 2.5f);
+}
+
+TEST(DeviceMemory, ToDeviceZerosCopyAndFetchRoundTrip) {
+  Stream s = emulated().create_stream(2);
+  const Tensor host = Tensor::from<std::int64_t>({3}, {4, 5, 6});
+  Tensor d = device::to_device(host, Device::emulated(2), s);
+  EXPECT_EQ(d.device(), Device::emulated(2));
+  Tensor z = device::zeros(TensorMeta({3}, DType::Int64, Device::emulated(2)), s);
+  device::Fetch fz = device::fetch(z, s);
+  device::copy(z, d, s);
+  device::Fetch fd = device::fetch(z, s);
+  fd.done.synchronize();
+  EXPECT_TRUE(fz.done.query());
+  EXPECT_EQ(fz.host.span<std::int64_t>()[1], 0);
+  EXPECT_TRUE(fd.host.equals(host));
+  const device::PoolStats stats = emulated().pool_stats();
+  EXPECT_GE(stats.live_bytes, 2u * CachingPool::kGranule);
+}
+
+TEST(DeviceStream, AThrowingTaskPutsTheStreamInErrorAndLaterWorkIsSkipped) {
+  Stream s = emulated().create_stream(3);
+  bool later_ran = false;
+  s.enqueue([] { throw SystemError("illegal memory access at 0x10"); });
+  s.enqueue([&] { later_ran = true; });
+  Event e = emulated().create_event(3);
+  e.record(s);
+  e.synchronize();  // events still complete: nobody waits forever
+  ASSERT_TRUE(s.error());
+  expect_contains(*s.error(), "emulated:3 stream");
+  expect_contains(*s.error(), "illegal memory access at 0x10");
+  EXPECT_FALSE(later_ran);
+}
+
+TEST(DeviceStream, TheLastHandleMayGoInsideItsOwnTask) {
+  std::promise<void> ran;
+  auto done = ran.get_future();
+  {
+    Stream s = emulated().create_stream(0);
+    // The task holds the last handle: the stream is destroyed on its own thread, which
+    // then ends by itself (under ASan a use after free would show here).
+    s.enqueue([keep = s, &ran] { ran.set_value(); });
+  }
+  done.wait();
+  Stream next = emulated().create_stream(0);
+  next.synchronize();
+}
+
+TEST(DeviceBackend, RefusesDevicesOutOfRange) {
+  const int n = emulated().device_count();
+  expect_contains(usage_error([&] { (void)emulated().create_stream(n); }),
+                  "expected an emulated device in 0.." + std::to_string(n - 1));
+  expect_contains(usage_error([&] { emulated().make_current(-1); }), "found -1");
+}
+
+}  // namespace
+}  // namespace meshrt::test
