@@ -68,6 +68,7 @@ struct TensorState {
     bool is_mutable = false;
     bool first_use_sent = false;
     bool dropped = false;
+    std::source_location where{};  // the borrow() call, named by an implicit drop
   } borrow;
 };
 
@@ -106,10 +107,12 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   // destination.
   void append(const std::vector<int>& dests, protocol::Command c, Ident ident = 0);
   void flush() { batcher_.flush(); }
-  void flush_deferred() { batcher_.flush_deferred(); }
+  void flush_deferred();
   // For handle destructors: work for the next command, sent with it.
   void defer_delete(const std::vector<int>& dests, Ref ref) { batcher_.defer_delete(dests, ref); }
-  void defer_drop(const std::vector<int>& dests, Ref ref) { batcher_.defer_drop(dests, ref); }
+  // A borrow destroyed without drop(): the BorrowDrop goes out ahead of the next command
+  // to any ranks, so it reaches the workers before the origin's next use, as drop()'s.
+  void defer_drop(const std::vector<int>& dests, Ref ref) { pending_drops_.emplace_back(dests, ref); }
 
   // Takes every waiting reply and applies it to the tracker, the graph and the futures.
   void poll_replies();
@@ -122,6 +125,11 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
 
   std::shared_ptr<Node> make_node(Ident ident, std::string what, const std::source_location& where,
                                   std::vector<std::shared_ptr<Node>> inputs);
+  // The same, safe from a destructor: never polls the transport.
+  std::shared_ptr<Node> make_node_quietly(std::string what, const std::source_location& where,
+                                          std::vector<std::shared_ptr<Node>> inputs) {
+    return graph_.make_node(0, std::move(what), where, std::move(inputs));
+  }
   // The failure a node depends on (smallest ident), with the chain to it; null when clean.
   std::exception_ptr failure_of(const std::shared_ptr<Node>& node, const std::string& subject);
   // Raises the first failure no call has raised yet (synchronize), logging how many more.
@@ -156,6 +164,7 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   std::uint64_t next_ref_ = 1;
   std::unordered_map<Ident, std::weak_ptr<FutureState>> fetches_;
   std::map<std::string, std::shared_ptr<StreamState>> streams_;
+  std::vector<std::pair<std::vector<int>, Ref>> pending_drops_;
 };
 
 std::vector<int> to_dests(const NDSlice& slice);

@@ -347,13 +347,39 @@ TEST(Runtime, BorrowRules) {
   });
 }
 
+TEST(Runtime, AFetchPreprocessThatMutatesIsAMutatingUse) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor y = mesh.call("test.pattern", {2}, DType::Float64);
+    const auto c0 = coordinates(mesh)[0];
+    const std::optional<std::string> bump("test.bump_and_copy_");
+    // Its signature says it mutates its argument: refused while the tensor is borrowed.
+    DTensor r = ctl.stream("comms").borrow(y);
+    const std::string text = error_text([&] { ctl.fetch_shard(y, c0.first, bump); });
+    EXPECT_NE(text.find("fetch_shard via test.bump_and_copy_: the tensor is borrowed by 1 other stream"),
+              std::string::npos)
+        << text;
+    r.drop();
+    // Allowed once dropped; the change is the value's, seen by the next use.
+    EXPECT_EQ(as_doubles(ctl.fetch_shard(y, c0.first, bump).get())[0], pattern(c0.second, 0) + 1);
+    EXPECT_EQ(as_doubles(ctl.fetch_shard(y, c0.first).get())[0], pattern(c0.second, 0) + 1);
+  });
+}
+
 TEST(Runtime, RestartWorkersClearsEverything) {
   session([](Controller& ctl) {
     Mesh mesh = make_mesh(ctl);
     DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
     ctl.synchronize();
+    // A failure of the old session, reported as the workers restart, is not the new one's.
+    DTensor f = mesh.call("meshrt.fail", "old session", {0});
     ctl.restart_workers();
     EXPECT_THROW(x.reduce("gpu", Reduction::Sum), UsageError);
+    // Every old handle, meshes included.
+    EXPECT_THROW(mesh.slice("gpu", 0), UsageError);
+    EXPECT_THROW(mesh.flatten("all"), UsageError);
+    EXPECT_THROW(x.slice_mesh("gpu", 0), UsageError);
+    EXPECT_NO_THROW(ctl.synchronize());
     Mesh fresh = make_mesh(ctl);
     DTensor y = fresh.call("test.pattern", {2}, DType::Float32);
     const auto c0 = coordinates(fresh)[0];
@@ -405,7 +431,8 @@ TEST(Runtime, GetWithTimeoutNamesTheRankThatHangs) {
       ASSERT_NE(row, std::string::npos) << what;
       EXPECT_NE(what.substr(row, what.find('\n', row + 1) - row).find("CallFunction test.sleep"), std::string::npos)
           << what;
-      EXPECT_NE(what.find("Reduce sum over 'gpu'"), std::string::npos) << what;
+      // The reduce has an ident: named with its call site.
+      EXPECT_NE(what.find("Reduce reduce sum over 'gpu', issued at runtime_test.cpp:"), std::string::npos) << what;
       EXPECT_NE(what.find(fmt::format("waiting for rank {} to join", slow)), std::string::npos) << what;
     }
     EXPECT_FALSE(fut.done());
