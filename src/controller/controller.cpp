@@ -42,6 +42,11 @@ std::shared_ptr<MeshState> make_mesh(ControllerState& ctl, std::vector<std::stri
     throw UsageError(
         fmt::format("a mesh needs one name per dimension: {} names for {} dimensions", names.size(), ranks.ndim()));
   }
+  // The key names the layout exactly: each name with its length, then the ranks.
+  std::string key;
+  for (const std::string& n : names) key += fmt::format("{}:{};", n.size(), n);
+  key += fmt::format("{}|{}|{}", ranks.offset(), fmt::join(ranks.sizes(), ","), fmt::join(ranks.strides(), ","));
+  if (auto existing = ctl.find_mesh(key)) return existing;
   auto m = std::make_shared<MeshState>();
   m->controller = ctl.weak_from_this();
   m->epoch = ctl.epoch();
@@ -49,6 +54,7 @@ std::shared_ptr<MeshState> make_mesh(ControllerState& ctl, std::vector<std::stri
   m->names = std::move(names);
   m->dests = detail::to_dests(ranks);
   m->ranks = std::move(ranks);
+  ctl.remember_mesh(key, m);
   return m;
 }
 

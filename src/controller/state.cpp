@@ -32,6 +32,20 @@ std::int64_t MeshState::dim_index(std::string_view dim) const {
       fmt::format("unknown mesh dimension '{}': the mesh has dimensions [{}]", dim, fmt::join(names, ", ")));
 }
 
+MeshState::~MeshState() {
+  if (!created) return;
+  auto ctl = controller.lock();
+  if (!ctl || ctl->epoch() != epoch) return;
+  ctl->defer_delete(dests, ref);
+}
+
+StreamState::~StreamState() {
+  if (!created) return;
+  auto ctl = controller.lock();
+  if (!ctl || ctl->epoch() != epoch) return;
+  ctl->defer_delete(ctl->workers(), ref);
+}
+
 TensorState::~TensorState() {
   auto ctl = controller.lock();
   if (!ctl || ctl->epoch() != epoch || !home) return;
@@ -97,7 +111,8 @@ void ControllerState::raise_unobserved_failures() {
 }
 
 std::shared_ptr<StreamState> ControllerState::stream(const std::string& name) {
-  auto& s = streams_[name];
+  auto& w = streams_[name];
+  auto s = w.lock();
   if (!s) {
     s = std::make_shared<StreamState>();
     s->controller = weak_from_this();
@@ -105,8 +120,30 @@ std::shared_ptr<StreamState> ControllerState::stream(const std::string& name) {
     s->ref = new_ref();
     s->name = name;
     s->is_default = name == "default";
+    w = s;
+    if (s->is_default) default_stream_ = s;
   }
   return s;
+}
+
+std::shared_ptr<MeshState> ControllerState::find_mesh(const std::string& key) {
+  auto it = meshes_.find(key);
+  if (it == meshes_.end()) return nullptr;
+  auto m = it->second.lock();
+  if (!m) {
+    meshes_.erase(it);
+    return nullptr;
+  }
+  remember_mesh(key, m);
+  return m;
+}
+
+void ControllerState::remember_mesh(const std::string& key, const std::shared_ptr<MeshState>& mesh) {
+  meshes_[key] = mesh;
+  recent_meshes_.push_back(mesh);
+  if (recent_meshes_.size() > kRecentMeshes) recent_meshes_.pop_front();
+  // Names of meshes no handle holds any more.
+  if (meshes_.size() > 4 * kRecentMeshes) std::erase_if(meshes_, [](const auto& m) { return m.second.expired(); });
 }
 
 void ControllerState::ensure_mesh(MeshState& mesh) {
@@ -224,6 +261,9 @@ void ControllerState::restart_workers() {
   // Nothing from before the restart exists any more.
   epoch_++;
   streams_.clear();
+  default_stream_.reset();
+  meshes_.clear();
+  recent_meshes_.clear();
   pending_drops_.clear();
   // A new session starts with no failures: the old session's are not its to raise.
   graph_ = DependencyGraph();

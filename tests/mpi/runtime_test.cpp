@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "meshrt/comm.hpp"
 #include "runtime_support.hpp"
 
 using namespace meshrt;
@@ -308,6 +309,47 @@ TEST(Runtime, ShortLivedTensorsLeaveNothingBehind) {
     for (std::size_t k = 0; k < before.size(); ++k) {
       EXPECT_LE(ctl.live_values(static_cast<int>(ctl.worker_ranks()[static_cast<std::int64_t>(k)])), before[k] + 2);
     }
+  });
+}
+
+TEST(Runtime, MeshesAndStreamsAreFreedWithTheirLastHandle) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
+    ctl.synchronize();
+    std::vector<std::uint64_t> before;
+    for (auto r : ctl.worker_ranks()) before.push_back(ctl.live_values(static_cast<int>(r)));
+    const bool worker_here = ctl.worker_ranks().contains(0);
+    const std::int64_t comms_before = WorkerMesh::live_communicators();
+    // Hundreds of distinct meshes (each with a dimension communicator in use) and streams.
+    for (int i = 0; i < 300; ++i) {
+      const std::string dim = fmt::format("g{}", i);
+      Mesh m = mesh.rename("gpu", dim);
+      DTensor r = m.call("meshrt.copy", x).reduce(dim, Reduction::Sum);
+      Stream s = ctl.stream(fmt::format("s{}", i));
+      DTensor b = s.borrow(x);
+      DTensor c = b.reduce("host", Reduction::Max);
+      b.drop();
+    }
+    // The same slice in a loop is one mesh: made once on the workers.
+    for (int i = 0; i < 300; ++i) {
+      Mesh s = mesh.slice("host", 0);
+      DTensor r = s.call("meshrt.copy", x).reduce("gpu", Reduction::Sum);
+    }
+    EXPECT_TRUE(mesh.slice("host", 0) == mesh.slice("host", 0));
+    ctl.synchronize();
+    ctl.synchronize();  // the deletes the first one carried are counted by now
+    // Left: the session's recent meshes, each with its communicators.
+    const auto recent = static_cast<std::uint64_t>(17);
+    for (std::size_t k = 0; k < before.size(); ++k) {
+      const int rank = static_cast<int>(ctl.worker_ranks()[static_cast<std::int64_t>(k)]);
+      EXPECT_LE(ctl.live_values(rank), before[k] + recent) << "worker " << rank;
+    }
+    if (worker_here) EXPECT_LE(WorkerMesh::live_communicators(), comms_before + 3 * 17);
+    // The mesh and the tensor are still usable.
+    const auto c0 = coordinates(mesh)[0];
+    EXPECT_EQ(as_doubles(ctl.fetch_shard(x.reduce("gpu", Reduction::Max), c0.first).get())[0],
+              combine(Reduction::Max, line(mesh, 1, c0.second), 0));
   });
 }
 
