@@ -76,6 +76,9 @@ class WorkerMesh {
   // that is not a member.
   WorkerMesh(std::vector<std::string> names, NDSlice ranks, MPI_Comm world);
   ~WorkerMesh();
+  // The MPI communicators every WorkerMesh of this process holds (mesh and dimension
+  // communicators): flat when meshes are freed as their handles drop.
+  static std::int64_t live_communicators() noexcept;
   WorkerMesh(const WorkerMesh&) = delete;
   WorkerMesh& operator=(const WorkerMesh&) = delete;
 

@@ -211,6 +211,9 @@ class DTensor {
   std::shared_ptr<detail::MeshState> mesh_;  // the (sub-)mesh this handle covers
 };
 
+// A mesh is a value: the last handle (a Mesh, or a DTensor on it) frees it and its
+// communicators on the workers. Made again with the same names over the same ranks
+// while one is alive (or among the session's 16 most recent), it is the same mesh.
 class Mesh {
  public:
   const std::vector<std::string>& names() const;
@@ -321,15 +324,21 @@ class Controller {
 
   // The local tensor of `t` at `coords` (one per mesh dimension; may be omitted for a
   // mesh of one rank), optionally passed through a registered function on the worker.
+  // That function's shape function says whether it mutates its argument; if it does, the
+  // fetch is a mutating use of `t` (refused while `t` is borrowed; later uses depend on
+  // it).
   Future<Tensor> fetch_shard(const DTensor& t, std::vector<std::pair<std::string, std::int64_t>> coords = {},
                              std::optional<std::string> preprocess = std::nullopt,
                              std::source_location where = std::source_location::current());
 
-  // Waits for all issued work; raises the first error no Future has reported.
+  // Waits for all issued work; raises one RemoteError naming every failure no Future has
+  // reported (the first as root, then a count and a list of the others) and marks them
+  // all observed.
   void synchronize();
   void synchronize(std::chrono::duration<double> timeout);
-  // Ends every worker's event loop and starts fresh ones: all meshes, tensors and streams
-  // are gone (using an old handle raises UsageError).
+  // Ends every worker's event loop and starts fresh ones: all meshes, tensors, streams
+  // and unobserved failures are gone (using an old handle, a mesh's slice() included,
+  // raises UsageError).
   void restart_workers();
 
   // Every worker writes its flight recorder (its last MESHRT_FLIGHT_RECORDER commands,

@@ -82,6 +82,9 @@ struct Reduce {
   Reduction reduction = Reduction::Sum;
   bool scatter = false;
   bool inplace = false;
+  // The completion rule's ident: the worker reports it complete (or failed, with the
+  // controller's call site) when the collective ends.
+  Ident ident = 0;
   friend bool operator==(const Reduce&, const Reduce&) = default;
 };
 
@@ -95,6 +98,7 @@ struct SendTensor {
   // A permutation send: from_ranks[i] sends to to_ranks[to_order[i]] (positions in
   // row-major order). Empty: to_ranks[i], by position.
   std::vector<std::int64_t> to_order;
+  Ident ident = 0;  // as Reduce's
   friend bool operator==(const SendTensor&, const SendTensor&) = default;
 };
 

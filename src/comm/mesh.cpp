@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <set>
 
 #include "comm/mesh_impl.hpp"
@@ -21,6 +22,15 @@ std::string join_names(const std::vector<std::string>& names) {
 }
 
 }  // namespace
+
+namespace {
+// Communicators the meshes of this process hold (the soak checks it stays flat).
+std::atomic<std::int64_t> g_live_communicators{0};
+}  // namespace
+
+std::int64_t WorkerMesh::live_communicators() noexcept {
+  return g_live_communicators.load();
+}
 
 WorkerMesh::WorkerMesh(std::vector<std::string> names, NDSlice ranks, MPI_Comm world)
     : impl_(std::make_unique<Impl>(Impl{std::move(names), std::move(ranks), {}, -1, MPI_COMM_NULL, {}})) {
@@ -80,6 +90,7 @@ WorkerMesh::WorkerMesh(std::vector<std::string> names, NDSlice ranks, MPI_Comm w
   MESHRT_MPI_IGNORE(MPI_Group_free(&mesh_group));
   MESHRT_MPI_IGNORE(MPI_Group_free(&world_group));
   MESHRT_MPI_CHECK(rc);
+  if (m.comm != MPI_COMM_NULL) g_live_communicators++;
   detail::set_error_policy(m.comm);  // and the splits inherit it (set again there)
 }
 
@@ -90,9 +101,15 @@ WorkerMesh::~WorkerMesh() {
 #endif
   // A destructor cannot raise; a failed free leaves nothing to act on.
   for (MPI_Comm& c : impl_->dim_comms) {
-    if (c != MPI_COMM_NULL) MESHRT_MPI_IGNORE(MPI_Comm_free(&c));
+    if (c != MPI_COMM_NULL) {
+      MESHRT_MPI_IGNORE(MPI_Comm_free(&c));
+      g_live_communicators--;
+    }
   }
-  if (impl_->comm != MPI_COMM_NULL) MESHRT_MPI_IGNORE(MPI_Comm_free(&impl_->comm));
+  if (impl_->comm != MPI_COMM_NULL) {
+    MESHRT_MPI_IGNORE(MPI_Comm_free(&impl_->comm));
+    g_live_communicators--;
+  }
 }
 
 const std::vector<std::string>& WorkerMesh::names() const noexcept {
@@ -149,6 +166,7 @@ MPI_Comm WorkerMesh::dim_comm(std::size_t dim) {
     }
     MESHRT_MPI_CHECK(
         MPI_Comm_split(m.comm, static_cast<int>(color), static_cast<int>(m.coords[dim]), &m.dim_comms[dim]));
+    if (m.dim_comms[dim] != MPI_COMM_NULL) g_live_communicators++;
     detail::set_error_policy(m.dim_comms[dim]);
   }
   return m.dim_comms[dim];

@@ -34,6 +34,17 @@ std::string CompletionTracker::describe_ident(Ident ident) const {
   return it->second.label ? it->second.label : "?";
 }
 
+std::string CompletionTracker::what_of(Ident ident) const {
+  auto it = what_.find(ident);
+  return it == what_.end() ? std::string() : it->second.what;
+}
+
+std::string CompletionTracker::site_of(Ident ident) const {
+  auto it = what_.find(ident);
+  if (it == what_.end() || it->second.what.empty()) return {};
+  return detail::describe(it->second.where);
+}
+
 void CompletionTracker::sent(const std::vector<int>& dests, Ident ident) {
   for (int r : dests) workers_[r].outstanding.push_back(ident);
 }

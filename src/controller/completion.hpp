@@ -29,6 +29,10 @@ class CompletionTracker {
   void describe(Ident ident, const std::string& what, const std::source_location& where);
   std::string describe_ident(Ident ident) const;
   bool described(Ident ident) const { return what_.count(ident) > 0; }
+  // What `ident` runs and where it was issued ("file:line (function)"), while it is
+  // outstanding; empty when not known.
+  std::string what_of(Ident ident) const;
+  std::string site_of(Ident ident) const;
 
   // `ident` was sent to every rank in `dests`.
   void sent(const std::vector<int>& dests, Ident ident);

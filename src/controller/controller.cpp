@@ -42,6 +42,11 @@ std::shared_ptr<MeshState> make_mesh(ControllerState& ctl, Device::Kind kind, st
     throw UsageError(
         fmt::format("a mesh needs one name per dimension: {} names for {} dimensions", names.size(), ranks.ndim()));
   }
+  // The key names the layout exactly: the placement, each name with its length, then the ranks.
+  std::string key = fmt::format("{}#", static_cast<int>(kind));
+  for (const std::string& n : names) key += fmt::format("{}:{};", n.size(), n);
+  key += fmt::format("{}|{}|{}", ranks.offset(), fmt::join(ranks.sizes(), ","), fmt::join(ranks.strides(), ","));
+  if (auto existing = ctl.find_mesh(key)) return existing;
   auto m = std::make_shared<MeshState>();
   m->controller = ctl.weak_from_this();
   m->epoch = ctl.epoch();
@@ -50,6 +55,7 @@ std::shared_ptr<MeshState> make_mesh(ControllerState& ctl, Device::Kind kind, st
   m->dests = detail::to_dests(ranks);
   m->ranks = std::move(ranks);
   m->kind = kind;
+  ctl.remember_mesh(key, m);
   return m;
 }
 
@@ -199,6 +205,7 @@ DTensor Stream::borrow(const DTensor& t, bool mutable_borrow, std::source_locati
                         ctl->make_node(0, fmt::format("borrow on stream '{}'", state_->name), where, {origin.node}));
     b->borrow.origin = t.state_;
     b->borrow.is_mutable = mutable_borrow;
+    b->borrow.where = where;
     const bool already = origin.lent.active > 0;
     origin.lent.active++;
     if (mutable_borrow) {
@@ -241,9 +248,13 @@ DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter,
     use_tensor(*ctl, *state_, mesh, *state_->stream, false, what);
     ctl->ensure_mesh(mesh);
     ctl->ensure_stream(*state_->stream);
-    auto result = new_tensor(*ctl, out, mesh_, state_->stream, ctl->make_node(0, what, where, {state_->node}));
-    ctl->append(mesh.dests, protocol::Reduce{result->ref, state_->ref, in, mesh.ref, state_->stream->ref,
-                                             std::string(dim), reduction, scatter, false});
+    // An ident of its own: a failure in flight names this call.
+    const protocol::Ident ident = ctl->new_ident();
+    auto result = new_tensor(*ctl, out, mesh_, state_->stream, ctl->make_node(ident, what, where, {state_->node}));
+    ctl->append(mesh.dests,
+                protocol::Reduce{result->ref, state_->ref, in, mesh.ref, state_->stream->ref, std::string(dim),
+                                 reduction, scatter, false, ident},
+                ident);
     return DTensor(result, mesh_);
   });
 }
@@ -269,9 +280,12 @@ DTensor& DTensor::reduce_(std::string_view dim, Reduction reduction, bool scatte
     use_tensor(*ctl, *state_, mesh, *state_->stream, true, what);
     ctl->ensure_mesh(mesh);
     ctl->ensure_stream(*state_->stream);
-    state_->node = ctl->make_node(0, what, where, {state_->node});
-    ctl->append(mesh.dests, protocol::Reduce{state_->ref, state_->ref, in, mesh.ref, state_->stream->ref,
-                                             std::string(dim), reduction, scatter, true});
+    const protocol::Ident ident = ctl->new_ident();
+    state_->node = ctl->make_node(ident, what, where, {state_->node});
+    ctl->append(mesh.dests,
+                protocol::Reduce{state_->ref, state_->ref, in, mesh.ref, state_->stream->ref, std::string(dim),
+                                 reduction, scatter, true, ident},
+                ident);
     return *this;
   });
 }
@@ -394,19 +408,23 @@ DTensor DTensor::send_to_mesh(const Mesh& target, const MeshPermutation* permuta
   if (permutation) what += fmt::format(" ({})", permutation->to_string());
   use_tensor(*ctl, *state_, from, *state_->stream, false, what);
   ctl->ensure_stream(*state_->stream);
+  const protocol::Ident ident = ctl->new_ident();
   auto result =
-      new_tensor(*ctl, state_->meta, target.state_, state_->stream, ctl->make_node(0, what, where, {state_->node}));
+      new_tensor(*ctl, state_->meta, target.state_, state_->stream, ctl->make_node(ident, what, where, {state_->node}));
   std::vector<int> dests = from.dests;
   dests.insert(dests.end(), to.dests.begin(), to.dests.end());
   std::sort(dests.begin(), dests.end());
   dests.erase(std::unique(dests.begin(), dests.end()), dests.end());
-  ctl->append(dests, protocol::SendTensor{.result = result->ref,
-                                          .from_ranks = from.ranks,
-                                          .to_ranks = to.ranks,
-                                          .tensor = state_->ref,
-                                          .factory = state_->meta,
-                                          .stream = state_->stream->ref,
-                                          .to_order = std::move(to_order)});
+  ctl->append(dests,
+              protocol::SendTensor{.result = result->ref,
+                                   .from_ranks = from.ranks,
+                                   .to_ranks = to.ranks,
+                                   .tensor = state_->ref,
+                                   .factory = state_->meta,
+                                   .stream = state_->stream->ref,
+                                   .to_order = std::move(to_order),
+                                   .ident = ident},
+              ident);
   return DTensor(result, target.state_);
 }
 
@@ -454,6 +472,7 @@ const NDSlice& Mesh::ranks() const {
 
 Mesh Mesh::slice(std::string_view dim, std::int64_t index) const {
   auto ctl = lock(state_->controller);
+  ctl->check_epoch(state_->epoch, "mesh");
   const auto d = static_cast<std::size_t>(state_->dim_index(dim));
   std::vector<std::string> names = state_->names;
   names.erase(names.begin() + static_cast<std::ptrdiff_t>(d));
@@ -462,12 +481,14 @@ Mesh Mesh::slice(std::string_view dim, std::int64_t index) const {
 
 Mesh Mesh::slice(std::string_view dim, std::int64_t begin, std::int64_t end, std::int64_t step) const {
   auto ctl = lock(state_->controller);
+  ctl->check_epoch(state_->epoch, "mesh");
   const auto d = static_cast<std::size_t>(state_->dim_index(dim));
   return Mesh(make_mesh(*ctl, state_->kind, state_->names, state_->ranks.select(d, begin, end, step)));
 }
 
 Mesh Mesh::rename(std::string_view from, std::string to) const {
   auto ctl = lock(state_->controller);
+  ctl->check_epoch(state_->epoch, "mesh");
   const auto d = static_cast<std::size_t>(state_->dim_index(from));
   std::vector<std::string> names = state_->names;
   names[d] = std::move(to);
@@ -476,6 +497,7 @@ Mesh Mesh::rename(std::string_view from, std::string to) const {
 
 Mesh Mesh::split(std::string_view dim, std::vector<std::pair<std::string, std::int64_t>> parts) const {
   auto ctl = lock(state_->controller);
+  ctl->check_epoch(state_->epoch, "mesh");
   const auto d = static_cast<std::size_t>(state_->dim_index(dim));
   const NDSlice& r = state_->ranks;
   std::int64_t product = 1;
@@ -515,6 +537,7 @@ Mesh Mesh::split(std::string_view dim, std::vector<std::pair<std::string, std::i
 
 Mesh Mesh::flatten(std::string name) const {
   auto ctl = lock(state_->controller);
+  ctl->check_epoch(state_->epoch, "mesh");
   const NDSlice& r = state_->ranks;
   // Flattening keeps row-major order only when each stride is the next one times its size.
   std::int64_t expected = 1;
@@ -542,6 +565,7 @@ Mesh Mesh::flatten(std::string name) const {
 }
 
 DTensor Mesh::rank(std::string_view dim, std::source_location where) const {
+  lock(state_->controller)->check_epoch(state_->epoch, "mesh");
   state_->dim_index(dim);
   return call(FunctionName("meshrt.mesh_coordinate", where), Arg(std::string(dim)));
 }
@@ -747,8 +771,13 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
         }
       }
     }
+    // The preprocess function's signature (its shape function on the tensor's meta) says
+    // whether it mutates its argument: then the fetch is a mutating use, like a call's.
+    bool mutates = false;
     if (preprocess) {
-      functions::lookup(*preprocess);
+      const functions::Function& f = functions::lookup(*preprocess);
+      const Signature sig = infer_at_call(f, ArgMetas(*preprocess, {Value(t.state_->meta)}));
+      mutates = !sig.mutates.empty();
     } else if (const std::uint64_t bytes = t.state_->meta.nbytes(); bytes > kControlMessageLimit - kFrameRoom) {
       // Refused here, not after the worker has serialised it. (With a preprocess function
       // the result's size is the function's; the worker checks that one.)
@@ -759,7 +788,8 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
                       t.state_->meta.to_string(), bytes, kControlMessageLimit - kFrameRoom, kControlMessageLimit));
     }
     const int rank = static_cast<int>(mesh.ranks.location(at));
-    use_tensor(ctl, *t.state_, mesh, *t.state_->stream, false, "fetch_shard");
+    use_tensor(ctl, *t.state_, mesh, *t.state_->stream, mutates,
+               preprocess ? fmt::format("fetch_shard via {}", *preprocess) : std::string("fetch_shard"));
     ctl.ensure_stream(*t.state_->stream);
     const protocol::Ident ident = ctl.new_ident();
     auto f = std::make_shared<detail::FutureState>();
@@ -769,9 +799,16 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
     f->node = ctl.make_node(ident, fmt::format("fetch from rank {}{}", rank, preprocess ? " via " + *preprocess : ""),
                             where, {t.state_->node});
     ctl.register_fetch(ident, f);
+    // The fetch runs on one rank: only that rank's local tensor changes, but the value
+    // (every handle of it) now depends on the fetch, so a failed preprocess poisons it.
+    std::vector<Ref> mutated;
+    if (mutates) {
+      t.state_->node = f->node;
+      mutated.push_back(t.state_->ref);
+    }
     ctl.append({rank},
                protocol::FetchValue{.ident = ident,
-                                    .mutates = {},
+                                    .mutates = std::move(mutated),
                                     .function = preprocess,
                                     .value = Value(t.state_->ref),
                                     .stream = t.state_->stream->ref},

@@ -14,6 +14,40 @@ std::string Node::issued_at() const {
   return describe(where);
 }
 
+namespace {
+
+// 19995 -> "19,995": a count in an error is read, not parsed.
+std::string grouped(std::uint64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string link_text(const Node& n) {
+  return n.ident ? fmt::format("{} (invocation {}, {})", n.what, n.ident, n.issued_at())
+                 : fmt::format("{} ({})", n.what, n.issued_at());
+}
+
+// The first links of a chain of `total`, then how many more: a 20,000-step chain is five
+// lines, not megabytes.
+std::string chain_text(const std::vector<std::string>& first, std::uint64_t total) {
+  std::string text = fmt::format("{}", fmt::join(first, " <- "));
+  if (total > first.size()) text += fmt::format(" <- ... and {} more", grouped(total - first.size()));
+  return text;
+}
+
+}  // namespace
+
+std::string Failure::describe(Ident ident) const {
+  const std::vector<int> r(ranks.begin(), ranks.end());
+  const std::string where = ident == 0 ? std::string("outside any invocation") : fmt::format("invocation {}", ident);
+  return fmt::format("{} failed on rank{} {} ({}{}{}): {}", what.empty() ? function : what, r.size() == 1 ? "" : "s",
+                     fmt::join(r, ", "), where, issued_at.empty() ? "" : ", issued at ", issued_at, message);
+}
+
 std::shared_ptr<Node> DependencyGraph::make_node(Ident ident, std::string what, const std::source_location& where,
                                                  std::vector<std::shared_ptr<Node>> inputs) {
   auto n = std::make_shared<Node>();
@@ -52,6 +86,19 @@ void DependencyGraph::prune(Ident done) {
     }
     if (failed || inputs_poisoned) {
       n->poisoned = true;
+      // The cause is the smallest failed ident behind it (its own, when it failed): what
+      // failure_of would find by walking, found once here.
+      if (failed) {
+        n->cause = n->ident;
+        n->links = 0;
+      } else {
+        for (const auto& in : n->inputs) {
+          if (in->poisoned && in->cause != 0 && (n->cause == 0 || in->cause < n->cause)) {
+            n->cause = in->cause;
+            n->links = in->links + 1;
+          }
+        }
+      }
     } else if (inputs_settled) {
       n->clean = true;
       n->inputs.clear();
@@ -62,16 +109,50 @@ void DependencyGraph::prune(Ident done) {
   }
 }
 
-void DependencyGraph::record_failure(const protocol::RemoteFunctionFailed& r) {
-  Failure& f = failures_[r.ident];
+void DependencyGraph::record_failure(const protocol::RemoteFunctionFailed& r, std::string what, std::string issued_at) {
+  // Each failure outside an invocation is an entry of its own: none overwrites another.
+  Failure& f = r.ident == 0 ? outside_.emplace_back() : failures_[r.ident];
   f.function = r.function;
   f.message = r.error;
   f.exception_type = r.exception_type;
   f.ranks.insert(r.rank);
+  if (!what.empty()) f.what = std::move(what);
+  if (!issued_at.empty()) f.issued_at = std::move(issued_at);
 }
 
 std::exception_ptr DependencyGraph::failure_of(const std::shared_ptr<Node>& root, const std::string& subject,
                                                Ident done) {
+  // Settled by prune: the cause is known; only the first links are followed for the text.
+  if (root->poisoned && root->cause != 0) {
+    if (auto f = failures_.find(root->cause); f != failures_.end()) {
+      f->second.observed = true;
+      const std::vector<int> ranks(f->second.ranks.begin(), f->second.ranks.end());
+      Node* n = root.get();
+      std::string site;
+      std::vector<std::string> first;
+      while (n != nullptr) {
+        if (first.size() < kChainLinks) first.push_back(link_text(*n));
+        if (n->links == 0) break;
+        Node* next = nullptr;
+        for (const auto& in : n->inputs) {
+          if (in->poisoned && in->cause == root->cause && in->links + 1 == n->links) {
+            next = in.get();
+            break;
+          }
+        }
+        if (first.size() >= kChainLinks) break;
+        n = next;
+      }
+      // The cause's own node is at the chain's end; its site is the failure's.
+      const std::string issued_at = f->second.issued_at;
+      const std::string head = f->second.describe(root->cause);
+      const std::string text = root->links == 0 ? head
+                                                : fmt::format("{} depends on a failed invocation: {}\n  chain: {}",
+                                                              subject, head, chain_text(first, root->links + 1));
+      return std::make_exception_ptr(
+          RemoteError(text, root->cause, f->second.function, ranks, f->second.message, issued_at));
+    }
+  }
   // Iterative search (chains can be long): the failed invocation with the smallest ident.
   struct Item {
     Node* node;
@@ -120,44 +201,51 @@ std::exception_ptr DependencyGraph::failure_of(const std::shared_ptr<Node>& root
   Node* cause = seen[best].node;
   Failure& f = failures_.at(cause->ident);
   f.observed = true;
+  if (f.issued_at.empty()) f.issued_at = cause->issued_at();
   const std::vector<int> ranks(f.ranks.begin(), f.ranks.end());
-  std::string head =
-      fmt::format("{} failed on rank{} {} (invocation {}, issued at {}): {}", f.function, ranks.size() == 1 ? "" : "s",
-                  fmt::join(ranks, ", "), cause->ident, cause->issued_at(), f.message);
+  const std::string head = f.describe(cause->ident);
   std::string text;
   if (cause == root.get()) {
     text = head;
   } else {
-    std::vector<std::string> chain;
-    for (std::size_t i = best; i != SIZE_MAX; i = seen[i].parent) {
-      const Node* n = seen[i].node;
-      chain.push_back(n->ident ? fmt::format("{} (invocation {}, {})", n->what, n->ident, n->issued_at())
-                               : fmt::format("{} ({})", n->what, n->issued_at()));
-    }
-    std::reverse(chain.begin(), chain.end());
-    text = fmt::format("{} depends on a failed invocation: {}\n  chain: {}", subject, head, fmt::join(chain, " <- "));
+    // From the value used back to the cause: the first links only.
+    std::vector<std::size_t> path;
+    for (std::size_t i = best; i != SIZE_MAX; i = seen[i].parent) path.push_back(i);
+    std::vector<std::string> first;
+    for (auto it = path.rbegin(); it != path.rend() && first.size() < kChainLinks; ++it)
+      first.push_back(link_text(*seen[*it].node));
+    text = fmt::format("{} depends on a failed invocation: {}\n  chain: {}", subject, head,
+                       chain_text(first, path.size()));
   }
-  return std::make_exception_ptr(RemoteError(text, cause->ident, f.function, ranks, f.message, cause->issued_at()));
+  return std::make_exception_ptr(RemoteError(text, cause->ident, f.function, ranks, f.message, f.issued_at));
 }
 
 std::exception_ptr DependencyGraph::take_unobserved(int* more) {
-  std::exception_ptr first;
-  int others = 0;
-  for (auto& [i, f] : failures_) {
-    if (f.observed) continue;
-    f.observed = true;
-    if (!first) {
-      const std::vector<int> ranks(f.ranks.begin(), f.ranks.end());
-      first = std::make_exception_ptr(
-          RemoteError(fmt::format("{} failed on rank{} {} (invocation {}): {}", f.function,
-                                  ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "), i, f.message),
-                      i, f.function, ranks, f.message, ""));
-    } else {
-      ++others;
-    }
+  std::vector<std::pair<Ident, Failure*>> todo;
+  for (auto& f : outside_) {
+    if (!f.observed) todo.emplace_back(0, &f);
   }
-  if (more != nullptr) *more = others;
-  return first;
+  for (auto& [i, f] : failures_) {
+    if (!f.observed) todo.emplace_back(i, &f);
+  }
+  if (more != nullptr) *more = todo.empty() ? 0 : static_cast<int>(todo.size() - 1);
+  if (todo.empty()) return nullptr;
+  for (auto& [i, f] : todo) f->observed = true;
+  const auto& [ident, root] = todo.front();
+  std::string text = root->describe(ident);
+  if (todo.size() > 1) {
+    // Every one is named, up to a screenful; the count says how many there were.
+    constexpr std::size_t kListed = 20;
+    text += fmt::format("\n  and {} more unobserved failure{}:", grouped(todo.size() - 1), todo.size() == 2 ? "" : "s");
+    for (std::size_t k = 1; k < todo.size() && k <= kListed; ++k)
+      text += "\n  - " + todo[k].second->describe(todo[k].first);
+    if (todo.size() - 1 > kListed) text += fmt::format("\n  ... and {} more", grouped(todo.size() - 1 - kListed));
+  }
+  const std::vector<int> ranks(root->ranks.begin(), root->ranks.end());
+  auto e = std::make_exception_ptr(RemoteError(text, ident, root->function, ranks, root->message, root->issued_at));
+  // Raised ones outside an invocation are kept by nothing (no node names them).
+  std::erase_if(outside_, [](const Failure& f) { return f.observed; });
+  return e;
 }
 
 }  // namespace meshrt::detail

@@ -32,6 +32,10 @@ struct Node {
   std::vector<std::shared_ptr<Node>> inputs;
   bool clean = false;     // known complete without failure: inputs dropped
   bool poisoned = false;  // known to depend on a failure: inputs kept for the error's chain
+  // Once poisoned: the failed invocation it depends on and how many links lead there, so
+  // finding the cause of a long chain (a loop on a poisoned value) takes no walk.
+  Ident cause = 0;
+  std::uint64_t links = 0;
 };
 
 struct Failure {
@@ -39,7 +43,11 @@ struct Failure {
   std::string message;
   std::string exception_type;
   std::set<int> ranks;
+  std::string what;       // the controller's name of the command ("reduce sum over 'gpu'"), or empty
+  std::string issued_at;  // "file:line (function)" of the call that issued it, or empty
   bool observed = false;  // raised to the program already
+  // "meshrt.fail failed on ranks 1, 2 (invocation 3, issued at x.cpp:9 (main)): boom"
+  std::string describe(Ident ident) const;
 };
 
 class DependencyGraph {
@@ -53,16 +61,22 @@ class DependencyGraph {
   void prune(Ident done);
   std::size_t unsettled() const { return young_.size(); }
 
-  // A worker reported a failure (ident 0: one outside any invocation).
-  void record_failure(const protocol::RemoteFunctionFailed& failure);
+  // A worker reported a failure (ident 0: one outside any invocation, an entry of its
+  // own); `what` and `issued_at` name the command and its call site when the controller
+  // knows them.
+  void record_failure(const protocol::RemoteFunctionFailed& failure, std::string what = {}, std::string issued_at = {});
   const std::map<Ident, Failure>& failures() const { return failures_; }
+  // How many links of a chain an error names before it summarises the rest.
+  static constexpr std::size_t kChainLinks = 5;
 
   // The failure `node` depends on (smallest ident) as a RemoteError naming the chain, or
   // null when nothing reachable failed; `done` is the frontier, used to prune what is
   // found clean.
   std::exception_ptr failure_of(const std::shared_ptr<Node>& node, const std::string& subject, Ident done);
-  // The first failure not raised yet, as a RemoteError, with every one marked raised;
-  // `more` receives how many others there were. Null when there are none.
+  // Every failure not raised yet, as one RemoteError whose root is the first (failures
+  // outside an invocation first, then by ident) and whose text counts and lists the
+  // others; all are marked raised. `more` receives how many others there were. Null
+  // when there are none.
   std::exception_ptr take_unobserved(int* more);
 
  private:
@@ -70,6 +84,7 @@ class DependencyGraph {
   std::deque<std::weak_ptr<Node>> young_;
   std::size_t since_prune_ = 0;
   std::map<Ident, Failure> failures_;
+  std::vector<Failure> outside_;  // failures outside any invocation, in arrival order
 };
 
 }  // namespace meshrt::detail

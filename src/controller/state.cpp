@@ -32,14 +32,40 @@ std::int64_t MeshState::dim_index(std::string_view dim) const {
       fmt::format("unknown mesh dimension '{}': the mesh has dimensions [{}]", dim, fmt::join(names, ", ")));
 }
 
+MeshState::~MeshState() {
+  if (!created) return;
+  auto ctl = controller.lock();
+  if (!ctl || ctl->epoch() != epoch) return;
+  ctl->defer_delete(dests, ref);
+}
+
+StreamState::~StreamState() {
+  if (!created) return;
+  auto ctl = controller.lock();
+  if (!ctl || ctl->epoch() != epoch) return;
+  ctl->defer_delete(ctl->workers(), ref);
+}
+
 TensorState::~TensorState() {
   auto ctl = controller.lock();
   if (!ctl || ctl->epoch() != epoch || !home) return;
   if (borrow.origin && !borrow.dropped) {
+    // Exactly drop(): the origin's value is what the borrower wrote (a failed write
+    // poisons it), and the BorrowDrop precedes the origin's next use.
     MESHRT_LOG(warning) << "a tensor borrowed on stream '" << stream->name
                         << "' was destroyed without drop(); dropping it now";
-    borrow.origin->lent.active--;
-    if (borrow.is_mutable) borrow.origin->lent.mutably = false;
+    TensorState& origin = *borrow.origin;
+    origin.lent.active--;
+    if (borrow.is_mutable) {
+      origin.lent.mutably = false;
+      try {
+        origin.node = ctl->make_node_quietly(
+            fmt::format("implicit drop of borrow on stream '{}' (made at {})", stream->name, describe(borrow.where)),
+            borrow.where, {origin.node, node});
+      } catch (...) {
+        // Out of memory in a destructor: the drop still goes out below.
+      }
+    }
     ctl->defer_drop(home->dests, ref);
   }
   // Borrows share the origin's value on the workers under their own ref.
@@ -85,7 +111,8 @@ void ControllerState::raise_unobserved_failures() {
 }
 
 std::shared_ptr<StreamState> ControllerState::stream(const std::string& name) {
-  auto& s = streams_[name];
+  auto& w = streams_[name];
+  auto s = w.lock();
   if (!s) {
     s = std::make_shared<StreamState>();
     s->controller = weak_from_this();
@@ -93,8 +120,30 @@ std::shared_ptr<StreamState> ControllerState::stream(const std::string& name) {
     s->ref = new_ref();
     s->name = name;
     s->is_default = name == "default";
+    w = s;
+    if (s->is_default) default_stream_ = s;
   }
   return s;
+}
+
+std::shared_ptr<MeshState> ControllerState::find_mesh(const std::string& key) {
+  auto it = meshes_.find(key);
+  if (it == meshes_.end()) return nullptr;
+  auto m = it->second.lock();
+  if (!m) {
+    meshes_.erase(it);
+    return nullptr;
+  }
+  remember_mesh(key, m);
+  return m;
+}
+
+void ControllerState::remember_mesh(const std::string& key, const std::shared_ptr<MeshState>& mesh) {
+  meshes_[key] = mesh;
+  recent_meshes_.push_back(mesh);
+  if (recent_meshes_.size() > kRecentMeshes) recent_meshes_.pop_front();
+  // Names of meshes no handle holds any more.
+  if (meshes_.size() > 4 * kRecentMeshes) std::erase_if(meshes_, [](const auto& m) { return m.second.expired(); });
 }
 
 void ControllerState::ensure_mesh(MeshState& mesh) {
@@ -112,7 +161,20 @@ void ControllerState::ensure_stream(StreamState& stream) {
   append(workers_, protocol::CreateStream{.result = stream.ref, .is_default = stream.is_default});
 }
 
+void ControllerState::flush_deferred() {
+  auto drops = std::move(pending_drops_);
+  pending_drops_.clear();
+  for (auto& [dests, ref] : drops) batcher_.append(dests, protocol::BorrowDrop{ref});
+  batcher_.flush_deferred();
+}
+
 void ControllerState::append(const std::vector<int>& dests, protocol::Command c, Ident ident) {
+  // Implicit drops first: the origin's next use must find the borrow dropped.
+  if (!pending_drops_.empty()) {
+    auto drops = std::move(pending_drops_);
+    pending_drops_.clear();
+    for (auto& [d, ref] : drops) batcher_.append(d, protocol::BorrowDrop{ref});
+  }
   // Recorded before the batcher may send it: replies are read on this thread only.
   if (ident != 0) tracker_.sent(dests, ident);
   batcher_.append(dests, std::move(c));
@@ -129,12 +191,13 @@ void ControllerState::poll_replies() {
             tracker_.status(from, r);
           } else if constexpr (std::is_same_v<R, protocol::RemoteFunctionFailed>) {
             // A worker reports a failure when the invocation ends, and runs in order.
-            // Ident 0 is a failure outside any invocation (kept for synchronize).
+            // Ident 0 is a failure outside any invocation (kept for synchronize). The
+            // command's name and call site are read before completion forgets them.
+            graph_.record_failure(r, tracker_.what_of(r.ident), tracker_.site_of(r.ident));
             if (r.ident != 0)
               tracker_.completed(from, r.ident + 1);
             else
               MESHRT_LOG(error) << "rank " << r.rank << ": " << r.error;
-            graph_.record_failure(r);
           } else if constexpr (std::is_same_v<R, protocol::FetchResult>) {
             tracker_.completed(from, r.ident + 1);
             if (auto it = fetches_.find(r.ident); it != fetches_.end()) {
@@ -199,6 +262,13 @@ void ControllerState::restart_workers() {
   // Nothing from before the restart exists any more.
   epoch_++;
   streams_.clear();
+  default_stream_.reset();
+  meshes_.clear();
+  recent_meshes_.clear();
+  pending_drops_.clear();
+  // A new session starts with no failures: the old session's are not its to raise.
+  graph_ = DependencyGraph();
+  fetches_.clear();
   batcher_.restart();
   tracker_.restart();
 }

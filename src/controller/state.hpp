@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <map>
 #include <memory>
@@ -27,7 +28,11 @@ namespace meshrt::detail {
 
 using protocol::Ident;
 
+// A mesh is a value with a lifetime: when the last handle (Mesh, DTensor, the
+// session's cache of recent meshes) drops, its destructor queues the workers' delete,
+// which frees the WorkerMesh and its communicators.
 struct MeshState {
+  ~MeshState();
   std::weak_ptr<ControllerState> controller;
   std::uint64_t epoch = 0;
   Ref ref;
@@ -39,7 +44,9 @@ struct MeshState {
   std::int64_t dim_index(std::string_view dim) const;  // throws UsageError naming the dims
 };
 
+// As MeshState: the last handle (a Stream, a tensor on it) frees it on the workers.
 struct StreamState {
+  ~StreamState();
   std::weak_ptr<ControllerState> controller;
   std::uint64_t epoch = 0;
   Ref ref;
@@ -69,6 +76,7 @@ struct TensorState {
     bool is_mutable = false;
     bool first_use_sent = false;
     bool dropped = false;
+    std::source_location where{};  // the borrow() call, named by an implicit drop
   } borrow;
 };
 
@@ -107,10 +115,12 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   // destination.
   void append(const std::vector<int>& dests, protocol::Command c, Ident ident = 0);
   void flush() { batcher_.flush(); }
-  void flush_deferred() { batcher_.flush_deferred(); }
+  void flush_deferred();
   // For handle destructors: work for the next command, sent with it.
   void defer_delete(const std::vector<int>& dests, Ref ref) { batcher_.defer_delete(dests, ref); }
-  void defer_drop(const std::vector<int>& dests, Ref ref) { batcher_.defer_drop(dests, ref); }
+  // A borrow destroyed without drop(): the BorrowDrop goes out ahead of the next command
+  // to any ranks, so it reaches the workers before the origin's next use, as drop()'s.
+  void defer_drop(const std::vector<int>& dests, Ref ref) { pending_drops_.emplace_back(dests, ref); }
 
   // Takes every waiting reply and applies it to the tracker, the graph and the futures.
   void poll_replies();
@@ -123,6 +133,11 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
 
   std::shared_ptr<Node> make_node(Ident ident, std::string what, const std::source_location& where,
                                   std::vector<std::shared_ptr<Node>> inputs);
+  // The same, safe from a destructor: never polls the transport.
+  std::shared_ptr<Node> make_node_quietly(std::string what, const std::source_location& where,
+                                          std::vector<std::shared_ptr<Node>> inputs) {
+    return graph_.make_node(0, std::move(what), where, std::move(inputs));
+  }
   // The failure a node depends on (smallest ident), with the chain to it; null when clean.
   std::exception_ptr failure_of(const std::shared_ptr<Node>& node, const std::string& subject);
   // Raises the first failure no call has raised yet (synchronize), logging how many more.
@@ -132,6 +147,13 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   void forget_fetch(Ident ident) { fetches_.erase(ident); }
 
   std::shared_ptr<StreamState> stream(const std::string& name);
+  // The live mesh with these names over these ranks, or null; and the record of a new
+  // one. A mesh made again (a slice in a loop) is the same value, created once on the
+  // workers: no new communicators after the first. The last kRecentMeshes made are kept
+  // alive by the session so a loop that drops its slice each time still reuses it.
+  std::shared_ptr<MeshState> find_mesh(const std::string& key);
+  void remember_mesh(const std::string& key, const std::shared_ptr<MeshState>& mesh);
+  static constexpr std::size_t kRecentMeshes = 16;
   void ensure_mesh(MeshState& mesh);
   void ensure_stream(StreamState& stream);
 
@@ -156,7 +178,13 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   Diagnostics diagnostics_;
   std::uint64_t next_ref_ = 1;
   std::unordered_map<Ident, std::weak_ptr<FutureState>> fetches_;
-  std::map<std::string, std::shared_ptr<StreamState>> streams_;
+  // Streams by name while some handle holds them; the default stream lives as long as
+  // the session.
+  std::map<std::string, std::weak_ptr<StreamState>> streams_;
+  std::shared_ptr<StreamState> default_stream_;
+  std::unordered_map<std::string, std::weak_ptr<MeshState>> meshes_;
+  std::deque<std::shared_ptr<MeshState>> recent_meshes_;
+  std::vector<std::pair<std::vector<int>, Ref>> pending_drops_;
 };
 
 std::vector<int> to_dests(const NDSlice& slice);

@@ -259,6 +259,7 @@ class Writer {
     u8(static_cast<std::uint8_t>(m.reduction));
     boolean(m.scatter);
     boolean(m.inplace);
+    pod(m.ident);
   }
   void body(const SendTensor& m) {
     ref(m.result);
@@ -268,6 +269,7 @@ class Writer {
     meta(m.factory);
     ref(m.stream);
     i64s(m.to_order, "SendTensor to_order");
+    pod(m.ident);
   }
   void body(const BorrowCreate& m) {
     ref(m.result);
@@ -583,6 +585,7 @@ class Reader {
         m.reduction = enumeration<Reduction>("Reduce.reduction", kNumReductions);
         m.scatter = boolean("Reduce.scatter");
         m.inplace = boolean("Reduce.inplace");
+        m.ident = pod<Ident>("Reduce.ident");
         return m;
       }
       case CommandTag::SendTensor: {
@@ -612,6 +615,7 @@ class Reader {
                                            m.to_order.size()));
           }
         }
+        m.ident = pod<Ident>("SendTensor.ident");
         return m;
       }
       case CommandTag::BorrowCreate: {

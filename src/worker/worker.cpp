@@ -78,6 +78,7 @@ struct Worker::Impl {
     // its Pending wakes a waiter in idle() the moment it completes.
     bool on_comm_thread = false;
     std::string kind;  // the command ("Reduce", "SendTensor"), for a failure report
+    Ident ident = 0;   // the command's ident: complete (or failed) when the operation ends
   };
   std::optional<InFlight> in_flight;
 
@@ -109,6 +110,25 @@ struct Worker::Impl {
     MESHRT_LOG(info) << "function " << function << " (ident " << ident << ") failed: " << message;
     reply(RemoteFunctionFailed{
         .ident = ident, .error = message, .rank = opt.rank, .function = function, .exception_type = type});
+  }
+
+  // Reduce and SendTensor carry an ident like an invocation: reported past once they end.
+  void complete(Ident ident) {
+    if (ident == 0) return;
+    first_uncompleted = std::max(first_uncompleted, ident + 1);
+    monitor.completed_ident(first_uncompleted);
+  }
+  // A Reduce or SendTensor that failed before it started: its result (on this rank) is
+  // the marker, so what depends on it is poisoned rather than undefined.
+  void poison_result(const Command& command, DependentOnError marker) {
+    if (const auto* r = std::get_if<Reduce>(&command)) define(r->result, marker);
+    if (const auto* s = std::get_if<SendTensor>(&command); s && s->to_ranks.contains(opt.rank))
+      define(s->result, marker);
+  }
+  static Ident ident_of(const Command& command) {
+    if (const auto* r = std::get_if<Reduce>(&command)) return r->ident;
+    if (const auto* s = std::get_if<SendTensor>(&command)) return s->ident;
+    return 0;
   }
 
   // ------------------------------------------------------------------ values
@@ -364,6 +384,7 @@ struct Worker::Impl {
       else
         define(*in_flight->result, std::move(out.tensor));
     }
+    complete(in_flight->ident);
     in_flight.reset();
   }
 
@@ -424,13 +445,15 @@ struct Worker::Impl {
       what = "the operation in flight";
     }
     MESHRT_LOG(error) << "rank " << opt.rank << ": " << what << " failed: " << message;
-    if (in_flight->result) define(*in_flight->result, DependentOnError{0});
-    reply(RemoteFunctionFailed{.ident = 0,
+    const Ident ident = in_flight->ident;
+    if (in_flight->result) define(*in_flight->result, DependentOnError{ident});
+    reply(RemoteFunctionFailed{.ident = ident,
                                .error = fmt::format("{} failed on rank {}: {}", what, opt.rank, message),
                                .rank = opt.rank,
                                .function = in_flight->kind,
                                .exception_type = type});
     monitor.finished(in_flight->seq, true);
+    complete(ident);
     in_flight.reset();
   }
 
@@ -498,15 +521,19 @@ struct Worker::Impl {
       if (in_flight) {
         in_flight->seq = q.seq;
         in_flight->kind = std::string(name(command));
+        in_flight->ident = ident_of(command);
         monitor.describe(q.seq, in_flight->op->describe(), peers_of(command), 0);
         return;
       }
-    } catch (const Poisoned&) {
+    } catch (const Poisoned& p) {
       // A mesh or stream that depends on a failure: nothing to run.
+      poison_result(command, p.marker);
     } catch (const std::exception& e) {
+      poison_result(command, DependentOnError{ident_of(command)});
       MESHRT_LOG(error) << "rank " << opt.rank << ": " << name(command) << " failed: " << e.what();
-      // Ident 0: tied to no invocation; the controller raises it at the next synchronize.
-      reply(RemoteFunctionFailed{.ident = 0,
+      // With the command's ident (Reduce, SendTensor) the controller names its call site;
+      // ident 0 (tied to no invocation) is raised at the next synchronize.
+      reply(RemoteFunctionFailed{.ident = ident_of(command),
                                  .error = fmt::format("{} failed: {}", name(command), e.what()),
                                  .rank = opt.rank,
                                  .function = std::string(name(command)),
@@ -514,14 +541,16 @@ struct Worker::Impl {
       current_failed = true;
     } catch (...) {
       MESHRT_LOG(error) << "rank " << opt.rank << ": " << name(command) << " failed with a non-std::exception";
+      poison_result(command, DependentOnError{ident_of(command)});
       reply(RemoteFunctionFailed{
-          .ident = 0,
+          .ident = ident_of(command),
           .error = fmt::format("{} failed: an exception not derived from std::exception", name(command)),
           .rank = opt.rank,
           .function = std::string(name(command)),
           .exception_type = "unknown"});
       current_failed = true;
     }
+    complete(ident_of(command));
     monitor.finished(q.seq, current_failed);
   }
 
@@ -559,6 +588,7 @@ struct Worker::Impl {
             r.name = c.function.value_or("");
             r.stream = c.stream.id;
           } else if constexpr (std::is_same_v<C, Reduce>) {
+            r.ident = c.ident;
             r.name =
                 std::string(meshrt::name(c.reduction)) + (c.scatter ? " scatter" : "") + (c.inplace ? " in place" : "");
             r.result = c.result.id;
@@ -567,6 +597,7 @@ struct Worker::Impl {
             r.dim = c.dim;
             r.bytes = c.factory.nbytes();
           } else if constexpr (std::is_same_v<C, SendTensor>) {
+            r.ident = c.ident;
             r.result = c.result.id;
             r.stream = c.stream.id;
             r.bytes = c.factory.nbytes();

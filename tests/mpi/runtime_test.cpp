@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "meshrt/comm.hpp"
 #include "runtime_support.hpp"
 
 using namespace meshrt;
@@ -311,6 +312,47 @@ TEST(Runtime, ShortLivedTensorsLeaveNothingBehind) {
   });
 }
 
+TEST(Runtime, MeshesAndStreamsAreFreedWithTheirLastHandle) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
+    ctl.synchronize();
+    std::vector<std::uint64_t> before;
+    for (auto r : ctl.worker_ranks()) before.push_back(ctl.live_values(static_cast<int>(r)));
+    const bool worker_here = ctl.worker_ranks().contains(0);
+    const std::int64_t comms_before = WorkerMesh::live_communicators();
+    // Hundreds of distinct meshes (each with a dimension communicator in use) and streams.
+    for (int i = 0; i < 300; ++i) {
+      const std::string dim = fmt::format("g{}", i);
+      Mesh m = mesh.rename("gpu", dim);
+      DTensor r = m.call("meshrt.copy", x).reduce(dim, Reduction::Sum);
+      Stream s = ctl.stream(fmt::format("s{}", i));
+      DTensor b = s.borrow(x);
+      DTensor c = b.reduce("host", Reduction::Max);
+      b.drop();
+    }
+    // The same slice in a loop is one mesh: made once on the workers.
+    for (int i = 0; i < 300; ++i) {
+      Mesh s = mesh.slice("host", 0);
+      DTensor r = s.call("meshrt.copy", x).reduce("gpu", Reduction::Sum);
+    }
+    EXPECT_TRUE(mesh.slice("host", 0) == mesh.slice("host", 0));
+    ctl.synchronize();
+    ctl.synchronize();  // the deletes the first one carried are counted by now
+    // Left: the session's recent meshes, each with its communicators.
+    const auto recent = static_cast<std::uint64_t>(17);
+    for (std::size_t k = 0; k < before.size(); ++k) {
+      const int rank = static_cast<int>(ctl.worker_ranks()[static_cast<std::int64_t>(k)]);
+      EXPECT_LE(ctl.live_values(rank), before[k] + recent) << "worker " << rank;
+    }
+    if (worker_here) EXPECT_LE(WorkerMesh::live_communicators(), comms_before + 3 * 17);
+    // The mesh and the tensor are still usable.
+    const auto c0 = coordinates(mesh)[0];
+    EXPECT_EQ(as_doubles(ctl.fetch_shard(x.reduce("gpu", Reduction::Max), c0.first).get())[0],
+              combine(Reduction::Max, line(mesh, 1, c0.second), 0));
+  });
+}
+
 TEST(Runtime, BorrowRules) {
   session([](Controller& ctl) {
     Mesh mesh = make_mesh(ctl);
@@ -347,13 +389,39 @@ TEST(Runtime, BorrowRules) {
   });
 }
 
+TEST(Runtime, AFetchPreprocessThatMutatesIsAMutatingUse) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor y = mesh.call("test.pattern", {2}, DType::Float64);
+    const auto c0 = coordinates(mesh)[0];
+    const std::optional<std::string> bump("test.bump_and_copy_");
+    // Its signature says it mutates its argument: refused while the tensor is borrowed.
+    DTensor r = ctl.stream("comms").borrow(y);
+    const std::string text = error_text([&] { ctl.fetch_shard(y, c0.first, bump); });
+    EXPECT_NE(text.find("fetch_shard via test.bump_and_copy_: the tensor is borrowed by 1 other stream"),
+              std::string::npos)
+        << text;
+    r.drop();
+    // Allowed once dropped; the change is the value's, seen by the next use.
+    EXPECT_EQ(as_doubles(ctl.fetch_shard(y, c0.first, bump).get())[0], pattern(c0.second, 0) + 1);
+    EXPECT_EQ(as_doubles(ctl.fetch_shard(y, c0.first).get())[0], pattern(c0.second, 0) + 1);
+  });
+}
+
 TEST(Runtime, RestartWorkersClearsEverything) {
   session([](Controller& ctl) {
     Mesh mesh = make_mesh(ctl);
     DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
     ctl.synchronize();
+    // A failure of the old session, reported as the workers restart, is not the new one's.
+    DTensor f = mesh.call("meshrt.fail", "old session", {0});
     ctl.restart_workers();
     EXPECT_THROW(x.reduce("gpu", Reduction::Sum), UsageError);
+    // Every old handle, meshes included.
+    EXPECT_THROW(mesh.slice("gpu", 0), UsageError);
+    EXPECT_THROW(mesh.flatten("all"), UsageError);
+    EXPECT_THROW(x.slice_mesh("gpu", 0), UsageError);
+    EXPECT_NO_THROW(ctl.synchronize());
     Mesh fresh = make_mesh(ctl);
     DTensor y = fresh.call("test.pattern", {2}, DType::Float32);
     const auto c0 = coordinates(fresh)[0];
@@ -405,7 +473,8 @@ TEST(Runtime, GetWithTimeoutNamesTheRankThatHangs) {
       ASSERT_NE(row, std::string::npos) << what;
       EXPECT_NE(what.substr(row, what.find('\n', row + 1) - row).find("CallFunction test.sleep"), std::string::npos)
           << what;
-      EXPECT_NE(what.find("Reduce sum over 'gpu'"), std::string::npos) << what;
+      // The reduce has an ident: named with its call site.
+      EXPECT_NE(what.find("Reduce reduce sum over 'gpu', issued at runtime_test.cpp:"), std::string::npos) << what;
       EXPECT_NE(what.find(fmt::format("waiting for rank {} to join", slow)), std::string::npos) << what;
     }
     EXPECT_FALSE(fut.done());

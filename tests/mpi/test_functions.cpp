@@ -34,6 +34,18 @@ std::vector<Tensor> pattern_kernel(CallContext& ctx, Args& args) {
   return {t};
 }
 
+// test.bump_and_copy_(x): adds 1 to x in place (float64) and returns a copy of the result;
+// a fetch preprocess that mutates its argument.
+Signature bump_shape(const ArgMetas& args) {
+  args.expect_count(1, 1);
+  return {{args.tensor(0)}, {0}};
+}
+std::vector<Tensor> bump_kernel(CallContext&, Args& args) {
+  Tensor& x = args.tensor(0);
+  for (double& v : x.span<double>()) v += 1;
+  return {x.clone()};
+}
+
 // test.sleep(seconds, ranks): sleeps on the listed ranks; returns a float32 scalar.
 Signature sleep_shape(const ArgMetas& args) {
   args.expect_count(2, 2);
@@ -98,4 +110,5 @@ MESHRT_REGISTER_FUNCTION("test.misbehave", misbehave_kernel, misbehave_shape);
 MESHRT_REGISTER_FUNCTION("test.crash", crash_kernel, one_scalar_shape);
 MESHRT_REGISTER_FUNCTION("test.usr1", usr1_kernel, one_scalar_shape);
 MESHRT_REGISTER_FUNCTION("test.pattern", pattern_kernel, pattern_shape);
+MESHRT_REGISTER_FUNCTION("test.bump_and_copy_", bump_kernel, bump_shape);
 MESHRT_REGISTER_FUNCTION("test.sleep", sleep_kernel, sleep_shape);

@@ -21,6 +21,18 @@ inline std::string usage_error(const std::function<void()>& f) {
   return {};
 }
 
+// The text of the E `f` throws; a test failure (and "") if it throws none.
+template <class E>
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an exception";
+  return {};
+}
+
 inline void expect_contains(const std::string& text, const std::string& part) {
   EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
 }

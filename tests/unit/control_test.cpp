@@ -297,6 +297,46 @@ TEST(DependencyGraph, UnobservedFailuresAreRaisedOnce) {
     expect_contains(e.what(), "CreateDeviceMesh failed on rank 2");
   }
   EXPECT_EQ(g.take_unobserved(&more), nullptr);
+  // A second failure outside an invocation is an entry of its own, raised in turn.
+  g.record_failure(failed(0, 1, "DeleteRefs"));
+  const auto again = g.take_unobserved(&more);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(more, 0);
+  expect_contains(test::error_of<RemoteError>([&] { std::rethrow_exception(again); }), "DeleteRefs failed on rank 1");
+}
+
+TEST(DependencyGraph, ALongChainIsSummarisedAndItsCauseFoundWithoutAWalk) {
+  DependencyGraph g;
+  const auto here = std::source_location::current();
+  auto bad = g.make_node(1, "meshrt.fail", here, {});
+  std::shared_ptr<Node> x = bad;
+  constexpr Ident kSteps = 20000;
+  for (Ident i = 2; i <= kSteps + 1; ++i) x = g.make_node(i, "meshrt.add", here, {x});
+  g.record_failure(failed(1, 0, "meshrt.fail"));
+  // Before the frontier passes it, the walk finds it, and the text is summarised.
+  const auto walked = g.failure_of(x, "fetch", 0);
+  ASSERT_NE(walked, nullptr);
+  std::string text;
+  try {
+    std::rethrow_exception(walked);
+  } catch (const RemoteError& e) {
+    text = e.what();
+    EXPECT_EQ(e.ident(), 1u);
+  }
+  EXPECT_LT(text.size(), 2000u) << text.size();
+  expect_contains(text, "<- ... and 19,996 more");
+  // Settled, every node knows its cause and how far it is.
+  g.prune(kSteps + 1);
+  EXPECT_TRUE(x->poisoned);
+  EXPECT_EQ(x->cause, 1u);
+  EXPECT_EQ(x->links, kSteps);
+  const auto settled = g.failure_of(x, "fetch", kSteps + 1);
+  try {
+    std::rethrow_exception(settled);
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.ident(), 1u);
+    EXPECT_EQ(std::string(e.what()), text);  // the same text either way
+  }
 }
 
 TEST(DependencyGraph, PruneIsDueEvery1024Nodes) {

@@ -4,6 +4,7 @@
 // No MPI is started: the session only calls MPI to abort the job, which no test does.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -118,6 +119,103 @@ TEST(ControllerState, AFailureReachesWhatDependsOnItOnce) {
   s.ctl->poll_replies();
   EXPECT_THROW(s.ctl->raise_unobserved_failures(), RemoteError);
   EXPECT_NO_THROW(s.ctl->raise_unobserved_failures());
+}
+
+TEST(ControllerState, EveryFailureIsAnEntryOfItsOwnAndSynchronizeNamesThemAll) {
+  Session s;
+  const auto here = std::source_location::current();
+  // A reduce carries an ident: its failure in flight names the call and its site.
+  const Ident r = s.ctl->new_ident();
+  auto reduce = s.ctl->make_node(r, "reduce sum over 'x'", here, {});
+  s.ctl->append({1, 2}, Reduce{.result = Ref{5}, .ident = r}, r);
+  s.ctl->flush();
+  s.reply(1, RemoteFunctionFailed{.ident = r, .error = "MPI broke", .rank = 1, .function = "Reduce"});
+  s.reply(2, RemoteFunctionFailed{
+                 .ident = 0, .error = "CreateDeviceMesh failed: a", .rank = 2, .function = "CreateDeviceMesh"});
+  s.reply(1,
+          RemoteFunctionFailed{.ident = 0, .error = "BorrowCreate failed: b", .rank = 1, .function = "BorrowCreate"});
+  s.ctl->poll_replies();
+  std::string text;
+  try {
+    s.ctl->raise_unobserved_failures();
+    ADD_FAILURE() << "expected a RemoteError";
+  } catch (const RemoteError& e) {
+    text = e.what();
+    EXPECT_EQ(e.ident(), 0u);  // outside an invocation first, in arrival order
+    EXPECT_EQ(e.function(), "CreateDeviceMesh");
+  }
+  expect_contains(text, "CreateDeviceMesh failed on rank 2 (outside any invocation): CreateDeviceMesh failed: a");
+  expect_contains(text, "and 2 more unobserved failures:");
+  expect_contains(text, "- BorrowCreate failed on rank 1 (outside any invocation): BorrowCreate failed: b");
+  expect_contains(text, "- reduce sum over 'x' failed on rank 1 (invocation " + std::to_string(r) +
+                            ", issued at controller_state_test.cpp:");
+  expect_contains(text, "MPI broke");
+  // All marked observed; a later failure outside an invocation is raised again, not lost.
+  EXPECT_NO_THROW(s.ctl->raise_unobserved_failures());
+  s.reply(2, RemoteFunctionFailed{.ident = 0, .error = "second one", .rank = 2, .function = "DeleteRefs"});
+  s.ctl->poll_replies();
+  expect_contains(test::error_of<RemoteError>([&] { s.ctl->raise_unobserved_failures(); }), "second one");
+  // A new session starts with none.
+  s.reply(1, RemoteFunctionFailed{.ident = 0, .error = "old session", .rank = 1, .function = "DeleteRefs"});
+  s.reply(1, Restarted{});
+  s.reply(2, Restarted{});
+  s.ctl->restart_workers();
+  EXPECT_NO_THROW(s.ctl->raise_unobserved_failures());
+  (void)reduce;
+}
+
+TEST(ControllerState, AnImplicitDropIsDrop) {
+  Session s;
+  const auto here = std::source_location::current();
+  auto mesh = std::make_shared<detail::MeshState>();
+  mesh->controller = s.ctl;
+  mesh->epoch = s.ctl->epoch();
+  mesh->dests = {1, 2};
+  auto origin_stream = s.ctl->stream("default");
+  auto comms = s.ctl->stream("comms");
+  auto origin = std::make_shared<detail::TensorState>();
+  origin->controller = s.ctl;
+  origin->epoch = s.ctl->epoch();
+  origin->ref = Ref{20};
+  origin->home = mesh;
+  origin->stream = origin_stream;
+  origin->node = s.ctl->make_node(0, "origin", here, {});
+  // A mutable borrow whose write (invocation w) fails on rank 1.
+  const Ident w = s.ctl->new_ident();
+  auto borrow = std::make_shared<detail::TensorState>();
+  borrow->controller = s.ctl;
+  borrow->epoch = s.ctl->epoch();
+  borrow->ref = Ref{21};
+  borrow->home = mesh;
+  borrow->stream = comms;
+  borrow->borrow.origin = origin;
+  borrow->borrow.is_mutable = true;
+  borrow->node = s.ctl->make_node(w, "meshrt.fill_", here, {origin->node});
+  origin->lent.active = 1;
+  origin->lent.mutably = true;
+  s.ctl->append({1, 2}, call(w), w);
+  s.ctl->flush();
+  s.received(1);
+  borrow.reset();  // destroyed without drop()
+  EXPECT_FALSE(origin->lent.mutably);
+  // The origin's next use: the drop reaches the workers first, as drop()'s does.
+  const Ident next = s.ctl->new_ident();
+  s.ctl->append({1, 2}, call(next), next);
+  s.ctl->flush();
+  const auto got = s.received(1);
+  const auto drop = std::find(got.begin(), got.end(), Command{BorrowDrop{Ref{21}}});
+  const auto use = std::find(got.begin(), got.end(), Command{call(next)});
+  ASSERT_NE(drop, got.end());
+  ASSERT_NE(use, got.end());
+  EXPECT_LT(drop - got.begin(), use - got.begin());
+  // The failed write reaches the origin.
+  s.reply(1, RemoteFunctionFailed{.ident = w, .error = "write failed", .rank = 1, .function = "meshrt.fill_"});
+  s.reply(1, Status{.first_uncompleted_ident = next + 1});
+  s.reply(2, Status{.first_uncompleted_ident = next + 1});
+  s.ctl->wait_for(next, std::chrono::seconds(30), "test");
+  const auto e = s.ctl->failure_of(origin->node, "fetch");
+  ASSERT_NE(e, nullptr);
+  expect_contains(test::error_of<RemoteError>([&] { std::rethrow_exception(e); }), "write failed");
 }
 
 // Plays the watch threads of ranks 1 and 2: rank 1 is idle, rank 2 runs `ident`.

@@ -121,10 +121,10 @@ TEST(Protocol, HeaderErrors) {
 
 TEST(Protocol, EnumAndBoolErrors) {
   // Reduce layout: header 4, tag 1, result 8, tensor 8, 0-d meta 10, mesh 8, stream 8,
-  // dim "x" 5 -> reduction at byte 52, scatter 53, inplace 54.
+  // dim "x" 5 -> reduction at byte 52, scatter 53, inplace 54, ident 55..62.
   const Bytes good =
       encode(Command{Reduce{Ref{1}, Ref{2}, TensorMeta(), Ref{3}, Ref{4}, "x", Reduction::Max, false, true}});
-  ASSERT_EQ(good.size(), 55u);
+  ASSERT_EQ(good.size(), 63u);
   Bytes b = good;
   b[52] = std::byte{9};
   const std::string e = protocol_error([&] { decode_command(b); });
@@ -133,7 +133,7 @@ TEST(Protocol, EnumAndBoolErrors) {
   b = good;
   b[53] = std::byte{2};
   expect_contains(protocol_error([&] { decode_command(b); }),
-                  "Reduce.scatter at byte 53 of a 55-byte frame: expected a bool byte 0 or 1, found 2");
+                  "Reduce.scatter at byte 53 of a 63-byte frame: expected a bool byte 0 or 1, found 2");
   b = good;
   b[4 + 1 + 16] = std::byte{8};  // factory dtype
   expect_contains(protocol_error([&] { decode_command(b); }), "expected a value in 0..7, found 8");

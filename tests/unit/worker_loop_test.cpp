@@ -209,6 +209,44 @@ TEST(WorkerLoop, AFailingFunctionIsReportedOnceAndPoisonsWhatDependsOnIt) {
   EXPECT_EQ(ctl.status(6).first_uncompleted_ident, 7u);
 }
 
+TEST(WorkerLoop, AFailedReduceOrSendIsReportedWithItsIdentAndCompletesIt) {
+  ScriptedController ctl;
+  ctl.send(setup());
+  ctl.send(full(1, Ref{10}, 1));
+  // A reduce over a mesh ref that does not exist fails before it starts: its ident names
+  // it (the controller knows the call site) and its result poisons what uses it.
+  ctl.send(Reduce{.result = Ref{11},
+                  .tensor = Ref{10},
+                  .factory = kVector,
+                  .mesh = Ref{77},
+                  .stream = Ref{1},
+                  .dim = "x",
+                  .ident = 2});
+  const auto f = ctl.expect<RemoteFunctionFailed>(ctl.next_not_status());
+  EXPECT_EQ(f.ident, 2u);
+  EXPECT_EQ(f.function, "Reduce");
+  expect_contains(f.error, "mesh ref 77 is not defined");
+  // A send whose input does not match its factory fails in flight, with its ident too.
+  ctl.send(SendTensor{.result = Ref{12},
+                      .from_ranks = kOneRank,
+                      .to_ranks = kOneRank,
+                      .tensor = Ref{10},
+                      .factory = TensorMeta({3}, DType::Float64),
+                      .stream = Ref{1},
+                      .ident = 3});
+  const auto g = ctl.expect<RemoteFunctionFailed>(ctl.next_not_status());
+  EXPECT_EQ(g.ident, 3u);
+  // Both are complete; what depends on the reduce's result is poisoned, not undefined.
+  ctl.send(CallFunction{.ident = 4,
+                        .results = {Ref{13}},
+                        .function = "meshrt.copy",
+                        .args = {Value(Ref{11})},
+                        .stream = Ref{1},
+                        .mesh = Ref{2}});
+  EXPECT_EQ(ctl.status(4).first_uncompleted_ident, 5u);
+  EXPECT_EQ(ctl.waiting(), 0u);  // no further failure: the controller traces it to ident 2
+}
+
 TEST(WorkerLoop, SendsStatusWhenItMovedAndOnlyThen) {
   ScriptedController ctl(/*status_interval=*/0.01);
   ctl.send(setup());
