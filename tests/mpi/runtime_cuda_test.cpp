@@ -2,6 +2,7 @@
 // CUDA events. Skips without a GPU (this is how it runs in CI here).
 #include <gtest/gtest.h>
 
+#include "../support/gpu.hpp"
 #include "runtime_support.hpp"
 
 using namespace meshrt;
@@ -26,7 +27,7 @@ MESHRT_REGISTER_FUNCTION("test.to_cuda", to_cuda_kernel, to_cuda_shape);
 TEST(RuntimeCuda, NcclReductionsAndBorrows) {
   int usable = cuda_available() ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &usable, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (!usable) GTEST_SKIP() << "no CUDA device on every rank";
+  if (!usable) MESHRT_SKIP_WITHOUT_GPU("no CUDA device on every rank");
   session([](Controller& ctl) {
     Mesh mesh = ctl.world_mesh({{"gpu", ctl.world_size()}});
     DTensor x = mesh.call("test.to_cuda", mesh.call("meshrt.full", {4}, DType::Float32, 2.0));
