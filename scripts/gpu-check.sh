@@ -73,7 +73,7 @@ mpi_local_environment
 MPIEXEC=$(sed -n 's/^MPIEXEC_EXECUTABLE:[A-Z]*=//p' "$BUILD/CMakeCache.txt")
 MPIEXEC=${MPIEXEC:-mpiexec}
 "$BUILD/apps/meshrt-info" >"$LOG/meshrt-info.txt" 2>&1
-CUDA_LINE=$(grep -m1 '^  CUDA ' "$LOG/meshrt-info.txt" | sed 's/^  CUDA *//')
+CUDA_LINE=$(grep -m1 '^  CUDA  *runtime' "$LOG/meshrt-info.txt" | sed 's/^  CUDA *//')
 if grep -q '^  CUDA .*runtime [0-9.]*, driver [0-9.]*; [0-9]* device' "$LOG/meshrt-info.txt"; then
   step "driver vs runtime" PASS "$CUDA_LINE"
 else

@@ -223,7 +223,16 @@ void by_hand(Setup& s, Op op, std::size_t whole, std::size_t per_rank, int rank,
 }
 
 void register_device_collectives(Context& ctx) {
-  Setup& s = setup(ctx);
+  Setup* setup_or_null = nullptr;
+  try {
+    setup_or_null = &setup(ctx);
+  } catch (const std::exception& e) {
+    // No device, or a communicator that did not form: say so and end the job, so no rank
+    // waits in a collective for this one.
+    std::fprintf(stderr, "meshrt-bench device-collectives: rank %d: %s\n", ctx.rank, e.what());
+    MPI_Abort(ctx.comm, 1);
+  }
+  Setup& s = *setup_or_null;
   const int n = ctx.size;
   const int rank = ctx.rank;
   std::vector<std::size_t> sizes = sizes_up_to(std::size_t{256} << 20, ctx.quick);
