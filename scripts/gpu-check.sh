@@ -84,8 +84,8 @@ fi
 # communicator on one device: runtime_cuda sizes its NCCL lines to the GPU count (one rank
 # each with one GPU) and runs at up to 4 ranks; comm_nccl and the NCCL bootstrap need one
 # GPU per rank, so they run at min(GPUs, 8) ranks; runtime_emulated's program on cuda
-# needs 4 ranks on 4 GPUs (its 2x2 mesh) and runs only where there are 4.
-# device_comm and device_data_plane test the emulated backend itself: not part of this.
+# needs 4 ranks on 4 GPUs (its 2x2 mesh) and runs only where there are 4; device_comm and
+# device_data_plane (written for 2 and 4 ranks) run at 2 or 4 ranks where there are 2 GPUs.
 NP=$((NGPU < 8 ? NGPU : 8))
 export MESHRT_ACCELERATOR=cuda MESHRT_REQUIRE_GPU=1
 suite_failed=()
@@ -110,6 +110,10 @@ run_test runtime_cuda $((NGPU >= 4 ? 4 : 2))
 run_test comm_nccl "$NP"
 run_test mpi_group_nccl "$NP"
 if [ "$NGPU" -ge 4 ]; then run_test runtime_emulated 4; fi
+if [ "$NGPU" -ge 2 ]; then
+  run_test device_comm $((NGPU >= 4 ? 4 : 2))
+  run_test device_data_plane $((NGPU >= 4 ? 4 : 2))
+fi
 if [ ${#suite_failed[@]} -eq 0 ]; then
   step "device suite on CUDA" PASS "${suite_ran[*]} (comm_nccl at $NP rank(s), one per GPU)"
 else
