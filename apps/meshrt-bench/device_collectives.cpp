@@ -60,6 +60,12 @@ void cuda_check(cudaError_t rc, const char* what) {
 }
 #endif
 
+// Whether the by-hand side is NCCL (cuda in a build with NCCL) rather than MPI on host
+// buffers (emulated, or cuda built without NCCL).
+bool nccl_by_hand(const Setup& s) {
+  return MESHRT_HAVE_NCCL && s.accelerator == Accelerator::Cuda;
+}
+
 // The buffers of one message size: device tensors from the pool (both sides on cuda use
 // them) and host vectors (the MPI side on emulated). Replaced when another size starts:
 // every size at once would take GiBs at 256 MiB.
@@ -84,7 +90,7 @@ Buffers& buffers(Setup& s, std::size_t in_b, std::size_t out_b) {
     backend.memset_async(b.in.raw_data(), 0, in_b, s.stream);
     backend.memset_async(b.out.raw_data(), 0, out_b, s.stream);
     s.stream.synchronize();
-    if (s.accelerator != Accelerator::Cuda) {
+    if (!nccl_by_hand(s)) {
       b.host_in.assign(in_b, 0);
       b.host_out.assign(out_b, 0);
     }
@@ -118,7 +124,7 @@ Setup& setup(const Context& ctx) {
     if (ctx.rank == 0) {
       std::printf("device-collectives on %s (device %d of rank 0), by hand: %s\n",
                   std::string(device::name(out->accelerator)).c_str(), out->device,
-                  out->accelerator == Accelerator::Cuda ? "NCCL" : "MPI on host buffers");
+                  nccl_by_hand(*out) ? "NCCL" : "MPI on host buffers");
     }
     return out;
   }();
@@ -163,7 +169,7 @@ void by_hand(Setup& s, Op op, std::size_t whole, std::size_t per_rank, int rank,
   Buffers& b = buffers(s, in_b, out_b);
   const int h = n / 2;
 #if MESHRT_HAVE_NCCL
-  if (s.accelerator == Accelerator::Cuda) {
+  if (nccl_by_hand(s)) {
     const void* in = b.in.raw_data();
     void* out = b.out.raw_data();
     ncclResult_t rc = ncclSuccess;
