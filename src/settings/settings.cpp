@@ -38,6 +38,9 @@ constexpr std::array kSettings{
             "Microseconds the emulated accelerator sleeps before each stream operation (makes missing orderings show)"},
     Setting{"MESHRT_DEVICE_POOL_BYTES", "1073741824",
             "Bytes of freed device memory each rank's stream-ordered pool keeps cached for reuse"},
+    Setting{
+        "MESHRT_REQUIRE_GPU", "0",
+        "1 turns every test skip for a missing GPU into a failure naming why (for GPU nodes; scripts/gpu-check.sh)"},
     Setting{"MESHRT_TEST_WATCHDOG", "",
             "Seconds after which an MPI test binary names the running test and aborts the job"},
 };

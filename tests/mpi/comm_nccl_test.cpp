@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "../support/gpu.hpp"
 #include "comm_test_util.hpp"
 
 namespace meshrt::test {
@@ -52,7 +53,7 @@ Device my_device() {
 }
 
 TEST(CommNccl, AllReduceGatherScatterAllToAll) {
-  if (!one_gpu_per_rank()) GTEST_SKIP() << "needs one CUDA device per rank";
+  if (!one_gpu_per_rank()) MESHRT_SKIP_WITHOUT_GPU("needs one CUDA device per rank");
   World world;
   cudaSetDevice(world_rank());
   WorkerMesh mesh({"gpu"}, NDSlice::row_major({world_size()}), world.comm());
@@ -105,7 +106,7 @@ TEST(CommNccl, AllReduceGatherScatterAllToAll) {
 }
 
 TEST(CommNccl, SendChainAndSelfPair) {
-  if (!one_gpu_per_rank()) GTEST_SKIP() << "needs one CUDA device per rank";
+  if (!one_gpu_per_rank()) MESHRT_SKIP_WITHOUT_GPU("needs one CUDA device per rank");
   World world;
   cudaSetDevice(world_rank());
   const int n = world_size();
@@ -133,7 +134,8 @@ TEST(CommNccl, SendChainAndSelfPair) {
 // ncclCommInitRank (unique id broadcast over the MPI split) or ncclCommSplit of one
 // per-mesh communicator. Prints both; it measures, it does not judge.
 TEST(CommNccl, CreationTimeInitRankAgainstSplit) {
-  if (!one_gpu_per_rank() || world_size() % 2 != 0) GTEST_SKIP() << "needs one CUDA device per rank, even world";
+  if (!one_gpu_per_rank()) MESHRT_SKIP_WITHOUT_GPU("needs one CUDA device per rank");
+  if (world_size() % 2 != 0) GTEST_SKIP() << "needs an even world";
   World world;
   cudaSetDevice(world_rank());
   double seconds[2] = {0, 0};
@@ -159,7 +161,7 @@ TEST(CommNccl, CreationTimeInitRankAgainstSplit) {
 
 #else
 TEST(CommNccl, BuiltWithoutNccl) {
-  GTEST_SKIP() << "meshrt was built without NCCL";
+  MESHRT_SKIP_WITHOUT_GPU("meshrt was built without NCCL");
 }
 #endif
 

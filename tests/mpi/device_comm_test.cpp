@@ -1,5 +1,8 @@
 // The emulated accelerator's communicator over MPI (NP 2 and 4): every collective and
 // dtype, a communicator over only some ranks, and its refusals and asynchronous errors.
+// MESHRT_ACCELERATOR=cuda runs the same tests on the cuda backend (NCCL; one GPU per
+// rank, scripts/gpu-check.sh); the emulator's own checks (a host pointer as an
+// asynchronous error, its device count) run on emulated only.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -32,16 +35,27 @@ int world_size() {
   return n;
 }
 
+// The accelerator under test: cuda when MESHRT_ACCELERATOR=cuda, else emulated (CTest).
+Accelerator under_test() {
+  const char* text = std::getenv("MESHRT_ACCELERATOR");
+  return text != nullptr && std::string(text) == "cuda" ? Accelerator::Cuda : Accelerator::Emulated;
+}
+Device on_device(int index) {
+  return Device::of(device::device_kind(under_test()), index);
+}
+
 device::Backend& emulated() {
-  return device::backend(Accelerator::Emulated);
+  return device::backend(under_test());
 }
 
 struct OnEmulated {
-  int device = device::select_device(Accelerator::Emulated, MPI_COMM_WORLD);
-  Stream stream = emulated().create_stream(device);
-  std::unique_ptr<Communicator> comm =
-      device::create_communicator(Accelerator::Emulated, MPI_COMM_WORLD, device, kInitTimeout);
-  Device where() const { return Device::emulated(device); }
+  int device = device::select_device(under_test(), MPI_COMM_WORLD);
+  Stream stream = [this] {
+    emulated().make_current(device);
+    return emulated().create_stream(device);
+  }();
+  std::unique_ptr<Communicator> comm = device::create_communicator(under_test(), MPI_COMM_WORLD, device, kInitTimeout);
+  Device where() const { return on_device(device); }
 };
 
 // The value rank r holds at element i: small integers, exact in every dtype.
@@ -193,11 +207,12 @@ TEST(DeviceComm, ACommunicatorOverSomeRanksOnly) {
   MPI_Comm_split(MPI_COMM_WORLD, world_rank() % 2, world_rank(), &half);
   int size = 0;
   MPI_Comm_size(half, &size);
-  const int dev = device::select_device(Accelerator::Emulated, MPI_COMM_WORLD);
+  const int dev = device::select_device(under_test(), MPI_COMM_WORLD);
+  emulated().make_current(dev);
   Stream stream = emulated().create_stream(dev);
-  auto comm = device::create_communicator(Accelerator::Emulated, half, dev, kInitTimeout);
+  auto comm = device::create_communicator(under_test(), half, dev, kInitTimeout);
   EXPECT_EQ(comm->size(), size);
-  const Tensor in = device::to_device(Tensor::from<std::int32_t>({1}, {world_rank()}), Device::emulated(dev), stream);
+  const Tensor in = device::to_device(Tensor::from<std::int32_t>({1}, {world_rank()}), on_device(dev), stream);
   Tensor out = emulated().empty(in.meta(), stream);
   comm->all_reduce(in.raw_data(), out.raw_data(), 1, DType::Int32, Reduction::Sum, stream);
   int want = 0;
@@ -210,10 +225,9 @@ TEST(DeviceComm, ACommunicatorOverSomeRanksOnly) {
 TEST(DeviceComm, RefusesTwoRanksOnOneDeviceOnEveryRank) {
   // Every rank asks for device 0 of this node: each one is told, none waits.
   const std::string text =
-      usage_error([] { (void)device::create_communicator(Accelerator::Emulated, MPI_COMM_WORLD, 0, kInitTimeout); });
-  expect_contains(text,
-                  "expected one rank per device, found world ranks 0 and 1 (members 0 and 1) both on "
-                  "emulated:0");
+      usage_error([] { (void)device::create_communicator(under_test(), MPI_COMM_WORLD, 0, kInitTimeout); });
+  expect_contains(text, "expected one rank per device, found world ranks 0 and 1 (members 0 and 1) both on " +
+                            on_device(0).to_string());
 }
 
 TEST(DeviceComm, RefusesBitwiseReductionsAsNcclDoes) {
@@ -229,6 +243,7 @@ TEST(DeviceComm, RefusesBitwiseReductionsAsNcclDoes) {
 }
 
 TEST(DeviceComm, AHostPointerIsAnAsynchronousErrorAndDestroyDoesNotHang) {
+  if (under_test() != Accelerator::Emulated) GTEST_SKIP() << "the emulator's own check (a GPU would fault)";
   OnEmulated s;
   std::vector<float> host(4, 1.0f);  // not device memory: a collective faults on it
   s.comm->all_reduce(host.data(), host.data(), 4, DType::Float32, Reduction::Sum, s.stream);  // no throw here
@@ -260,6 +275,7 @@ TEST(DeviceComm, AnAbortedCommunicatorFailsLaterWork) {
 }
 
 TEST(DevicePlacement, LocalRankModuloTheDeviceCountAndTheOverride) {
+  if (under_test() != Accelerator::Emulated) GTEST_SKIP() << "written for the emulated device count";
   // All ranks of a test run on one node: the local rank is the world rank.
   EXPECT_EQ(device::local_rank(MPI_COMM_WORLD), world_rank());
   EXPECT_EQ(device::select_device(Accelerator::Emulated, MPI_COMM_WORLD), world_rank() % emulated().device_count());

@@ -3,11 +3,14 @@
 // computes; broken and mismatched inputs; sends between sub-meshes (disjoint,
 // overlapping, self, chained); bitwise refusal. Inputs are made and results fetched in
 // the order of the command's device stream, with a delay on every stream operation.
+// MESHRT_ACCELERATOR=cuda runs the same tests on the cuda backend (NCCL, one GPU per rank;
+// scripts/gpu-check.sh); CTest runs them on emulated.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "comm_test_util.hpp"
@@ -25,15 +28,22 @@ constexpr std::array kReductions{Reduction::Stack,   Reduction::Sum, Reduction::
 constexpr std::array kDTypes{DType::Bool,    DType::UInt8,    DType::Int32,   DType::Int64,
                              DType::Float16, DType::BFloat16, DType::Float32, DType::Float64};
 
-// Places this rank on its emulated device once, as the runtime does at start, with a
-// delay on every stream operation (unless the environment sets one) so that anything
+// The accelerator under test: cuda when MESHRT_ACCELERATOR=cuda, else emulated (CTest).
+device::Accelerator under_test() {
+  const char* text = std::getenv("MESHRT_ACCELERATOR");
+  return text != nullptr && std::string(text) == "cuda" ? device::Accelerator::Cuda : device::Accelerator::Emulated;
+}
+
+// Places this rank on its device once, as the runtime does at start, with a delay on
+// every emulated stream operation (unless the environment sets one) so that anything
 // left unordered reads a wrong value.
 Device here() {
   static const Device d = [] {
     setenv("MESHRT_EMULATED_DELAY_US", "100", 0);
-    device::set_placement(
-        {device::Accelerator::Emulated, device::select_device(device::Accelerator::Emulated, MPI_COMM_WORLD)});
-    return device::rank_device(Device::Kind::Emulated);
+    const int index = device::select_device(under_test(), MPI_COMM_WORLD);
+    device::set_placement({under_test(), index});
+    device::backend(under_test()).make_current(index);
+    return device::rank_device(device::device_kind(under_test()));
   }();
   return d;
 }
@@ -44,7 +54,7 @@ device::Stream stream() {
 
 // The controller's factory (device index 0 stands for "each rank's own device").
 TensorMeta factory(std::vector<std::int64_t> shape, DType dtype) {
-  return TensorMeta(std::move(shape), dtype, Device::emulated(0));
+  return TensorMeta(std::move(shape), dtype, Device::of(device::device_kind(under_test()), 0));
 }
 
 Tensor to_here(const Tensor& host) {
@@ -202,8 +212,8 @@ TEST(DeviceDataPlane, BrokenInputJoinsWithZerosAndAMismatchRaisesAfterCompletion
   while (!q->test()) {
   }
   if (me == 0) {
-    EXPECT_THAT(usage_error_text([&] { (void)q->take(); }),
-                HasSubstr("all_reduce: expected an input int32[4] on emulated:"));
+    EXPECT_THAT(usage_error_text([&] { (void)q->take(); }), HasSubstr("all_reduce: expected an input int32[4] on " +
+                                                                      std::string(device::name(under_test())) + ":"));
   } else {
     EXPECT_EQ(
         compare(fetched(q->take().tensor), expected(Reduction::Sum, TensorMeta({4}, DType::Int32), false, line, me, 0)),

@@ -6,11 +6,12 @@
 
 #include <chrono>
 
+#include "../support/gpu.hpp"
 #include "meshrt/group.hpp"
 
 TEST(GroupNccl, CommunicatorFromGroupAllReduces) {
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) GTEST_SKIP() << "no CUDA device";
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) MESHRT_SKIP_WITHOUT_GPU("no CUDA device");
   // One GPU per rank of a node: NCCL refuses two ranks of a communicator on one device.
   MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
@@ -18,7 +19,8 @@ TEST(GroupNccl, CommunicatorFromGroupAllReduces) {
   MPI_Comm_rank(node, &local_rank);
   MPI_Comm_size(node, &local_size);
   MPI_Comm_free(&node);
-  if (devices < local_size) GTEST_SKIP() << local_size << " ranks on this node but only " << devices << " GPUs";
+  if (devices < local_size)
+    MESHRT_SKIP_WITHOUT_GPU(local_size << " ranks on this node but only " << devices << " GPUs");
   auto g = meshrt::StatelessGroup::from_comm(MPI_COMM_WORLD);
   const int device = local_rank;
   ncclComm_t comm = meshrt::make_nccl_comm(g, device, std::chrono::seconds(30));

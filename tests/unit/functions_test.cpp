@@ -1,5 +1,6 @@
 #include "meshrt/functions.hpp"
 #include "../support/expect_error.hpp"
+#include "../support/gpu.hpp"
 
 #include <gtest/gtest.h>
 
@@ -320,7 +321,7 @@ TEST(Builtins, FailThrowsOnTheChosenRanks) {
 }
 
 TEST(Builtins, CudaKernelsMatchTheCpu) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
+  if (!cuda_available()) MESHRT_SKIP_WITHOUT_GPU("no CUDA device visible");
   const Tensor a = Tensor::from<float>({3}, {1, 2, 3});
   const Tensor b = Tensor::from<float>({3}, {4, 5, 6});
   CallContext ctx(0, {}, {}, 0, Device::cuda(0));
