@@ -59,6 +59,11 @@ class EmulatedEvent final : public Event::Impl {
 
 // ---------------------------------------------------------------------------- stream
 
+namespace {
+// Whether the stream whose thread this is had faulted before the task it runs now.
+thread_local bool t_faulted = false;
+}  // namespace
+
 EmulatedStream::EmulatedStream(int device, std::uint64_t id, std::chrono::microseconds delay, CachingPool& pool)
     : shared_(std::make_shared<Shared>()) {
   shared_->device = device;
@@ -83,7 +88,17 @@ EmulatedStream::~EmulatedStream() {
   }
 }
 
+bool EmulatedStream::faulted_now() noexcept {
+  return t_faulted;
+}
+
 void EmulatedStream::enqueue(std::function<void()> task) {
+  enqueue_communication([task = std::move(task)] {
+    if (!t_faulted) task();
+  });
+}
+
+void EmulatedStream::enqueue_communication(std::function<void()> task) {
   {
     std::lock_guard lock(shared_->mutex);
     shared_->queue.push_back(std::move(task));
@@ -106,8 +121,10 @@ void EmulatedStream::run(const std::shared_ptr<Shared>& shared) {
     if (s.delay.count() > 0) std::this_thread::sleep_for(s.delay);
     std::optional<std::string> error;
     // After an error the stream is broken, as a CUDA context after a fault: later work
-    // is skipped (events still complete, so nobody waits forever).
-    if (!failed) {
+    // is skipped (events still complete, so nobody waits forever), except a
+    // communicator's part of a collective, which still runs with scratch buffers.
+    {
+      t_faulted = failed;
       DeviceMemoryAccess access;
       try {
         task();

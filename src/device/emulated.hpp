@@ -26,6 +26,12 @@ class EmulatedStream final : public Stream::Impl {
   std::uint64_t id() const noexcept override { return shared_->id; }
   void* native() const noexcept override { return nullptr; }
   void enqueue(std::function<void()> task) override;
+  // A communicator's part of a collective: it runs even after the stream has faulted
+  // (kernels and copies are then skipped), so that a faulted rank still takes part and
+  // its peers are never left waiting; faulted_now() tells such a task to move scratch
+  // data instead of the stream's buffers.
+  void enqueue_communication(std::function<void()> task);
+  static bool faulted_now() noexcept;
   bool query() override;
   void synchronize() override;
   std::optional<std::string> error() override;

@@ -111,6 +111,25 @@ void reduce_blocks(const char* blocks, std::size_t block_bytes, int n, std::size
   });
 }
 
+// A fault of this member's own buffers (not device memory, or one buffer where two are
+// needed): the stream faults, the member still takes part with scratch data.
+struct MemoryFault : SystemError {
+  using SystemError::SystemError;
+};
+
+// Scratch bytes for a member's part in shadow mode; otherwise the stream's own buffer.
+class Scratch {
+ public:
+  Scratch(bool shadow, std::size_t bytes) : bytes_(shadow ? bytes : 0) {}
+  template <class P>
+  P or_(P buffer) {
+    return bytes_.empty() ? buffer : static_cast<P>(bytes_.data());
+  }
+
+ private:
+  std::vector<char> bytes_;
+};
+
 struct CommState {
   MPI_Comm comm = MPI_COMM_NULL;
   std::mutex mutex;
@@ -138,24 +157,30 @@ class EmulatedCommunicator final : public Communicator {
     check_reduction(reduction, dtype, "all_reduce");
     const std::size_t bytes = checked_bytes(count, dtype, 1, "all_reduce");
     const int n = size_;
-    submit(stream, "all_reduce", [=](MPI_Comm c) {
-      check_memory(send, bytes, "all_reduce send buffer");
-      check_memory(recv, bytes, "all_reduce receive buffer");
+    submit(stream, "all_reduce", [=](MPI_Comm c, bool shadow) {
+      Scratch scratch(shadow, bytes);
+      if (!shadow) {
+        check_memory(send, bytes, "all_reduce send buffer");
+        check_memory(recv, bytes, "all_reduce receive buffer");
+      }
       std::vector<char> all(bytes * static_cast<std::size_t>(n));
-      MESHRT_MPI_CHECK(
-          MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, all.data(), static_cast<int>(bytes), MPI_BYTE, c));
-      reduce_blocks(all.data(), bytes, n, count, dtype, reduction, recv);
+      MESHRT_MPI_CHECK(MPI_Allgather(scratch.or_(send), static_cast<int>(bytes), MPI_BYTE, all.data(),
+                                     static_cast<int>(bytes), MPI_BYTE, c));
+      if (!shadow) reduce_blocks(all.data(), bytes, n, count, dtype, reduction, recv);
     });
   }
 
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
     const std::size_t bytes = checked_bytes(count, dtype, size_, "all_gather");
     const int n = size_;
-    submit(stream, "all_gather", [=](MPI_Comm c) {
-      check_memory(send, bytes, "all_gather send buffer");
-      check_memory(recv, bytes * static_cast<std::size_t>(n), "all_gather receive buffer");
-      MESHRT_MPI_CHECK(
-          MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE, c));
+    submit(stream, "all_gather", [=](MPI_Comm c, bool shadow) {
+      Scratch in(shadow, bytes), out(shadow, bytes * static_cast<std::size_t>(n));
+      if (!shadow) {
+        check_memory(send, bytes, "all_gather send buffer");
+        check_memory(recv, bytes * static_cast<std::size_t>(n), "all_gather receive buffer");
+      }
+      MESHRT_MPI_CHECK(MPI_Allgather(in.or_(send), static_cast<int>(bytes), MPI_BYTE, out.or_(recv),
+                                     static_cast<int>(bytes), MPI_BYTE, c));
     });
   }
 
@@ -164,29 +189,35 @@ class EmulatedCommunicator final : public Communicator {
     check_reduction(reduction, dtype, "reduce_scatter");
     const std::size_t bytes = checked_bytes(count, dtype, size_, "reduce_scatter");
     const int n = size_;
-    submit(stream, "reduce_scatter", [=](MPI_Comm c) {
-      check_memory(send, bytes * static_cast<std::size_t>(n), "reduce_scatter send buffer");
-      check_memory(recv, bytes, "reduce_scatter receive buffer");
+    submit(stream, "reduce_scatter", [=](MPI_Comm c, bool shadow) {
+      Scratch in(shadow, bytes * static_cast<std::size_t>(n));
+      if (!shadow) {
+        check_memory(send, bytes * static_cast<std::size_t>(n), "reduce_scatter send buffer");
+        check_memory(recv, bytes, "reduce_scatter receive buffer");
+      }
       // Block r of every member comes to member r, which reduces them in member order.
       std::vector<char> mine(bytes * static_cast<std::size_t>(n));
-      MESHRT_MPI_CHECK(
-          MPI_Alltoall(send, static_cast<int>(bytes), MPI_BYTE, mine.data(), static_cast<int>(bytes), MPI_BYTE, c));
-      reduce_blocks(mine.data(), bytes, n, count, dtype, reduction, recv);
+      MESHRT_MPI_CHECK(MPI_Alltoall(in.or_(send), static_cast<int>(bytes), MPI_BYTE, mine.data(),
+                                    static_cast<int>(bytes), MPI_BYTE, c));
+      if (!shadow) reduce_blocks(mine.data(), bytes, n, count, dtype, reduction, recv);
     });
   }
 
   void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
     const std::size_t bytes = checked_bytes(count, dtype, size_, "all_to_all");
     const int n = size_;
-    submit(stream, "all_to_all", [=](MPI_Comm c) {
-      check_memory(send, bytes * static_cast<std::size_t>(n), "all_to_all send buffer");
-      check_memory(recv, bytes * static_cast<std::size_t>(n), "all_to_all receive buffer");
-      if (send == recv)
-        throw UsageError(
-            "all_to_all: expected distinct send and receive buffers (NCCL has no "
-            "in-place all-to-all), found one buffer");
-      MESHRT_MPI_CHECK(
-          MPI_Alltoall(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE, c));
+    submit(stream, "all_to_all", [=](MPI_Comm c, bool shadow) {
+      Scratch in(shadow, bytes * static_cast<std::size_t>(n)), out(shadow, bytes * static_cast<std::size_t>(n));
+      if (!shadow) {
+        check_memory(send, bytes * static_cast<std::size_t>(n), "all_to_all send buffer");
+        check_memory(recv, bytes * static_cast<std::size_t>(n), "all_to_all receive buffer");
+        if (send == recv)
+          throw MemoryFault(
+              "all_to_all: expected distinct send and receive buffers (NCCL has no "
+              "in-place all-to-all), found one buffer");
+      }
+      MESHRT_MPI_CHECK(MPI_Alltoall(in.or_(send), static_cast<int>(bytes), MPI_BYTE, out.or_(recv),
+                                    static_cast<int>(bytes), MPI_BYTE, c));
     });
   }
 
@@ -200,17 +231,23 @@ class EmulatedCommunicator final : public Communicator {
       (void)checked_bytes(op.count, dtype, 1, "send_recv");
     }
     const std::size_t elsize = element_size(dtype);
-    submit(stream, "send_recv", [=](MPI_Comm c) {
+    submit(stream, "send_recv", [=](MPI_Comm c, bool shadow) {
+      if (!shadow) {
+        for (const PeerOp& op : copy)
+          check_memory(op.buffer, op.count * elsize, op.send ? "send buffer" : "receive buffer");
+      }
+      std::vector<Scratch> scratch;
+      scratch.reserve(copy.size());
       std::vector<MPI_Request> requests;
       requests.reserve(copy.size());
       for (const PeerOp& op : copy) {
         const auto bytes = static_cast<int>(op.count * elsize);
-        check_memory(op.buffer, op.count * elsize, op.send ? "send buffer" : "receive buffer");
+        void* buffer = scratch.emplace_back(shadow, op.count * elsize).or_(op.buffer);
         MPI_Request r = MPI_REQUEST_NULL;
         if (op.send) {
-          MESHRT_MPI_CHECK(MPI_Isend(op.buffer, bytes, MPI_BYTE, op.peer, 0, c, &r));
+          MESHRT_MPI_CHECK(MPI_Isend(buffer, bytes, MPI_BYTE, op.peer, 0, c, &r));
         } else {
-          MESHRT_MPI_CHECK(MPI_Irecv(op.buffer, bytes, MPI_BYTE, op.peer, 0, c, &r));
+          MESHRT_MPI_CHECK(MPI_Irecv(buffer, bytes, MPI_BYTE, op.peer, 0, c, &r));
         }
         requests.push_back(r);
       }
@@ -274,13 +311,19 @@ class EmulatedCommunicator final : public Communicator {
   static void check_memory(const void* p, std::size_t bytes, const char* what) {
     if (bytes == 0) return;
     if (!emulated_backend().is_device_memory(p, bytes)) {
-      throw SystemError(
+      throw MemoryFault(
           fmt::format("illegal memory access: the {} ({} bytes at {}) is not emulated device memory", what, bytes, p));
     }
   }
 
-  void submit(const Stream& stream, const char* what, std::function<void(MPI_Comm)> op) {
-    Stream::Impl& s = stream_impl(stream, Accelerator::Emulated, what);
+  // `op(comm, shadow)` is this member's part of a collective. With `shadow` it moves
+  // scratch data of the same sizes and touches none of the stream's buffers: a member
+  // whose stream faulted, or whose buffers are not device memory, still takes part, so its
+  // peers complete (their results depend on a failed rank, which that rank reports) and no
+  // one waits forever. The fault belongs to the stream, as a sticky CUDA error does, not to
+  // the communicator, which stays usable.
+  void submit(const Stream& stream, const char* what, std::function<void(MPI_Comm, bool)> op) {
+    auto& s = static_cast<EmulatedStream&>(stream_impl(stream, Accelerator::Emulated, what));
     if (s.device() != device_) {
       throw UsageError(fmt::format("{} on {}: expected a stream of emulated:{}, found {}", what, describe(), device_,
                                    s.to_string()));
@@ -292,7 +335,7 @@ class EmulatedCommunicator final : public Communicator {
       }
       ++state_->pending;
     }
-    s.enqueue([state = state_, what, text = describe(), op = std::move(op)] {
+    s.enqueue_communication([state = state_, what, text = describe(), op = std::move(op)] {
       struct Done {
         CommState& state;
         ~Done() {
@@ -306,8 +349,15 @@ class EmulatedCommunicator final : public Communicator {
         if (state->aborted) throw SystemError(fmt::format("{} on {}: the communicator was aborted", what, text));
         if (state->error) throw SystemError(fmt::format("{} on {}: the communicator failed before", what, text));
       }
+      if (EmulatedStream::faulted_now()) {
+        op(state->comm, true);  // the stream's own error stands
+        return;
+      }
       try {
-        op(state->comm);
+        op(state->comm, false);
+      } catch (const MemoryFault& e) {
+        op(state->comm, true);
+        throw MemoryFault(fmt::format("{} on {}: {}", what, text, e.what()));  // faults the stream
       } catch (const std::exception& e) {
         std::lock_guard lock(state->mutex);
         if (!state->error) state->error = fmt::format("{} on {}: {}", what, text, e.what());

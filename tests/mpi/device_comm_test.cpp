@@ -248,17 +248,67 @@ TEST(DeviceComm, AHostPointerIsAnAsynchronousErrorAndDestroyDoesNotHang) {
   std::vector<float> host(4, 1.0f);  // not device memory: a collective faults on it
   s.comm->all_reduce(host.data(), host.data(), 4, DType::Float32, Reduction::Sum, s.stream);  // no throw here
   s.stream.synchronize();
-  const auto error = s.comm->async_error();
-  ASSERT_TRUE(error);
-  expect_contains(*error, "all_reduce on emulated communicator");
-  expect_contains(*error, "illegal memory access: the all_reduce send buffer");
+  // The fault is the stream's, as a sticky CUDA error is; the communicator stays usable.
   ASSERT_TRUE(s.stream.error());
-  expect_contains(*s.stream.error(), "illegal memory access");
+  expect_contains(*s.stream.error(), "all_reduce on emulated communicator");
+  expect_contains(*s.stream.error(), "illegal memory access: the all_reduce send buffer");
+  EXPECT_FALSE(s.comm->async_error());
+  s.comm->abort();
   s.comm->destroy();  // a failed communicator is aborted, not waited for
   s.comm->destroy();
   expect_contains(
       usage_error([&] { s.comm->all_reduce(host.data(), host.data(), 4, DType::Float32, Reduction::Sum, s.stream); }),
       "destroyed");
+}
+
+// A member whose stream faulted, or whose buffer is not device memory, still takes part in
+// its collectives (with zeros), so its peers finish instead of waiting forever; its own
+// stream carries the error, and the communicator stays usable on a healthy stream.
+TEST(DeviceComm, AFaultOnOneRankNeverLeavesItsPeersWaiting) {
+  if (under_test() != Accelerator::Emulated) GTEST_SKIP() << "the emulator's own checks (a GPU would fault)";
+  OnEmulated s;
+  const int me = world_rank();
+  const int n = world_size();
+  auto device_ones = [&](const Stream& on) {
+    Tensor t = device::to_device(host_tensor(DType::Float32, std::vector<double>(4, 1.0)), s.where(), on);
+    return t;
+  };
+  // 1. Rank 1's stream faults in a task of its own; every rank then reduces on it.
+  Tensor a = device_ones(s.stream);
+  if (me == 1) s.stream.enqueue([] { throw std::runtime_error("a kernel faulted"); });
+  s.comm->all_reduce(a.raw_data(), a.raw_data(), 4, DType::Float32, Reduction::Sum, s.stream);
+  s.stream.synchronize();  // returns on every rank: nobody waits for rank 1
+  if (me == 1) {
+    ASSERT_TRUE(s.stream.error());
+    expect_contains(*s.stream.error(), "a kernel faulted");
+  } else {
+    ASSERT_FALSE(s.stream.error()) << *s.stream.error();
+    const Tensor v = fetched(a, s.stream);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(v.data<float>()[i], static_cast<float>(n - 1));  // rank 1 gave zeros
+  }
+  EXPECT_FALSE(s.comm->async_error());
+  // 2. On a fresh stream, rank 1 passes a host pointer: the others still finish.
+  Stream fresh = emulated().create_stream(s.device);
+  Tensor b = device_ones(fresh);
+  std::vector<float> host(4, 1.0f);
+  void* buffer = me == 1 ? static_cast<void*>(host.data()) : b.raw_data();
+  s.comm->all_reduce(buffer, buffer, 4, DType::Float32, Reduction::Sum, fresh);
+  fresh.synchronize();
+  if (me == 1) {
+    ASSERT_TRUE(fresh.error());
+    expect_contains(*fresh.error(), "illegal memory access");
+  } else {
+    ASSERT_FALSE(fresh.error()) << *fresh.error();
+    const Tensor v = fetched(b, fresh);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(v.data<float>()[i], static_cast<float>(n - 1));
+  }
+  // 3. The communicator still works for everyone on a healthy stream.
+  Stream healthy = emulated().create_stream(s.device);
+  Tensor c = device_ones(healthy);
+  s.comm->all_reduce(c.raw_data(), c.raw_data(), 4, DType::Float32, Reduction::Sum, healthy);
+  const Tensor v = fetched(c, healthy);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(v.data<float>()[i], static_cast<float>(n));
+  EXPECT_FALSE(s.comm->async_error());
 }
 
 TEST(DeviceComm, AnAbortedCommunicatorFailsLaterWork) {
