@@ -53,7 +53,26 @@ std::vector<Tensor> switch_kernel(CallContext&, Args& args) {
   return {Tensor::zeros(TensorMeta({}, DType::Float32))};
 }
 
+// test.fault(shape, base, rank): test.on_emulated, then on `rank` a task on the call's
+// stream faults (an asynchronous kernel error: the call itself returns).
+Signature fault_shape(const ArgMetas& args) {
+  args.expect_count(3, 3);
+  (void)args.number(1);
+  (void)args.integer(2);
+  return {.outputs = {TensorMeta(args.shape(0), DType::Float32, Device::of(test_kind(), 0))}, .mutates = {}};
+}
+std::vector<Tensor> fault_kernel(CallContext& ctx, Args& args) {
+  std::vector<Tensor> out = on_emulated_kernel(ctx, args);
+  if (ctx.rank() == args.integer(2)) {
+    device::stream_for(ctx.stream_id(), device::rank_device(test_kind())).enqueue([] {
+      throw std::runtime_error("an asynchronous kernel fault");
+    });
+  }
+  return out;
+}
+
 MESHRT_REGISTER_FUNCTION("test.on_emulated", on_emulated_kernel, on_emulated_shape);
+MESHRT_REGISTER_FUNCTION("test.fault", fault_kernel, fault_shape);
 MESHRT_REGISTER_FUNCTION("test.unordered_fetch", switch_kernel, switch_shape);
 
 float first(const Tensor& t) {
@@ -138,6 +157,37 @@ TEST(RuntimeEmulated, AMeshPlacedOnTheAcceleratorRunsTheBuiltinsThere) {
       ADD_FAILURE() << "expected a UsageError";
     } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("is not supported by NCCL"), std::string::npos) << e.what();
+    }
+  });
+}
+
+// A device fault on one rank of four: every value that depends on it raises RemoteError at
+// its fetch (the faulted rank still takes part in the reduction, so no peer waits), work on
+// another stream computes right, and synchronize() returns or raises.
+TEST(RuntimeEmulated, AFaultOnOneRankFailsItsDependentsAndHangsNothing) {
+  if (test_kind() != DeviceKind::Emulated) GTEST_SKIP() << "a throwing stream task is the emulator's fault";
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}}, test_kind());
+    Stream side = ctl.stream("side");
+    DTensor x = mesh.call("test.fault", {4}, 1.0, 1);  // rank 1's default stream faults
+    DTensor y = x.reduce("gpu", Reduction::Sum);
+    for (std::int64_t h = 0; h < 2; ++h) {
+      for (std::int64_t g = 0; g < 2; ++g) {
+        try {
+          (void)ctl.fetch_shard(y, {{"host", h}, {"gpu", g}}).get();
+          ADD_FAILURE() << "expected a RemoteError for host " << h << ", gpu " << g;
+        } catch (const RemoteError& e) {
+          EXPECT_NE(std::string(e.what()).find("an asynchronous kernel fault"), std::string::npos) << e.what();
+        }
+      }
+    }
+    DTensor a = mesh.call_on(side, "test.on_emulated", {{4}, 5.0}).at(0);  // rank r holds 5 + r
+    DTensor b = a.reduce("host", Reduction::Sum);
+    EXPECT_EQ(first(ctl.fetch_shard(b, {{"host", 0}, {"gpu", 1}}).get()), 14.0f);  // ranks 1 and 3: 6 + 8
+    try {
+      ctl.synchronize();
+    } catch (const Error&) {
+      // raising is as good as returning: the point is that it comes back
     }
   });
 }
