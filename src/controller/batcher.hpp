@@ -49,6 +49,8 @@ class Batcher {
   void restart();
 
   std::size_t batch_limit() const noexcept { return batch_limit_; }
+  // The controller's control messages so far, by kind.
+  ControlTraffic traffic() const { return transport_->traffic(); }
 
  private:
   void flush_locked();

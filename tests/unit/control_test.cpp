@@ -109,6 +109,41 @@ TEST(MemoryTransport, SendsToASetAndKeepsTagsAndSendersApart) {
   EXPECT_TRUE(controller->drain(std::chrono::seconds(0)));
 }
 
+TEST(MemoryTransport, CountsEveryMessageAndByteByKindOncePerDestination) {
+  auto net = control::MemoryNetwork::create();
+  auto controller = net->endpoint(0);
+  auto w1 = net->endpoint(1);
+  const ControlTraffic process_before = control::process_traffic();
+  controller->send({1, 2, 3}, Tag::Command, bytes_of({1, 2, 3, 4, 5}));
+  controller->send(1, Tag::Query, bytes_of({1, 2}));
+  Bytes out;
+  ASSERT_TRUE(w1->try_receive(0, Tag::Command, out));
+  EXPECT_FALSE(w1->try_receive(0, Tag::Command, out));  // nothing taken: nothing counted
+  w1->send(0, Tag::Reply, bytes_of({9, 9, 9}));
+  ASSERT_TRUE(controller->try_receive(control::kAnySource, Tag::Reply, out));
+
+  const ControlTraffic c = controller->traffic();
+  EXPECT_EQ(c.sent_of(MessageKind::Command), (MessageCount{3, 15}));
+  EXPECT_EQ(c.sent_of(MessageKind::Query), (MessageCount{1, 2}));
+  EXPECT_EQ(c.sent_of(MessageKind::Reply), (MessageCount{}));
+  EXPECT_EQ(c.received_of(MessageKind::Reply), (MessageCount{1, 3}));
+  EXPECT_EQ(c.sent_total(), (MessageCount{4, 17}));
+  EXPECT_EQ(c.received_total(), (MessageCount{1, 3}));
+  const ControlTraffic w = w1->traffic();
+  EXPECT_EQ(w.received_of(MessageKind::Command), (MessageCount{1, 5}));
+  EXPECT_EQ(w.sent_of(MessageKind::Reply), (MessageCount{1, 3}));
+  EXPECT_EQ(w.received_of(MessageKind::Query), (MessageCount{}));  // still waiting
+
+  // The process sums every transport of the process.
+  const ControlTraffic p = control::process_traffic().since(process_before);
+  EXPECT_EQ(p.sent_total(), (MessageCount{5, 20}));
+  EXPECT_EQ(p.received_total(), (MessageCount{2, 8}));
+  // The JSON form names each kind.
+  expect_contains(c.to_json(), R"("sent":{"Command":{"messages":3,"bytes":15})");
+  const ControlTraffic later = controller->traffic();
+  EXPECT_EQ(later.since(c), ControlTraffic{});
+}
+
 TEST(MemoryTransport, WaitForSeesAMessageFromAnotherThread) {
   auto net = control::MemoryNetwork::create();
   std::thread sender([&] { net->endpoint(1)->send(0, Tag::Reply, bytes_of({5})); });

@@ -69,6 +69,28 @@ TEST(ControllerState, CommandsReachTheirRanksInOrderAndDeletesRideAhead) {
   EXPECT_EQ(s.received(2), (std::vector<Command>{DeleteRefs{{Ref{9}}}}));
 }
 
+TEST(ControllerState, CountsOneCommandMessagePerDestinationOfEachBatch) {
+  Session s;
+  const ControlTraffic before = s.ctl->traffic();
+  s.ctl->append({1, 2}, CreateStream{.result = Ref{1}, .is_default = true});
+  s.ctl->append({1, 2}, RequestStatus{5});
+  s.ctl->append({1}, RequestStatus{6});  // another rank set: the first batch leaves
+  s.ctl->flush();
+  const ControlTraffic d = s.ctl->traffic().since(before);
+  EXPECT_EQ(d.sent_of(MessageKind::Command).messages, 3u);
+  EXPECT_EQ(d.sent_total().messages, 3u);
+  std::uint64_t bytes = 0;
+  control::Bytes b;
+  for (int rank : {1, 2}) {
+    auto ep = s.net->endpoint(rank);
+    while (ep->try_receive(0, Tag::Command, b)) bytes += b.size();
+  }
+  EXPECT_EQ(d.sent_of(MessageKind::Command).bytes, bytes);
+  s.reply(1, Status{.first_uncompleted_ident = 7});
+  s.ctl->poll_replies();
+  EXPECT_EQ(s.ctl->traffic().since(before).received_of(MessageKind::Reply).messages, 1u);
+}
+
 TEST(ControllerState, CompletesWhenEveryWorkerReportedAndAsksOnlyTheLaggingOnes) {
   Session s;
   const Ident a = s.ctl->new_ident();
