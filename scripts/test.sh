@@ -2,6 +2,7 @@
 # The whole test suite: sets up, builds with warnings as errors, runs every test through
 # ctest. Extra arguments go to ctest (e.g. -R ndslice). Settings (environment):
 #   MESHRT_TEST_LARGE=1   also run the tests labelled "large" (over 2 GiB of data)
+#   MESHRT_TEST_SCALE64=1 also run the tests labelled "scale64" (64 ranks, oversubscribed)
 #   MESHRT_TEST_FUZZ=0    skip the fuzzer run (MESHRT_FUZZ_SECONDS sets its length)
 #   MESHRT_TEST_SLURM=0   skip the Slurm templates
 #   MESHRT_TEST_SANITIZERS=1  also run the suite under ASan+UBSan (scripts/test-sanitizers.sh;
@@ -17,8 +18,11 @@ ensure_packages "${MESHRT_PACKAGES[@]}"
 configure_and_build -DMESHRT_WERROR=ON
 mpi_local_environment
 
+skip=()
+[ "${MESHRT_TEST_LARGE:-0}" = 1 ] || skip+=(large)
+[ "${MESHRT_TEST_SCALE64:-0}" = 1 ] || skip+=(scale64)
 exclude=()
-[ "${MESHRT_TEST_LARGE:-0}" = 1 ] || exclude=(-LE large)
+[ ${#skip[@]} -eq 0 ] || exclude=(-LE "$(IFS='|'; echo "${skip[*]}")")
 echo "== ctest"
 ctest --test-dir "$MESHRT_BUILD_DIR" --output-on-failure -j "$MESHRT_JOBS" "${exclude[@]}" "$@"
 

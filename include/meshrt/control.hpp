@@ -9,6 +9,8 @@
 
 #include <mpi.h>
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -19,6 +21,8 @@
 #include <optional>
 #include <utility>
 #include <vector>
+
+#include "meshrt/traffic.hpp"
 
 namespace meshrt::control {
 
@@ -36,27 +40,54 @@ enum class Tag : int {
 inline constexpr int kControllerRank = 0;
 inline constexpr int kAnySource = -1;  // try_receive from whichever rank sent first
 
+constexpr MessageKind kind_of(Tag tag) noexcept {
+  return static_cast<MessageKind>(static_cast<int>(tag) - static_cast<int>(Tag::Command));
+}
+
+// Every send and receive goes through the non-virtual send() and try_receive() below,
+// which count it (traffic()) before the implementation moves the bytes: an
+// implementation cannot forget to count, and the counts are exact.
 class Transport {
  public:
   virtual ~Transport() = default;
 
   // Sends `bytes` to every rank in `dests` without blocking; the transport keeps the
   // buffer until every send has completed. Messages from one sender with one tag arrive
-  // in the order they were sent.
-  virtual void send(const std::vector<int>& dests, Tag tag, std::shared_ptr<const Bytes> bytes) = 0;
+  // in the order they were sent. Counted as one message per destination.
+  void send(const std::vector<int>& dests, Tag tag, std::shared_ptr<const Bytes> bytes);
   void send(int dest, Tag tag, std::shared_ptr<const Bytes> bytes) {
     send(std::vector<int>{dest}, tag, std::move(bytes));
   }
 
   // Takes one waiting message with `tag` from `source` (or kAnySource) into `out`;
   // returns false at once if there is none. `from` receives the sender's rank.
-  virtual bool try_receive(int source, Tag tag, Bytes& out, int* from = nullptr) = 0;
+  bool try_receive(int source, Tag tag, Bytes& out, int* from = nullptr);
 
   // Completes the sends that have finished; never blocks.
   virtual void reap() = 0;
   // Waits for every send; gives up (returns false) after `timeout`.
   virtual bool drain(std::chrono::duration<double> timeout) = 0;
+
+  // What this transport has sent and received so far (safe from any thread).
+  ControlTraffic traffic() const;
+
+ protected:
+  virtual void do_send(const std::vector<int>& dests, Tag tag, std::shared_ptr<const Bytes> bytes) = 0;
+  virtual bool do_try_receive(int source, Tag tag, Bytes& out, int* from) = 0;
+
+ private:
+  struct Counter {
+    std::atomic<std::uint64_t> messages{0};
+    std::atomic<std::uint64_t> bytes{0};
+  };
+  std::array<Counter, kNumMessageKinds> sent_{};
+  std::array<Counter, kNumMessageKinds> received_{};
 };
+
+// Everything every transport of this process has sent and received (on rank 0 with a
+// worker, the controller's and worker 0's together): what the worker's state query
+// reports, since a rank's worker loop, watch thread and restarts each have a transport.
+ControlTraffic process_traffic();
 
 // The transport over MPI on `comm` (a communicator of its own: the tags are its only
 // users), received with matched probes so several threads of a process can share it.

@@ -30,6 +30,7 @@
 #include "meshrt/ndslice.hpp"
 #include "meshrt/reduction.hpp"
 #include "meshrt/tensor.hpp"
+#include "meshrt/traffic.hpp"
 #include "meshrt/value.hpp"
 
 namespace meshrt {
@@ -353,6 +354,10 @@ class Controller {
   // How many values (tensors, meshes, streams) rank `rank`'s worker holds, as of its
   // latest status (call synchronize() first for an exact figure).
   std::uint64_t live_values(int rank) const;
+  // The control messages and bytes the controller has sent and received so far, by kind
+  // (exact: one message per destination of each send). Each worker's own counts are in
+  // its answer to the state query (dump_state / the desync report), under "traffic".
+  ControlTraffic control_traffic() const;
 
  private:
   friend class Runtime;

@@ -9,6 +9,7 @@
 // more than the frame could describe. A decoded frame re-encodes to the same bytes.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -16,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -186,6 +188,31 @@ struct Handshake {
   friend bool operator==(const Handshake&, const Handshake&) = default;
 };
 
+// ------------------------------------------------------------------ fan-out envelope
+
+// A batch on its way down the fan-out tree (docs/ARCHITECTURE.md section 8). The
+// controller sends one envelope to the first `fanout` ranks; the rank at position i of
+// `ranks` forwards the same bytes to positions (i+1)*fanout .. (i+1)*fanout+fanout-1
+// before it runs the payload (tree_children). A flat batch is an envelope whose fanout
+// is its size: every rank hears it from the controller. `seqs[i]` numbers the command
+// messages of ranks[i]: a worker hears from the controller and from several parents,
+// and runs them in that order, never in arrival order, so FIFO order per channel holds.
+struct Envelope {
+  std::uint32_t fanout = 0;         // children per node, >= 1
+  std::vector<std::int32_t> ranks;  // the destinations, in tree order, distinct
+  std::vector<std::uint64_t> seqs;  // per destination, its message number (from 1)
+  std::vector<std::byte> payload;   // one encoded Command frame
+  friend bool operator==(const Envelope&, const Envelope&) = default;
+};
+
+// The positions in a tree of `n` nodes with `fanout` children each that node `position`
+// sends to; position -1 is the controller (the root above the first `fanout` nodes).
+inline std::pair<std::size_t, std::size_t> tree_children(std::size_t n, std::size_t fanout, std::int64_t position) {
+  const std::size_t first = static_cast<std::size_t>(position + 1) * fanout;
+  if (first >= n) return {n, n};
+  return {first, std::min(n, first + fanout)};
+}
+
 // ------------------------------------------------------------------ out-of-band queries
 
 // The controller's questions to every worker's watch thread, answered even while the
@@ -261,11 +288,13 @@ void encode_into(const Reply& r, Buffer& out);
 void encode_into(const Handshake& h, Buffer& out);
 void encode_into(const Query& q, Buffer& out);
 void encode_into(const QueryAnswer& a, Buffer& out);
+void encode_into(const Envelope& e, Buffer& out);
 std::vector<std::byte> encode(const Command& c);
 std::vector<std::byte> encode(const Reply& r);
 std::vector<std::byte> encode(const Handshake& h);
 std::vector<std::byte> encode(const Query& q);
 std::vector<std::byte> encode(const QueryAnswer& a);
+std::vector<std::byte> encode(const Envelope& e);
 
 // Decodes exactly one frame that fills `bytes`; throws ProtocolError.
 Command decode_command(std::span<const std::byte> bytes);
@@ -273,6 +302,10 @@ Reply decode_reply(std::span<const std::byte> bytes);
 Handshake decode_handshake(std::span<const std::byte> bytes);
 Query decode_query(std::span<const std::byte> bytes);
 QueryAnswer decode_query_answer(std::span<const std::byte> bytes);
+Envelope decode_envelope(std::span<const std::byte> bytes);
+// Whether `bytes` is an envelope frame (a worker's command channel carries envelopes and,
+// with fan-out off, bare commands).
+bool is_envelope(std::span<const std::byte> bytes) noexcept;
 
 // Value on its own (used by FetchResult and by anything storing argument trees).
 void encode_value(const Value& v, Buffer& out);

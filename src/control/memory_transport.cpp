@@ -7,16 +7,17 @@ namespace meshrt::control {
 class MemoryEndpoint final : public Transport {
  public:
   MemoryEndpoint(std::shared_ptr<MemoryNetwork> network, int rank) : network_(std::move(network)), rank_(rank) {}
-  using Transport::send;
-  void send(const std::vector<int>& dests, Tag tag, std::shared_ptr<const Bytes> bytes) override {
-    network_->post(rank_, dests, tag, bytes);
-  }
-  bool try_receive(int source, Tag tag, Bytes& out, int* from) override {
-    return network_->take(rank_, source, tag, out, from);
-  }
   // A send is complete as soon as it is posted: nothing is ever in flight.
   void reap() override {}
   bool drain(std::chrono::duration<double>) override { return true; }
+
+ protected:
+  void do_send(const std::vector<int>& dests, Tag tag, std::shared_ptr<const Bytes> bytes) override {
+    network_->post(rank_, dests, tag, bytes);
+  }
+  bool do_try_receive(int source, Tag tag, Bytes& out, int* from) override {
+    return network_->take(rank_, source, tag, out, from);
+  }
 
  private:
   std::shared_ptr<MemoryNetwork> network_;

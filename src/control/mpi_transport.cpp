@@ -19,7 +19,7 @@ MpiTransport::~MpiTransport() {
   }
 }
 
-bool MpiTransport::try_receive(int source, Tag tag, Bytes& out, int* from) {
+bool MpiTransport::do_try_receive(int source, Tag tag, Bytes& out, int* from) {
   std::lock_guard lock(mutex_);
   int flag = 0;
   MPI_Message message;
@@ -35,7 +35,7 @@ bool MpiTransport::try_receive(int source, Tag tag, Bytes& out, int* from) {
   return true;
 }
 
-void MpiTransport::send(const std::vector<int>& dests, Tag tag, std::shared_ptr<const Bytes> bytes) {
+void MpiTransport::do_send(const std::vector<int>& dests, Tag tag, std::shared_ptr<const Bytes> bytes) {
   if (bytes->size() > static_cast<std::size_t>(INT32_MAX)) {
     throw UsageError("control message of " + std::to_string(bytes->size()) +
                      " bytes: expected at most 2 GiB; fetch large tensors in pieces");

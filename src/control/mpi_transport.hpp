@@ -26,12 +26,13 @@ class MpiTransport final : public Transport {
 
   MPI_Comm comm() const noexcept { return comm_; }
 
-  using Transport::send;
-  void send(const std::vector<int>& dests, Tag tag, std::shared_ptr<const Bytes> bytes) override;
-  bool try_receive(int source, Tag tag, Bytes& out, int* from = nullptr) override;
   void reap() override;
   bool drain(std::chrono::duration<double> timeout) override;
   std::size_t in_flight() const noexcept { return sends_.size(); }
+
+ protected:
+  void do_send(const std::vector<int>& dests, Tag tag, std::shared_ptr<const Bytes> bytes) override;
+  bool do_try_receive(int source, Tag tag, Bytes& out, int* from) override;
 
  private:
   void reap_locked();

@@ -1,10 +1,22 @@
 #include "controller/batcher.hpp"
 
+#include <fmt/format.h>
+
+#include "meshrt/error.hpp"
 #include "meshrt/log.hpp"
+#include "meshrt/settings.hpp"
 
 namespace meshrt::detail {
 
 Batcher::Batcher(std::shared_ptr<control::Transport> transport) : transport_(std::move(transport)) {
+  const std::int64_t fanout = settings::get_int("MESHRT_FANOUT");
+  const std::int64_t threshold = settings::get_int("MESHRT_FANOUT_THRESHOLD");
+  if (fanout < 0 || threshold < 0) {
+    throw UsageError(
+        fmt::format("MESHRT_FANOUT={} MESHRT_FANOUT_THRESHOLD={}: expected counts >= 0", fanout, threshold));
+  }
+  fanout_ = static_cast<std::size_t>(fanout);
+  fanout_threshold_ = static_cast<std::size_t>(threshold);
   flusher_ = std::thread([this] {
     log::set_thread_role("controller flusher");
     while (!stop_flusher_.load()) {
@@ -55,7 +67,26 @@ void Batcher::flush_locked() {
         protocol::encode(protocol::Command{protocol::CommandGroup{std::move(batch_)}}));
   }
   batch_.clear();
-  transport_->send(batch_dests_, control::Tag::Command, std::move(bytes));
+  if (fanout_ == 0) {
+    transport_->send(batch_dests_, control::Tag::Command, std::move(bytes));
+    return;
+  }
+  // One envelope for every destination: below the threshold its fanout is its size, so
+  // the controller is every rank's parent; above it, the controller sends to the first
+  // `fanout_` ranks and they forward. Every message is numbered per rank either way, so a
+  // rank that hears from the controller and from parents runs them in the order sent.
+  const std::size_t n = batch_dests_.size();
+  protocol::Envelope e;
+  e.fanout = static_cast<std::uint32_t>(n > fanout_threshold_ ? fanout_ : n);
+  e.ranks.assign(batch_dests_.begin(), batch_dests_.end());
+  e.seqs.reserve(n);
+  for (int r : batch_dests_) e.seqs.push_back(++sent_seq_[r]);
+  e.payload = std::move(*bytes);
+  auto envelope = std::make_shared<control::Bytes>(protocol::encode(e));
+  const auto [first, end] = protocol::tree_children(n, e.fanout, -1);
+  transport_->send(std::vector<int>(batch_dests_.begin() + static_cast<std::ptrdiff_t>(first),
+                                    batch_dests_.begin() + static_cast<std::ptrdiff_t>(end)),
+                   control::Tag::Command, std::move(envelope));
 }
 
 void Batcher::defer_delete(const std::vector<int>& dests, Ref ref) {
@@ -104,6 +135,8 @@ bool Batcher::drain(std::chrono::duration<double> timeout) {
 }
 
 void Batcher::restart() {
+  // The workers' fresh loops number their messages from 1 again.
+  sent_seq_.clear();
   pending_deletes_.clear();
   pending_delete_count_ = 0;
   pending_drops_.clear();

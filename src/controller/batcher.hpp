@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -49,6 +50,12 @@ class Batcher {
   void restart();
 
   std::size_t batch_limit() const noexcept { return batch_limit_; }
+  // Children per node of the fan-out tree (0: no envelopes, every rank hears the
+  // controller) and the batch size above which the tree is used.
+  std::size_t fanout() const noexcept { return fanout_; }
+  std::size_t fanout_threshold() const noexcept { return fanout_threshold_; }
+  // The controller's control messages so far, by kind.
+  ControlTraffic traffic() const { return transport_->traffic(); }
 
  private:
   void flush_locked();
@@ -60,6 +67,11 @@ class Batcher {
   std::size_t batch_limit_ = 256;
   std::chrono::steady_clock::time_point batch_started_;
   std::chrono::duration<double> batch_time_limit_{0.002};
+  // MESHRT_FANOUT and MESHRT_FANOUT_THRESHOLD, read once.
+  std::size_t fanout_ = 0;
+  std::size_t fanout_threshold_ = 0;
+  // Per rank, the number of the last command message sent to it (Envelope::seqs).
+  std::unordered_map<int, std::uint64_t> sent_seq_;
   std::mutex mutex_;  // the batch, shared with the flusher thread
   std::atomic<bool> stop_flusher_{false};
   std::thread flusher_;

@@ -860,4 +860,8 @@ std::uint64_t Controller::live_values(int rank) const {
   return state_->live_values(rank);
 }
 
+ControlTraffic Controller::control_traffic() const {
+  return state_->traffic();
+}
+
 }  // namespace meshrt

@@ -220,9 +220,10 @@ void ControllerState::poll_replies() {
 void ControllerState::request_status(Ident ident) {
   const std::vector<int> lagging = tracker_.to_ask(ident);
   if (lagging.empty()) return;
-  // One batch per rank keeps each rank's commands in order behind what it was sent.
+  // One batch for every lagging rank: it goes down the fan-out tree when they are many,
+  // and each rank runs it behind what it was sent (envelopes are numbered per rank).
   flush();
-  for (int r : lagging) append({r}, protocol::RequestStatus{ident});
+  append(lagging, protocol::RequestStatus{ident});
   flush();
 }
 

@@ -158,6 +158,7 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   void ensure_stream(StreamState& stream);
 
   std::uint64_t live_values(int rank) const { return tracker_.live_values(rank); }
+  ControlTraffic traffic() const { return batcher_.traffic(); }
   std::string dump_flight_recorder() { return diagnostics_.dump_flight_recorder(); }
   [[noreturn]] void abort_job(const std::string& reason) { diagnostics_.abort_job(reason); }
 

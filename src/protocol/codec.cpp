@@ -107,7 +107,15 @@ static_assert(static_cast<std::uint8_t>(ReplyTag::Restarted) == tag_of<Restarted
 
 constexpr std::byte kMagic0{'m'};
 constexpr std::byte kMagic1{'r'};
-enum class FrameKind : std::uint8_t { Command = 1, Reply = 2, Handshake = 3, Value = 4, Query = 5, QueryAnswer = 6 };
+enum class FrameKind : std::uint8_t {
+  Command = 1,
+  Reply = 2,
+  Handshake = 3,
+  Value = 4,
+  Query = 5,
+  QueryAnswer = 6,
+  Envelope = 7
+};
 constexpr std::size_t kHeaderSize = 4;
 // More dimensions than any real tensor or mesh; bounds what a frame can ask for.
 constexpr std::uint32_t kMaxDims = 64;
@@ -323,6 +331,14 @@ class Writer {
     u8(static_cast<std::uint8_t>(m.op));
     string(m.payload, "QueryAnswer payload");
     string(m.error, "QueryAnswer error");
+  }
+  void body(const Envelope& m) {
+    pod(m.fanout);
+    pod(static_cast<std::uint32_t>(m.ranks.size()));
+    for (std::int32_t r : m.ranks) pod(r);
+    for (std::uint64_t q : m.seqs) pod(q);
+    pod(static_cast<std::uint32_t>(m.payload.size()));
+    if (!m.payload.empty()) std::memcpy(out_.extend(m.payload.size()), m.payload.data(), m.payload.size());
   }
 
  private:
@@ -717,6 +733,37 @@ class Reader {
     return a;
   }
 
+  Envelope envelope() {
+    Envelope e;
+    const std::size_t fanout_at = pos_;
+    e.fanout = pod<std::uint32_t>("Envelope.fanout");
+    if (e.fanout == 0) fail_at(fanout_at, "Envelope.fanout", "expected at least 1 child per node, found 0");
+    // Each destination takes a rank and a sequence number.
+    const std::size_t n = length("Envelope.ranks", sizeof(std::int32_t) + sizeof(std::uint64_t));
+    if (n == 0) fail("Envelope.ranks", "expected at least one destination, found none");
+    e.ranks.resize(n);
+    for (auto& r : e.ranks) {
+      r = pod<std::int32_t>("Envelope.ranks");
+      if (r < 0)
+        fail_at(pos_ - sizeof(std::int32_t), "Envelope.ranks", fmt::format("expected a rank >= 0, found {}", r));
+    }
+    std::vector<std::int32_t> sorted = e.ranks;
+    std::sort(sorted.begin(), sorted.end());
+    if (auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end()) {
+      fail("Envelope.ranks", fmt::format("expected distinct ranks, found rank {} twice", *dup));
+    }
+    e.seqs.resize(n);
+    for (auto& q : e.seqs) {
+      q = pod<std::uint64_t>("Envelope.seqs");
+      if (q == 0) fail_at(pos_ - sizeof(std::uint64_t), "Envelope.seqs", "expected a message number >= 1, found 0");
+    }
+    const std::size_t len = length("Envelope.payload", 1);
+    need(len, "Envelope.payload");
+    e.payload.assign(p_ + pos_, p_ + pos_ + len);
+    pos_ += len;
+    return e;
+  }
+
   void header(FrameKind expected) {
     need(kHeaderSize, "frame header");
     if (p_[0] != kMagic0 || p_[1] != kMagic1) {
@@ -755,6 +802,8 @@ class Reader {
         return "query";
       case FrameKind::QueryAnswer:
         return "query answer";
+      case FrameKind::Envelope:
+        return "envelope";
     }
     return "invalid";
   }
@@ -815,6 +864,15 @@ void encode_into(const QueryAnswer& a, Buffer& out) {
   header(out, FrameKind::QueryAnswer);
   Writer(out).body(a);
 }
+void encode_into(const Envelope& e, Buffer& out) {
+  if (e.seqs.size() != e.ranks.size()) {
+    throw ProtocolError(
+        fmt::format("protocol: encoding an envelope: expected one sequence number per rank ({}), found {}",
+                    e.ranks.size(), e.seqs.size()));
+  }
+  header(out, FrameKind::Envelope);
+  Writer(out).body(e);
+}
 void encode_value(const Value& v, Buffer& out) {
   header(out, FrameKind::Value);
   Writer(out).value(v);
@@ -834,6 +892,9 @@ std::vector<std::byte> encode(const Query& q) {
 }
 std::vector<std::byte> encode(const QueryAnswer& a) {
   return to_vector([&](Buffer& b) { encode_into(a, b); });
+}
+std::vector<std::byte> encode(const Envelope& e) {
+  return to_vector([&](Buffer& b) { encode_into(e, b); });
 }
 
 Command decode_command(std::span<const std::byte> bytes) {
@@ -870,6 +931,17 @@ QueryAnswer decode_query_answer(std::span<const std::byte> bytes) {
   QueryAnswer a = r.query_answer();
   r.finish();
   return a;
+}
+Envelope decode_envelope(std::span<const std::byte> bytes) {
+  Reader r(bytes);
+  r.header(FrameKind::Envelope);
+  Envelope e = r.envelope();
+  r.finish();
+  return e;
+}
+bool is_envelope(std::span<const std::byte> bytes) noexcept {
+  return bytes.size() >= kHeaderSize && bytes[0] == kMagic0 && bytes[1] == kMagic1 &&
+         bytes[3] == static_cast<std::byte>(FrameKind::Envelope);
 }
 Value decode_value(std::span<const std::byte> bytes) {
   Reader r(bytes);

@@ -20,6 +20,12 @@ constexpr std::array kSettings{
     Setting{"MESHRT_GROUP_TIMEOUT", "300", "Default timeout of StatelessGroup operations, seconds (0 = none)"},
     Setting{"MESHRT_GROUP_CHUNK_BYTES", "1073741824",
             "Largest single MPI message of a StatelessGroup transfer; bigger objects are chunked"},
+    Setting{"MESHRT_FANOUT", "8",
+            "Children per node of the tree that forwards a batch to a mesh's ranks (0 = the controller sends every "
+            "batch to every rank itself, with no envelope)"},
+    Setting{"MESHRT_FANOUT_THRESHOLD", "16",
+            "A batch for more ranks than this goes down the fan-out tree; smaller ones go from the controller to each "
+            "rank"},
     Setting{"MESHRT_FLIGHT_RECORDER", "1000", "Commands each worker keeps in its flight recorder"},
     Setting{"MESHRT_TIMEOUT_ACTION", "raise",
             "What a Future/synchronize timeout does after its desync report: raise (TimeoutError) or abort (the job)"},

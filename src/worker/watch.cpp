@@ -93,9 +93,12 @@ void Watch::loop() {
       answer.query = query.id;
       answer.op = query.op;
       switch (query.op) {
-        case protocol::QueryOp::State:
-          answer.payload = monitor_.state().dump();
-          break;
+        case protocol::QueryOp::State: {
+          // The rank's control traffic rides along: the counts a test or a report reads.
+          auto state = monitor_.state();
+          state["traffic"] = nlohmann::json::parse(control::process_traffic().to_json());
+          answer.payload = state.dump();
+        } break;
         case protocol::QueryOp::Dump: {
           answer.payload = monitor_.dump(static_cast<std::size_t>(std::min<std::uint64_t>(query.limit, SIZE_MAX)));
           MESHRT_LOG(warning) << "flight recorder requested by the controller"

@@ -1,13 +1,16 @@
 #include "meshrt/worker.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cxxabi.h>
 
 #include <boost/core/demangle.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
+#include <map>
 #include <optional>
 #include <typeinfo>
 #include <unordered_map>
@@ -622,20 +625,70 @@ struct Worker::Impl {
     queue.push_back(Queued{seq, std::move(command)});
   }
 
+  // Fan-out (docs/ARCHITECTURE.md section 8): the number of the next envelope this rank runs,
+  // and the envelopes that overtook it (one from the controller can pass one still
+  // travelling through a parent): run in the controller's order, not arrival order.
+  std::uint64_t next_envelope = 1;
+  std::map<std::uint64_t, control::Bytes> early;
+
+  // Forwards an envelope to this rank's children before anything in it runs, then queues
+  // its payload in order.
+  void route(const control::Bytes& frame) {
+    protocol::Envelope e = protocol::decode_envelope(frame);
+    const auto self = std::find(e.ranks.begin(), e.ranks.end(), opt.rank);
+    if (self == e.ranks.end()) {
+      throw ProtocolError(fmt::format("envelope for ranks {} reached rank {}, which is not one of them",
+                                      fmt::join(e.ranks, ","), opt.rank));
+    }
+    const auto position = self - e.ranks.begin();
+    const auto [first, end] = protocol::tree_children(e.ranks.size(), e.fanout, position);
+    if (first < end) {
+      channel->send(std::vector<int>(e.ranks.begin() + static_cast<std::ptrdiff_t>(first),
+                                     e.ranks.begin() + static_cast<std::ptrdiff_t>(end)),
+                    control::Tag::Command, std::make_shared<control::Bytes>(frame));
+    }
+    const std::uint64_t seq = e.seqs[static_cast<std::size_t>(position)];
+    if (seq < next_envelope) {
+      throw ProtocolError(
+          fmt::format("envelope number {} reached rank {} after number {} ran", seq, opt.rank, next_envelope - 1));
+    }
+    early.emplace(seq, std::move(e.payload));
+    while (!early.empty() && early.begin()->first == next_envelope) {
+      const control::Bytes payload = std::move(early.begin()->second);
+      early.erase(early.begin());
+      ++next_envelope;
+      try {
+        enqueue(decode_command(payload));
+      } catch (const ProtocolError& error) {
+        undecodable(error, payload.size(), -1);  // the next envelopes still run
+      }
+    }
+  }
+
+  void undecodable(const ProtocolError& e, std::size_t size, int from) {
+    MESHRT_LOG(error) << "rank " << opt.rank << ": dropped an undecodable command of " << size << " bytes"
+                      << (from >= 0 ? fmt::format(" from rank {}", from) : std::string()) << ": " << e.what();
+    reply(RemoteFunctionFailed{.ident = 0,
+                               .error = fmt::format("undecodable command: {}", e.what()),
+                               .rank = opt.rank,
+                               .function = "<protocol>",
+                               .exception_type = "meshrt::ProtocolError"});
+  }
+
   bool receive() {
     bool any = false;
-    while (channel->try_receive(control::kControllerRank, control::Tag::Command, rx)) {
+    // From any rank: with fan-out on, batches come from the controller or a parent.
+    int from = -1;
+    while (channel->try_receive(control::kAnySource, control::Tag::Command, rx, &from)) {
       any = true;
       try {
-        enqueue(decode_command(rx));
+        if (protocol::is_envelope(rx)) {
+          route(rx);
+        } else {
+          enqueue(decode_command(rx));
+        }
       } catch (const ProtocolError& e) {
-        MESHRT_LOG(error) << "rank " << opt.rank << ": dropped an undecodable command of " << rx.size()
-                          << " bytes: " << e.what();
-        reply(RemoteFunctionFailed{.ident = 0,
-                                   .error = fmt::format("undecodable command: {}", e.what()),
-                                   .rank = opt.rank,
-                                   .function = "<protocol>",
-                                   .exception_type = "meshrt::ProtocolError"});
+        undecodable(e, rx.size(), from);
       }
     }
     return any;

@@ -37,6 +37,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   check(bytes, meshrt::protocol::decode_handshake, "handshake");
   check(bytes, meshrt::protocol::decode_query, "query");
   check(bytes, meshrt::protocol::decode_query_answer, "query answer");
+  check(bytes, meshrt::protocol::decode_envelope, "envelope");
+  // A worker decodes what an envelope carries as a command.
+  try {
+    const meshrt::protocol::Envelope e = meshrt::protocol::decode_envelope(bytes);
+    check(e.payload, meshrt::protocol::decode_command, "envelope payload");
+  } catch (const meshrt::ProtocolError&) {
+  }
   try {
     const meshrt::Value v = meshrt::protocol::decode_value(bytes);
     meshrt::protocol::Buffer again;

@@ -37,6 +37,16 @@ int main(int argc, char** argv) {
                                                                    .payload = R"({"rank":1,"current":null})",
                                                                    .error = i % 3 ? "" : "bad query"}));
     }
+    // A fan-out envelope around a command, for 1 to 4 ranks.
+    {
+      meshrt::protocol::Envelope e{.fanout = static_cast<std::uint32_t>(1 + i % 3)};
+      for (int r = 0; r <= i % 4; ++r) {
+        e.ranks.push_back(r + 1);
+        e.seqs.push_back(static_cast<std::uint64_t>(i + 1));
+      }
+      e.payload = meshrt::protocol::encode(gen.command(i % static_cast<int>(std::variant_size_v<Command>)));
+      write(meshrt::protocol::encode(e));
+    }
     meshrt::protocol::Buffer b;
     meshrt::protocol::encode_value(gen.value(), b);
     write(std::vector<std::byte>(b.data(), b.data() + b.size()));

@@ -68,6 +68,58 @@ TEST(QueryProtocol, DecoderRejectsWhatIsNotAQuery) {
   expect_contains(protocol_error([&] { decode_query_answer(answer); }), "QueryAnswer.rank");
 }
 
+// ------------------------------------------------------------------ fan-out envelope
+
+TEST(EnvelopeProtocol, RoundTripsCanonicallyAndNamesTheTree) {
+  const Envelope e{
+      .fanout = 2, .ranks = {4, 1, 7, 2, 9}, .seqs = {1, 5, 2, 2, 3}, .payload = encode(Command{RequestStatus{11}})};
+  const auto bytes = encode(e);
+  EXPECT_TRUE(is_envelope(bytes));
+  EXPECT_FALSE(is_envelope(e.payload));
+  EXPECT_EQ(decode_envelope(bytes), e);
+  EXPECT_EQ(encode(decode_envelope(bytes)), bytes);
+  // Controller -> positions 0,1; 0 -> 2,3; 1 -> 4; 2.. -> none.
+  EXPECT_EQ(tree_children(5, 2, -1), (std::pair<std::size_t, std::size_t>{0, 2}));
+  EXPECT_EQ(tree_children(5, 2, 0), (std::pair<std::size_t, std::size_t>{2, 4}));
+  EXPECT_EQ(tree_children(5, 2, 1), (std::pair<std::size_t, std::size_t>{4, 5}));
+  EXPECT_EQ(tree_children(5, 2, 2).first, tree_children(5, 2, 2).second);
+  // Flat: fanout = size, every rank is the controller's child.
+  EXPECT_EQ(tree_children(5, 5, -1), (std::pair<std::size_t, std::size_t>{0, 5}));
+  EXPECT_EQ(tree_children(5, 5, 0).first, 5u);
+}
+
+TEST(EnvelopeProtocol, DecoderRejectsABadTree) {
+  auto with = [](Envelope e) { return encode(e); };
+  const Envelope good{.fanout = 2, .ranks = {1, 2}, .seqs = {1, 1}, .payload = encode(Command{RequestStatus{1}})};
+  Envelope e = good;
+  e.fanout = 0;
+  expect_contains(protocol_error([&] { decode_envelope(with(e)); }), "Envelope.fanout");
+  e = good;
+  e.ranks = {3, 3};
+  expect_contains(protocol_error([&] { decode_envelope(with(e)); }), "found rank 3 twice");
+  e = good;
+  e.ranks = {1, -2};
+  expect_contains(protocol_error([&] { decode_envelope(with(e)); }), "expected a rank >= 0, found -2");
+  e = good;
+  e.seqs = {1, 0};
+  expect_contains(protocol_error([&] { decode_envelope(with(e)); }), "Envelope.seqs");
+  e = good;
+  e.ranks = {};
+  e.seqs = {};
+  expect_contains(protocol_error([&] { decode_envelope(with(e)); }), "at least one destination");
+  auto cut = with(good);
+  cut.pop_back();
+  expect_contains(protocol_error([&] { decode_envelope(cut); }), "Envelope.payload");
+  // A count of ranks the frame cannot hold is refused before anything is allocated.
+  auto big = with(good);
+  big[8] = std::byte{0xff};
+  big[9] = std::byte{0xff};
+  expect_contains(protocol_error([&] { decode_envelope(big); }), "Envelope.ranks");
+  e = good;
+  e.seqs = {1};
+  EXPECT_THROW(encode(e), ProtocolError);
+}
+
 // ------------------------------------------------------------------ in-memory transport
 
 std::shared_ptr<const Bytes> bytes_of(std::initializer_list<int> v) {
@@ -107,6 +159,41 @@ TEST(MemoryTransport, SendsToASetAndKeepsTagsAndSendersApart) {
   ASSERT_TRUE(controller->try_receive(control::kAnySource, Tag::Reply, out, &from));
   EXPECT_EQ(from, 2);
   EXPECT_TRUE(controller->drain(std::chrono::seconds(0)));
+}
+
+TEST(MemoryTransport, CountsEveryMessageAndByteByKindOncePerDestination) {
+  auto net = control::MemoryNetwork::create();
+  auto controller = net->endpoint(0);
+  auto w1 = net->endpoint(1);
+  const ControlTraffic process_before = control::process_traffic();
+  controller->send({1, 2, 3}, Tag::Command, bytes_of({1, 2, 3, 4, 5}));
+  controller->send(1, Tag::Query, bytes_of({1, 2}));
+  Bytes out;
+  ASSERT_TRUE(w1->try_receive(0, Tag::Command, out));
+  EXPECT_FALSE(w1->try_receive(0, Tag::Command, out));  // nothing taken: nothing counted
+  w1->send(0, Tag::Reply, bytes_of({9, 9, 9}));
+  ASSERT_TRUE(controller->try_receive(control::kAnySource, Tag::Reply, out));
+
+  const ControlTraffic c = controller->traffic();
+  EXPECT_EQ(c.sent_of(MessageKind::Command), (MessageCount{3, 15}));
+  EXPECT_EQ(c.sent_of(MessageKind::Query), (MessageCount{1, 2}));
+  EXPECT_EQ(c.sent_of(MessageKind::Reply), (MessageCount{}));
+  EXPECT_EQ(c.received_of(MessageKind::Reply), (MessageCount{1, 3}));
+  EXPECT_EQ(c.sent_total(), (MessageCount{4, 17}));
+  EXPECT_EQ(c.received_total(), (MessageCount{1, 3}));
+  const ControlTraffic w = w1->traffic();
+  EXPECT_EQ(w.received_of(MessageKind::Command), (MessageCount{1, 5}));
+  EXPECT_EQ(w.sent_of(MessageKind::Reply), (MessageCount{1, 3}));
+  EXPECT_EQ(w.received_of(MessageKind::Query), (MessageCount{}));  // still waiting
+
+  // The process sums every transport of the process.
+  const ControlTraffic p = control::process_traffic().since(process_before);
+  EXPECT_EQ(p.sent_total(), (MessageCount{5, 20}));
+  EXPECT_EQ(p.received_total(), (MessageCount{2, 8}));
+  // The JSON form names each kind.
+  expect_contains(c.to_json(), R"("sent":{"Command":{"messages":3,"bytes":15})");
+  const ControlTraffic later = controller->traffic();
+  EXPECT_EQ(later.since(c), ControlTraffic{});
 }
 
 TEST(MemoryTransport, WaitForSeesAMessageFromAnotherThread) {

@@ -30,7 +30,10 @@ struct Session {
     std::vector<Command> out;
     control::Bytes b;
     auto ep = net->endpoint(rank);
-    while (ep->try_receive(0, Tag::Command, b)) flatten(decode_command(b), out);
+    while (ep->try_receive(0, Tag::Command, b)) {
+      // Two ranks: below the fan-out threshold, each envelope comes from the controller.
+      flatten(is_envelope(b) ? decode_command(decode_envelope(b).payload) : decode_command(b), out);
+    }
     return out;
   }
   void reply(int rank, const Reply& r) {
@@ -68,6 +71,28 @@ TEST(ControllerState, CommandsReachTheirRanksInOrderAndDeletesRideAhead) {
   EXPECT_TRUE(s.received(2).empty());
   s.ctl->flush_deferred();
   EXPECT_EQ(s.received(2), (std::vector<Command>{DeleteRefs{{Ref{9}}}}));
+}
+
+TEST(ControllerState, CountsOneCommandMessagePerDestinationOfEachBatch) {
+  Session s;
+  const ControlTraffic before = s.ctl->traffic();
+  s.ctl->append({1, 2}, CreateStream{.result = Ref{1}, .is_default = true});
+  s.ctl->append({1, 2}, RequestStatus{5});
+  s.ctl->append({1}, RequestStatus{6});  // another rank set: the first batch leaves
+  s.ctl->flush();
+  const ControlTraffic d = s.ctl->traffic().since(before);
+  EXPECT_EQ(d.sent_of(MessageKind::Command).messages, 3u);
+  EXPECT_EQ(d.sent_total().messages, 3u);
+  std::uint64_t bytes = 0;
+  control::Bytes b;
+  for (int rank : {1, 2}) {
+    auto ep = s.net->endpoint(rank);
+    while (ep->try_receive(0, Tag::Command, b)) bytes += b.size();
+  }
+  EXPECT_EQ(d.sent_of(MessageKind::Command).bytes, bytes);
+  s.reply(1, Status{.first_uncompleted_ident = 7});
+  s.ctl->poll_replies();
+  EXPECT_EQ(s.ctl->traffic().since(before).received_of(MessageKind::Reply).messages, 1u);
 }
 
 TEST(ControllerState, CompletesWhenEveryWorkerReportedAndAsksOnlyTheLaggingOnes) {

@@ -7,9 +7,11 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 
 #include "../support/expect_error.hpp"
+#include "controller/state.hpp"
 #include "meshrt/control.hpp"
 #include "meshrt/protocol.hpp"
 #include "meshrt/worker.hpp"
@@ -94,6 +96,8 @@ class ScriptedController {
     send(Exit{.restart = false});
     worker_.join();
   }
+  // After the test sent its own Exit.
+  void finish_without_exit() { worker_.join(); }
 
  private:
   std::shared_ptr<control::MemoryNetwork> network_ = control::MemoryNetwork::create();
@@ -282,6 +286,127 @@ TEST(WorkerLoop, RestartForgetsEveryValue) {
   ctl.send(full(4, Ref{10}, 2));
   ctl.send(FetchValue{.ident = 5, .value = Value(Ref{10}), .stream = Ref{1}});
   EXPECT_EQ(values_of(ctl.expect<FetchResult>(ctl.next_not_status()).value), (std::vector<float>{2, 2}));
+}
+
+// ------------------------------------------------------------------ fan-out
+
+control::Bytes envelope_bytes(std::vector<std::int32_t> ranks, std::vector<std::uint64_t> seqs, const Command& c) {
+  return encode(Envelope{.fanout = 1, .ranks = std::move(ranks), .seqs = std::move(seqs), .payload = encode(c)});
+}
+
+TEST(WorkerLoop, RunsEnvelopesInTheirNumberedOrderNotInArrivalOrder) {
+  ScriptedController ctl;
+  // Number 2 overtakes number 1 (as one from the controller can pass one still in a
+  // parent): nothing runs until number 1 is there, then both in order.
+  ctl.send_bytes(envelope_bytes({0}, {2}, RequestStatus{5}));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(ctl.waiting(), 0u);
+  ctl.send_bytes(envelope_bytes({0}, {1}, RequestStatus{3}));
+  EXPECT_EQ(ctl.expect<Status>(ctl.next()).first_uncompleted_ident, 4u);
+  EXPECT_EQ(ctl.expect<Status>(ctl.next()).first_uncompleted_ident, 6u);
+  // An envelope that does not name this rank is refused, and said so.
+  ctl.send_bytes(envelope_bytes({7}, {1}, RequestStatus{9}));
+  const auto failed = ctl.expect<RemoteFunctionFailed>(ctl.next_not_status());
+  expect_contains(failed.error, "reached rank 0, which is not one of them");
+  ctl.send_bytes(envelope_bytes({0}, {3}, Exit{.restart = false}));
+  ctl.finish_without_exit();
+}
+
+// Sets an environment variable for one test, restoring it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// A dedicated controller (rank 0) and `n` workers (ranks 1..n) in threads of this
+// process, over one in-memory network.
+struct Job {
+  explicit Job(int n) : workers(static_cast<std::size_t>(n)) {
+    for (int r = 1; r <= n; ++r) {
+      endpoints.push_back(net->endpoint(r));
+      WorkerOptions o;
+      o.rank = r;
+      o.world = MPI_COMM_WORLD;
+      o.p2p = MPI_COMM_WORLD;
+      o.transport = endpoints.back();
+      threads.emplace_back([o] { Worker::serve(o); });
+    }
+    ctl = std::make_shared<detail::ControllerState>(net->endpoint(0), n + 1, NDSlice(1, {n}, {1}));
+  }
+  ~Job() {
+    ctl->shutdown(std::chrono::seconds(30));
+    for (auto& t : threads) t.join();
+  }
+  std::vector<int> workers_list() const { return ctl->workers(); }
+
+  std::shared_ptr<control::MemoryNetwork> net = control::MemoryNetwork::create();
+  std::vector<int> workers;
+  std::vector<std::shared_ptr<control::Transport>> endpoints;
+  std::vector<std::thread> threads;
+  std::shared_ptr<detail::ControllerState> ctl;
+};
+
+TEST(FanOut, TheControllerSendsAtMostFanoutMessagesPerBatchAtAnySize) {
+  ScopedEnv fanout("MESHRT_FANOUT", "3");
+  ScopedEnv threshold("MESHRT_FANOUT_THRESHOLD", "4");
+  for (int n : {2, 5, 16, 40}) {
+    SCOPED_TRACE("ranks: " + std::to_string(n));
+    Job job(n);
+    const std::vector<int> all = job.ctl->workers();
+    const ControlTraffic before = job.ctl->traffic();
+    constexpr int kBatches = 5;
+    Ident last = 0;
+    for (int b = 0; b < kBatches; ++b) {
+      last = job.ctl->new_ident();
+      job.ctl->append(all, RequestStatus{last}, last);
+      job.ctl->flush();
+    }
+    const ControlTraffic sent = job.ctl->traffic().since(before);
+    // At most k per batch above the threshold; one per rank below it (flat).
+    const std::uint64_t per_batch = n > 4 ? 3u : static_cast<std::uint64_t>(n);
+    EXPECT_EQ(sent.sent_of(MessageKind::Command).messages, per_batch * kBatches);
+    // Interleave a batch for two ranks (flat, from the controller): it must still run
+    // after the tree batches before it on those ranks, and before the next ones.
+    const Ident pair = job.ctl->new_ident();
+    job.ctl->append({all.front(), all.back()}, RequestStatus{pair}, pair);
+    last = job.ctl->new_ident();
+    job.ctl->append(all, RequestStatus{last}, last);
+    job.ctl->flush();
+    // Completion from the Status each worker sends when it runs out of work: wait_for
+    // would also ask laggards (more messages), and the counts below are exact.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (job.ctl->frontier() < last && std::chrono::steady_clock::now() < deadline) {
+      job.ctl->poll_replies();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_GE(job.ctl->frontier(), last);
+    // Every worker got each batch exactly once: kBatches + 1 through the tree or flat,
+    // plus the pair's for two of them.
+    std::uint64_t forwarded = 0;
+    for (std::size_t i = 0; i < job.endpoints.size(); ++i) {
+      const auto t = job.endpoints[i]->traffic();
+      // At 2 ranks the pair is the whole mesh: its command joins the next batch.
+      const bool in_pair = n > 2 && (i == 0 || i + 1 == job.endpoints.size());
+      EXPECT_EQ(t.received_of(MessageKind::Command).messages, kBatches + 1u + (in_pair ? 1u : 0u)) << "rank " << i + 1;
+      forwarded += t.sent_of(MessageKind::Command).messages;
+    }
+    // Workers forward to every rank the controller did not reach itself.
+    EXPECT_EQ(forwarded, n > 4 ? static_cast<std::uint64_t>(n - 3) * (kBatches + 1) : 0u);
+  }
 }
 
 }  // namespace
