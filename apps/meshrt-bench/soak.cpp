@@ -259,10 +259,16 @@ int run_soak(Context& ctx, int argc, char** argv, const std::string& json_path) 
                                 ? static_cast<double>(slice_end.rss_kb[r] - slice_start.rss_kb[r]) /
                                       static_cast<double>(slice_start.rss_kb[r])
                                 : 1.0;
-      if (growth >= max_growth) {
-        slice_violations.push_back(
-            fmt::format("slice loop: rank {}: resident memory grew from {} kB to {} kB ({:+.1f}%), expected < {:.0f}%",
-                        r, slice_start.rss_kb[r], slice_end.rss_kb[r], growth * 100, max_growth * 100));
+      // The leak this loop exists for is a mesh per step (two communicators and ~17 kB on
+      // every member): 170 MB over the quick run's 10^4 steps. The settling above goes on
+      // past the quick run's shorter warm-up (+1.3 MB, 5.1-5.3% on rank 1 in 2 of 6 quick
+      // runs, flat over the full run), so growth fails the run only past both 5% and
+      // 8 MiB (800 B a step in the quick run, 80 B in the full one).
+      const std::int64_t grown_kb = slice_end.rss_kb[r] - slice_start.rss_kb[r];
+      if (growth >= max_growth && grown_kb >= 8 * 1024) {
+        slice_violations.push_back(fmt::format(
+            "slice loop: rank {}: resident memory grew from {} kB to {} kB ({:+.1f}%), expected < {:.0f}% or < 8 MiB",
+            r, slice_start.rss_kb[r], slice_end.rss_kb[r], growth * 100, max_growth * 100));
       }
       // The session keeps its recent meshes (two communicators each at most here): a
       // count that follows the steps is a leak.
