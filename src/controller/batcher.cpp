@@ -38,7 +38,15 @@ void Batcher::append(const std::vector<int>& dests, protocol::Command c) {
   if (batch_.empty()) {
     batch_dests_ = dests;
     batch_started_ = std::chrono::steady_clock::now();
-    // Deletes and drops ride ahead of the next command to their ranks.
+  }
+  // Deletes ride ahead of the next command to their ranks, inside a batch too: a loop of
+  // collectives in one batch then frees each output before the next one needs a buffer,
+  // so the output pool hands it back warm instead of a fresh (cold) allocation per call.
+  // meshrt-bench runtime-collectives, 2 ranks, two interleaved before/after runs (the
+  // machine busy with a CI run): all_gather 1 MiB 209 -> 117-125 us, 2 MiB 385 -> 192-208
+  // us; all_to_all 1 MiB 203 -> 112-120 us, 2 MiB 364 -> 200-213 us (MPI by hand: 62 and
+  // 118-130 us); to_mesh unchanged (148-162 us at 1 MiB).
+  if (!pending_deletes_.empty()) {
     if (auto it = pending_deletes_.find(dests); it != pending_deletes_.end()) {
       pending_delete_count_ -= it->second.size();
       batch_.emplace_back(protocol::DeleteRefs{std::move(it->second)});
