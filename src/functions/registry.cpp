@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -130,6 +131,9 @@ namespace {
 
 struct Table {
   std::mutex mutex;
+  // Bumped by every registration and refusal: a thread's cached lookup is valid while
+  // it is unchanged (functions are never removed, so a found address stays valid).
+  std::atomic<std::uint64_t> version{0};
   // std::map: sorted names for names() and the hash, and stable addresses for lookup().
   std::map<std::string, Function, std::less<>> functions;
   std::vector<std::string> refused;  // duplicate registrations from static initialisers
@@ -161,6 +165,7 @@ void add_locked(Table& t, std::string name, Kernel kernel, ShapeFunction shape, 
   }
   Function f{name, std::move(kernel), std::move(shape), file, line, t.loading};
   t.functions.emplace(std::move(name), std::move(f));
+  t.version.fetch_add(1, std::memory_order_release);
 }
 
 void check_locked(const Table& t) {
@@ -205,6 +210,7 @@ detail::Registrar::Registrar(const char* name, Kernel kernel, ShapeFunction shap
       add_locked(t, name ? name : "", std::move(kernel), std::move(shape), file, line);
     } catch (const UsageError& e) {
       t.refused.emplace_back(e.what());
+      t.version.fetch_add(1, std::memory_order_release);
     }
   } catch (...) {
     // Out of memory during static initialisation: nothing sensible is left to do.
@@ -218,11 +224,24 @@ void check_table() {
 }
 
 const Function* find(std::string_view name) {
+  // Each thread keeps its last hit: programs call the same few functions in loops, and
+  // the locked map search cost ~350 instructions per call on the controller and again on
+  // every worker (meshrt-bench dispatch under callgrind).
+  struct Last {
+    std::uint64_t version = 0;
+    std::string name;
+    const Function* function = nullptr;
+  };
+  thread_local Last last;
   Table& t = table();
+  const std::uint64_t version = t.version.load(std::memory_order_acquire);
+  if (last.function != nullptr && last.version == version && last.name == name) return last.function;
   std::lock_guard lock(t.mutex);
   check_locked(t);
   const auto it = t.functions.find(name);
-  return it == t.functions.end() ? nullptr : &it->second;
+  if (it == t.functions.end()) return nullptr;
+  last = Last{t.version.load(std::memory_order_relaxed), std::string(name), &it->second};
+  return &it->second;
 }
 
 const Function& lookup(std::string_view name) {
