@@ -15,34 +15,39 @@ CompletionTracker::CompletionTracker(const std::vector<int>& workers) {
 
 Ident CompletionTracker::new_ident(const char* label) {
   const Ident i = next_ident_++;
-  what_.emplace(i, IdentInfo{{}, {}, label});
+  if (what_.empty()) first_described_ = i;
+  what_.push_back(IdentInfo{{}, {}, label});
   return i;
 }
 
+const CompletionTracker::IdentInfo* CompletionTracker::info(Ident ident) const {
+  if (ident < first_described_ || ident - first_described_ >= what_.size()) return nullptr;
+  return &what_[ident - first_described_];
+}
+
 void CompletionTracker::describe(Ident ident, const std::string& what, const std::source_location& where) {
-  if (auto it = what_.find(ident); it != what_.end()) {
-    it->second.what = what;
-    it->second.where = where;
+  if (IdentInfo* i = info(ident)) {
+    i->what = what;
+    i->where = where;
   }
 }
 
 std::string CompletionTracker::describe_ident(Ident ident) const {
-  auto it = what_.find(ident);
-  if (it == what_.end()) return "?";
-  if (!it->second.what.empty())
-    return fmt::format("{}, issued at {}", it->second.what, detail::describe(it->second.where));
-  return it->second.label ? it->second.label : "?";
+  const IdentInfo* i = info(ident);
+  if (i == nullptr) return "?";
+  if (!i->what.empty()) return fmt::format("{}, issued at {}", i->what, detail::describe(i->where));
+  return i->label ? i->label : "?";
 }
 
 std::string CompletionTracker::what_of(Ident ident) const {
-  auto it = what_.find(ident);
-  return it == what_.end() ? std::string() : it->second.what;
+  const IdentInfo* i = info(ident);
+  return i == nullptr ? std::string() : i->what;
 }
 
 std::string CompletionTracker::site_of(Ident ident) const {
-  auto it = what_.find(ident);
-  if (it == what_.end() || it->second.what.empty()) return {};
-  return detail::describe(it->second.where);
+  const IdentInfo* i = info(ident);
+  if (i == nullptr || i->what.empty()) return {};
+  return detail::describe(i->where);
 }
 
 void CompletionTracker::sent(const std::vector<int>& dests, Ident ident) {
@@ -68,10 +73,11 @@ Ident CompletionTracker::frontier() const {
   return f;
 }
 
-std::vector<int> CompletionTracker::to_ask(Ident ident) {
+std::vector<int> CompletionTracker::to_ask(Ident ident, bool idle_too) {
   std::vector<int> lagging;
   for (auto& [rank, w] : workers_) {
-    if (!w.outstanding.empty() && w.outstanding.front() <= ident && w.status_requested < ident) {
+    if (!w.outstanding.empty() && w.outstanding.front() <= ident && w.status_requested < ident &&
+        (idle_too || w.outstanding.back() > ident)) {
       lagging.push_back(rank);
       w.status_requested = ident;
     }
@@ -98,7 +104,11 @@ std::string CompletionTracker::lagging_report(Ident ident) const {
 }
 
 void CompletionTracker::forget_complete() {
-  what_.erase(what_.begin(), what_.upper_bound(frontier()));
+  const Ident f = frontier();
+  while (!what_.empty() && first_described_ <= f) {
+    what_.pop_front();
+    ++first_described_;
+  }
 }
 
 std::uint64_t CompletionTracker::live_values(int rank) const {
@@ -118,6 +128,7 @@ void CompletionTracker::restart() {
     w.live_values = 0;
   }
   what_.clear();
+  first_described_ = next_ident_;
 }
 
 }  // namespace meshrt::detail

@@ -217,8 +217,8 @@ void ControllerState::poll_replies() {
   if (fetches_.size() > 1024) std::erase_if(fetches_, [](const auto& f) { return f.second.expired(); });
 }
 
-void ControllerState::request_status(Ident ident) {
-  const std::vector<int> lagging = tracker_.to_ask(ident);
+void ControllerState::request_status(Ident ident, bool idle_too) {
+  const std::vector<int> lagging = tracker_.to_ask(ident, idle_too);
   if (lagging.empty()) return;
   // One batch for every lagging rank: it goes down the fan-out tree when they are many,
   // and each rank runs it behind what it was sent (envelopes are numbered per rank).
@@ -235,8 +235,13 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
   for (;;) {
     poll_replies();
     if (frontier() >= ident) return;
-    request_status(ident);
-    if (timeout && std::chrono::steady_clock::now() - start > *timeout) {
+    // Ask at once only the workers with later work queued behind `ident`; one whose last
+    // command is `ident` reports by itself when it runs out of work, so asking it too
+    // would double a fetch's messages (a RequestStatus and a Status beside the request
+    // and its FetchResult). After kAskIdleAfter, ask every laggard: the safety net.
+    const auto waited = std::chrono::steady_clock::now() - start;
+    request_status(ident, waited > kAskIdleAfter);
+    if (timeout && waited > *timeout) {
       const std::vector<int> missing = tracker_.missing(ident);
       const std::string head = fmt::format("{} did not complete within {:.3g} s: rank{} {} {} not reached it:{}", what,
                                            timeout->count(), missing.size() == 1 ? "" : "s", fmt::join(missing, ", "),

@@ -127,7 +127,9 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   // Every ident <= the returned one is complete on every worker it was sent to.
   Ident frontier() const { return tracker_.frontier(); }
   // Sends RequestStatus(ident) to the workers that have not reported past `ident`.
-  void request_status(Ident ident);
+  void request_status(Ident ident, bool idle_too = true);
+  // How long wait_for() waits for workers to report by themselves before asking.
+  static constexpr std::chrono::milliseconds kAskIdleAfter{1};
   // Waits until frontier() >= ident; throws TimeoutError after `timeout`.
   void wait_for(Ident ident, std::optional<std::chrono::duration<double>> timeout, const std::string& what);
 
