@@ -71,6 +71,14 @@ class Transport {
   // What this transport has sent and received so far (safe from any thread).
   ControlTraffic traffic() const;
 
+  // Commands a process sends to itself (the controller to worker 0, which share rank 0)
+  // ring a doorbell, so that worker can sleep until its next command instead of polling
+  // a core the controller needs (docs/ARCHITECTURE.md section 6). rings(): how many so
+  // far; wait_ring(seen, d) returns once rings() > seen, or after `d`. A transport
+  // without one counts 0 and sleeps `d`.
+  virtual std::uint64_t rings() const { return 0; }
+  virtual void wait_ring(std::uint64_t seen, std::chrono::microseconds d);
+
  protected:
   virtual void do_send(const std::vector<int>& dests, Tag tag, std::shared_ptr<const Bytes> bytes) = 0;
   virtual bool do_try_receive(int source, Tag tag, Bytes& out, int* from) = 0;

@@ -30,6 +30,12 @@
 //   synchronize that waited T returns at most T/32 late (the old doubling sleeps, 10 us
 //   to 1 ms after 2 ms, could make a 4 ms synchronize up to 25% late; runtime-collectives
 //   measures synchronize loops).
+// - kDoorbell (worker 0's loop, which shares rank 0 with the controller): no spin and no
+//   yield; idle at once through the transport's doorbell, which the controller rings with
+//   every command it sends to rank 0, for waited/32 (10 us .. 1 ms), so commands from
+//   anywhere else (a fan-out parent) are still seen within 1/32 of the wait. Yielding
+//   there took a share of the 2 cores from the controller and the other ranks on every
+//   fetch (meshrt-bench dispatch, 2 ranks: the figures are in src/worker/worker.cpp).
 // - kGroup (StatelessGroup's waits): 64 hot polls (a few us) without reading the clock,
 //   which costs as much as a poll; yield until the operation's spin time (200 us, or
 //   twice the time its bytes take at 1 GB/s: shared-memory transfers only advance while
@@ -77,6 +83,12 @@ inline constexpr BackoffPolicy kControl{.hot_polls = 0,
                                         .sleep_divisor = 32,
                                         .min_sleep = std::chrono::microseconds(10),
                                         .max_sleep = std::chrono::microseconds(1000)};
+inline constexpr BackoffPolicy kDoorbell{.hot_polls = 0,
+                                         .spin = std::chrono::nanoseconds(0),
+                                         .yield = std::chrono::nanoseconds(0),
+                                         .sleep_divisor = 32,
+                                         .min_sleep = std::chrono::microseconds(10),
+                                         .max_sleep = std::chrono::microseconds(1000)};
 inline constexpr BackoffPolicy kGroup{.hot_polls = 64,
                                       .spin = std::chrono::nanoseconds(0),
                                       .yield = std::chrono::microseconds(200),
@@ -88,7 +100,8 @@ inline constexpr BackoffPolicy kGroup{.hot_polls = 64,
 constexpr bool well_formed(const BackoffPolicy& p) {
   return p.hot_polls >= 0 && p.spin <= p.yield && p.sleep_divisor > 0 && p.min_sleep <= p.max_sleep;
 }
-static_assert(well_formed(kDataPlaneWait) && well_formed(kInFlight) && well_formed(kControl) && well_formed(kGroup));
+static_assert(well_formed(kDataPlaneWait) && well_formed(kInFlight) && well_formed(kControl) &&
+              well_formed(kDoorbell) && well_formed(kGroup));
 
 class Backoff {
  public:

@@ -1,9 +1,40 @@
 #include "control/mpi_transport.hpp"
 
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+
 #include "common/backoff.hpp"
 #include "common/checks.hpp"
 
 namespace meshrt::control {
+
+namespace {
+// The process's doorbell: rung after every command sent to this very rank.
+struct Doorbell {
+  std::atomic<std::uint64_t> rings{0};
+  std::mutex mutex;
+  std::condition_variable rung;
+};
+Doorbell& doorbell() {
+  static Doorbell d;
+  return d;
+}
+}  // namespace
+
+MpiTransport::MpiTransport(MPI_Comm comm) : comm_(comm) {
+  MESHRT_MPI_CHECK(MPI_Comm_rank(comm_, &self_));
+}
+
+std::uint64_t MpiTransport::rings() const {
+  return doorbell().rings.load(std::memory_order_acquire);
+}
+
+void MpiTransport::wait_ring(std::uint64_t seen, std::chrono::microseconds d) {
+  Doorbell& bell = doorbell();
+  std::unique_lock lock(bell.mutex);
+  bell.rung.wait_for(lock, d, [&] { return bell.rings.load(std::memory_order_acquire) > seen; });
+}
 
 std::shared_ptr<Transport> mpi_transport(MPI_Comm comm) {
   return std::make_shared<MpiTransport>(comm);
@@ -48,6 +79,16 @@ void MpiTransport::do_send(const std::vector<int>& dests, Tag tag, std::shared_p
     sends_.push_back(std::move(s));
   }
   reap_locked();
+  if (tag == Tag::Command && std::find(dests.begin(), dests.end(), self_) != dests.end()) {
+    // After the Isend: a woken worker's matched probe finds the message. The increment
+    // under the mutex so that a waiter between its check and its sleep cannot miss it.
+    Doorbell& bell = doorbell();
+    {
+      std::lock_guard ring(bell.mutex);
+      bell.rings.fetch_add(1, std::memory_order_release);
+    }
+    bell.rung.notify_all();
+  }
 }
 
 void MpiTransport::reap() {

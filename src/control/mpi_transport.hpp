@@ -19,7 +19,7 @@ namespace meshrt::control {
 
 class MpiTransport final : public Transport {
  public:
-  explicit MpiTransport(MPI_Comm comm) : comm_(comm) {}
+  explicit MpiTransport(MPI_Comm comm);
   MpiTransport(const MpiTransport&) = delete;
   MpiTransport& operator=(const MpiTransport&) = delete;
   ~MpiTransport() override;
@@ -28,6 +28,9 @@ class MpiTransport final : public Transport {
 
   void reap() override;
   bool drain(std::chrono::duration<double> timeout) override;
+  // One doorbell per process: the controller and worker 0 have transports of their own.
+  std::uint64_t rings() const override;
+  void wait_ring(std::uint64_t seen, std::chrono::microseconds d) override;
   std::size_t in_flight() const noexcept { return sends_.size(); }
 
  protected:
@@ -41,6 +44,7 @@ class MpiTransport final : public Transport {
     std::shared_ptr<const Bytes> bytes;
   };
   MPI_Comm comm_;
+  int self_ = -1;     // this process's rank in comm_
   std::mutex mutex_;  // the controller's batch flusher sends from its own thread
   std::deque<Send> sends_;
 };

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -72,7 +73,8 @@ class Batcher {
   std::size_t fanout_threshold_ = 0;
   // Per rank, the number of the last command message sent to it (Envelope::seqs).
   std::unordered_map<int, std::uint64_t> sent_seq_;
-  std::mutex mutex_;  // the batch, shared with the flusher thread
+  std::unordered_set<int> treed_;  // ranks that were sent a batch through the tree
+  std::mutex mutex_;               // the batch, shared with the flusher thread
   std::atomic<bool> stop_flusher_{false};
   std::thread flusher_;
   // Work that handle destructors leave for the next command: deletes per rank set, and

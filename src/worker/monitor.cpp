@@ -32,10 +32,10 @@ Monitor::Monitor(int rank, std::size_t capacity) : rank_(rank), capacity_(std::m
   ring_.resize(capacity_);
 }
 
-std::uint64_t Monitor::queued(CommandRecord record) {
+std::uint64_t Monitor::queued(CommandRecord record, Clock::time_point arrived) {
   std::lock_guard lock(mutex_);
   record.seq = next_seq_++;
-  record.queued = Clock::now();
+  record.queued = arrived;
   record.state = CommandState::Queued;
   const std::uint64_t seq = record.seq;
   ring_[seq % capacity_] = std::move(record);

@@ -39,7 +39,9 @@ class Monitor {
 
   int rank() const noexcept { return rank_; }
   // Records a command as queued and returns its seq.
-  std::uint64_t queued(CommandRecord record);
+  // `arrived`: when the message carrying it came (one clock read per message, not per
+  // command of a batch).
+  std::uint64_t queued(CommandRecord record, std::chrono::steady_clock::time_point arrived);
   void running(std::uint64_t seq);
   // Adds what only the start of a collective knows (its description and peers).
   void describe(std::uint64_t seq, std::string name, std::vector<int> peers, std::uint64_t bytes);

@@ -90,6 +90,7 @@ struct Worker::Impl {
   Clock::time_point last_status_time = Clock::now();
   std::optional<WorkerExit> exit;
   control::Bytes rx;
+  Clock::time_point arrived{};  // when the message being queued came
 
   // ------------------------------------------------------------------ replies
 
@@ -621,7 +622,7 @@ struct Worker::Impl {
       for (Command& c : group->commands) enqueue(std::move(c));
       return;
     }
-    const std::uint64_t seq = monitor.queued(record_of(command));
+    const std::uint64_t seq = monitor.queued(record_of(command), arrived);
     queue.push_back(Queued{seq, std::move(command)});
   }
 
@@ -653,6 +654,11 @@ struct Worker::Impl {
           fmt::format("envelope number {} reached rank {} after number {} ran", seq, opt.rank, next_envelope - 1));
     }
     early.emplace(seq, std::move(e.payload));
+    run_early();
+  }
+
+  // Queues the envelopes that are next in number.
+  void run_early() {
     while (!early.empty() && early.begin()->first == next_envelope) {
       const control::Bytes payload = std::move(early.begin()->second);
       early.erase(early.begin());
@@ -681,11 +687,17 @@ struct Worker::Impl {
     int from = -1;
     while (channel->try_receive(control::kAnySource, control::Tag::Command, rx, &from)) {
       any = true;
+      arrived = Clock::now();
       try {
         if (protocol::is_envelope(rx)) {
           route(rx);
         } else {
+          // A bare batch comes straight from the controller, as the next number (the
+          // controller envelopes every batch to a rank once one reached it through a
+          // parent), so it never waits and may release envelopes that overtook it.
+          ++next_envelope;
           enqueue(decode_command(rx));
+          if (!early.empty()) run_early();
         }
       } catch (const ProtocolError& e) {
         undecodable(e, rx.size(), from);
@@ -695,10 +707,17 @@ struct Worker::Impl {
   }
 
   WorkerExit loop() {
-    detail::Backoff backoff(detail::kControl);
+    // Worker 0 shares rank 0 with the controller: it sleeps on the doorbell the
+    // controller rings with each command it sends here, instead of yielding a core the
+    // controller needs (common/backoff.hpp, kDoorbell).
+    const bool doorbell = opt.rank == control::kControllerRank;
+    detail::Backoff backoff(doorbell ? detail::kDoorbell : detail::kControl);
     detail::Backoff flight(detail::kInFlight);
     const auto interval = std::chrono::duration<double>(opt.status_interval_seconds);
     while (!exit) {
+      // Read before the poll: a command sent after it rings past `rung`, and the wait
+      // below returns at once.
+      const std::uint64_t rung = doorbell ? channel->rings() : 0;
       bool worked = receive();
       if (in_flight) {
         bool done = false;
@@ -729,6 +748,8 @@ struct Worker::Impl {
         flight.reset();
       } else if (in_flight) {
         pause_in_flight(flight);
+      } else if (doorbell) {
+        backoff.pause([&](std::chrono::microseconds d) { channel->wait_ring(rung, d); });
       } else {
         backoff.pause();
       }
