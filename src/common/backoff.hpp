@@ -30,12 +30,14 @@
 //   synchronize that waited T returns at most T/32 late (the old doubling sleeps, 10 us
 //   to 1 ms after 2 ms, could make a 4 ms synchronize up to 25% late; runtime-collectives
 //   measures synchronize loops).
-// - kDoorbell (worker 0's loop, which shares rank 0 with the controller): no spin and no
-//   yield; idle at once through the transport's doorbell, which the controller rings with
-//   every command it sends to rank 0, for waited/32 (10 us .. 1 ms), so commands from
-//   anywhere else (a fan-out parent) are still seen within 1/32 of the wait. Yielding
-//   there took a share of the 2 cores from the controller and the other ranks on every
-//   fetch (meshrt-bench dispatch, 2 ranks: the figures are in src/worker/worker.cpp).
+// - kDoorbell (worker 0's loop, which shares rank 0 with the controller): yield for 100 us
+//   as kControl does (a program that keeps issuing commands finds worker 0 awake: waking a
+//   sleeping thread costs a futex wake, and in a VM an inter-processor interrupt), then
+//   idle on the transport's doorbell, which the controller rings with every command it
+//   sends to rank 0, for waited/32 (10 us .. 1 ms), so commands from anywhere else (a
+//   fan-out parent) are still seen within 1/32 of the wait. Yielding for 2 ms there kept
+//   taking a share of the cores from the controller and the other ranks between a
+//   program's bursts (src/worker/worker.cpp has the figures).
 // - kGroup (StatelessGroup's waits): 64 hot polls (a few us) without reading the clock,
 //   which costs as much as a poll; yield until the operation's spin time (200 us, or
 //   twice the time its bytes take at 1 GB/s: shared-memory transfers only advance while
@@ -85,7 +87,7 @@ inline constexpr BackoffPolicy kControl{.hot_polls = 0,
                                         .max_sleep = std::chrono::microseconds(1000)};
 inline constexpr BackoffPolicy kDoorbell{.hot_polls = 0,
                                          .spin = std::chrono::nanoseconds(0),
-                                         .yield = std::chrono::nanoseconds(0),
+                                         .yield = std::chrono::microseconds(100),
                                          .sleep_divisor = 32,
                                          .min_sleep = std::chrono::microseconds(10),
                                          .max_sleep = std::chrono::microseconds(1000)};

@@ -233,6 +233,19 @@ Stream DTensor::stream() const {
   return Stream(state_->stream);
 }
 
+namespace {
+// "reduce sum with scatter over 'dp'": built by appending, not fmt::format, which cost
+// ~1,000 instructions on every collective a program issues (callgrind).
+std::string reduce_words(std::string_view op, Reduction reduction, bool scatter, std::string_view dim) {
+  std::string w;
+  w.reserve(48);
+  w.append(op).append(name(reduction));
+  if (scatter) w.append(" with scatter");
+  w.append(" over '").append(dim).append("'");
+  return w;
+}
+}  // namespace
+
 DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter, std::source_location where) const {
   return at_site(where, [&] {
     if (!state_) throw UsageError("reduce: an undefined DTensor");
@@ -241,7 +254,7 @@ DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter,
     const std::int64_t d = mesh.dim_index(dim);
     const std::int64_t n = mesh.ranks.sizes()[static_cast<std::size_t>(d)];
     const TensorMeta& in = state_->meta;
-    const std::string what = fmt::format("reduce {}{} over '{}'", name(reduction), scatter ? " with scatter" : "", dim);
+    const std::string what = reduce_words("reduce ", reduction, scatter, dim);
     const ReductionRule rule = reduction_rule(in, n, reduction, scatter, false, in.device().kind());
     if (!rule.allowed()) throw UsageError(fmt::format("{}: {}", what, rule.error));
     const TensorMeta& out = rule.out_meta(in);
@@ -262,8 +275,7 @@ DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter,
 DTensor& DTensor::reduce_(std::string_view dim, Reduction reduction, bool scatter, std::source_location where) {
   return at_site(where, [&]() -> DTensor& {
     if (!state_) throw UsageError("reduce_: an undefined DTensor");
-    const std::string what =
-        fmt::format("reduce_ {}{} over '{}'", name(reduction), scatter ? " with scatter" : "", dim);
+    const std::string what = reduce_words("reduce_ ", reduction, scatter, dim);
     // The same rules as out of place (in place allows all_reduce and all_to_all only);
     // then this tensor's own ref is redefined.
     auto ctl = lock(state_->controller);
