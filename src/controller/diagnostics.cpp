@@ -13,6 +13,7 @@
 #include "common/backoff.hpp"
 #include "controller/batcher.hpp"
 #include "controller/completion.hpp"
+#include "meshrt/control.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/settings.hpp"
 
@@ -73,12 +74,14 @@ std::string Diagnostics::desync_report(const std::string& what) {
     return f == 0 ? std::string("-") : std::to_string(f);
   };
   std::string out = "desync report: what every worker is doing now\n";
+  std::vector<int> stuck;  // ranks inside a command or not answering
   out += fmt::format("  {:>5}  {:>11}  {:>9}  {}\n", "rank", "done before", "for", "current command");
   for (int rank : workers_) {
     auto it = states.find(rank);
     if (it == states.end()) {
       out +=
           fmt::format("  {:>5}  no answer within {:.3g} s (the process may be stopped or gone)\n", rank, wait.count());
+      stuck.push_back(rank);
       continue;
     }
     nlohmann::json& st = it->second;
@@ -88,6 +91,7 @@ std::string Diagnostics::desync_report(const std::string& what) {
                          st.value("queued", 0ull));
       continue;
     }
+    stuck.push_back(rank);
     std::string cmd = cur.value("kind", std::string("?"));
     const auto ident_of = cur.value("ident", 0ull);
     if (ident_of && tracker_.described(ident_of)) {
@@ -106,6 +110,20 @@ std::string Diagnostics::desync_report(const std::string& what) {
     if (!waiting.empty())
       cmd += fmt::format("; waiting for rank{} {} to join", waiting.size() == 1 ? "" : "s", fmt::join(waiting, ", "));
     out += fmt::format("  {:>5}  {:>11}  {:>7.3f} s  {}\n", rank, done_before(st), cur.value("seconds", 0.0), cmd);
+  }
+  // A worker forwards batches and its children's status reports only between commands:
+  // while one is stuck, its subtree hears nothing through it and reports nothing past
+  // it. The rows above came from every rank directly (the queries bypass the tree).
+  if (tree_ != nullptr) {
+    for (int rank : stuck) {
+      if (!tree_->contains(rank) || tree_->children(rank).empty()) continue;
+      std::vector<int> below = tree_->subtree(rank);
+      below.erase(below.begin());
+      out += fmt::format(
+          "  status tree: rank {} is busy or silent; its subtree (rank{} {}) is unreachable through it: they get no "
+          "batch it relays, and their status reaches the controller only through it\n",
+          rank, below.size() == 1 ? "" : "s", fmt::join(below, ", "));
+    }
   }
   return out;
 }
