@@ -74,7 +74,8 @@ std::string Diagnostics::desync_report(const std::string& what) {
     return f == 0 ? std::string("-") : std::to_string(f);
   };
   std::string out = "desync report: what every worker is doing now\n";
-  std::vector<int> stuck;  // ranks inside a command or not answering
+  std::vector<int> stuck;          // ranks inside a command of their own, or not answering
+  std::vector<int> waiting_inner;  // ranks in a collective, waiting for others to join
   out += fmt::format("  {:>5}  {:>11}  {:>9}  {}\n", "rank", "done before", "for", "current command");
   for (int rank : workers_) {
     auto it = states.find(rank);
@@ -91,7 +92,6 @@ std::string Diagnostics::desync_report(const std::string& what) {
                          st.value("queued", 0ull));
       continue;
     }
-    stuck.push_back(rank);
     std::string cmd = cur.value("kind", std::string("?"));
     const auto ident_of = cur.value("ident", 0ull);
     if (ident_of && tracker_.described(ident_of)) {
@@ -109,20 +109,31 @@ std::string Diagnostics::desync_report(const std::string& what) {
     }
     if (!waiting.empty())
       cmd += fmt::format("; waiting for rank{} {} to join", waiting.size() == 1 ? "" : "s", fmt::join(waiting, ", "));
+    (waiting.empty() ? stuck : waiting_inner).push_back(rank);
     out += fmt::format("  {:>5}  {:>11}  {:>7.3f} s  {}\n", rank, done_before(st), cur.value("seconds", 0.0), cmd);
   }
   // A worker forwards batches and its children's status reports only between commands:
   // while one is stuck, its subtree hears nothing through it and reports nothing past
   // it. The rows above came from every rank directly (the queries bypass the tree).
+  // Named: the inner nodes busy on their own account or silent; those only waiting for
+  // a peer in a collective are listed in one line, as they relay again once it ends.
   if (tree_ != nullptr) {
+    auto inner = [&](int rank) { return tree_->contains(rank) && !tree_->children(rank).empty(); };
     for (int rank : stuck) {
-      if (!tree_->contains(rank) || tree_->children(rank).empty()) continue;
+      if (!inner(rank)) continue;
       std::vector<int> below = tree_->subtree(rank);
       below.erase(below.begin());
       out += fmt::format(
           "  status tree: rank {} is busy or silent; its subtree (rank{} {}) is unreachable through it: they get no "
           "batch it relays, and their status reaches the controller only through it\n",
           rank, below.size() == 1 ? "" : "s", fmt::join(below, ", "));
+    }
+    std::erase_if(waiting_inner, [&](int rank) { return !inner(rank); });
+    if (!waiting_inner.empty()) {
+      out += fmt::format("  status tree: inner node{} {} relay{} nothing to {} subtree{} until {} collective ends\n",
+                         waiting_inner.size() == 1 ? "" : "s", fmt::join(waiting_inner, ", "),
+                         waiting_inner.size() == 1 ? "s" : "", waiting_inner.size() == 1 ? "its" : "their",
+                         waiting_inner.size() == 1 ? "" : "s", waiting_inner.size() == 1 ? "its" : "their");
     }
   }
   return out;
