@@ -146,8 +146,11 @@ void CompletionTracker::tree_status(int node, protocol::TreeStatus report) {
   if (!subtrees_.count(node)) {
     throw ProtocolError(
         fmt::format("a subtree status (first uncompleted ident {}) came from rank {}, which is not a "
-                    "top node of the status tree",
-                    report.first_uncompleted_ident, node));
+                    "top node of the status tree{}",
+                    report.first_uncompleted_ident, node,
+                    subtrees_.empty() ? " (the controller has none: do all ranks have the same MESHRT_FANOUT and "
+                                        "MESHRT_FANOUT_THRESHOLD?)"
+                                      : ""));
   }
   held_[node].push_back(std::move(report));
   ++held_count_;

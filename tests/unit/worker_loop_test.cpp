@@ -515,5 +515,29 @@ TEST(FanIn, AFetchWaitsForTheSlowestRankOfEverySubtree) {
   g_held_rank = -1;
 }
 
+TEST(FanIn, EachSessionStartsTheTreeAfresh) {
+  ScopedEnv fanout("MESHRT_FANOUT", "2");
+  ScopedEnv threshold("MESHRT_FANOUT_THRESHOLD", "1");
+  Job job(9, 1000.0);
+  const std::vector<int> all = job.ctl->workers();
+  // Three sessions: the child-report tags alternate with the session's parity, so the
+  // third reuses the first's. A report kept across a restart (a child's minimum, a direct
+  // count, a held report) would complete the new session's fetch early or never.
+  for (int session = 0; session < 3; ++session) {
+    SCOPED_TRACE("session " + std::to_string(session));
+    job.ctl->append(all, CreateStream{.result = Ref{1}, .is_default = true});
+    const ControlTraffic before = job.ctl->traffic();
+    const Ident fetch = call_and_fetch(job, Ref{100}, all.back());
+    auto future = std::make_shared<detail::FutureState>();
+    job.ctl->register_fetch(fetch, future);
+    job.ctl->wait_for(fetch, std::chrono::seconds(60), "fetch");
+    ASSERT_TRUE(future->value.has_value());
+    EXPECT_EQ(future->value->as_tensor().item(), static_cast<double>(all.back()));
+    // The two top nodes' reports and the FetchResult.
+    EXPECT_EQ(job.ctl->traffic().since(before).received_of(MessageKind::Reply).messages, 3u);
+    job.ctl->restart_workers();
+  }
+}
+
 }  // namespace
 }  // namespace meshrt
