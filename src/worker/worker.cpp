@@ -142,11 +142,14 @@ struct Worker::Impl {
   // own Status, the minimum first-uncompleted ident of its subtree to its parent: once
   // the subtree has passed the last RequestStatus it ran (the controller sends that to
   // every worker, so every node of the tree answers it once), and about once a second
-  // when the minimum moved. Failures and fetch results still go straight to the
-  // controller: a parent holding them, or a Status sent beside them, could let a Status
-  // past a failed invocation reach the controller first and resolve a value the failure
-  // must break (section 3.3). Instead each report counts, per rank, the direct replies
-  // sent so far, and the controller holds a report until those have arrived.
+  // when the minimum moved; not at every move, which would triple the controller's
+  // receives per fetch (a step moves it at the call, the reduction and the RequestStatus).
+  // Failures and fetch results still go straight to the controller, as one message
+  // gains nothing from a hop; but a report through a parent can overtake a failure sent
+  // directly (MPI orders per sender only), and a Status past a failed invocation that
+  // arrives first resolves a value the failure must break (section 3.3). So each report
+  // counts, per rank, the direct replies sent so far, and the controller holds a report
+  // until those have arrived.
   const bool tree = opt.status_parent != kNoStatusTree;
   const control::Tag tree_tag = control::tree_status_tag(opt.epoch);
   // Per child, the minimum its subtree last reported (0 until it reports: nothing
