@@ -399,8 +399,10 @@ TEST(FanOut, TheControllerSendsAtMostFanoutMessagesPerBatchAtAnySize) {
     last = job.ctl->new_ident();
     job.ctl->append(all, RequestStatus{last}, last);
     job.ctl->flush();
-    // Completion from the Status each worker sends when it runs out of work: wait_for
-    // would also ask laggards (more messages), and the counts below are exact.
+    // Completion from the Status each worker sends when it runs out of work (flat) or
+    // from the status tree's answers to these RequestStatus batches (above the
+    // threshold): wait_for would also ask laggards (more messages), and the counts below
+    // are exact.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (job.ctl->frontier() < last && std::chrono::steady_clock::now() < deadline) {
       job.ctl->poll_replies();
