@@ -2,7 +2,8 @@
 // per step (docs/ARCHITECTURE.md section 8). One step is a call, a reduction over every rank
 // and a fetch of the result; the counts come from the controller's own transport
 // (Controller::control_traffic(), exact), so the rows show the shape directly: flat
-// fan-out sends one batch message per rank, the tree at most MESHRT_FANOUT.
+// fan-out sends one batch message per rank, the tree at most MESHRT_FANOUT; flat fan-in
+// hears a Status from every rank per completed fetch, the status tree one per top node.
 //
 // It runs at the job's size with the fan-out settings of the environment; scripts/bench_scale.sh
 // runs it at N = 2..64 for flat (MESHRT_FANOUT=0) and tree fan-out and collects the rows.
@@ -104,15 +105,19 @@ int run_scale(Context& ctx, int argc, char** argv, const std::string& json_path)
     const double received = static_cast<double>(d.received_of(MessageKind::Reply).messages) / steps;
     const double bytes_out = static_cast<double>(d.sent_of(MessageKind::Command).bytes) / steps;
     const double bytes_in = static_cast<double>(d.received_of(MessageKind::Reply).bytes) / steps;
+    // Each step completes one fetch, whose FetchResult is one reply (no step fails): the
+    // rest are Status, one per worker flat, one per top node of the status tree.
+    const double status_per_fetch = received - 1.0;
     fmt::print(
         "\nscale at {} worker ranks, fan-out {} (MESHRT_FANOUT={}, threshold {}), {} steps of call + reduce + "
         "fetch\n",
         n, tree ? "tree" : "flat", fanout, threshold, steps);
-    fmt::print("{:>6} {:>5} {:>14} {:>14} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "ranks", "mode", "cmd msgs/step",
-               "replies/step", "B out/step", "B in/step", "us/step", "us/send", "us/recv");
-    fmt::print("{:>6} {:>5} {:>14.2f} {:>14.2f} {:>12.0f} {:>12.0f} {:>12.1f} {:>12.3f} {:>12.3f}\n", n,
-               tree ? "tree" : "flat", sent, received, bytes_out, bytes_in, seconds * 1e6, send_cost * 1e6,
-               recv_cost * 1e6);
+    fmt::print("{:>6} {:>5} {:>14} {:>14} {:>13} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "ranks", "mode",
+               "cmd msgs/step", "replies/step", "status/fetch", "B out/step", "B in/step", "us/step", "us/send",
+               "us/recv");
+    fmt::print("{:>6} {:>5} {:>14.2f} {:>14.2f} {:>13.2f} {:>12.0f} {:>12.0f} {:>12.1f} {:>12.3f} {:>12.3f}\n", n,
+               tree ? "tree" : "flat", sent, received, status_per_fetch, bytes_out, bytes_in, seconds * 1e6,
+               send_cost * 1e6, recv_cost * 1e6);
     nlohmann::json j{{"suite", "scale"},
                      {"ranks", n},
                      {"mode", tree ? "tree" : "flat"},
@@ -121,6 +126,7 @@ int run_scale(Context& ctx, int argc, char** argv, const std::string& json_path)
                      {"steps", steps},
                      {"command_messages_per_step", sent},
                      {"reply_messages_per_step", received},
+                     {"status_messages_per_fetch", status_per_fetch},
                      {"command_bytes_per_step", bytes_out},
                      {"reply_bytes_per_step", bytes_in},
                      {"seconds_per_step", seconds},

@@ -35,14 +35,59 @@ enum class Tag : int {
   Reply = 102,    // worker -> controller: encoded protocol::Reply
   Query = 103,    // controller -> watch thread: encoded protocol::Query
   Answer = 104,   // watch thread -> controller: encoded protocol::QueryAnswer
+  // Fan-in: a child's protocol::TreeStatus to its parent worker, on one of two tags by the
+  // parity of the workers' session, so a parent never takes a report that a child's next
+  // session sent before the parent's own loop restarted (it waits for the next loop),
+  // and drops one its child's previous session left behind (older epoch). Not Reply:
+  // rank 0's controller takes every Reply sent to rank 0, and worker 0 may be a parent.
+  TreeStatusEven = 105,
+  TreeStatusOdd = 106,
 };
 
 inline constexpr int kControllerRank = 0;
 inline constexpr int kAnySource = -1;  // try_receive from whichever rank sent first
 
 constexpr MessageKind kind_of(Tag tag) noexcept {
+  // A tree report goes up like a reply, to a worker instead of the controller.
+  if (tag == Tag::TreeStatusEven || tag == Tag::TreeStatusOdd) return MessageKind::Reply;
   return static_cast<MessageKind>(static_cast<int>(tag) - static_cast<int>(Tag::Command));
 }
+
+constexpr Tag tree_status_tag(std::uint32_t epoch) noexcept {
+  return epoch % 2 == 0 ? Tag::TreeStatusEven : Tag::TreeStatusOdd;
+}
+
+// The status tree of a job (fan-in, docs/ARCHITECTURE.md section 8): a fixed k-ary tree
+// over the worker ranks in order, of the same shape as the fan-out tree of a batch to
+// all of them. A node reports the minimum first-uncompleted ident of its subtree to its
+// parent; the top nodes (the first k) report to the controller. Used when fan-out is on
+// (k > 0) and there are more workers than the fan-out threshold; below it every worker
+// sends Status to the controller itself.
+class StatusTree {
+ public:
+  // nullopt where the job reports flat.
+  static std::optional<StatusTree> for_job(const std::vector<int>& workers, std::size_t fanout, std::size_t threshold);
+  StatusTree(std::vector<int> workers, std::size_t fanout);
+
+  std::size_t fanout() const noexcept { return fanout_; }
+  const std::vector<int>& ranks() const noexcept { return ranks_; }
+  bool contains(int rank) const { return position_.count(rank) > 0; }
+  // The rank `rank` reports to: kControllerRank for a top node.
+  int parent(int rank) const;
+  bool is_top(int rank) const;
+  std::vector<int> children(int rank) const;
+  // `rank` and every rank below it, in tree order.
+  std::vector<int> subtree(int rank) const;
+  // The path from the top node down to `rank` (its ancestors, top first; empty for a top node).
+  std::vector<int> ancestors(int rank) const;
+  std::vector<int> top() const;
+
+ private:
+  std::size_t position(int rank) const;
+  std::vector<int> ranks_;
+  std::size_t fanout_;
+  std::map<int, std::size_t> position_;
+};
 
 // Every send and receive goes through the non-virtual send() and try_receive() below,
 // which count it (traffic()) before the implementation moves the bytes: an

@@ -175,7 +175,23 @@ struct Restarted {
   friend bool operator==(const Restarted&, const Restarted&) = default;
 };
 
-using Reply = std::variant<Status, RemoteFunctionFailed, FetchResult, Restarted>;
+// Fan-in (docs/ARCHITECTURE.md section 8): what the root of a subtree of the status tree
+// tells its parent (a worker, or the controller for a top node): every rank of the
+// subtree has completed everything sent to it below `first_uncompleted_ident`. Failures
+// and fetch results do not travel up the tree but straight to the controller, so a
+// report says how many of those each rank had sent when it contributed (`direct_ranks`
+// and `direct_counts`, only the ranks whose count changed since the node's previous
+// report): the controller applies a report only once they have all arrived, which keeps
+// the rule that a failure reaches it before any Status past it (section 3.3).
+struct TreeStatus {
+  Ident first_uncompleted_ident = 0;
+  std::uint32_t epoch = 0;  // the workers' session (bumped by each restart)
+  std::vector<std::int32_t> direct_ranks;
+  std::vector<std::uint64_t> direct_counts;  // one per direct_ranks entry
+  friend bool operator==(const TreeStatus&, const TreeStatus&) = default;
+};
+
+using Reply = std::variant<Status, RemoteFunctionFailed, FetchResult, Restarted, TreeStatus>;
 
 // Exchanged by every rank at start-up: a rank that differs in any field fails the start.
 struct Handshake {
@@ -211,6 +227,13 @@ inline std::pair<std::size_t, std::size_t> tree_children(std::size_t n, std::siz
   const std::size_t first = static_cast<std::size_t>(position + 1) * fanout;
   if (first >= n) return {n, n};
   return {first, std::min(n, first + fanout)};
+}
+
+// The status tree (fan-in, docs/ARCHITECTURE.md section 8) uses the same shape over the
+// job's worker ranks: the parent of position p, or -1 for a top node (the controller's
+// child).
+inline std::int64_t tree_parent(std::size_t fanout, std::size_t position) {
+  return position < fanout ? -1 : static_cast<std::int64_t>(position / fanout) - 1;
 }
 
 // ------------------------------------------------------------------ out-of-band queries

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace meshrt {
 
@@ -18,6 +19,9 @@ class Monitor;
 namespace control {
 class Transport;
 }
+
+inline constexpr int kNoStatusTree = -1;
+inline constexpr int kStatusToController = -2;
 
 struct WorkerOptions {
   int rank = 0;                          // this rank in `world`
@@ -29,6 +33,14 @@ struct WorkerOptions {
   // Commands and replies travel here; null: over MPI on `control`. A test gives an
   // in-memory one (src/control/memory_transport.hpp) to drive the loop without mpiexec.
   std::shared_ptr<control::Transport> transport;
+  // Fan-in (docs/ARCHITECTURE.md section 8, control::StatusTree): the worker rank this
+  // rank's subtree reports its minimum first-uncompleted ident to (kStatusToController
+  // for a top node), and the ranks that report to it. kNoStatusTree: every worker sends
+  // its own Status to the controller.
+  int status_parent = kNoStatusTree;
+  std::vector<int> status_children;
+  // The session of the event loop: Worker::serve bumps it at each restart.
+  std::uint32_t epoch = 0;
 };
 
 enum class WorkerExit { Restart, Shutdown };

@@ -129,6 +129,60 @@ void CompletionTracker::restart() {
   }
   what_.clear();
   first_described_ = next_ident_;
+  // The workers' fresh loops count their direct replies from 0 and know nothing of their
+  // children yet; every report of the old session arrived before its node's Restarted.
+  direct_received_.clear();
+  held_.clear();
+  held_count_ = 0;
+}
+
+void CompletionTracker::use_tree(std::map<int, std::vector<int>> subtrees) {
+  for (const auto& [node, ranks] : subtrees) {
+    for (int r : ranks) {
+      if (!workers_.count(r)) {
+        throw UsageError(fmt::format("status tree: rank {} below rank {} runs no worker", r, node));
+      }
+    }
+  }
+  subtrees_ = std::move(subtrees);
+}
+
+void CompletionTracker::direct_reply(int rank) {
+  ++direct_received_[rank];
+  if (held_count_ == 0) return;
+  for (auto& [node, q] : held_) apply_held(node);
+}
+
+void CompletionTracker::tree_status(int node, protocol::TreeStatus report) {
+  if (!subtrees_.count(node)) {
+    throw ProtocolError(
+        fmt::format("a subtree status (first uncompleted ident {}) came from rank {}, which is not a "
+                    "top node of the status tree{}",
+                    report.first_uncompleted_ident, node,
+                    subtrees_.empty() ? " (the controller has none: do all ranks have the same MESHRT_FANOUT and "
+                                        "MESHRT_FANOUT_THRESHOLD?)"
+                                      : ""));
+  }
+  held_[node].push_back(std::move(report));
+  ++held_count_;
+  apply_held(node);
+}
+
+bool CompletionTracker::ready(const protocol::TreeStatus& report) const {
+  for (std::size_t i = 0; i < report.direct_ranks.size() && i < report.direct_counts.size(); ++i) {
+    auto it = direct_received_.find(report.direct_ranks[i]);
+    if ((it == direct_received_.end() ? 0 : it->second) < report.direct_counts[i]) return false;
+  }
+  return true;
+}
+
+void CompletionTracker::apply_held(int node) {
+  auto& q = held_[node];
+  while (!q.empty() && ready(q.front())) {
+    for (int r : subtrees_[node]) completed(r, q.front().first_uncompleted_ident);
+    q.pop_front();
+    --held_count_;
+  }
 }
 
 }  // namespace meshrt::detail

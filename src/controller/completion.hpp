@@ -64,6 +64,21 @@ class CompletionTracker {
   // After a restart nothing sent before it is outstanding.
   void restart();
 
+  // Fan-in (docs/ARCHITECTURE.md section 8): the status tree's top nodes and, for each,
+  // every rank of its subtree (control::StatusTree). Without it every worker reports
+  // Status itself.
+  void use_tree(std::map<int, std::vector<int>> subtrees);
+  bool has_tree() const noexcept { return !subtrees_.empty(); }
+  // A failure or fetch result from `rank` arrived: those travel outside the tree.
+  void direct_reply(int rank);
+  // A top node's report for its subtree, applied to every rank of it (each rank's own
+  // first uncompleted ident is at least the subtree's minimum, so the completion rule
+  // holds) once every direct reply it counts has arrived; held until then, in order, so
+  // no Status past a failure is applied before the failure.
+  void tree_status(int node, protocol::TreeStatus report);
+  // Reports held for direct replies still on their way (for the desync report).
+  std::size_t held_reports() const noexcept { return held_count_; }
+
  private:
   struct Worker {
     Ident reported = 0;             // latest first_uncompleted_ident
@@ -87,6 +102,13 @@ class CompletionTracker {
   std::deque<IdentInfo> what_;
   Ident first_described_ = 1;
   int restarted_ = 0;
+  // Fan-in: top node -> its subtree; per rank, direct replies received; held reports.
+  bool ready(const protocol::TreeStatus& report) const;
+  void apply_held(int node);
+  std::map<int, std::vector<int>> subtrees_;
+  std::map<int, std::uint64_t> direct_received_;
+  std::map<int, std::deque<protocol::TreeStatus>> held_;
+  std::size_t held_count_ = 0;
 };
 
 }  // namespace meshrt::detail

@@ -13,6 +13,7 @@
 #include "common/backoff.hpp"
 #include "controller/batcher.hpp"
 #include "controller/completion.hpp"
+#include "meshrt/control.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/settings.hpp"
 
@@ -73,12 +74,15 @@ std::string Diagnostics::desync_report(const std::string& what) {
     return f == 0 ? std::string("-") : std::to_string(f);
   };
   std::string out = "desync report: what every worker is doing now\n";
+  std::vector<int> stuck;          // ranks inside a command of their own, or not answering
+  std::vector<int> waiting_inner;  // ranks in a collective, waiting for others to join
   out += fmt::format("  {:>5}  {:>11}  {:>9}  {}\n", "rank", "done before", "for", "current command");
   for (int rank : workers_) {
     auto it = states.find(rank);
     if (it == states.end()) {
       out +=
           fmt::format("  {:>5}  no answer within {:.3g} s (the process may be stopped or gone)\n", rank, wait.count());
+      stuck.push_back(rank);
       continue;
     }
     nlohmann::json& st = it->second;
@@ -105,7 +109,32 @@ std::string Diagnostics::desync_report(const std::string& what) {
     }
     if (!waiting.empty())
       cmd += fmt::format("; waiting for rank{} {} to join", waiting.size() == 1 ? "" : "s", fmt::join(waiting, ", "));
+    (waiting.empty() ? stuck : waiting_inner).push_back(rank);
     out += fmt::format("  {:>5}  {:>11}  {:>7.3f} s  {}\n", rank, done_before(st), cur.value("seconds", 0.0), cmd);
+  }
+  // A worker forwards batches and its children's status reports only between commands:
+  // while one is stuck, its subtree hears nothing through it and reports nothing past
+  // it. The rows above came from every rank directly (the queries bypass the tree).
+  // Named: the inner nodes busy on their own account or silent; those only waiting for
+  // a peer in a collective are listed in one line, as they relay again once it ends.
+  if (tree_ != nullptr) {
+    auto inner = [&](int rank) { return tree_->contains(rank) && !tree_->children(rank).empty(); };
+    for (int rank : stuck) {
+      if (!inner(rank)) continue;
+      std::vector<int> below = tree_->subtree(rank);
+      below.erase(below.begin());
+      out += fmt::format(
+          "  status tree: rank {} is busy or silent; its subtree (rank{} {}) is unreachable through it: they get no "
+          "batch it relays, and their status reaches the controller only through it\n",
+          rank, below.size() == 1 ? "" : "s", fmt::join(below, ", "));
+    }
+    std::erase_if(waiting_inner, [&](int rank) { return !inner(rank); });
+    if (!waiting_inner.empty()) {
+      out += fmt::format("  status tree: inner node{} {} relay{} nothing to {} subtree{} until {} collective ends\n",
+                         waiting_inner.size() == 1 ? "" : "s", fmt::join(waiting_inner, ", "),
+                         waiting_inner.size() == 1 ? "s" : "", waiting_inner.size() == 1 ? "its" : "their",
+                         waiting_inner.size() == 1 ? "" : "s", waiting_inner.size() == 1 ? "its" : "their");
+    }
   }
   return out;
 }

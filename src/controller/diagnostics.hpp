@@ -13,6 +13,10 @@
 
 #include "meshrt/protocol.hpp"
 
+namespace meshrt::control {
+class StatusTree;
+}
+
 namespace meshrt::detail {
 
 class Batcher;
@@ -30,8 +34,12 @@ class Diagnostics {
   // Every worker's flight recorder, in rank order (Controller::dump_flight_recorder).
   std::string dump_flight_recorder();
   [[noreturn]] void abort_job(const std::string& reason);
+  // Fan-in: the job's status tree (owned by the ControllerState), so the report can say
+  // which ranks a stuck worker cuts off.
+  void use_tree(const control::StatusTree* tree) { tree_ = tree; }
 
  private:
+  const control::StatusTree* tree_ = nullptr;
   Batcher& batcher_;
   const CompletionTracker& tracker_;
   std::vector<int> workers_;

@@ -78,7 +78,16 @@ ControllerState::ControllerState(std::shared_ptr<control::Transport> transport, 
       workers_(to_dests(worker_ranks_)),
       batcher_(std::move(transport)),
       tracker_(workers_),
-      diagnostics_(batcher_, tracker_, workers_) {}
+      diagnostics_(batcher_, tracker_, workers_) {
+  // The workers build the same tree from the same settings (Runtime's worker options).
+  tree_ = control::StatusTree::for_job(workers_, batcher_.fanout(), batcher_.fanout_threshold());
+  if (tree_) {
+    std::map<int, std::vector<int>> subtrees;
+    for (int top : tree_->top()) subtrees[top] = tree_->subtree(top);
+    tracker_.use_tree(std::move(subtrees));
+    diagnostics_.use_tree(&*tree_);
+  }
+}
 
 ControllerState::~ControllerState() = default;
 
@@ -198,11 +207,16 @@ void ControllerState::poll_replies() {
               tracker_.completed(from, r.ident + 1);
             else
               MESHRT_LOG(error) << "rank " << r.rank << ": " << r.error;
+            // Last: a subtree report held for this failure may apply now.
+            if (tree_) tracker_.direct_reply(from);
           } else if constexpr (std::is_same_v<R, protocol::FetchResult>) {
             tracker_.completed(from, r.ident + 1);
             if (auto it = fetches_.find(r.ident); it != fetches_.end()) {
               if (auto fut = it->second.lock()) fut->value = std::move(r.value);
             }
+            if (tree_) tracker_.direct_reply(from);
+          } else if constexpr (std::is_same_v<R, protocol::TreeStatus>) {
+            tracker_.tree_status(from, std::move(r));
           } else if constexpr (std::is_same_v<R, protocol::Restarted>) {
             tracker_.worker_restarted();
           }
@@ -218,12 +232,17 @@ void ControllerState::poll_replies() {
 }
 
 void ControllerState::request_status(Ident ident, bool idle_too) {
-  const std::vector<int> lagging = tracker_.to_ask(ident, idle_too);
+  // A status tree node reports when asked (and about once a second), not when it runs
+  // out of work: with the tree every laggard is asked at once.
+  const std::vector<int> lagging = tracker_.to_ask(ident, idle_too || tree_.has_value());
   if (lagging.empty()) return;
   // One batch for every lagging rank: it goes down the fan-out tree when they are many,
   // and each rank runs it behind what it was sent (envelopes are numbered per rank).
+  // With the status tree every worker is asked: a subtree's minimum passes `ident` only
+  // once each of its ranks has, and a rank that was never sent `ident` (a call on part
+  // of the job, a fetch from another rank) passes it only by running this.
   flush();
-  append(lagging, protocol::RequestStatus{ident});
+  append(tree_ ? workers_ : lagging, protocol::RequestStatus{ident});
   flush();
 }
 
@@ -235,10 +254,11 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
   for (;;) {
     poll_replies();
     if (frontier() >= ident) return;
-    // Ask at once only the workers with later work queued behind `ident`; one whose last
-    // command is `ident` reports by itself when it runs out of work, so asking it too
-    // would double a fetch's messages (a RequestStatus and a Status beside the request
-    // and its FetchResult). After kAskIdleAfter, ask every laggard: the safety net.
+    // Without the status tree, ask at once only the workers with later work queued behind
+    // `ident`; one whose last command is `ident` reports by itself when it runs out of
+    // work, so asking it too would double a fetch's messages (a RequestStatus and a
+    // Status beside the request and its FetchResult). After kAskIdleAfter, ask every
+    // laggard: the safety net.
     const auto waited = std::chrono::steady_clock::now() - start;
     request_status(ident, waited > kAskIdleAfter);
     if (timeout && waited > *timeout) {

@@ -174,6 +174,8 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   const int world_size_;
   const NDSlice worker_ranks_;
   const std::vector<int> workers_;
+  // Fan-in: the status tree, when the job is above the fan-out threshold.
+  std::optional<control::StatusTree> tree_;
   std::uint64_t epoch_ = 1;
   Batcher batcher_;
   CompletionTracker tracker_;

@@ -43,7 +43,7 @@ namespace {
 constexpr std::string_view kCommandNames[] = {
     "CreateDeviceMesh", "CreateStream", "CallFunction", "FetchValue",   "Reduce",        "SendTensor", "BorrowCreate",
     "BorrowFirstUse",   "BorrowDrop",   "DeleteRefs",   "CommandGroup", "RequestStatus", "Exit"};
-constexpr std::string_view kReplyNames[] = {"Status", "RemoteFunctionFailed", "FetchResult", "Restarted"};
+constexpr std::string_view kReplyNames[] = {"Status", "RemoteFunctionFailed", "FetchResult", "Restarted", "TreeStatus"};
 static_assert(std::size(kCommandNames) == std::variant_size_v<Command>);
 static_assert(std::size(kReplyNames) == std::variant_size_v<Reply>);
 
@@ -99,11 +99,13 @@ enum class ReplyTag : std::uint8_t {
   RemoteFunctionFailed = 1,
   FetchResult = 2,
   Restarted = 3,
+  TreeStatus = 4,
 };
 static_assert(static_cast<std::uint8_t>(ReplyTag::Status) == tag_of<Status, Reply>);
 static_assert(static_cast<std::uint8_t>(ReplyTag::RemoteFunctionFailed) == tag_of<RemoteFunctionFailed, Reply>);
 static_assert(static_cast<std::uint8_t>(ReplyTag::FetchResult) == tag_of<FetchResult, Reply>);
 static_assert(static_cast<std::uint8_t>(ReplyTag::Restarted) == tag_of<Restarted, Reply>);
+static_assert(static_cast<std::uint8_t>(ReplyTag::TreeStatus) == tag_of<TreeStatus, Reply>);
 
 constexpr std::byte kMagic0{'m'};
 constexpr std::byte kMagic1{'r'};
@@ -311,6 +313,17 @@ class Writer {
     value(m.value);
   }
   void body(const Restarted&) {}
+  void body(const TreeStatus& m) {
+    if (m.direct_ranks.size() != m.direct_counts.size()) {
+      throw ProtocolError(fmt::format("protocol: encoding a TreeStatus: expected one count per rank ({}), found {}",
+                                      m.direct_ranks.size(), m.direct_counts.size()));
+    }
+    pod(m.first_uncompleted_ident);
+    pod(m.epoch);
+    pod(static_cast<std::uint32_t>(m.direct_ranks.size()));
+    for (std::int32_t r : m.direct_ranks) pod(r);
+    for (std::uint64_t c : m.direct_counts) pod(c);
+  }
   void body(const Handshake& m) {
     string(m.meshrt_version, "Handshake meshrt_version");
     pod(m.protocol_version);
@@ -696,6 +709,22 @@ class Reader {
       }
       case ReplyTag::Restarted:
         return Restarted{};
+      case ReplyTag::TreeStatus: {
+        TreeStatus m;
+        m.first_uncompleted_ident = pod<Ident>("TreeStatus.first_uncompleted_ident");
+        m.epoch = pod<std::uint32_t>("TreeStatus.epoch");
+        const std::size_t n = length("TreeStatus.direct_ranks", sizeof(std::int32_t) + sizeof(std::uint64_t));
+        m.direct_ranks.resize(n);
+        for (auto& r : m.direct_ranks) {
+          r = pod<std::int32_t>("TreeStatus.direct_ranks");
+          if (r < 0)
+            fail_at(pos_ - sizeof(std::int32_t), "TreeStatus.direct_ranks",
+                    fmt::format("expected a rank >= 0, found {}", r));
+        }
+        m.direct_counts.resize(n);
+        for (auto& c : m.direct_counts) c = pod<std::uint64_t>("TreeStatus.direct_counts");
+        return m;
+      }
       default:
         fail_at(at, "reply tag",
                 fmt::format("expected a reply tag in 0..{}, found {}", std::size(kReplyNames) - 1, tag));

@@ -44,12 +44,23 @@ struct Runtime::Impl {
   }
 
   WorkerOptions worker_options() const {
-    return WorkerOptions{.rank = rank,
-                         .world = world,
-                         .control = control,
-                         .p2p = p2p,
-                         .status_interval_seconds = 1.0,
-                         .monitor = watch ? watch->monitor() : nullptr};
+    WorkerOptions o{.rank = rank,
+                    .world = world,
+                    .control = control,
+                    .p2p = p2p,
+                    .status_interval_seconds = 1.0,
+                    .monitor = watch ? watch->monitor() : nullptr};
+    // The controller builds the same tree from the same settings (ControllerState).
+    std::vector<int> workers;
+    for (auto r : worker_ranks) workers.push_back(static_cast<int>(r));
+    const auto tree = control::StatusTree::for_job(
+        workers, static_cast<std::size_t>(std::max<std::int64_t>(0, settings::get_int("MESHRT_FANOUT"))),
+        static_cast<std::size_t>(std::max<std::int64_t>(0, settings::get_int("MESHRT_FANOUT_THRESHOLD"))));
+    if (tree && tree->contains(rank)) {
+      o.status_parent = tree->is_top(rank) ? kStatusToController : tree->parent(rank);
+      o.status_children = tree->children(rank);
+    }
+    return o;
   }
 
   void handshake() { control::handshake(control, provided, options.dedicated_controller); }

@@ -24,8 +24,8 @@ constexpr std::array kSettings{
             "Children per node of the tree that forwards a batch to a mesh's ranks (0 = the controller sends every "
             "batch to every rank itself, with no envelope)"},
     Setting{"MESHRT_FANOUT_THRESHOLD", "16",
-            "A batch for more ranks than this goes down the fan-out tree; smaller ones go from the controller to each "
-            "rank"},
+            "A batch for more ranks than this goes down the fan-out tree, and a job with more workers than this "
+            "sends Status up the status tree; below it the controller talks to each rank itself"},
     Setting{"MESHRT_FLIGHT_RECORDER", "1000", "Commands each worker keeps in its flight recorder"},
     Setting{"MESHRT_TIMEOUT_ACTION", "raise",
             "What a Future/synchronize timeout does after its desync report: raise (TimeoutError) or abort (the job)"},

@@ -97,9 +97,12 @@ struct Worker::Impl {
   void reply(const Reply& r) {
     auto bytes = std::make_shared<control::Bytes>(encode(r));
     channel->send(control::kControllerRank, control::Tag::Reply, std::move(bytes));
+    // With the tree only failures and fetch results take this path (counted_direct).
+    if (tree) counted_direct();
   }
 
   void send_status(bool force) {
+    if (tree) return;  // the subtree's report goes up the tree (report_up)
     if (!force && first_uncompleted <= last_status_sent) return;
     reply(Status{.first_uncompleted_ident = first_uncompleted, .live_values = static_cast<std::uint64_t>(env.size())});
     last_status_sent = first_uncompleted;
@@ -133,6 +136,94 @@ struct Worker::Impl {
     if (const auto* r = std::get_if<Reduce>(&command)) return r->ident;
     if (const auto* s = std::get_if<SendTensor>(&command)) return s->ident;
     return 0;
+  }
+
+  // ------------------------------------------------------------------ fan-in
+  // docs/ARCHITECTURE.md section 8. With a status tree this rank reports, instead of its
+  // own Status, the minimum first-uncompleted ident of its subtree to its parent: once
+  // the subtree has passed the last RequestStatus it ran (the controller sends that to
+  // every worker, so every node of the tree answers it once), and about once a second
+  // when the minimum moved; not at every move, which would triple the controller's
+  // receives per fetch (a step moves it at the call, the reduction and the RequestStatus).
+  // Failures and fetch results still go straight to the controller, as one message
+  // gains nothing from a hop; but a report through a parent can overtake a failure sent
+  // directly (MPI orders per sender only), and a Status past a failed invocation that
+  // arrives first resolves a value the failure must break (section 3.3). So each report
+  // counts, per rank, the direct replies sent so far, and the controller holds a report
+  // until those have arrived.
+  const bool tree = opt.status_parent != kNoStatusTree;
+  const control::Tag tree_tag = control::tree_status_tag(opt.epoch);
+  // Per child, the minimum its subtree last reported (0 until it reports: nothing
+  // below a silent child counts as complete). Fresh each session.
+  std::vector<std::pair<int, Ident>> child_min = [this] {
+    std::vector<std::pair<int, Ident>> c;
+    for (int r : opt.status_children) c.emplace_back(r, 0);
+    return c;
+  }();
+  std::map<int, std::uint64_t> direct_unreported;  // (rank, direct replies sent) not yet passed up
+  std::uint64_t direct_sent = 0;
+  Ident asked = 0;           // the highest RequestStatus this rank ran
+  bool ask_pending = false;  // not yet answered up the tree
+  Ident tree_last_sent = 0;
+
+  void counted_direct() { direct_unreported[opt.rank] = ++direct_sent; }
+
+  Ident subtree_min() const {
+    Ident m = first_uncompleted;
+    for (const auto& [rank, v] : child_min) m = std::min(m, v);
+    return m;
+  }
+
+  // Takes the children's reports; false when there were none.
+  bool receive_tree() {
+    bool any = false;
+    int from = -1;
+    while (channel->try_receive(control::kAnySource, tree_tag, rx, &from)) {
+      any = true;
+      try {
+        const Reply r = decode_reply(rx);
+        const auto* t = std::get_if<TreeStatus>(&r);
+        if (t == nullptr) throw ProtocolError(fmt::format("expected a TreeStatus, found {}", name(r)));
+        if (t->epoch != opt.epoch) continue;  // a child's earlier session: stale
+        auto child =
+            std::find_if(child_min.begin(), child_min.end(), [from](const auto& c) { return c.first == from; });
+        if (child == child_min.end()) {
+          throw ProtocolError(fmt::format("rank {} reports to rank {}, which is not its parent (children: {})", from,
+                                          opt.rank, fmt::join(opt.status_children, ",")));
+        }
+        child->second = std::max(child->second, t->first_uncompleted_ident);
+        for (std::size_t i = 0; i < t->direct_ranks.size(); ++i) {
+          auto& c = direct_unreported[t->direct_ranks[i]];
+          c = std::max(c, t->direct_counts[i]);
+        }
+      } catch (const ProtocolError& e) {
+        MESHRT_LOG(error) << "rank " << opt.rank << ": dropped a status report from rank " << from << ": " << e.what();
+      }
+    }
+    return any;
+  }
+
+  void report_up(bool timer) {
+    const Ident m = subtree_min();
+    if (ask_pending && m > asked) {
+      ask_pending = false;
+    } else if (!(timer && m > tree_last_sent)) {
+      return;
+    }
+    TreeStatus t{.first_uncompleted_ident = m, .epoch = opt.epoch, .direct_ranks = {}, .direct_counts = {}};
+    for (const auto& [rank, count] : direct_unreported) {
+      t.direct_ranks.push_back(rank);
+      t.direct_counts.push_back(count);
+    }
+    direct_unreported.clear();
+    auto bytes = std::make_shared<control::Bytes>(encode(Reply{std::move(t)}));
+    if (opt.status_parent == kStatusToController) {
+      channel->send(control::kControllerRank, control::Tag::Reply, std::move(bytes));
+    } else {
+      channel->send(opt.status_parent, tree_tag, std::move(bytes));
+    }
+    tree_last_sent = m;
+    last_status_time = Clock::now();
   }
 
   // ------------------------------------------------------------------ values
@@ -536,6 +627,10 @@ struct Worker::Impl {
   void run(RequestStatus& c) {
     first_uncompleted = std::max(first_uncompleted, c.ident + 1);
     monitor.completed_ident(first_uncompleted);
+    if (tree) {
+      asked = std::max(asked, c.ident);
+      ask_pending = true;  // answered by report_up once the whole subtree passed it
+    }
     send_status(true);
   }
 
@@ -756,6 +851,7 @@ struct Worker::Impl {
       // below returns at once.
       const std::uint64_t rung = doorbell ? channel->rings() : 0;
       bool worked = receive();
+      if (tree && receive_tree()) worked = true;
       if (in_flight) {
         bool done = false;
         try {
@@ -779,6 +875,7 @@ struct Worker::Impl {
       // runs out of work, so a controller waiting on it rarely needs to ask (one message per
       // batch of commands).
       if ((worked && queue.empty() && !in_flight) || Clock::now() - last_status_time > interval) send_status(false);
+      if (tree) report_up(Clock::now() - last_status_time > interval);
       channel->reap();
       if (worked) {
         backoff.reset();
@@ -792,6 +889,15 @@ struct Worker::Impl {
       }
     }
     send_status(false);
+    if (tree) {
+      // The controller's last RequestStatus (shutdown's) is answered through this node,
+      // so it leaves only once its subtree has answered it. A child that never does is
+      // hung: the controller's shutdown times out and ends the job.
+      while (ask_pending && subtree_min() <= asked) {
+        if (!receive_tree()) backoff.pause();
+      }
+      report_up(false);
+    }
     channel->drain(std::chrono::seconds(30));
     return *exit;
   }
@@ -804,8 +910,9 @@ WorkerExit Worker::run() {
   return impl_->loop();
 }
 
-void Worker::serve(const WorkerOptions& options) {
-  for (;;) {
+void Worker::serve(const WorkerOptions& first) {
+  WorkerOptions options = first;
+  for (;; ++options.epoch) {
     WorkerExit kind;
     {
       Worker worker(options);

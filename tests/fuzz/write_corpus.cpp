@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < count; ++i) {
     for (int tag = 0; tag < static_cast<int>(std::variant_size_v<Command>); ++tag)
       write(meshrt::protocol::encode(gen.command(tag)));
-    for (int tag = 0; tag < 4; ++tag) write(meshrt::protocol::encode(gen.reply(tag)));
+    for (int tag = 0; tag < 5; ++tag) write(meshrt::protocol::encode(gen.reply(tag)));
     write(meshrt::protocol::encode(gen.handshake()));
     // The out-of-band queries: every op, with and without text.
     for (int op = 0; op < meshrt::protocol::kNumQueryOps; ++op) {

@@ -1,8 +1,8 @@
 // 64 ranks (issue 15 item 4): a call + reduce + fetch loop through the fan-out tree
 // (MESHRT_FANOUT=8 by default, threshold 16: every batch for the whole mesh goes down a
 // tree of depth 2), and the timeout report of a hang on a rank inside the tree (rank 1
-// forwards to ranks 16..23). Oversubscribed on a small machine: timeouts are generous
-// and nothing here is timed.
+// forwards batches to ranks 16..23 and relays their status reports). Oversubscribed on a small machine: timeouts are
+// generous and nothing here is timed.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -57,6 +57,12 @@ TEST(Scale64, TimeoutReportNamesARankHungInsideTheTree) {
       EXPECT_NE(what.find("test.sleep"), std::string::npos) << what;
       EXPECT_NE(what.find("desync report"), std::string::npos) << what;
       EXPECT_NE(what.find(fmt::format("waiting for rank {} to join", hung)), std::string::npos) << what;
+      // Its status reports and batches travel through it (fan-in and fan-out trees).
+      EXPECT_NE(what.find(fmt::format("status tree: rank {} is busy or silent; its subtree (ranks 16, 17, 18, 19, 20, "
+                                      "21, 22, 23) is unreachable through it",
+                                      hung)),
+                std::string::npos)
+          << what;
     }
     EXPECT_EQ(fut.get(std::chrono::seconds(120)).item(), 0.0);  // it completes once the sleeper wakes
   });

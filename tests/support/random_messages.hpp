@@ -140,7 +140,7 @@ class RandomMessages {
 
   protocol::Reply reply(int tag = -1) {
     using namespace protocol;
-    if (tag < 0) tag = static_cast<int>(uniform(0, 3));
+    if (tag < 0) tag = static_cast<int>(uniform(0, 4));
     switch (tag) {
       case 0:
         return Status{rng_(), rng_()};
@@ -149,6 +149,14 @@ class RandomMessages {
                                     string()};
       case 2:
         return FetchResult{rng_(), value()};
+      case 4: {
+        TreeStatus t{rng_(), static_cast<std::uint32_t>(rng_()), {}, {}};
+        for (int i = 0, n = static_cast<int>(uniform(0, 4)); i < n; ++i) {
+          t.direct_ranks.push_back(static_cast<std::int32_t>(uniform(0, 1000)));
+          t.direct_counts.push_back(rng_());
+        }
+        return t;
+      }
       default:
         return Restarted{};
     }

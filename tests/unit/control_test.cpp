@@ -277,6 +277,66 @@ TEST(CompletionTracker, RestartForgetsEverythingOutstanding) {
   EXPECT_GT(t.new_ident(), a);
 }
 
+TEST(CompletionTracker, ASubtreeReportCompletesEveryRankOfItOnlyAfterTheDirectRepliesItCounts) {
+  // Top nodes 1 and 2 of a binary tree over 1..5: 1 relays 3 and 4, 2 relays 5.
+  CompletionTracker t({1, 2, 3, 4, 5});
+  t.use_tree({{1, {1, 3, 4}}, {2, {2, 5}}});
+  EXPECT_TRUE(t.has_tree());
+  const Ident a = t.new_ident(), b = t.new_ident();
+  t.sent({1, 2, 3, 4, 5}, a);
+  t.sent({4}, b);
+  // Rank 4 sent one reply straight to the controller (b's failure) before the subtree
+  // passed b: the report waits for it, so no Status past b is applied before b's failure.
+  t.tree_status(1, TreeStatus{.first_uncompleted_ident = b + 1, .epoch = 0, .direct_ranks = {4}, .direct_counts = {1}});
+  EXPECT_EQ(t.held_reports(), 1u);
+  EXPECT_EQ(t.outstanding(3), 1u);
+  t.tree_status(2, TreeStatus{.first_uncompleted_ident = a + 1, .epoch = 0, .direct_ranks = {}, .direct_counts = {}});
+  EXPECT_EQ(t.outstanding(5), 0u);
+  EXPECT_EQ(t.frontier(), a - 1);
+  t.direct_reply(3);  // another rank's reply does not count for rank 4's
+  EXPECT_EQ(t.held_reports(), 1u);
+  t.direct_reply(4);
+  EXPECT_EQ(t.held_reports(), 0u);
+  EXPECT_EQ(t.frontier(), b);
+  // Reports from one node apply in order: a later one waits behind a held one.
+  const Ident c = t.new_ident();
+  t.sent({1, 2, 3, 4, 5}, c);
+  t.tree_status(1, TreeStatus{.first_uncompleted_ident = c, .epoch = 0, .direct_ranks = {3}, .direct_counts = {2}});
+  t.tree_status(1, TreeStatus{.first_uncompleted_ident = c + 1, .epoch = 0, .direct_ranks = {}, .direct_counts = {}});
+  t.tree_status(2, TreeStatus{.first_uncompleted_ident = c + 1, .epoch = 0, .direct_ranks = {}, .direct_counts = {}});
+  EXPECT_EQ(t.held_reports(), 2u);
+  EXPECT_EQ(t.frontier(), c - 1);
+  t.direct_reply(3);
+  EXPECT_EQ(t.frontier(), c);
+  // Only a top node reports for a subtree.
+  const auto e = test::error_of<ProtocolError>([&] { t.tree_status(3, TreeStatus{}); });
+  expect_contains(e, "came from rank 3, which is not a top node");
+  // A restart forgets what the old session's workers sent.
+  t.restart();
+  EXPECT_EQ(t.held_reports(), 0u);
+}
+
+TEST(StatusTree, IsTheFanOutShapeOverTheWorkers) {
+  EXPECT_FALSE(control::StatusTree::for_job({1, 2, 3}, 2, 3).has_value());
+  EXPECT_FALSE(control::StatusTree::for_job({1, 2, 3, 4}, 0, 0).has_value());
+  const auto tree = control::StatusTree::for_job({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, 2, 1);
+  ASSERT_TRUE(tree.has_value());
+  EXPECT_EQ(tree->top(), (std::vector<int>{0, 1}));
+  EXPECT_TRUE(tree->is_top(1));
+  EXPECT_EQ(tree->parent(1), control::kControllerRank);
+  EXPECT_EQ(tree->children(0), (std::vector<int>{2, 3}));
+  EXPECT_EQ(tree->children(1), (std::vector<int>{4, 5}));
+  EXPECT_EQ(tree->parent(5), 1);
+  EXPECT_EQ(tree->parent(9), 3);
+  EXPECT_EQ(tree->subtree(0), (std::vector<int>{0, 2, 3, 6, 7, 8, 9}));
+  EXPECT_EQ(tree->subtree(1), (std::vector<int>{1, 4, 5}));
+  EXPECT_EQ(tree->ancestors(9), (std::vector<int>{0, 3}));
+  EXPECT_TRUE(tree->children(9).empty());
+  // Every rank is in exactly one top node's subtree.
+  EXPECT_EQ(tree->subtree(0).size() + tree->subtree(1).size(), 10u);
+  expect_contains(test::usage_error([&] { tree->parent(12); }), "rank 12 runs no worker of this job");
+}
+
 // ------------------------------------------------------------------ dependency graph
 
 RemoteFunctionFailed failed(Ident ident, int rank, std::string function) {

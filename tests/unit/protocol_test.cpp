@@ -47,7 +47,7 @@ TEST(Protocol, EveryCommandRoundTrips) {
 TEST(Protocol, EveryReplyAndHandshakeRoundTrips) {
   testing::RandomMessages gen(2);
   for (int i = 0; i < 2000; ++i) {
-    const Reply r = gen.reply(i % 4);
+    const Reply r = gen.reply(i % 5);
     const Bytes bytes = encode(r);
     ASSERT_EQ(decode_reply(bytes), r) << name(r);
     ASSERT_EQ(encode(decode_reply(bytes)), bytes);
@@ -112,8 +112,13 @@ TEST(Protocol, HeaderErrors) {
   b[4] = std::byte{99};
   expect_contains(protocol_error([&] { decode_command(b); }), "expected a command tag in 0..12, found 99");
   b = encode(Reply{Restarted{}});
-  b[4] = std::byte{4};
-  expect_contains(protocol_error([&] { decode_reply(b); }), "expected a reply tag in 0..3, found 4");
+  b[4] = std::byte{5};
+  expect_contains(protocol_error([&] { decode_reply(b); }), "expected a reply tag in 0..4, found 5");
+  // A subtree report names ranks >= 0, with one count each.
+  Bytes tree = encode(Reply{TreeStatus{7, 1, {3}, {2}}});
+  tree[4 + 1 + 8 + 4 + 4 + 3] = std::byte{0x80};  // rank 3's high byte: negative
+  expect_contains(protocol_error([&] { decode_reply(tree); }), "TreeStatus.direct_ranks");
+  expect_contains(protocol_error([&] { encode(Reply{TreeStatus{7, 1, {3}, {}}}); }), "one count per rank (1), found 0");
   b = good;
   b.push_back(std::byte{0});
   expect_contains(protocol_error([&] { decode_command(b); }), "expected the frame to end, found 1 more bytes");

@@ -13,7 +13,9 @@
 #include "../support/expect_error.hpp"
 #include "controller/state.hpp"
 #include "meshrt/control.hpp"
+#include "meshrt/functions.hpp"
 #include "meshrt/protocol.hpp"
+#include "meshrt/settings.hpp"
 #include "meshrt/worker.hpp"
 
 namespace meshrt {
@@ -333,9 +335,15 @@ class ScopedEnv {
 };
 
 // A dedicated controller (rank 0) and `n` workers (ranks 1..n) in threads of this
-// process, over one in-memory network.
+// process, over one in-memory network. The workers report through the status tree when
+// the settings put the job above the threshold, as Runtime configures them.
 struct Job {
-  explicit Job(int n) : workers(static_cast<std::size_t>(n)) {
+  explicit Job(int n, double status_interval = 1.0) : workers(static_cast<std::size_t>(n)) {
+    std::vector<int> ranks;
+    for (int r = 1; r <= n; ++r) ranks.push_back(r);
+    const auto tree =
+        control::StatusTree::for_job(ranks, static_cast<std::size_t>(settings::get_int("MESHRT_FANOUT")),
+                                     static_cast<std::size_t>(settings::get_int("MESHRT_FANOUT_THRESHOLD")));
     for (int r = 1; r <= n; ++r) {
       endpoints.push_back(net->endpoint(r));
       WorkerOptions o;
@@ -343,6 +351,11 @@ struct Job {
       o.world = MPI_COMM_WORLD;
       o.p2p = MPI_COMM_WORLD;
       o.transport = endpoints.back();
+      o.status_interval_seconds = status_interval;
+      if (tree) {
+        o.status_parent = tree->is_top(r) ? kStatusToController : tree->parent(r);
+        o.status_children = tree->children(r);
+      }
       threads.emplace_back([o] { Worker::serve(o); });
     }
     ctl = std::make_shared<detail::ControllerState>(net->endpoint(0), n + 1, NDSlice(1, {n}, {1}));
@@ -386,8 +399,10 @@ TEST(FanOut, TheControllerSendsAtMostFanoutMessagesPerBatchAtAnySize) {
     last = job.ctl->new_ident();
     job.ctl->append(all, RequestStatus{last}, last);
     job.ctl->flush();
-    // Completion from the Status each worker sends when it runs out of work: wait_for
-    // would also ask laggards (more messages), and the counts below are exact.
+    // Completion from the Status each worker sends when it runs out of work (flat) or
+    // from the status tree's answers to these RequestStatus batches (above the
+    // threshold): wait_for would also ask laggards (more messages), and the counts below
+    // are exact.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (job.ctl->frontier() < last && std::chrono::steady_clock::now() < deadline) {
       job.ctl->poll_replies();
@@ -406,6 +421,149 @@ TEST(FanOut, TheControllerSendsAtMostFanoutMessagesPerBatchAtAnySize) {
     }
     // Workers forward to every rank the controller did not reach itself.
     EXPECT_EQ(forwarded, n > 4 ? static_cast<std::uint64_t>(n - 3) * (kBatches + 1) : 0u);
+  }
+}
+
+// test.hold(): blocks on world rank g_held_rank until g_release is set; returns a scalar.
+std::atomic<int> g_held_rank{-1};
+std::atomic<bool> g_release{false};
+Signature hold_shape(const ArgMetas& args) {
+  args.expect_count(0, 0);
+  return {{TensorMeta({}, DType::Float32, args.device())}, {}};
+}
+std::vector<Tensor> hold_kernel(CallContext& ctx, Args&) {
+  while (ctx.rank() == g_held_rank.load() && !g_release.load())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  Tensor t = Tensor::zeros(TensorMeta({}, DType::Float32));
+  t.data<float>()[0] = static_cast<float>(ctx.rank());
+  return {t};
+}
+MESHRT_REGISTER_FUNCTION("test.hold", hold_kernel, hold_shape);
+
+CallFunction hold(Ident ident, Ref result) {
+  return CallFunction{.ident = ident, .results = {result}, .function = "test.hold", .stream = Ref{1}, .mesh = Ref{0}};
+}
+
+// One step of the bench's loop, by hand: a call on every worker, then a fetch from one.
+Ident call_and_fetch(Job& job, Ref result, int from_rank) {
+  const Ident call = job.ctl->new_ident();
+  job.ctl->append(job.ctl->workers(), hold(call, result), call);
+  const Ident fetch = job.ctl->new_ident();
+  job.ctl->append({from_rank}, FetchValue{.ident = fetch, .value = Value(result), .stream = Ref{1}}, fetch);
+  return fetch;
+}
+
+TEST(FanIn, TheControllerHearsOneReportPerTopNodeAndTheFetchResultPerCompletedFetch) {
+  ScopedEnv fanout("MESHRT_FANOUT", "3");
+  ScopedEnv threshold("MESHRT_FANOUT_THRESHOLD", "4");
+  for (int n : {4, 5, 16, 40}) {
+    SCOPED_TRACE("ranks: " + std::to_string(n));
+    // No timer reports during the test: every report answers a RequestStatus.
+    Job job(n, 1000.0);
+    const std::vector<int> all = job.ctl->workers();
+    job.ctl->append(all, CreateStream{.result = Ref{1}, .is_default = true});
+    const ControlTraffic before = job.ctl->traffic();
+    constexpr int kSteps = 6;
+    for (int s = 0; s < kSteps; ++s) {
+      // From a top node, an inner node and a leaf in turn.
+      const int from = all[static_cast<std::size_t>(s * 7) % all.size()];
+      const Ident fetch = call_and_fetch(job, Ref{100 + static_cast<std::uint64_t>(s)}, from);
+      job.ctl->wait_for(fetch, std::chrono::seconds(60), "fetch");
+    }
+    const ControlTraffic got = job.ctl->traffic().since(before);
+    const std::uint64_t replies = got.received_of(MessageKind::Reply).messages;
+    if (n > 4) {
+      // Exactly one report from each of the k top nodes (the whole job passed the call,
+      // so the fetch waits for all of them) and the FetchResult.
+      EXPECT_EQ(replies, (3u + 1u) * kSteps);
+      // The inner nodes heard their children's reports: one per child per step.
+      std::uint64_t relayed = 0;
+      for (const auto& e : job.endpoints) relayed += e->traffic().received_of(MessageKind::Reply).messages;
+      EXPECT_EQ(relayed, static_cast<std::uint64_t>(n - 3) * kSteps);
+    } else {
+      // Flat: every worker reports to the controller itself, at least once a step (the
+      // fetch's rank through its FetchResult, which counts as its report: the controller
+      // asks no worker that reports by itself when it runs out of work).
+      EXPECT_GE(replies, static_cast<std::uint64_t>(n) * kSteps);
+    }
+  }
+}
+
+TEST(FanIn, BelowTheTreeAFetchIsOneMessageEachWay) {
+  // Flat: the controller asks no worker for its status when the awaited fetch is its
+  // last command (it reports by itself when it runs out of work; the FetchResult is that
+  // report), so a fetch is its FetchValue and its FetchResult, exactly.
+  ScopedEnv fanout("MESHRT_FANOUT", "8");
+  ScopedEnv threshold("MESHRT_FANOUT_THRESHOLD", "16");
+  Job job(2, 1000.0);
+  const std::vector<int> all = job.ctl->workers();
+  job.ctl->append(all, CreateStream{.result = Ref{1}, .is_default = true});
+  const Ident call = job.ctl->new_ident();
+  job.ctl->append(all, hold(call, Ref{100}), call);
+  job.ctl->wait_for(call, std::chrono::seconds(60), "call");
+  const ControlTraffic before = job.ctl->traffic();
+  constexpr int kFetches = 20;
+  for (int i = 0; i < kFetches; ++i) {
+    const Ident fetch = job.ctl->new_ident();
+    job.ctl->append({all.back()}, FetchValue{.ident = fetch, .value = Value(Ref{100}), .stream = Ref{1}}, fetch);
+    job.ctl->wait_for(fetch, std::chrono::seconds(60), "fetch");
+  }
+  const ControlTraffic got = job.ctl->traffic().since(before);
+  EXPECT_EQ(got.sent_of(MessageKind::Command).messages, static_cast<std::uint64_t>(kFetches));
+  EXPECT_EQ(got.received_of(MessageKind::Reply).messages, static_cast<std::uint64_t>(kFetches));
+}
+
+TEST(FanIn, AFetchWaitsForTheSlowestRankOfEverySubtree) {
+  ScopedEnv fanout("MESHRT_FANOUT", "2");
+  ScopedEnv threshold("MESHRT_FANOUT_THRESHOLD", "1");
+  Job job(12, 1000.0);
+  const std::vector<int> all = job.ctl->workers();
+  job.ctl->append(all, CreateStream{.result = Ref{1}, .is_default = true});
+  // The last rank is a leaf three levels down the second top node's subtree; the value
+  // comes from the first top node, which finishes at once.
+  g_release = false;
+  g_held_rank = all.back();
+  const Ident fetch = call_and_fetch(job, Ref{100}, all.front());
+  auto future = std::make_shared<detail::FutureState>();
+  job.ctl->register_fetch(fetch, future);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  while (std::chrono::steady_clock::now() < deadline) {
+    job.ctl->poll_replies();
+    job.ctl->request_status(fetch);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  // The value is in and its own subtree has reported, but the held rank has not passed
+  // the call: the fetch must not complete.
+  EXPECT_TRUE(future->value.has_value());
+  EXPECT_LT(job.ctl->frontier(), fetch);
+  EXPECT_EQ(job.ctl->frontier(), 0u) << "nothing before the held call is outstanding";
+  g_release = true;
+  job.ctl->wait_for(fetch, std::chrono::seconds(60), "fetch");
+  EXPECT_GE(job.ctl->frontier(), fetch);
+  g_held_rank = -1;
+}
+
+TEST(FanIn, EachSessionStartsTheTreeAfresh) {
+  ScopedEnv fanout("MESHRT_FANOUT", "2");
+  ScopedEnv threshold("MESHRT_FANOUT_THRESHOLD", "1");
+  Job job(9, 1000.0);
+  const std::vector<int> all = job.ctl->workers();
+  // Three sessions: the child-report tags alternate with the session's parity, so the
+  // third reuses the first's. A report kept across a restart (a child's minimum, a direct
+  // count, a held report) would complete the new session's fetch early or never.
+  for (int session = 0; session < 3; ++session) {
+    SCOPED_TRACE("session " + std::to_string(session));
+    job.ctl->append(all, CreateStream{.result = Ref{1}, .is_default = true});
+    const ControlTraffic before = job.ctl->traffic();
+    const Ident fetch = call_and_fetch(job, Ref{100}, all.back());
+    auto future = std::make_shared<detail::FutureState>();
+    job.ctl->register_fetch(fetch, future);
+    job.ctl->wait_for(fetch, std::chrono::seconds(60), "fetch");
+    ASSERT_TRUE(future->value.has_value());
+    EXPECT_EQ(future->value->as_tensor().item(), static_cast<double>(all.back()));
+    // The two top nodes' reports and the FetchResult.
+    EXPECT_EQ(job.ctl->traffic().since(before).received_of(MessageKind::Reply).messages, 3u);
+    job.ctl->restart_workers();
   }
 }
 
