@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/checks.hpp"
+#include "device/backend.hpp"
 #include "device/emulated_comm.hpp"
 #include "meshrt/settings.hpp"
 
@@ -37,6 +38,7 @@ struct MemberPlace {
 
 std::unique_ptr<Communicator> create_communicator(Accelerator accelerator, MPI_Comm members, int device,
                                                   std::chrono::duration<double> timeout) {
+  ensure_current(device_kind(accelerator));
   switch (accelerator) {
     case Accelerator::Emulated:
       return create_emulated_communicator(members, device, timeout);

@@ -26,6 +26,10 @@ std::atomic<bool> g_unordered_fetch{false};
 std::mutex g_placement_mutex;
 Placement g_placement;
 
+// Whether this thread works for the worker, and whether it made the rank's device current.
+thread_local bool t_worker_thread = false;
+thread_local bool t_device_current = false;
+
 std::mutex g_streams_mutex;
 std::map<std::tuple<std::uint64_t, int, int>, Stream> g_streams;  // (meshrt stream, kind, index)
 
@@ -43,7 +47,7 @@ Event::Impl& require(const Event& event, const char* what) {
 std::shared_ptr<void> emulated_tensor_memory(const Device& device, std::size_t bytes) {
   EmulatedBackend& b = emulated_backend();
   b.check_device(device.index(), "emulated tensor allocation");
-  return b.allocate_unordered(bytes);
+  return b.allocate_unordered(device.index(), bytes);
 }
 
 // Installed at load: libmeshrt is one shared library, so this runs before main.
@@ -158,20 +162,24 @@ Device rank_device(Device::Kind kind) {
   return Device::of(kind, p.device % b.device_count());
 }
 
-void enter_worker_thread() {
+void enter_worker_thread() noexcept {
+  t_worker_thread = true;
+  t_device_current = false;
+}
+
+void ensure_current(Device::Kind kind) {
+  if (!t_worker_thread || t_device_current || kind == Device::Kind::Cpu) return;
   const Placement p = placement();
-  if (p.accelerator == Accelerator::Emulated) {
-    backend(Accelerator::Emulated).make_current(p.device);
-  }
-#if MESHRT_HAVE_CUDA
-  if (p.accelerator == Accelerator::Cuda && cuda_backend_created()) backend(Accelerator::Cuda).make_current(p.device);
-#endif
+  if (device_kind(p.accelerator) != kind) return;
+  backend(p.accelerator).make_current(rank_device(kind).index());
+  t_device_current = true;
 }
 
 Stream stream_for(std::uint64_t stream_id, const Device& device) {
   if (!device.is_accelerator()) {
     throw UsageError(fmt::format("stream_for: expected an accelerator device, found {}", device.to_string()));
   }
+  ensure_current(device.kind());
   const auto key = std::make_tuple(stream_id, static_cast<int>(device.kind()), device.index());
   {
     std::lock_guard lock(g_streams_mutex);
@@ -180,6 +188,12 @@ Stream stream_for(std::uint64_t stream_id, const Device& device) {
   Stream s = backend(device.kind()).create_stream(device.index());
   std::lock_guard lock(g_streams_mutex);
   return g_streams.try_emplace(key, std::move(s)).first->second;
+}
+
+Stream existing_stream(std::uint64_t stream_id, const Device& device) {
+  std::lock_guard lock(g_streams_mutex);
+  const auto it = g_streams.find(std::make_tuple(stream_id, static_cast<int>(device.kind()), device.index()));
+  return it == g_streams.end() ? Stream() : it->second;
 }
 
 void release_stream(std::uint64_t stream_id) {
@@ -237,6 +251,7 @@ void Event::synchronize() const {
 // ---------------------------------------------------------------------------- helpers
 
 Tensor zeros(const TensorMeta& meta, const Stream& stream) {
+  ensure_current(meta.device().kind());
   Backend& b = backend(meta.device().kind());
   Tensor t = b.empty(meta, stream);
   b.memset_async(t.raw_data(), 0, t.nbytes(), stream);
@@ -247,6 +262,7 @@ Tensor to_device(const Tensor& host, const Device& device, const Stream& stream)
   if (!host.defined() || !host.device().is_cpu()) {
     throw UsageError(fmt::format("to_device: expected a CPU tensor, found {}", host.to_string()));
   }
+  ensure_current(device.kind());
   Backend& b = backend(device.kind());
   Tensor out = b.empty(host.meta().with_device(device), stream);
   std::shared_ptr<void> staging = b.pinned(host.nbytes());
@@ -270,6 +286,7 @@ void copy(const Tensor& dst, const Tensor& src, const Stream& stream) {
 
 Fetch fetch(const Tensor& tensor, const Stream& stream) {
   require_accelerator_tensor(tensor, "fetch");
+  ensure_current(tensor.device().kind());
   Backend& b = backend(tensor.device().kind());
   const TensorMeta host_meta = tensor.meta().with_device(Device::cpu());
   Fetch out;
@@ -289,6 +306,7 @@ Fetch fetch(const Tensor& tensor, const Stream& stream) {
 
 Tensor empty_on(std::uint64_t stream_id, const TensorMeta& meta) {
   if (!meta.device().is_accelerator()) return Tensor::empty(meta);
+  ensure_current(meta.device().kind());
   return backend(meta.device().kind()).empty(meta, stream_for(stream_id, meta.device()));
 }
 

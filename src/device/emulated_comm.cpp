@@ -385,6 +385,7 @@ std::unique_ptr<Communicator> create_emulated_communicator(MPI_Comm members, int
         "thread level");
   }
   emulated_backend().check_device(device, "emulated communicator");
+  emulated_backend().touch(device);  // ncclCommInitRank creates the device's context
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::min(
                                              timeout, std::chrono::duration<double>(std::chrono::hours(24 * 365))));

@@ -207,7 +207,9 @@ struct Worker::Impl {
 
   CallContext context(Ref mesh_ref, Ref stream_ref) const {
     const StreamValue& stream = get_as<StreamValue>(stream_ref, "stream");
-    if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, stream.id, Device::cpu(), stream.handle.native());
+    // CPU kernels get no native stream: making one would create a CUDA context for a
+    // CPU-only program (DESIGN section 9).
+    if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, stream.id, Device::cpu(), nullptr);
     const auto& mesh = get_as<std::shared_ptr<WorkerMesh>>(mesh_ref, "mesh");
     // Kernels get this rank's own device of the kind the mesh is placed on.
     const auto kind = mesh_kinds.find(mesh_ref.id);
@@ -215,11 +217,9 @@ struct Worker::Impl {
                              ? Device::cpu()
                              : device::rank_device(kind->second);
     // A cuda mesh's kernels launch on the CUDA stream of this meshrt stream (never the
-    // legacy default stream); CPU meshes keep the handle's (a CUDA stream only for the
-    // non-default streams of a cuda job), emulated ones enqueue through the device layer.
-    void* native = where.is_cuda()  ? stream.handle.device(Device::Kind::Cuda).native()
-                   : where.is_cpu() ? stream.handle.native()
-                                    : nullptr;
+    // legacy default stream); CPU meshes get none (no CUDA context for CPU work), emulated
+    // ones enqueue through the device layer.
+    void* native = where.is_cuda() ? stream.handle.device(Device::Kind::Cuda).native() : nullptr;
     return CallContext(opt.rank, mesh->names(), mesh->coordinates(), stream.id, where, native);
   }
   std::unordered_map<std::uint64_t, Device::Kind> mesh_kinds;
