@@ -194,6 +194,9 @@ Tensor zeros(const TensorMeta& meta, const Stream& stream);
 Tensor to_device(const Tensor& host, const Device& device, const Stream& stream);
 // Copies src into dst on `stream`; same shape and dtype, both on accelerator devices.
 void copy(const Tensor& dst, const Tensor& src, const Stream& stream);
+// A copy of accelerator tensor `t` on its device, made on `stream` (Tensor::clone's form
+// on one stream, which does not block the host).
+Tensor clone(const Tensor& t, const Stream& stream);
 // A fetch (docs/ARCHITECTURE.md section 7): the device-to-host copy of `tensor` on `stream` into
 // pinned memory, and the event recorded after it. `host` is readable once done.query().
 struct Fetch {

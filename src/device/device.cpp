@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -50,9 +51,61 @@ std::shared_ptr<void> emulated_tensor_memory(const Device& device, std::size_t b
   return b.allocate_unordered(device.index(), bytes);
 }
 
+// The meshrt stream id of the device layer's own stream for Tensor's copies (no meshrt
+// stream has it: the controller counts refs up from 1).
+constexpr std::uint64_t kTensorCopies = UINT64_MAX;
+
+// Runs `op` on the device layer's own stream of `on`, after everything enqueued so far on
+// every other stream of `on` (and of `also`, for a copy between two devices) in this
+// process, and waits for it: Tensor's stream-less copies are so ordered with the kernels
+// that produced the value, whichever stream ran them, and never use the legacy stream.
+void ordered_on(const Device& on, const std::optional<Device>& also, const char* what,
+                const std::function<void(Backend&, const Stream&)>& op) {
+  Backend& b = backend(on.kind());
+  const Stream copies = stream_for(kTensorCopies, on);
+  std::vector<Stream> before;
+  {
+    std::lock_guard lock(g_streams_mutex);
+    for (const auto& [key, s] : g_streams) {
+      const auto& [id, kind, index] = key;
+      const bool same =
+          kind == static_cast<int>(on.kind()) && (index == on.index() || (also && index == also->index()));
+      if (same && id != kTensorCopies) before.push_back(s);
+    }
+  }
+  for (const Stream& s : before) {
+    Event e = b.create_event(s.device());
+    e.record(s);
+    e.wait(copies);
+  }
+  op(b, copies);
+  copies.synchronize();
+  if (auto error = copies.error()) {
+    release_stream(kTensorCopies);  // its error is sticky: the next copy gets a fresh stream
+    throw SystemError(fmt::format("{} on {}: device error: {}", what, on.to_string(), *error));
+  }
+}
+
+void tensor_copy(void* dst, const Device& dst_device, const void* src, const Device& src_device, std::size_t n) {
+  if (dst_device.is_accelerator() && src_device.is_accelerator() && dst_device.kind() != src_device.kind()) {
+    throw UsageError(fmt::format("tensor copy: expected devices of one accelerator, found {} and {}",
+                                 src_device.to_string(), dst_device.to_string()));
+  }
+  const Device& on = dst_device.is_accelerator() ? dst_device : src_device;
+  const Device& other = &on == &dst_device ? src_device : dst_device;
+  const std::optional<Device> also =
+      other.is_accelerator() && other != on ? std::optional<Device>(other) : std::nullopt;
+  ordered_on(on, also, "tensor copy", [&](Backend& b, const Stream& s) { b.copy_async(dst, src, n, s); });
+}
+
+void tensor_zero(void* dst, const Device& device, std::size_t n) {
+  ordered_on(device, std::nullopt, "Tensor::zeros", [&](Backend& b, const Stream& s) { b.memset_async(dst, 0, n, s); });
+}
+
 // Installed at load: libmeshrt is one shared library, so this runs before main.
 [[maybe_unused]] const bool g_allocator_installed = [] {
   meshrt::detail::set_device_allocator(emulated_tensor_memory);
+  meshrt::detail::set_device_transfers(tensor_copy, tensor_zero);
   return true;
 }();
 
@@ -282,6 +335,14 @@ void copy(const Tensor& dst, const Tensor& src, const Stream& stream) {
   }
   backend(dst.device().kind()).copy_async(const_cast<void*>(dst.raw_data()), src.raw_data(), src.nbytes(), stream);
   stream.enqueue([keep = src] {});
+}
+
+Tensor clone(const Tensor& t, const Stream& stream) {
+  require_accelerator_tensor(t, "device clone");
+  ensure_current(t.device().kind());
+  Tensor out = backend(t.device().kind()).empty(t.meta(), stream);
+  copy(out, t, stream);
+  return out;
 }
 
 Fetch fetch(const Tensor& tensor, const Stream& stream) {
