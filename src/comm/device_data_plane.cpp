@@ -7,9 +7,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -60,6 +62,22 @@ void drop(const std::shared_ptr<device::Communicator>& comm) {
   }
 }
 
+// Buffers of an operation whose communicator was aborted while it waited: the emulated
+// accelerator cannot cancel the posted MPI request, so a peer that joins late would still
+// write into them. Kept until the process ends (rare, and small next to a hang).
+void abandon(std::vector<Tensor> buffers) {
+  static std::mutex mutex;
+  static auto& kept = *new std::vector<Tensor>();
+  std::lock_guard lock(mutex);
+  for (Tensor& t : buffers) kept.push_back(std::move(t));
+}
+
+// MESHRT_DEVICE_TIMEOUT, read once (the settings are the environment's, fixed at start).
+std::chrono::duration<double> device_timeout() {
+  static const std::chrono::duration<double> timeout = settings::get_seconds("MESHRT_DEVICE_TIMEOUT");
+  return timeout;
+}
+
 class DevicePending final : public Pending {
  public:
   bool test() override {
@@ -70,7 +88,10 @@ class DevicePending final : public Pending {
         return fail(*error);
       }
     }
-    if (done.defined() && !done.query()) return false;
+    if (done.defined() && !done.query()) {
+      check_deadline();
+      return false;
+    }
     if (auto error = stream.defined() ? stream.error() : std::nullopt) return fail(*error);
     keep.clear();
     finish(std::move(result));
@@ -82,6 +103,12 @@ class DevicePending final : public Pending {
     done = device::backend(kind).create_event(stream.device());
     done.record(stream);
   }
+  // Marks where the communication starts on the stream: its deadline runs from when the
+  // stream reaches it, so work queued before it (this rank's own kernels) never counts.
+  void mark_start() {
+    started = device::backend(kind).create_event(stream.device());
+    started.record(stream);
+  }
 
   std::string text;
   Device::Kind kind = Device::Kind::Emulated;
@@ -90,14 +117,44 @@ class DevicePending final : public Pending {
   std::shared_ptr<device::Communicator> comm;
   std::vector<Tensor> keep;  // buffers the device still uses
   Outcome result;
+  device::Event started;  // recorded just before the communication (mark_start)
 
  private:
+  // The worker reports the failure after describe() (the operation, its mesh dimension
+  // and peers): the message does not repeat it.
   bool fail(const std::string& error) {
-    fail_after_completion(fmt::format("{}: device error: {}", text, error));
+    fail_after_completion(fmt::format("device error: {}", error));
     keep.clear();
     finish(Outcome{});
     return true;
   }
+
+  // Past the deadline: aborts the communicator from this thread (the worker's, which
+  // issues its work: ncclCommAbort's rule), drops it, and fails the command with a
+  // TimeoutError (the worker names the operation, its dimension and peers).
+  void check_deadline() {
+    if (!comm || !started.defined()) return;
+    const auto timeout = device_timeout();
+    if (timeout == std::chrono::duration<double>::max()) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (!reached) {
+      if (started.query()) reached = now;
+      return;
+    }
+    const std::chrono::duration<double> waited = now - *reached;
+    if (waited < timeout) return;
+    const std::string what = comm->describe();
+    drop(comm);
+    comm.reset();
+    if (result.tensor.defined()) keep.push_back(std::move(result.tensor));
+    abandon(std::move(keep));
+    keep.clear();
+    throw TimeoutError(fmt::format(
+        "timed out: expected every peer to join within {:g} s (MESHRT_DEVICE_TIMEOUT), found it still waiting after "
+        "{:.1f} s; aborted {} (a peer that never joins, or is stuck before it)",
+        timeout.count(), waited.count(), what));
+  }
+  std::optional<std::chrono::steady_clock::time_point> reached;  // when the stream reached `started`
 };
 
 // The rank's own view of a factory: on the controller a device means "each rank's own
@@ -155,6 +212,7 @@ std::unique_ptr<Pending> start_reduce_device(WorkerMesh& mesh, std::string_view 
   p->result.broken = in.broken;
   p->comm = cached(p->kind, mesh.line_world_ranks(plan.dim), mesh.dim_comm(plan.dim), factory.device().index());
   device::Backend& b = device::backend(p->kind);
+  p->mark_start();
   const auto numel = static_cast<std::size_t>(factory.numel());
   const auto n = static_cast<std::size_t>(plan.n);
   const void* src = in.tensor.raw_data();
@@ -265,6 +323,7 @@ std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, con
     ops.push_back({true, index(plan.send_to), sent.raw_data(), static_cast<std::size_t>(factory.numel())});
     p->keep.push_back(sent);
   }
+  p->mark_start();
   comm->send_recv(ops, factory.dtype(), p->stream);
   p->record();
   return p;

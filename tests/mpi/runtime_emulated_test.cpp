@@ -209,6 +209,12 @@ TEST(RuntimeEmulated, AFaultOnOneRankFailsItsDependentsAndHangsNothing) {
           ADD_FAILURE() << "expected a RemoteError for host " << h << ", gpu " << g;
         } catch (const RemoteError& e) {
           EXPECT_NE(std::string(e.what()).find("an asynchronous kernel fault"), std::string::npos) << e.what();
+          // The worker's message names the operation once: "<op> failed on rank 1: device error: ..."
+          const std::string& message = e.worker_message();
+          const auto op = message.find("all_reduce sum over dimension 'gpu'");
+          EXPECT_NE(op, std::string::npos) << message;
+          EXPECT_EQ(message.find("all_reduce", op + 1), std::string::npos) << message;
+          EXPECT_NE(message.find("failed on rank 1: device error: "), std::string::npos) << message;
         }
       }
     }
