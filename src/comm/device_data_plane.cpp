@@ -5,6 +5,7 @@
 // on the command's device stream; Pending::test polls an event recorded after it and the
 // communicator's asynchronous error, so the worker's loop never blocks on the device.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -36,6 +37,28 @@ using CommKey = std::tuple<int, std::vector<int>>;
 std::mutex g_comms_mutex;
 auto& g_comms = *new std::map<CommKey, std::shared_ptr<device::Communicator>>();
 
+// Rank sets whose communicator failed on this rank (why, for the error), for the rest of
+// the job (communicators outlive session restarts). A failure is seen by one rank alone
+// (its own timeout or device error): its peers may still hold their communicator and post
+// into it, so this rank never makes a new one alone, which would wait for peers that do
+// not come; nor can it tell its peers, which may be stuck.
+auto& g_failed = *new std::map<CommKey, std::string>();
+
+void refuse_if_failed(const CommKey& key) {
+  std::string why;
+  {
+    std::lock_guard lock(g_comms_mutex);
+    const auto it = g_failed.find(key);
+    if (it == g_failed.end()) return;
+    why = it->second;
+  }
+  throw UsageError(fmt::format(
+      "device communicator over world ranks {}: expected a live one, found the one this rank had failed ({}); its "
+      "peers may still hold theirs, so this rank does not make a new one alone (it would wait for peers that never "
+      "join); a new job makes fresh communicators",
+      fmt::join(std::get<1>(key), ","), why));
+}
+
 std::shared_ptr<device::Communicator> cached(Device::Kind kind, std::vector<int> world_ranks, MPI_Comm members,
                                              int device) {
   CommKey key{static_cast<int>(kind), std::move(world_ranks)};
@@ -43,19 +66,21 @@ std::shared_ptr<device::Communicator> cached(Device::Kind kind, std::vector<int>
     std::lock_guard lock(g_comms_mutex);
     if (auto it = g_comms.find(key); it != g_comms.end()) return it->second;
   }
+  refuse_if_failed(key);
   std::shared_ptr<device::Communicator> comm =
       device::create_communicator(accelerator_of(kind), members, device, settings::get_seconds("MESHRT_GROUP_TIMEOUT"));
   std::lock_guard lock(g_comms_mutex);
   return g_comms.try_emplace(std::move(key), std::move(comm)).first->second;
 }
 
-// A failed communicator is aborted from this (the worker) thread and dropped, so the
-// next command over those ranks makes a fresh one.
-void drop(const std::shared_ptr<device::Communicator>& comm) {
+// A failed communicator is aborted from this (the worker) thread and dropped; its rank
+// set is remembered as failed (g_failed).
+void drop(const std::shared_ptr<device::Communicator>& comm, const std::string& why) {
   comm->abort();
   std::lock_guard lock(g_comms_mutex);
   for (auto it = g_comms.begin(); it != g_comms.end(); ++it) {
     if (it->second == comm) {
+      g_failed.insert_or_assign(it->first, why);
       g_comms.erase(it);
       return;
     }
@@ -84,7 +109,7 @@ class DevicePending final : public Pending {
     if (finished()) return true;
     if (comm) {
       if (auto error = comm->async_error()) {
-        drop(comm);
+        drop(comm, *error);
         return fail(*error);
       }
     }
@@ -144,7 +169,7 @@ class DevicePending final : public Pending {
     const std::chrono::duration<double> waited = now - *reached;
     if (waited < timeout) return;
     const std::string what = comm->describe();
-    drop(comm);
+    drop(comm, fmt::format("timed out after {:g} s", timeout.count()));
     comm.reset();
     if (result.tensor.defined()) keep.push_back(std::move(result.tensor));
     abandon(std::move(keep));
@@ -191,6 +216,7 @@ void free_device_communicators() noexcept {
   {
     std::lock_guard lock(g_comms_mutex);
     gone.swap(g_comms);
+    g_failed.clear();  // the job ends
   }
   for (auto& [key, comm] : gone) comm->destroy();
 }
@@ -292,8 +318,12 @@ std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, con
   std::shared_ptr<device::Communicator> comm;
   {
     CommKey key{static_cast<int>(p->kind), members};
-    std::lock_guard lock(g_comms_mutex);
-    if (auto it = g_comms.find(key); it != g_comms.end()) comm = it->second;
+    {
+      std::lock_guard lock(g_comms_mutex);
+      if (auto it = g_comms.find(key); it != g_comms.end()) comm = it->second;
+    }
+    // Before the group's creation below, which its peers would have to join.
+    if (!comm) refuse_if_failed(key);
   }
   if (!comm) {
     MPI_Group all = MPI_GROUP_NULL;

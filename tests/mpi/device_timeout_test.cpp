@@ -2,9 +2,10 @@
 // accelerator, MESHRT_DEVICE_TIMEOUT=2): rank 3's function stalls for 6 s before a
 // reduction over live communicators, so rank 2 waits in its 'gpu' line's collective. After 2 s rank 2's worker
 // aborts that communicator and fails the command with a TimeoutError that names the mesh
-// dimension, the peers and the seconds; every fetch of the result raises it, unrelated
-// work on other communicators computes right, and nothing hangs (rank 3 joins late
-// against the aborted member's posted request and completes).
+// dimension, the peers and the seconds; every fetch of the result raises it. The next
+// reduction over that line fails at once on rank 2, which does not make a communicator
+// alone, and on rank 3 at its own deadline; unrelated work on other communicators computes
+// right, and nothing hangs (rank 3 joins late against the aborted member's posted request).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -79,6 +80,22 @@ TEST(DeviceTimeout, APeerThatNeverJoinsInTimeFailsTheCollectiveWithTheDimensionP
         EXPECT_TRUE(contains(text, "within 2 s (MESHRT_DEVICE_TIMEOUT)")) << text;
         EXPECT_TRUE(contains(text, "aborted emulated communicator")) << text;
       }
+    }
+    // That line's communicator is not made again by rank 2 alone (rank 3 still holds its
+    // own): rank 2 refuses at once, rank 3 waits in its communicator until its own deadline.
+    DTensor again = x.reduce("gpu", Reduction::Sum);
+    try {
+      (void)ctl.fetch_shard(again, {{"host", 1}, {"gpu", 1}}).get();
+      ADD_FAILURE() << "expected a RemoteError";
+    } catch (const RemoteError& e) {
+      const std::string text = e.what();
+      // Both ranks failed it, each for its own reason; the error carries one of them.
+      EXPECT_EQ(e.ranks(), (std::vector<int>{2, 3})) << text;
+      const bool refused = contains(text,
+                                    "device communicator over world ranks 2,3: expected a live one, found the one "
+                                    "this rank had failed (timed out after 2 s)");
+      const bool timed_out = contains(text, "failed on rank 3: timed out");
+      EXPECT_TRUE(refused || timed_out) << text;
     }
     // Unrelated work over the other dimension's communicators computes right.
     DTensor a = mesh.call_on(side, "test.on_device", {{4}, 5.0}).at(0);  // rank r holds 5 + r
