@@ -241,10 +241,24 @@ TEST(RuntimeEmulated, AFetchLetsLaterCommandsRunWhileItsCopyIsPending) {
     Future<Tensor> value = ctl.fetch_shard(x, {{"host", 1}, {"gpu", 0}});
     DTensor idle = mesh.call_on(side, "test.stream_idle", {}).at(0);
     Future<Tensor> probe = ctl.fetch_shard(idle, {{"host", 1}, {"gpu", 0}});
+    // A function that fails on the same rank while the copy is pending: its failure names
+    // a later ident, so it must not reach the controller before the fetch's value (it
+    // would count the fetch complete without one).
+    DTensor failed = mesh.call("meshrt.fail", "a failure behind a pending fetch", Value::list({Value(2)}));
     // A fetch that waited for its copy would have drained the stream before the probe ran.
     EXPECT_EQ(first(probe.get()), 0.0f) << "the probe ran only after the fetch's copy completed";
     EXPECT_EQ(first(value.get()), 22.0f);
-    ctl.synchronize();
+    try {
+      (void)ctl.fetch_shard(failed, {{"host", 1}, {"gpu", 0}}).get();
+      ADD_FAILURE() << "expected a RemoteError";
+    } catch (const RemoteError& e) {
+      EXPECT_NE(std::string(e.what()).find("a failure behind a pending fetch"), std::string::npos) << e.what();
+    }
+    try {
+      ctl.synchronize();
+    } catch (const Error&) {
+      // the failure may be raised again here
+    }
   });
 }
 
