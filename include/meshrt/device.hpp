@@ -134,6 +134,11 @@ class Backend {
   virtual PoolStats pool_stats() const = 0;
   // Frees every cached (unused) block of the pool.
   virtual void empty_cache() = 0;
+  // How many devices have a context in this process through this backend: a device
+  // counts from the first time meshrt makes it current or gives it a stream, an event or
+  // memory (cuda: the calls that create its primary context; emulated: the same calls,
+  // counted as a GPU would make them). A CPU-only program makes none.
+  virtual int contexts() const = 0;
 };
 
 // The backend of `accelerator`, created on first use; throws UsageError for None, and
@@ -156,15 +161,19 @@ Placement placement() noexcept;
 // This rank's device of `kind`: the cpu, or index placement().device of an accelerator
 // kind (the emulated kind is always available; cuda only in a CUDA build).
 Device rank_device(Device::Kind kind);
-// Makes this rank's device current on the calling thread (every thread that works for
-// the worker calls it: the current CUDA device is per thread). For cuda it sets the device
-// only once the backend exists, so a CPU-only program never creates a CUDA context.
-void enter_worker_thread();
+// Marks the calling thread as one that works for this rank's worker (every such thread
+// calls it: the current CUDA device is per thread). It makes no device call: this rank's
+// device becomes current on the thread only when the thread first needs a device (a
+// stream, memory, a copy, a communicator), since cudaSetDevice creates a CUDA context and
+// a CPU-only program must create none.
+void enter_worker_thread() noexcept;
 
 // The device stream of meshrt stream `stream_id` on `device`, created on first use and
 // shared by everything that works on that meshrt stream in this process (the worker's
 // streams, kernels, the data plane). release_stream drops them once the stream is gone.
 Stream stream_for(std::uint64_t stream_id, const Device& device);
+// That stream if it exists already, else an undefined one: creates nothing (no context).
+Stream existing_stream(std::uint64_t stream_id, const Device& device);
 void release_stream(std::uint64_t stream_id);
 
 // For kernels (docs/ARCHITECTURE.md section 7, "Kernels on the accelerator"), with the call's
@@ -185,6 +194,9 @@ Tensor zeros(const TensorMeta& meta, const Stream& stream);
 Tensor to_device(const Tensor& host, const Device& device, const Stream& stream);
 // Copies src into dst on `stream`; same shape and dtype, both on accelerator devices.
 void copy(const Tensor& dst, const Tensor& src, const Stream& stream);
+// A copy of accelerator tensor `t` on its device, made on `stream` (Tensor::clone's form
+// on one stream, which does not block the host).
+Tensor clone(const Tensor& t, const Stream& stream);
 // A fetch (docs/ARCHITECTURE.md section 7): the device-to-host copy of `tensor` on `stream` into
 // pinned memory, and the event recorded after it. `host` is readable once done.query().
 struct Fetch {

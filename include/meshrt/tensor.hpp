@@ -146,6 +146,14 @@ namespace detail {
 // at load time (it sits above tensor in the module order, so tensor cannot call it).
 using DeviceAllocator = std::shared_ptr<void> (*)(const Device& device, std::size_t bytes);
 void set_device_allocator(DeviceAllocator allocator) noexcept;
+// Where Tensor's own copies and zero fills of accelerator memory go (clone, to, copy_from,
+// zeros; so item and equals too), installed at load time by the device layer as well: it
+// runs them on a stream of its own, ordered after everything enqueued so far on that
+// device's streams in this process, and waits for them. Never the legacy default stream.
+using DeviceCopy = void (*)(void* dst, const Device& dst_device, const void* src, const Device& src_device,
+                            std::size_t bytes);
+using DeviceZero = void (*)(void* dst, const Device& device, std::size_t bytes);
+void set_device_transfers(DeviceCopy copy, DeviceZero zero) noexcept;
 }  // namespace detail
 
 class Tensor;
@@ -246,9 +254,11 @@ class Tensor {
   double item() const;
 
   // A deep copy on the same device. These host-side copies (clone, to, copy_from, zeros,
-  // item, equals) are synchronous: on emulated device memory they are refused outside a
-  // stream task, as they would be unordered with the device's streams; the device layer
-  // (meshrt/device.hpp) has the stream-ordered forms.
+  // item, equals) are synchronous. On accelerator memory they name no stream, so the
+  // device layer orders them after all work enqueued so far on the device's streams in
+  // this process (the value's among them) and waits: correct, but a wait for the whole
+  // device; the device layer (meshrt/device.hpp) has forms on one stream that do not
+  // block. Inside an emulated stream task they are plain host copies.
   Tensor clone() const;
   // This tensor on `device` (itself when already there). Without CUDA, or without a GPU,
   // a CUDA device raises UsageError.

@@ -5,11 +5,14 @@
 // on the command's device stream; Pending::test polls an event recorded after it and the
 // communicator's asynchronous error, so the worker's loop never blocks on the device.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -34,6 +37,28 @@ using CommKey = std::tuple<int, std::vector<int>>;
 std::mutex g_comms_mutex;
 auto& g_comms = *new std::map<CommKey, std::shared_ptr<device::Communicator>>();
 
+// Rank sets whose communicator failed on this rank (why, for the error), for the rest of
+// the job (communicators outlive session restarts). A failure is seen by one rank alone
+// (its own timeout or device error): its peers may still hold their communicator and post
+// into it, so this rank never makes a new one alone, which would wait for peers that do
+// not come; nor can it tell its peers, which may be stuck.
+auto& g_failed = *new std::map<CommKey, std::string>();
+
+void refuse_if_failed(const CommKey& key) {
+  std::string why;
+  {
+    std::lock_guard lock(g_comms_mutex);
+    const auto it = g_failed.find(key);
+    if (it == g_failed.end()) return;
+    why = it->second;
+  }
+  throw UsageError(fmt::format(
+      "device communicator over world ranks {}: expected a live one, found the one this rank had failed ({}); its "
+      "peers may still hold theirs, so this rank does not make a new one alone (it would wait for peers that never "
+      "join); a new job makes fresh communicators",
+      fmt::join(std::get<1>(key), ","), why));
+}
+
 std::shared_ptr<device::Communicator> cached(Device::Kind kind, std::vector<int> world_ranks, MPI_Comm members,
                                              int device) {
   CommKey key{static_cast<int>(kind), std::move(world_ranks)};
@@ -41,23 +66,41 @@ std::shared_ptr<device::Communicator> cached(Device::Kind kind, std::vector<int>
     std::lock_guard lock(g_comms_mutex);
     if (auto it = g_comms.find(key); it != g_comms.end()) return it->second;
   }
+  refuse_if_failed(key);
   std::shared_ptr<device::Communicator> comm =
       device::create_communicator(accelerator_of(kind), members, device, settings::get_seconds("MESHRT_GROUP_TIMEOUT"));
   std::lock_guard lock(g_comms_mutex);
   return g_comms.try_emplace(std::move(key), std::move(comm)).first->second;
 }
 
-// A failed communicator is aborted from this (the worker) thread and dropped, so the
-// next command over those ranks makes a fresh one.
-void drop(const std::shared_ptr<device::Communicator>& comm) {
+// A failed communicator is aborted from this (the worker) thread and dropped; its rank
+// set is remembered as failed (g_failed).
+void drop(const std::shared_ptr<device::Communicator>& comm, const std::string& why) {
   comm->abort();
   std::lock_guard lock(g_comms_mutex);
   for (auto it = g_comms.begin(); it != g_comms.end(); ++it) {
     if (it->second == comm) {
+      g_failed.insert_or_assign(it->first, why);
       g_comms.erase(it);
       return;
     }
   }
+}
+
+// Buffers of an operation whose communicator was aborted while it waited: the emulated
+// accelerator cannot cancel the posted MPI request, so a peer that joins late would still
+// write into them. Kept until the process ends (rare, and small next to a hang).
+void abandon(std::vector<Tensor> buffers) {
+  static std::mutex mutex;
+  static auto& kept = *new std::vector<Tensor>();
+  std::lock_guard lock(mutex);
+  for (Tensor& t : buffers) kept.push_back(std::move(t));
+}
+
+// MESHRT_DEVICE_TIMEOUT, read once (the settings are the environment's, fixed at start).
+std::chrono::duration<double> device_timeout() {
+  static const std::chrono::duration<double> timeout = settings::get_seconds("MESHRT_DEVICE_TIMEOUT");
+  return timeout;
 }
 
 class DevicePending final : public Pending {
@@ -66,11 +109,14 @@ class DevicePending final : public Pending {
     if (finished()) return true;
     if (comm) {
       if (auto error = comm->async_error()) {
-        drop(comm);
+        drop(comm, *error);
         return fail(*error);
       }
     }
-    if (done.defined() && !done.query()) return false;
+    if (done.defined() && !done.query()) {
+      check_deadline();
+      return false;
+    }
     if (auto error = stream.defined() ? stream.error() : std::nullopt) return fail(*error);
     keep.clear();
     finish(std::move(result));
@@ -82,6 +128,12 @@ class DevicePending final : public Pending {
     done = device::backend(kind).create_event(stream.device());
     done.record(stream);
   }
+  // Marks where the communication starts on the stream: its deadline runs from when the
+  // stream reaches it, so work queued before it (this rank's own kernels) never counts.
+  void mark_start() {
+    started = device::backend(kind).create_event(stream.device());
+    started.record(stream);
+  }
 
   std::string text;
   Device::Kind kind = Device::Kind::Emulated;
@@ -90,14 +142,44 @@ class DevicePending final : public Pending {
   std::shared_ptr<device::Communicator> comm;
   std::vector<Tensor> keep;  // buffers the device still uses
   Outcome result;
+  device::Event started;  // recorded just before the communication (mark_start)
 
  private:
+  // The worker reports the failure after describe() (the operation, its mesh dimension
+  // and peers): the message does not repeat it.
   bool fail(const std::string& error) {
-    fail_after_completion(fmt::format("{}: device error: {}", text, error));
+    fail_after_completion(fmt::format("device error: {}", error));
     keep.clear();
     finish(Outcome{});
     return true;
   }
+
+  // Past the deadline: aborts the communicator from this thread (the worker's, which
+  // issues its work: ncclCommAbort's rule), drops it, and fails the command with a
+  // TimeoutError (the worker names the operation, its dimension and peers).
+  void check_deadline() {
+    if (!comm || !started.defined()) return;
+    const auto timeout = device_timeout();
+    if (timeout == std::chrono::duration<double>::max()) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (!reached) {
+      if (started.query()) reached = now;
+      return;
+    }
+    const std::chrono::duration<double> waited = now - *reached;
+    if (waited < timeout) return;
+    const std::string what = comm->describe();
+    drop(comm, fmt::format("timed out after {:g} s", timeout.count()));
+    comm.reset();
+    if (result.tensor.defined()) keep.push_back(std::move(result.tensor));
+    abandon(std::move(keep));
+    keep.clear();
+    throw TimeoutError(fmt::format(
+        "timed out: expected every peer to join within {:g} s (MESHRT_DEVICE_TIMEOUT), found it still waiting after "
+        "{:.1f} s; aborted {} (a peer that never joins, or is stuck before it)",
+        timeout.count(), waited.count(), what));
+  }
+  std::optional<std::chrono::steady_clock::time_point> reached;  // when the stream reached `started`
 };
 
 // The rank's own view of a factory: on the controller a device means "each rank's own
@@ -134,6 +216,7 @@ void free_device_communicators() noexcept {
   {
     std::lock_guard lock(g_comms_mutex);
     gone.swap(g_comms);
+    g_failed.clear();  // the job ends
   }
   for (auto& [key, comm] : gone) comm->destroy();
 }
@@ -155,6 +238,7 @@ std::unique_ptr<Pending> start_reduce_device(WorkerMesh& mesh, std::string_view 
   p->result.broken = in.broken;
   p->comm = cached(p->kind, mesh.line_world_ranks(plan.dim), mesh.dim_comm(plan.dim), factory.device().index());
   device::Backend& b = device::backend(p->kind);
+  p->mark_start();
   const auto numel = static_cast<std::size_t>(factory.numel());
   const auto n = static_cast<std::size_t>(plan.n);
   const void* src = in.tensor.raw_data();
@@ -234,8 +318,12 @@ std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, con
   std::shared_ptr<device::Communicator> comm;
   {
     CommKey key{static_cast<int>(p->kind), members};
-    std::lock_guard lock(g_comms_mutex);
-    if (auto it = g_comms.find(key); it != g_comms.end()) comm = it->second;
+    {
+      std::lock_guard lock(g_comms_mutex);
+      if (auto it = g_comms.find(key); it != g_comms.end()) comm = it->second;
+    }
+    // Before the group's creation below, which its peers would have to join.
+    if (!comm) refuse_if_failed(key);
   }
   if (!comm) {
     MPI_Group all = MPI_GROUP_NULL;
@@ -265,6 +353,7 @@ std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, con
     ops.push_back({true, index(plan.send_to), sent.raw_data(), static_cast<std::size_t>(factory.numel())});
     p->keep.push_back(sent);
   }
+  p->mark_start();
   comm->send_recv(ops, factory.dtype(), p->stream);
   p->record();
   return p;

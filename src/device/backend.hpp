@@ -34,6 +34,11 @@ struct Event::Impl {
   virtual void synchronize() = 0;
 };
 
+// On a worker thread (enter_worker_thread), makes this rank's device current the first
+// time the thread needs a device of `kind`; elsewhere, or for another kind, does nothing.
+// Every entry point that uses a device calls it before its first device call.
+void ensure_current(Device::Kind kind);
+
 // The stream behind a handle; throws UsageError naming `what` for an undefined one or one
 // of another accelerator.
 Stream::Impl& stream_impl(const Stream& stream, Accelerator expected, const char* what);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/checks.hpp"
+#include "device/backend.hpp"
 #include "device/emulated_comm.hpp"
 #include "meshrt/settings.hpp"
 
@@ -37,6 +38,7 @@ struct MemberPlace {
 
 std::unique_ptr<Communicator> create_communicator(Accelerator accelerator, MPI_Comm members, int device,
                                                   std::chrono::duration<double> timeout) {
+  ensure_current(device_kind(accelerator));
   switch (accelerator) {
     case Accelerator::Emulated:
       return create_emulated_communicator(members, device, timeout);
@@ -96,15 +98,24 @@ void check_distinct_devices(MPI_Comm members, Accelerator accelerator, int devic
   MESHRT_MPI_CHECK(
       MPI_Allgather(&mine, sizeof(MemberPlace), MPI_BYTE, all.data(), sizeof(MemberPlace), MPI_BYTE, members));
   // Every member sees the same table, so every member throws the same error: none waits.
+  const Accelerator job = placement().accelerator;
   for (int i = 0; i < size; ++i) {
     for (int j = i + 1; j < size; ++j) {
-      if (all[i].host == all[j].host && all[i].device == all[j].device) {
-        throw UsageError(fmt::format(
-            "device communicator: expected one rank per device, found world ranks {} and {} (members {} and {}) both "
-            "on {}:{} of one node; give each rank its own device (MESHRT_DEVICE, or fewer ranks per node than "
-            "devices)",
-            all[i].world_rank, all[j].world_rank, i, j, name(accelerator), all[i].device));
-      }
+      if (all[i].host != all[j].host || all[i].device != all[j].device) continue;
+      // In a job without this accelerator no device per rank was chosen: say what the
+      // job needs rather than how to spread ranks over devices.
+      const std::string fix =
+          job != accelerator
+              ? fmt::format(
+                    "; this job's accelerator is {}, so no {} device was chosen per rank: a mesh placed on {} needs "
+                    "MESHRT_ACCELERATOR={}{}",
+                    name(job), name(accelerator), name(accelerator), name(accelerator),
+                    accelerator == Accelerator::Emulated ? ", or a real accelerator" : "")
+              : std::string("; give each rank its own device (MESHRT_DEVICE, or fewer ranks per node than devices)");
+      throw UsageError(fmt::format(
+          "device communicator: expected one rank per device, found world ranks {} and {} (members {} and {}) both "
+          "on {}:{} of one node{}",
+          all[i].world_rank, all[j].world_rank, i, j, name(accelerator), all[i].device, fix));
     }
   }
 }

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <vector>
@@ -134,6 +135,7 @@ class CudaBackend final : public Backend {
       throw UsageError(fmt::format("cuda backend: expected a usable CUDA device, found {}",
                                    rc != cudaSuccess ? cudaGetErrorString(rc) : "none visible"));
     }
+    has_context_.assign(static_cast<std::size_t>(count_), false);
     for (int d = 0; d < count_; ++d) {
       pools_.push_back(std::make_unique<CachingPool>(
           [d](std::size_t n) {
@@ -154,14 +156,17 @@ class CudaBackend final : public Backend {
   int device_count() const override { return count_; }
   void make_current(int index) override {
     check(index, "make_current");
+    touch(index);  // cudaSetDevice creates the primary context (CUDA 12 and up)
     MESHRT_CUDA_CHECK(cudaSetDevice(index));
   }
   Stream create_stream(int device) override {
     check(device, "create_stream");
+    touch(device);
     return Stream(std::make_shared<CudaStream>(device, next_stream_++, *pools_[static_cast<std::size_t>(device)]));
   }
   Event create_event(int device) override {
     check(device, "create_event");
+    touch(device);
     return Event(std::make_shared<CudaEvent>(device));
   }
   Tensor empty(const TensorMeta& meta, const Stream& stream) override {
@@ -170,6 +175,7 @@ class CudaBackend final : public Backend {
       throw UsageError(fmt::format("cuda empty: expected a tensor on {}'s device cuda:{}, found {}", s.to_string(),
                                    s.device(), meta.to_string()));
     }
+    touch(s.device());
     return Tensor::adopt_device(meta, pools_[static_cast<std::size_t>(s.device())]->allocate(meta.nbytes(), s.id()));
   }
   void copy_async(void* dst, const void* src, std::size_t bytes, const Stream& stream) override {
@@ -182,7 +188,14 @@ class CudaBackend final : public Backend {
     if (bytes == 0) return;
     MESHRT_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(s.native())));
   }
-  std::shared_ptr<void> pinned(std::size_t bytes) override { return pinned_.allocate(bytes, 1); }
+  std::shared_ptr<void> pinned(std::size_t bytes) override {
+    // cudaMallocHost creates a context on the current device (ensure_current made it the
+    // rank's own on a worker thread).
+    int current = 0;
+    MESHRT_CUDA_CHECK(cudaGetDevice(&current));
+    touch(current);
+    return pinned_.allocate(bytes, 1);
+  }
   PoolStats pool_stats() const override {
     PoolStats total;
     for (const auto& p : pools_) {
@@ -197,6 +210,10 @@ class CudaBackend final : public Backend {
   void empty_cache() override {
     for (auto& p : pools_) p->empty_cache();
   }
+  int contexts() const override {
+    std::lock_guard lock(contexts_mutex_);
+    return static_cast<int>(std::count(has_context_.begin(), has_context_.end(), true));
+  }
 
  private:
   void check(int index, const char* what) const {
@@ -204,7 +221,13 @@ class CudaBackend final : public Backend {
       throw UsageError(fmt::format("cuda {}: expected a device in 0..{}, found {}", what, count_ - 1, index));
     }
   }
+  void touch(int device) {
+    std::lock_guard lock(contexts_mutex_);
+    if (device >= 0 && device < count_) has_context_[static_cast<std::size_t>(device)] = true;
+  }
   int count_ = 0;
+  mutable std::mutex contexts_mutex_;
+  std::vector<bool> has_context_;
   std::size_t pool_limit_;
   std::vector<std::unique_ptr<CachingPool>> pools_;
   CachingPool pinned_;
@@ -222,14 +245,9 @@ CudaDeviceGuard::~CudaDeviceGuard() {
   (void)cudaSetDevice(previous_);
 }
 
-namespace {
-std::atomic<bool> g_cuda_created{false};
-}
-
 Backend& cuda_backend() {
   // Never destroyed, as the emulated one: tensors freed at exit return to its pools.
   static auto* backend = new CudaBackend();
-  g_cuda_created.store(true);
   return *backend;
 }
 
@@ -240,10 +258,6 @@ int cuda_visible_devices() noexcept {
     return 0;
   }
   return count;
-}
-
-bool cuda_backend_created() noexcept {
-  return g_cuda_created.load();
 }
 
 }  // namespace meshrt::device

@@ -25,12 +25,10 @@ class CudaDeviceGuard {
   int previous_ = 0;
 };
 
-// Created on first use: a CPU-only program never makes a CUDA context.
+// Created on first use; creating it makes no context (only cudaGetDeviceCount).
 Backend& cuda_backend();
 // cudaGetDeviceCount, 0 when it fails (no driver, no device); makes no context.
 int cuda_visible_devices() noexcept;
-// Whether cuda_backend() was called yet (a CUDA context may exist).
-bool cuda_backend_created() noexcept;
 
 #if MESHRT_HAVE_NCCL
 // ncclCommInitRankConfig with blocking = 0 over `members`, polled against `timeout`.

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -26,6 +27,10 @@ std::atomic<bool> g_unordered_fetch{false};
 std::mutex g_placement_mutex;
 Placement g_placement;
 
+// Whether this thread works for the worker, and whether it made the rank's device current.
+thread_local bool t_worker_thread = false;
+thread_local bool t_device_current = false;
+
 std::mutex g_streams_mutex;
 std::map<std::tuple<std::uint64_t, int, int>, Stream> g_streams;  // (meshrt stream, kind, index)
 
@@ -43,12 +48,64 @@ Event::Impl& require(const Event& event, const char* what) {
 std::shared_ptr<void> emulated_tensor_memory(const Device& device, std::size_t bytes) {
   EmulatedBackend& b = emulated_backend();
   b.check_device(device.index(), "emulated tensor allocation");
-  return b.allocate_unordered(bytes);
+  return b.allocate_unordered(device.index(), bytes);
+}
+
+// The meshrt stream id of the device layer's own stream for Tensor's copies (no meshrt
+// stream has it: the controller counts refs up from 1).
+constexpr std::uint64_t kTensorCopies = UINT64_MAX;
+
+// Runs `op` on the device layer's own stream of `on`, after everything enqueued so far on
+// every other stream of `on` (and of `also`, for a copy between two devices) in this
+// process, and waits for it: Tensor's stream-less copies are so ordered with the kernels
+// that produced the value, whichever stream ran them, and never use the legacy stream.
+void ordered_on(const Device& on, const std::optional<Device>& also, const char* what,
+                const std::function<void(Backend&, const Stream&)>& op) {
+  Backend& b = backend(on.kind());
+  const Stream copies = stream_for(kTensorCopies, on);
+  std::vector<Stream> before;
+  {
+    std::lock_guard lock(g_streams_mutex);
+    for (const auto& [key, s] : g_streams) {
+      const auto& [id, kind, index] = key;
+      const bool same =
+          kind == static_cast<int>(on.kind()) && (index == on.index() || (also && index == also->index()));
+      if (same && id != kTensorCopies) before.push_back(s);
+    }
+  }
+  for (const Stream& s : before) {
+    Event e = b.create_event(s.device());
+    e.record(s);
+    e.wait(copies);
+  }
+  op(b, copies);
+  copies.synchronize();
+  if (auto error = copies.error()) {
+    release_stream(kTensorCopies);  // its error is sticky: the next copy gets a fresh stream
+    throw SystemError(fmt::format("{} on {}: device error: {}", what, on.to_string(), *error));
+  }
+}
+
+void tensor_copy(void* dst, const Device& dst_device, const void* src, const Device& src_device, std::size_t n) {
+  if (dst_device.is_accelerator() && src_device.is_accelerator() && dst_device.kind() != src_device.kind()) {
+    throw UsageError(fmt::format("tensor copy: expected devices of one accelerator, found {} and {}",
+                                 src_device.to_string(), dst_device.to_string()));
+  }
+  const Device& on = dst_device.is_accelerator() ? dst_device : src_device;
+  const Device& other = &on == &dst_device ? src_device : dst_device;
+  const std::optional<Device> also =
+      other.is_accelerator() && other != on ? std::optional<Device>(other) : std::nullopt;
+  ordered_on(on, also, "tensor copy", [&](Backend& b, const Stream& s) { b.copy_async(dst, src, n, s); });
+}
+
+void tensor_zero(void* dst, const Device& device, std::size_t n) {
+  ordered_on(device, std::nullopt, "Tensor::zeros", [&](Backend& b, const Stream& s) { b.memset_async(dst, 0, n, s); });
 }
 
 // Installed at load: libmeshrt is one shared library, so this runs before main.
 [[maybe_unused]] const bool g_allocator_installed = [] {
   meshrt::detail::set_device_allocator(emulated_tensor_memory);
+  meshrt::detail::set_device_transfers(tensor_copy, tensor_zero);
   return true;
 }();
 
@@ -158,20 +215,24 @@ Device rank_device(Device::Kind kind) {
   return Device::of(kind, p.device % b.device_count());
 }
 
-void enter_worker_thread() {
+void enter_worker_thread() noexcept {
+  t_worker_thread = true;
+  t_device_current = false;
+}
+
+void ensure_current(Device::Kind kind) {
+  if (!t_worker_thread || t_device_current || kind == Device::Kind::Cpu) return;
   const Placement p = placement();
-  if (p.accelerator == Accelerator::Emulated) {
-    backend(Accelerator::Emulated).make_current(p.device);
-  }
-#if MESHRT_HAVE_CUDA
-  if (p.accelerator == Accelerator::Cuda && cuda_backend_created()) backend(Accelerator::Cuda).make_current(p.device);
-#endif
+  if (device_kind(p.accelerator) != kind) return;
+  backend(p.accelerator).make_current(rank_device(kind).index());
+  t_device_current = true;
 }
 
 Stream stream_for(std::uint64_t stream_id, const Device& device) {
   if (!device.is_accelerator()) {
     throw UsageError(fmt::format("stream_for: expected an accelerator device, found {}", device.to_string()));
   }
+  ensure_current(device.kind());
   const auto key = std::make_tuple(stream_id, static_cast<int>(device.kind()), device.index());
   {
     std::lock_guard lock(g_streams_mutex);
@@ -180,6 +241,12 @@ Stream stream_for(std::uint64_t stream_id, const Device& device) {
   Stream s = backend(device.kind()).create_stream(device.index());
   std::lock_guard lock(g_streams_mutex);
   return g_streams.try_emplace(key, std::move(s)).first->second;
+}
+
+Stream existing_stream(std::uint64_t stream_id, const Device& device) {
+  std::lock_guard lock(g_streams_mutex);
+  const auto it = g_streams.find(std::make_tuple(stream_id, static_cast<int>(device.kind()), device.index()));
+  return it == g_streams.end() ? Stream() : it->second;
 }
 
 void release_stream(std::uint64_t stream_id) {
@@ -237,6 +304,7 @@ void Event::synchronize() const {
 // ---------------------------------------------------------------------------- helpers
 
 Tensor zeros(const TensorMeta& meta, const Stream& stream) {
+  ensure_current(meta.device().kind());
   Backend& b = backend(meta.device().kind());
   Tensor t = b.empty(meta, stream);
   b.memset_async(t.raw_data(), 0, t.nbytes(), stream);
@@ -247,6 +315,7 @@ Tensor to_device(const Tensor& host, const Device& device, const Stream& stream)
   if (!host.defined() || !host.device().is_cpu()) {
     throw UsageError(fmt::format("to_device: expected a CPU tensor, found {}", host.to_string()));
   }
+  ensure_current(device.kind());
   Backend& b = backend(device.kind());
   Tensor out = b.empty(host.meta().with_device(device), stream);
   std::shared_ptr<void> staging = b.pinned(host.nbytes());
@@ -268,8 +337,17 @@ void copy(const Tensor& dst, const Tensor& src, const Stream& stream) {
   stream.enqueue([keep = src] {});
 }
 
+Tensor clone(const Tensor& t, const Stream& stream) {
+  require_accelerator_tensor(t, "device clone");
+  ensure_current(t.device().kind());
+  Tensor out = backend(t.device().kind()).empty(t.meta(), stream);
+  copy(out, t, stream);
+  return out;
+}
+
 Fetch fetch(const Tensor& tensor, const Stream& stream) {
   require_accelerator_tensor(tensor, "fetch");
+  ensure_current(tensor.device().kind());
   Backend& b = backend(tensor.device().kind());
   const TensorMeta host_meta = tensor.meta().with_device(Device::cpu());
   Fetch out;
@@ -289,6 +367,7 @@ Fetch fetch(const Tensor& tensor, const Stream& stream) {
 
 Tensor empty_on(std::uint64_t stream_id, const TensorMeta& meta) {
   if (!meta.device().is_accelerator()) return Tensor::empty(meta);
+  ensure_current(meta.device().kind());
   return backend(meta.device().kind()).empty(meta, stream_for(stream_id, meta.device()));
 }
 

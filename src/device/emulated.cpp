@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -189,6 +190,7 @@ EmulatedBackend::EmulatedBackend()
     throw UsageError(
         fmt::format("setting MESHRT_EMULATED_DEVICES: expected at least 1 device per node, found {}", devices_));
   }
+  has_context_.assign(static_cast<std::size_t>(devices_), false);
   if (delay_.count() < 0) {
     throw UsageError(
         fmt::format("setting MESHRT_EMULATED_DELAY_US: expected a delay >= 0 microseconds, found {}", delay_.count()));
@@ -202,8 +204,19 @@ void EmulatedBackend::check_device(int index, const char* what) const {
   }
 }
 
+void EmulatedBackend::touch(int device) {
+  std::lock_guard lock(contexts_mutex_);
+  has_context_.at(static_cast<std::size_t>(device)) = true;
+}
+
+int EmulatedBackend::contexts() const {
+  std::lock_guard lock(contexts_mutex_);
+  return static_cast<int>(std::count(has_context_.begin(), has_context_.end(), true));
+}
+
 void EmulatedBackend::make_current(int index) {
   check_device(index, "make_current");
+  touch(index);  // cudaSetDevice creates the device's primary context (CUDA 12 and up)
   t_current_device = index;
 }
 
@@ -213,11 +226,13 @@ int EmulatedBackend::current() {
 
 Stream EmulatedBackend::create_stream(int device) {
   check_device(device, "create_stream");
+  touch(device);
   return Stream(std::make_shared<EmulatedStream>(device, next_stream_++, delay_, pool_));
 }
 
 Event EmulatedBackend::create_event(int device) {
   check_device(device, "create_event");
+  touch(device);
   return Event(std::make_shared<EmulatedEvent>());
 }
 
@@ -243,6 +258,7 @@ void EmulatedBackend::memset_async(void* dst, int value, std::size_t bytes, cons
 }
 
 std::shared_ptr<void> EmulatedBackend::pinned(std::size_t bytes) {
+  touch(t_current_device);  // cudaMallocHost creates a context on the current device
   return pinned_.allocate(bytes, 1);
 }
 

@@ -10,6 +10,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "device/backend.hpp"
 #include "device/pool.hpp"
@@ -78,18 +79,26 @@ class EmulatedBackend final : public Backend {
   std::shared_ptr<void> pinned(std::size_t bytes) override;
   PoolStats pool_stats() const override { return pool_.stats(); }
   void empty_cache() override { pool_.empty_cache(); }
+  int contexts() const override;
 
   // Whether [p, p + bytes) is live device memory of this backend (a collective given
   // anything else faults, as NCCL does on a host pointer).
   bool is_device_memory(const void* p, std::size_t bytes) const { return pool_.contains(p, bytes); }
   // Device memory outside any stream (Tensor::empty of an emulated meta).
-  std::shared_ptr<void> allocate_unordered(std::size_t bytes) { return pool_.allocate(bytes, 0); }
+  std::shared_ptr<void> allocate_unordered(int device, std::size_t bytes) {
+    touch(device);
+    return pool_.allocate(bytes, 0);
+  }
   void check_device(int index, const char* what) const;
+  // Counts `device`'s context the first time it is used, as a GPU creates one.
+  void touch(int device);
   // The calling thread's current device (make_current), 0 by default.
   static int current();
 
  private:
   int devices_;
+  mutable std::mutex contexts_mutex_;
+  std::vector<bool> has_context_;
   std::chrono::microseconds delay_;
   CachingPool pool_;
   CachingPool pinned_;

@@ -3,10 +3,14 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <atomic>
 #include <climits>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <type_traits>
@@ -117,18 +121,24 @@ struct MemoryFault : SystemError {
   using SystemError::SystemError;
 };
 
-// Scratch bytes for a member's part in shadow mode; otherwise the stream's own buffer.
-class Scratch {
+// The host memory of one member's part of a collective (scratch data in shadow mode, the
+// gathered blocks of a reduction), owned jointly with its wait: a part cut short by an
+// abort leaves its MPI request posted, and a peer that joins late still writes here.
+class Buffers {
  public:
-  Scratch(bool shadow, std::size_t bytes) : bytes_(shadow ? bytes : 0) {}
+  char* make(std::size_t bytes) { return blocks_.emplace_back(bytes).data(); }
+  // `buffer`, or scratch bytes of the same size in shadow mode.
   template <class P>
-  P or_(P buffer) {
-    return bytes_.empty() ? buffer : static_cast<P>(bytes_.data());
+  P or_scratch(bool shadow, P buffer, std::size_t bytes) {
+    return shadow ? static_cast<P>(make(bytes)) : buffer;
   }
 
  private:
-  std::vector<char> bytes_;
+  std::deque<std::vector<char>> blocks_;  // a deque: earlier blocks never move
 };
+
+// A member's part ended by an abort (ncclCommAbort ends the kernels in flight).
+struct Aborted {};
 
 struct CommState {
   MPI_Comm comm = MPI_COMM_NULL;
@@ -136,6 +146,9 @@ struct CommState {
   std::condition_variable cv;
   std::optional<std::string> error;
   bool aborted = false;
+  // `aborted`, readable without the mutex by a member's wait, which polls it between
+  // MPI_Testall calls (a lock there cost about a microsecond per small collective).
+  std::atomic<bool> abort_seen{false};
   bool destroyed = false;
   int pending = 0;
 };
@@ -157,30 +170,35 @@ class EmulatedCommunicator final : public Communicator {
     check_reduction(reduction, dtype, "all_reduce");
     const std::size_t bytes = checked_bytes(count, dtype, 1, "all_reduce");
     const int n = size_;
-    submit(stream, "all_reduce", [=](MPI_Comm c, bool shadow) {
-      Scratch scratch(shadow, bytes);
+    submit(stream, "all_reduce", [=](MPI_Comm c, bool shadow, const Wait& wait) {
       if (!shadow) {
         check_memory(send, bytes, "all_reduce send buffer");
         check_memory(recv, bytes, "all_reduce receive buffer");
       }
-      std::vector<char> all(bytes * static_cast<std::size_t>(n));
-      MESHRT_MPI_CHECK(MPI_Allgather(scratch.or_(send), static_cast<int>(bytes), MPI_BYTE, all.data(),
-                                     static_cast<int>(bytes), MPI_BYTE, c));
-      if (!shadow) reduce_blocks(all.data(), bytes, n, count, dtype, reduction, recv);
+      auto keep = std::make_shared<Buffers>();
+      char* all = keep->make(bytes * static_cast<std::size_t>(n));
+      MPI_Request r = MPI_REQUEST_NULL;
+      MESHRT_MPI_CHECK(MPI_Iallgather(keep->or_scratch(shadow, send, bytes), static_cast<int>(bytes), MPI_BYTE, all,
+                                      static_cast<int>(bytes), MPI_BYTE, c, &r));
+      wait(&r, 1, keep);
+      if (!shadow) reduce_blocks(all, bytes, n, count, dtype, reduction, recv);
     });
   }
 
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
     const std::size_t bytes = checked_bytes(count, dtype, size_, "all_gather");
-    const int n = size_;
-    submit(stream, "all_gather", [=](MPI_Comm c, bool shadow) {
-      Scratch in(shadow, bytes), out(shadow, bytes * static_cast<std::size_t>(n));
+    const auto n = static_cast<std::size_t>(size_);
+    submit(stream, "all_gather", [=](MPI_Comm c, bool shadow, const Wait& wait) {
       if (!shadow) {
         check_memory(send, bytes, "all_gather send buffer");
-        check_memory(recv, bytes * static_cast<std::size_t>(n), "all_gather receive buffer");
+        check_memory(recv, bytes * n, "all_gather receive buffer");
       }
-      MESHRT_MPI_CHECK(MPI_Allgather(in.or_(send), static_cast<int>(bytes), MPI_BYTE, out.or_(recv),
-                                     static_cast<int>(bytes), MPI_BYTE, c));
+      auto keep = std::make_shared<Buffers>();
+      MPI_Request r = MPI_REQUEST_NULL;
+      MESHRT_MPI_CHECK(MPI_Iallgather(keep->or_scratch(shadow, send, bytes), static_cast<int>(bytes), MPI_BYTE,
+                                      keep->or_scratch(shadow, recv, bytes * n), static_cast<int>(bytes), MPI_BYTE, c,
+                                      &r));
+      wait(&r, 1, keep);
     });
   }
 
@@ -189,35 +207,40 @@ class EmulatedCommunicator final : public Communicator {
     check_reduction(reduction, dtype, "reduce_scatter");
     const std::size_t bytes = checked_bytes(count, dtype, size_, "reduce_scatter");
     const int n = size_;
-    submit(stream, "reduce_scatter", [=](MPI_Comm c, bool shadow) {
-      Scratch in(shadow, bytes * static_cast<std::size_t>(n));
+    submit(stream, "reduce_scatter", [=](MPI_Comm c, bool shadow, const Wait& wait) {
+      const std::size_t total = bytes * static_cast<std::size_t>(n);
       if (!shadow) {
-        check_memory(send, bytes * static_cast<std::size_t>(n), "reduce_scatter send buffer");
+        check_memory(send, total, "reduce_scatter send buffer");
         check_memory(recv, bytes, "reduce_scatter receive buffer");
       }
       // Block r of every member comes to member r, which reduces them in member order.
-      std::vector<char> mine(bytes * static_cast<std::size_t>(n));
-      MESHRT_MPI_CHECK(MPI_Alltoall(in.or_(send), static_cast<int>(bytes), MPI_BYTE, mine.data(),
-                                    static_cast<int>(bytes), MPI_BYTE, c));
-      if (!shadow) reduce_blocks(mine.data(), bytes, n, count, dtype, reduction, recv);
+      auto keep = std::make_shared<Buffers>();
+      char* mine = keep->make(total);
+      MPI_Request r = MPI_REQUEST_NULL;
+      MESHRT_MPI_CHECK(MPI_Ialltoall(keep->or_scratch(shadow, send, total), static_cast<int>(bytes), MPI_BYTE, mine,
+                                     static_cast<int>(bytes), MPI_BYTE, c, &r));
+      wait(&r, 1, keep);
+      if (!shadow) reduce_blocks(mine, bytes, n, count, dtype, reduction, recv);
     });
   }
 
   void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
     const std::size_t bytes = checked_bytes(count, dtype, size_, "all_to_all");
-    const int n = size_;
-    submit(stream, "all_to_all", [=](MPI_Comm c, bool shadow) {
-      Scratch in(shadow, bytes * static_cast<std::size_t>(n)), out(shadow, bytes * static_cast<std::size_t>(n));
+    const std::size_t total = bytes * static_cast<std::size_t>(size_);
+    submit(stream, "all_to_all", [=](MPI_Comm c, bool shadow, const Wait& wait) {
       if (!shadow) {
-        check_memory(send, bytes * static_cast<std::size_t>(n), "all_to_all send buffer");
-        check_memory(recv, bytes * static_cast<std::size_t>(n), "all_to_all receive buffer");
+        check_memory(send, total, "all_to_all send buffer");
+        check_memory(recv, total, "all_to_all receive buffer");
         if (send == recv)
           throw MemoryFault(
               "all_to_all: expected distinct send and receive buffers (NCCL has no "
               "in-place all-to-all), found one buffer");
       }
-      MESHRT_MPI_CHECK(MPI_Alltoall(in.or_(send), static_cast<int>(bytes), MPI_BYTE, out.or_(recv),
-                                    static_cast<int>(bytes), MPI_BYTE, c));
+      auto keep = std::make_shared<Buffers>();
+      MPI_Request r = MPI_REQUEST_NULL;
+      MESHRT_MPI_CHECK(MPI_Ialltoall(keep->or_scratch(shadow, send, total), static_cast<int>(bytes), MPI_BYTE,
+                                     keep->or_scratch(shadow, recv, total), static_cast<int>(bytes), MPI_BYTE, c, &r));
+      wait(&r, 1, keep);
     });
   }
 
@@ -231,18 +254,17 @@ class EmulatedCommunicator final : public Communicator {
       (void)checked_bytes(op.count, dtype, 1, "send_recv");
     }
     const std::size_t elsize = element_size(dtype);
-    submit(stream, "send_recv", [=](MPI_Comm c, bool shadow) {
+    submit(stream, "send_recv", [=](MPI_Comm c, bool shadow, const Wait& wait) {
       if (!shadow) {
         for (const PeerOp& op : copy)
           check_memory(op.buffer, op.count * elsize, op.send ? "send buffer" : "receive buffer");
       }
-      std::vector<Scratch> scratch;
-      scratch.reserve(copy.size());
+      auto keep = std::make_shared<Buffers>();
       std::vector<MPI_Request> requests;
       requests.reserve(copy.size());
       for (const PeerOp& op : copy) {
         const auto bytes = static_cast<int>(op.count * elsize);
-        void* buffer = scratch.emplace_back(shadow, op.count * elsize).or_(op.buffer);
+        void* buffer = keep->or_scratch(shadow, op.buffer, op.count * elsize);
         MPI_Request r = MPI_REQUEST_NULL;
         if (op.send) {
           MESHRT_MPI_CHECK(MPI_Isend(buffer, bytes, MPI_BYTE, op.peer, 0, c, &r));
@@ -251,7 +273,7 @@ class EmulatedCommunicator final : public Communicator {
         }
         requests.push_back(r);
       }
-      MESHRT_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+      wait(requests.data(), static_cast<int>(requests.size()), keep);
     });
   }
 
@@ -265,6 +287,7 @@ class EmulatedCommunicator final : public Communicator {
   void abort() noexcept override {
     std::lock_guard lock(state_->mutex);
     state_->aborted = true;
+    state_->abort_seen.store(true);
   }
 
   void destroy() noexcept override {
@@ -316,13 +339,23 @@ class EmulatedCommunicator final : public Communicator {
     }
   }
 
-  // `op(comm, shadow)` is this member's part of a collective. With `shadow` it moves
-  // scratch data of the same sizes and touches none of the stream's buffers: a member
-  // whose stream faulted, or whose buffers are not device memory, still takes part, so its
-  // peers complete (their results depend on a failed rank, which that rank reports) and no
-  // one waits forever. The fault belongs to the stream, as a sticky CUDA error does, not to
-  // the communicator, which stays usable.
-  void submit(const Stream& stream, const char* what, std::function<void(MPI_Comm, bool)> op) {
+  // Waits for a member's requests as NCCL's kernels wait for their peers: until they
+  // complete, or until the communicator is aborted (from the thread that issues its work,
+  // ncclCommAbort's rule), which throws Aborted. The requests then stay posted (a
+  // collective cannot be cancelled) and `keep` is never freed, so a peer that joins late
+  // completes against valid memory; the caller keeps the stream's own buffers alive the
+  // same way (the data plane's abandoned buffers).
+  using Wait = std::function<void(MPI_Request*, int, const std::shared_ptr<Buffers>&)>;
+
+  // `op(comm, shadow, wait)` is this member's part of a collective. With `shadow` it
+  // moves scratch data of the same sizes and touches none of the stream's buffers: a
+  // member whose stream faulted, or whose buffers are not device memory, still takes
+  // part, so its peers complete (their results depend on a failed rank, which that rank
+  // reports) and no one waits forever. The fault belongs to the stream, as a sticky CUDA
+  // error does, not to the communicator, which stays usable. A part that an abort ends
+  // while it waits leaves the stream healthy, as ncclCommAbort ends a kernel (the command
+  // it served has failed already); work enqueued on an aborted one faults the stream.
+  void submit(const Stream& stream, const char* what, std::function<void(MPI_Comm, bool, const Wait&)> op) {
     auto& s = static_cast<EmulatedStream&>(stream_impl(stream, Accelerator::Emulated, what));
     if (s.device() != device_) {
       throw UsageError(fmt::format("{} on {}: expected a stream of emulated:{}, found {}", what, describe(), device_,
@@ -349,21 +382,62 @@ class EmulatedCommunicator final : public Communicator {
         if (state->aborted) throw SystemError(fmt::format("{} on {}: the communicator was aborted", what, text));
         if (state->error) throw SystemError(fmt::format("{} on {}: the communicator failed before", what, text));
       }
-      if (EmulatedStream::faulted_now()) {
-        op(state->comm, true);  // the stream's own error stands
-        return;
-      }
+      const Wait wait = [&state = *state](MPI_Request* requests, int n, const std::shared_ptr<Buffers>& keep) {
+        std::optional<std::chrono::steady_clock::time_point> start;
+        std::chrono::steady_clock::duration waited{0};
+        for (unsigned polls = 0;; ++polls) {
+          int complete = 0;
+          MESHRT_MPI_CHECK(MPI_Testall(n, requests, &complete, MPI_STATUSES_IGNORE));
+          if (complete) return;
+          if (state.abort_seen.load(std::memory_order_relaxed)) {
+            abandon(keep);
+            throw Aborted{};
+          }
+          // MPI progresses a non-blocking collective only inside its calls: spin for 20 us
+          // (a small collective's wait), yield until 1 ms, then poll gently, as the worker
+          // polls its collectives (common/backoff.hpp, kInFlight). The clock is read every
+          // 16 polls only.
+          if (polls % 16 == 0) {
+            const auto now = std::chrono::steady_clock::now();
+            if (!start) start = now;
+            waited = now - *start;
+          }
+          if (waited >= std::chrono::milliseconds(1)) {
+            std::this_thread::sleep_for(std::chrono::microseconds(50));
+          } else if (waited >= std::chrono::microseconds(20)) {
+            std::this_thread::yield();
+          }
+        }
+      };
       try {
-        op(state->comm, false);
-      } catch (const MemoryFault& e) {
-        op(state->comm, true);
-        throw MemoryFault(fmt::format("{} on {}: {}", what, text, e.what()));  // faults the stream
-      } catch (const std::exception& e) {
-        std::lock_guard lock(state->mutex);
-        if (!state->error) state->error = fmt::format("{} on {}: {}", what, text, e.what());
-        throw;
+        if (EmulatedStream::faulted_now()) {
+          op(state->comm, true, wait);  // the stream's own error stands
+          return;
+        }
+        try {
+          op(state->comm, false, wait);
+        } catch (const MemoryFault& e) {
+          op(state->comm, true, wait);
+          throw MemoryFault(fmt::format("{} on {}: {}", what, text, e.what()));  // faults the stream
+        } catch (const Aborted&) {
+          throw;
+        } catch (const std::exception& e) {
+          std::lock_guard lock(state->mutex);
+          if (!state->error) state->error = fmt::format("{} on {}: {}", what, text, e.what());
+          throw;
+        }
+      } catch (const Aborted&) {
+        // Ended by abort(): the worker failed the command; the stream goes on.
       }
     });
+  }
+
+  // Buffers of a part ended by an abort: kept until the process ends.
+  static void abandon(const std::shared_ptr<Buffers>& keep) {
+    static std::mutex mutex;
+    static auto& kept = *new std::vector<std::shared_ptr<Buffers>>();
+    std::lock_guard lock(mutex);
+    kept.push_back(keep);
   }
 
   std::shared_ptr<CommState> state_;
@@ -385,6 +459,7 @@ std::unique_ptr<Communicator> create_emulated_communicator(MPI_Comm members, int
         "thread level");
   }
   emulated_backend().check_device(device, "emulated communicator");
+  emulated_backend().touch(device);  // ncclCommInitRank creates the device's context
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::min(
                                              timeout, std::chrono::duration<double>(std::chrono::hours(24 * 365))));

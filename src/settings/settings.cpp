@@ -42,6 +42,9 @@ constexpr std::array kSettings{
     Setting{"MESHRT_EMULATED_DEVICES", "8", "Devices per node of the emulated accelerator"},
     Setting{"MESHRT_EMULATED_DELAY_US", "0",
             "Microseconds the emulated accelerator sleeps before each stream operation (makes missing orderings show)"},
+    Setting{"MESHRT_DEVICE_TIMEOUT", "300",
+            "Seconds a device collective or send may wait for its peers once its stream reached it; then its "
+            "communicator is aborted and the command fails (0 = none)"},
     Setting{"MESHRT_DEVICE_POOL_BYTES", "1073741824",
             "Bytes of freed device memory each rank's stream-ordered pool keeps cached for reuse"},
     Setting{

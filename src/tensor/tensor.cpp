@@ -165,10 +165,17 @@ std::string_view name(Device::Kind kind) noexcept {
 namespace {
 thread_local int t_device_memory_access = 0;
 std::atomic<detail::DeviceAllocator> g_device_allocator{nullptr};
+std::atomic<detail::DeviceCopy> g_device_copy{nullptr};
+std::atomic<detail::DeviceZero> g_device_zero{nullptr};
 }  // namespace
 
 void detail::set_device_allocator(DeviceAllocator allocator) noexcept {
   g_device_allocator.store(allocator);
+}
+
+void detail::set_device_transfers(DeviceCopy copy, DeviceZero zero) noexcept {
+  g_device_copy.store(copy);
+  g_device_zero.store(zero);
 }
 
 DeviceMemoryAccess::DeviceMemoryAccess() noexcept {
@@ -335,23 +342,27 @@ Tensor::Storage::~Storage() {
 
 namespace {
 
-// dst and src of n bytes, on any pair of devices.
-// Emulated memory is host memory: the callers have checked DeviceMemoryAccess already.
-void copy_bytes(void* dst, const Device& dst_device, const void* src, const Device& src_device, std::size_t n) {
+// Plain host memory on both sides: host memory, or emulated device memory inside a stream
+// task (the one place the host may touch it).
+bool host_only(const Device& a, const Device& b) {
+  if (a.is_cuda() || b.is_cuda()) return false;
+  return (a.is_cpu() && b.is_cpu()) || DeviceMemoryAccess::active();
+}
+
+// dst and src of n bytes, on any pair of devices: accelerator memory through the device
+// layer's ordered copy (detail::set_device_transfers).
+void copy_bytes(void* dst, const Device& dst_device, const void* src, const Device& src_device, std::size_t n,
+                const char* what) {
   if (n == 0) return;
-  if (!dst_device.is_cuda() && !src_device.is_cuda()) {
+  if (host_only(dst_device, src_device)) {
     std::memcpy(dst, src, n);
     return;
   }
-#if MESHRT_HAVE_CUDA
-  const cudaMemcpyKind kind = src_device.is_cpu()   ? cudaMemcpyHostToDevice
-                              : dst_device.is_cpu() ? cudaMemcpyDeviceToHost
-                                                    : cudaMemcpyDeviceToDevice;
-  DeviceGuard guard(dst_device.is_cuda() ? dst_device.index() : src_device.index());
-  MESHRT_CUDA_CHECK(cudaMemcpy(dst, src, n, kind));
-#else
-  throw UsageError("tensor copy: expected CPU tensors in a build without CUDA, found a CUDA tensor");
-#endif
+  require_cuda(dst_device, what);
+  require_cuda(src_device, what);
+  const detail::DeviceCopy copy = g_device_copy.load();
+  if (!copy) throw UsageError(fmt::format("{}: expected the device layer's copies installed, found none", what));
+  copy(dst, dst_device, src, src_device, n);
 }
 
 }  // namespace
@@ -383,15 +394,13 @@ Tensor Tensor::adopt_device(const TensorMeta& meta, std::shared_ptr<void> buffer
 }
 
 Tensor Tensor::zeros(const TensorMeta& meta) {
-  require_host_access(meta, "Tensor::zeros");
   Tensor t = empty(meta);
-  if (!meta.device().is_cuda()) {
+  if (host_only(meta.device(), meta.device())) {
     std::memset(t.raw_data(), 0, meta.nbytes());
-  } else {
-#if MESHRT_HAVE_CUDA
-    DeviceGuard guard(meta.device().index());
-    MESHRT_CUDA_CHECK(cudaMemset(t.raw_data(), 0, meta.nbytes()));
-#endif
+  } else if (meta.nbytes() > 0) {
+    const detail::DeviceZero zero = g_device_zero.load();
+    if (!zero) throw UsageError("Tensor::zeros: expected the device layer's zero fill installed, found none");
+    zero(t.raw_data(), meta.device(), meta.nbytes());
   }
   return t;
 }
@@ -445,9 +454,8 @@ double Tensor::item() const {
 
 Tensor Tensor::clone() const {
   if (!defined()) return {};
-  require_host_access(meta_, "Tensor::clone");
   Tensor t = empty(meta_);
-  copy_bytes(t.raw_data(), device(), raw_data(), device(), nbytes());
+  copy_bytes(t.raw_data(), device(), raw_data(), device(), nbytes(), "Tensor::clone");
   return t;
 }
 
@@ -455,10 +463,8 @@ Tensor Tensor::to(const Device& target) const {
   if (!defined()) throw UsageError("Tensor::to: expected a defined tensor, found an undefined one");
   if (target == device()) return *this;
   require_cuda(target, "Tensor::to");
-  require_host_access(meta_, "Tensor::to");
-  require_host_access(meta_.with_device(target), "Tensor::to");
   Tensor t = empty(meta_.with_device(target));
-  copy_bytes(t.raw_data(), target, raw_data(), device(), nbytes());
+  copy_bytes(t.raw_data(), target, raw_data(), device(), nbytes(), "Tensor::to");
   return t;
 }
 
@@ -468,9 +474,7 @@ void Tensor::copy_from(const Tensor& other) {
                                  defined() ? meta_.to_string() : "undefined",
                                  other.defined() ? other.meta_.to_string() : "undefined"));
   }
-  require_host_access(meta_, "Tensor::copy_from");
-  require_host_access(other.meta_, "Tensor::copy_from");
-  copy_bytes(raw_data(), device(), other.raw_data(), other.device(), nbytes());
+  copy_bytes(raw_data(), device(), other.raw_data(), other.device(), nbytes(), "Tensor::copy_from");
 }
 
 Tensor Tensor::reshape(std::vector<std::int64_t> shape) const {

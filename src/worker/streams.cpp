@@ -3,9 +3,7 @@
 namespace meshrt::detail {
 namespace {
 
-// The accelerator kind this rank's streams carry events on, or Cpu (none). A cuda job
-// orders only streams whose CUDA side already exists, so no context is made for borrows
-// of a CPU-only program.
+// The accelerator kind this rank's streams carry events on, or Cpu (none).
 Device::Kind event_kind() {
   const device::Placement p = device::placement();
   return device::device_kind(p.accelerator);
@@ -37,11 +35,8 @@ device::Stream StreamHandle::device(Device::Kind kind) const {
   return device::stream_for(id(), device::rank_device(kind));
 }
 
-void* StreamHandle::native() const {
-  // As before the device layer: non-default streams of a cuda job are CUDA streams; the
-  // default stream is now one too once device work needs it (never the legacy stream).
-  if (event_kind() != Device::Kind::Cuda || is_default()) return nullptr;
-  return device(Device::Kind::Cuda).native();
+device::Stream StreamHandle::existing(Device::Kind kind) const {
+  return device::existing_stream(id(), device::rank_device(kind));
 }
 
 StreamHandle make_stream(bool is_default, std::uint64_t id) {
@@ -51,7 +46,9 @@ StreamHandle make_stream(bool is_default, std::uint64_t id) {
 BorrowEvents borrow_create(const StreamHandle& from) {
   const Device::Kind kind = event_kind();
   if (kind == Device::Kind::Cpu) return {};
-  const device::Stream s = from.device(kind);
+  // No device stream yet: no device work on the origin for the borrower to wait for.
+  const device::Stream s = from.existing(kind);
+  if (!s.defined()) return {{}, kind, false};
   device::Event e = device::backend(kind).create_event(s.device());
   e.record(s);
   return {std::move(e), kind, false};
@@ -63,9 +60,11 @@ void borrow_first_use(BorrowEvents& b, const StreamHandle& to) {
 }
 
 void borrow_drop(BorrowEvents& b, const StreamHandle& from, const StreamHandle& to) {
-  if (!b.used || !b.created.defined()) return;
-  // The origin may reuse the memory only after the borrower's work on it.
-  const device::Stream borrower = to.device(b.kind);
+  if (!b.used || b.kind == Device::Kind::Cpu) return;
+  // The origin may reuse the memory only after the borrower's device work on it (none
+  // when the borrower's device stream does not exist).
+  const device::Stream borrower = to.existing(b.kind);
+  if (!borrower.defined()) return;
   device::Event done = device::backend(b.kind).create_event(borrower.device());
   done.record(borrower);
   done.wait(from.device(b.kind));

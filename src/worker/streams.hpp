@@ -3,7 +3,9 @@
 // enforces their rules). On an accelerator a meshrt stream is one device stream per rank
 // (device::stream_for), created when device work first needs it, and a borrow is a pair
 // of device events: recorded on the origin at creation, waited on by the borrower at
-// first use, and at drop the origin waits for the borrower.
+// first use, and at drop the origin waits for the borrower. A borrow orders only device
+// streams that device work already made: a stream without one has no device work to
+// wait for, and a CPU-only program's borrows so create no stream and no context.
 #pragma once
 
 #include <cstdint>
@@ -23,9 +25,8 @@ class StreamHandle {
   // The device stream of this meshrt stream on this rank's device of `kind` (an
   // accelerator kind), created on first use.
   device::Stream device(Device::Kind kind) const;
-  // The cudaStream_t a kernel launches on: on a cuda job, the CUDA stream of this meshrt
-  // stream; nullptr on the CPU and on emulated (whose kernels enqueue on device()).
-  void* native() const;
+  // That device stream if device work made it already, else an undefined one.
+  device::Stream existing(Device::Kind kind) const;
 
  private:
   struct State;

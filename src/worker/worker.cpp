@@ -94,18 +94,52 @@ struct Worker::Impl {
 
   // ------------------------------------------------------------------ replies
 
-  void reply(const Reply& r) {
+  void send_reply(const Reply& r) {
     auto bytes = std::make_shared<control::Bytes>(encode(r));
     channel->send(control::kControllerRank, control::Tag::Reply, std::move(bytes));
     // With the tree only failures and fetch results take this path (counted_direct).
     if (tree) counted_direct();
   }
 
+  // A device fetch whose copies are still in flight: its FetchResult goes once every
+  // copy's event completed (polled by the loop, poll_outgoing).
+  struct PendingFetch {
+    Ident ident = 0;
+    std::string function;
+    std::vector<Ref> mutates;
+    Value value;  // device leaves already replaced by their pinned host copies
+    std::vector<std::pair<device::Event, device::Stream>> copies;
+  };
+  // Replies behind a pending fetch wait in order: the controller counts a FetchResult or a
+  // failure for ident i as "everything up to i done on this rank" (controller/completion),
+  // so nothing that names a later ident may overtake the fetch's own result.
+  std::deque<std::variant<PendingFetch, Reply>> outgoing;
+
+  void reply(const Reply& r) {
+    if (outgoing.empty()) {
+      send_reply(r);
+    } else {
+      outgoing.emplace_back(r);
+    }
+  }
+
+  // What Status may claim: never past a fetch whose result has not been sent
+  // (DESIGN section 3's completion rule: the fetch's value must be there when it completes).
+  Ident reportable() const {
+    for (const auto& o : outgoing) {
+      if (const auto* f = std::get_if<PendingFetch>(&o)) return std::min(first_uncompleted, f->ident);
+    }
+    return first_uncompleted;
+  }
+
   void send_status(bool force) {
     if (tree) return;  // the subtree's report goes up the tree (report_up)
-    if (!force && first_uncompleted <= last_status_sent) return;
-    reply(Status{.first_uncompleted_ident = first_uncompleted, .live_values = static_cast<std::uint64_t>(env.size())});
-    last_status_sent = first_uncompleted;
+    const Ident done = reportable();
+    if (!force && done <= last_status_sent) return;
+    // A Status passes held replies: it claims nothing at or past the first pending fetch,
+    // and every held reply names an ident at or past it.
+    send_reply(Status{.first_uncompleted_ident = done, .live_values = static_cast<std::uint64_t>(env.size())});
+    last_status_sent = std::max(last_status_sent, done);
     last_status_time = Clock::now();
   }
 
@@ -169,7 +203,7 @@ struct Worker::Impl {
   void counted_direct() { direct_unreported[opt.rank] = ++direct_sent; }
 
   Ident subtree_min() const {
-    Ident m = first_uncompleted;
+    Ident m = reportable();  // never past this rank's pending fetch (reportable)
     for (const auto& [rank, v] : child_min) m = std::min(m, v);
     return m;
   }
@@ -265,7 +299,9 @@ struct Worker::Impl {
 
   CallContext context(Ref mesh_ref, Ref stream_ref) const {
     const StreamValue& stream = get_as<StreamValue>(stream_ref, "stream");
-    if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, stream.id, Device::cpu(), stream.handle.native());
+    // CPU kernels get no native stream: making one would create a CUDA context for a
+    // CPU-only program (DESIGN section 9).
+    if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, stream.id, Device::cpu(), nullptr);
     const auto& mesh = get_as<std::shared_ptr<WorkerMesh>>(mesh_ref, "mesh");
     // Kernels get this rank's own device of the kind the mesh is placed on.
     const auto kind = mesh_kinds.find(mesh_ref.id);
@@ -273,11 +309,9 @@ struct Worker::Impl {
                              ? Device::cpu()
                              : device::rank_device(kind->second);
     // A cuda mesh's kernels launch on the CUDA stream of this meshrt stream (never the
-    // legacy default stream); CPU meshes keep the handle's (a CUDA stream only for the
-    // non-default streams of a cuda job), emulated ones enqueue through the device layer.
-    void* native = where.is_cuda()  ? stream.handle.device(Device::Kind::Cuda).native()
-                   : where.is_cpu() ? stream.handle.native()
-                                    : nullptr;
+    // legacy default stream); CPU meshes get none (no CUDA context for CPU work), emulated
+    // ones enqueue through the device layer.
+    void* native = where.is_cuda() ? stream.handle.device(Device::Kind::Cuda).native() : nullptr;
     return CallContext(opt.rank, mesh->names(), mesh->coordinates(), stream.id, where, native);
   }
   std::unordered_map<std::uint64_t, Device::Kind> mesh_kinds;
@@ -402,19 +436,22 @@ struct Worker::Impl {
         value = outputs.size() == 1 ? Value(outputs[0]) : Value(Value::List(outputs.begin(), outputs.end()));
       }
       // Device tensors travel as host copies, made in the order of the fetch's device
-      // stream (after the kernels that wrote them). TODO(issue 12): poll the copy's event
-      // from the loop instead of waiting for it here.
-      value = value.map([&c](const Value& leaf) {
+      // stream (after the kernels that wrote them) into pinned memory. The loop polls the
+      // copies' events (poll_outgoing): later commands run meanwhile.
+      PendingFetch pending{.ident = c.ident, .function = function, .mutates = c.mutates, .value = {}, .copies = {}};
+      pending.value = value.map([&](const Value& leaf) {
         if (!leaf.is_tensor() || leaf.as_tensor().device().is_cpu()) return leaf;
         const Tensor& t = leaf.as_tensor();
         const device::Stream s = device::stream_for(c.stream.id, t.device());
         device::Fetch f = device::fetch(t, s);
-        f.done.synchronize();
-        if (auto error = s.error())
-          throw SystemError(fmt::format("fetch of {}: device error: {}", t.to_string(), *error));
+        pending.copies.emplace_back(std::move(f.done), s);
         return Value(std::move(f.host));
       });
-      reply(FetchResult{.ident = c.ident, .value = std::move(value)});
+      if (pending.copies.empty()) {
+        reply(FetchResult{.ident = c.ident, .value = std::move(pending.value)});
+      } else {
+        outgoing.emplace_back(std::move(pending));
+      }
       // The controller counts a FetchResult as the invocation's completion on this rank:
       // no Status needs to follow it.
       last_status_sent = std::max(last_status_sent, c.ident + 1);
@@ -440,6 +477,54 @@ struct Worker::Impl {
              kind == c.factory.device().kind();
     }
   } reduce_words;
+
+  // Sends what is ready at the head of `outgoing`, in order; true when something went.
+  bool poll_outgoing() {
+    bool moved = false;
+    while (!outgoing.empty()) {
+      if (const auto* r = std::get_if<Reply>(&outgoing.front())) {
+        send_reply(*r);
+      } else if (!finish_fetch(std::get<PendingFetch>(outgoing.front()))) {
+        break;
+      }
+      outgoing.pop_front();
+      moved = true;
+    }
+    return moved;
+  }
+
+  // Sends a pending fetch's result (or its failure) once its copies completed; false
+  // while one is still in flight. A faulted stream fails the fetch with the device's
+  // message, as the copy's value cannot be trusted.
+  bool finish_fetch(PendingFetch& f) {
+    std::optional<std::string> error;
+    try {
+      for (const auto& [done, stream] : f.copies) {
+        if (!done.query()) return false;
+      }
+      for (const auto& [done, stream] : f.copies) {
+        if (auto e = stream.error()) {
+          error = fmt::format("{} on rank {}: the copy to the host on {} failed: device error: {}", f.function,
+                              opt.rank, stream.to_string(), *e);
+          break;
+        }
+      }
+    } catch (const std::exception& e) {
+      error = fmt::format("{} on rank {}: polling the copy to the host failed: {}", f.function, opt.rank, e.what());
+    }
+    if (error) {
+      for (Ref r : f.mutates) define(r, DependentOnError{f.ident});
+      MESHRT_LOG(info) << "function " << f.function << " (ident " << f.ident << ") failed: " << *error;
+      send_reply(RemoteFunctionFailed{.ident = f.ident,
+                                      .error = std::move(*error),
+                                      .rank = opt.rank,
+                                      .function = f.function,
+                                      .exception_type = "meshrt::SystemError"});
+    } else {
+      send_reply(FetchResult{.ident = f.ident, .value = std::move(f.value)});
+    }
+    return true;
+  }
 
   void run(Reduce& c) {
     const auto& mesh = std::get<std::shared_ptr<WorkerMesh>>(get(c.mesh, "mesh"));
@@ -852,6 +937,7 @@ struct Worker::Impl {
       const std::uint64_t rung = doorbell ? channel->rings() : 0;
       bool worked = receive();
       if (tree && receive_tree()) worked = true;
+      if (!outgoing.empty() && poll_outgoing()) worked = true;
       if (in_flight) {
         bool done = false;
         try {
@@ -887,6 +973,10 @@ struct Worker::Impl {
       } else {
         backoff.pause();
       }
+    }
+    // Fetches still copying finish first (their events complete even on a faulted stream).
+    while (!outgoing.empty()) {
+      if (!poll_outgoing()) backoff.pause();
     }
     send_status(false);
     if (tree) {

@@ -10,6 +10,9 @@
 // missing-ordering test is the emulator's own and runs on it only.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "meshrt/device.hpp"
 #include "runtime_support.hpp"
 
@@ -71,6 +74,34 @@ std::vector<Tensor> fault_kernel(CallContext& ctx, Args& args) {
   return out;
 }
 
+// test.busy(tasks): `tasks` host tasks of 1 ms each on the call's device stream (on top of
+// the emulator's delay), so that what follows on that stream waits behind them.
+Signature busy_shape(const ArgMetas& args) {
+  args.expect_count(1, 1);
+  (void)args.integer(0);
+  return {.outputs = {TensorMeta({}, DType::Float32)}, .mutates = {}};
+}
+std::vector<Tensor> busy_kernel(CallContext& ctx, Args& args) {
+  const device::Stream s = device::stream_for(ctx.stream_id(), device::rank_device(test_kind()));
+  for (std::int64_t i = 0; i < args.integer(0); ++i) {
+    s.enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
+  }
+  return {Tensor::zeros(TensorMeta({}, DType::Float32))};
+}
+
+// test.stream_idle(): 1 when the call's device stream has run everything enqueued on it,
+// else 0. A CPU kernel: it runs on the worker thread when the worker reaches it.
+Signature idle_shape(const ArgMetas& args) {
+  args.expect_count(0, 0);
+  return {.outputs = {TensorMeta({}, DType::Float32)}, .mutates = {}};
+}
+std::vector<Tensor> idle_kernel(CallContext& ctx, Args&) {
+  const device::Stream s = device::stream_for(ctx.stream_id(), device::rank_device(test_kind()));
+  return {Tensor::from<float>({}, {s.query() ? 1.0f : 0.0f})};
+}
+
+MESHRT_REGISTER_FUNCTION("test.busy", busy_kernel, busy_shape);
+MESHRT_REGISTER_FUNCTION("test.stream_idle", idle_kernel, idle_shape);
 MESHRT_REGISTER_FUNCTION("test.on_emulated", on_emulated_kernel, on_emulated_shape);
 MESHRT_REGISTER_FUNCTION("test.fault", fault_kernel, fault_shape);
 MESHRT_REGISTER_FUNCTION("test.unordered_fetch", switch_kernel, switch_shape);
@@ -178,6 +209,12 @@ TEST(RuntimeEmulated, AFaultOnOneRankFailsItsDependentsAndHangsNothing) {
           ADD_FAILURE() << "expected a RemoteError for host " << h << ", gpu " << g;
         } catch (const RemoteError& e) {
           EXPECT_NE(std::string(e.what()).find("an asynchronous kernel fault"), std::string::npos) << e.what();
+          // The worker's message names the operation once: "<op> failed on rank 1: device error: ..."
+          const std::string& message = e.worker_message();
+          const auto op = message.find("all_reduce sum over dimension 'gpu'");
+          EXPECT_NE(op, std::string::npos) << message;
+          EXPECT_EQ(message.find("all_reduce", op + 1), std::string::npos) << message;
+          EXPECT_NE(message.find("failed on rank 1: device error: "), std::string::npos) << message;
         }
       }
     }
@@ -188,6 +225,62 @@ TEST(RuntimeEmulated, AFaultOnOneRankFailsItsDependentsAndHangsNothing) {
       ctl.synchronize();
     } catch (const Error&) {
       // raising is as good as returning: the point is that it comes back
+    }
+  });
+}
+
+// A device fetch does not hold the worker: its copy is enqueued on the value's stream and
+// the loop polls its event. A later command on that stream runs (on the host) while the
+// copy still waits behind the stream's work, and both fetches give their values.
+TEST(RuntimeEmulated, AFetchLetsLaterCommandsRunWhileItsCopyIsPending) {
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
+    Stream side = ctl.stream("side");
+    DTensor x = mesh.call_on(side, "test.on_emulated", {{4}, 20.0}).at(0);  // rank r holds 20 + r
+    (void)mesh.call_on(side, "test.busy", {300});                           // about a second of work ahead of the copy
+    Future<Tensor> value = ctl.fetch_shard(x, {{"host", 1}, {"gpu", 0}});
+    DTensor idle = mesh.call_on(side, "test.stream_idle", {}).at(0);
+    Future<Tensor> probe = ctl.fetch_shard(idle, {{"host", 1}, {"gpu", 0}});
+    // A function that fails on the same rank while the copy is pending: its failure names
+    // a later ident, so it must not reach the controller before the fetch's value (it
+    // would count the fetch complete without one).
+    DTensor failed = mesh.call("meshrt.fail", "a failure behind a pending fetch", Value::list({Value(2)}));
+    // A fetch that waited for its copy would have drained the stream before the probe ran.
+    EXPECT_EQ(first(probe.get()), 0.0f) << "the probe ran only after the fetch's copy completed";
+    EXPECT_EQ(first(value.get()), 22.0f);
+    try {
+      (void)ctl.fetch_shard(failed, {{"host", 1}, {"gpu", 0}}).get();
+      ADD_FAILURE() << "expected a RemoteError";
+    } catch (const RemoteError& e) {
+      EXPECT_NE(std::string(e.what()).find("a failure behind a pending fetch"), std::string::npos) << e.what();
+    }
+    try {
+      ctl.synchronize();
+    } catch (const Error&) {
+      // the failure may be raised again here
+    }
+  });
+}
+
+// A fetch from a rank whose stream faulted raises RemoteError with the device's message;
+// the same value from a healthy rank fetches right.
+TEST(RuntimeEmulated, AFetchOnAFaultedStreamRaisesRemoteError) {
+  if (test_kind() != DeviceKind::Emulated) GTEST_SKIP() << "a throwing stream task is the emulator's fault";
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
+    DTensor x = mesh.call("test.fault", {4}, 7.0, 3);  // rank 3's default stream faults
+    try {
+      (void)ctl.fetch_shard(x, {{"host", 1}, {"gpu", 1}}).get();
+      ADD_FAILURE() << "expected a RemoteError from the faulted rank";
+    } catch (const RemoteError& e) {
+      EXPECT_NE(std::string(e.what()).find("an asynchronous kernel fault"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("copy to the host"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(first(ctl.fetch_shard(x, {{"host", 0}, {"gpu", 1}}).get()), 8.0f);
+    try {
+      ctl.synchronize();
+    } catch (const Error&) {
+      // the fault may be raised again here: the point is that it comes back
     }
   });
 }
