@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -224,23 +225,34 @@ void check_table() {
 }
 
 const Function* find(std::string_view name) {
-  // Each thread keeps its last hit: programs call the same few functions in loops, and
-  // the locked map search cost ~350 instructions per call on the controller and again on
-  // every worker (meshrt-bench dispatch under callgrind).
-  struct Last {
-    std::uint64_t version = 0;
+  // Each thread keeps its last few hits: programs call the same few functions in loops,
+  // and the locked map search cost ~350 instructions per call on the controller and again
+  // on every worker (meshrt-bench dispatch and soak under callgrind).
+  struct Hit {
     std::string name;
     const Function* function = nullptr;
   };
-  thread_local Last last;
+  struct Hits {
+    std::uint64_t version = 0;
+    std::array<Hit, 8> hits;
+    std::size_t next = 0;  // the entry the next miss replaces
+  };
+  thread_local Hits cache;
   Table& t = table();
   const std::uint64_t version = t.version.load(std::memory_order_acquire);
-  if (last.function != nullptr && last.version == version && last.name == name) return last.function;
+  if (cache.version == version) {
+    for (const Hit& h : cache.hits) {
+      if (h.function != nullptr && h.name == name) return h.function;
+    }
+  }
   std::lock_guard lock(t.mutex);
   check_locked(t);
   const auto it = t.functions.find(name);
   if (it == t.functions.end()) return nullptr;
-  last = Last{t.version.load(std::memory_order_relaxed), std::string(name), &it->second};
+  const std::uint64_t now = t.version.load(std::memory_order_relaxed);
+  if (cache.version != now) cache = Hits{.version = now};
+  cache.hits[cache.next] = Hit{std::string(name), &it->second};
+  cache.next = (cache.next + 1) % cache.hits.size();
   return &it->second;
 }
 
