@@ -3,9 +3,13 @@
 // std::exception. That call fails on that rank only: every dependent fetch, through a
 // reduce that the bad rank joins too, raises RemoteError naming the function and the
 // rank; unrelated work gives correct values; synchronize() returns; the workers live on.
-// Runs at 4 ranks as a 2x2 mesh; every TEST is one session.
+// Runs at 4 ranks as a 2x2 mesh; every TEST is one session. With
+// MESHRT_TEST_PLACEMENT=emulated (and MESHRT_ACCELERATOR=emulated) the meshes are placed on
+// the emulated accelerator, and the kernels' outputs are device tensors
+// (kernel_failure_emulated).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -18,14 +22,20 @@ MESHRT_RUNTIME_TEST_ENVIRONMENT();
 
 namespace {
 
+DeviceKind placement() {
+  const char* p = std::getenv("MESHRT_TEST_PLACEMENT");
+  return p != nullptr && std::string(p) == "emulated" ? DeviceKind::Emulated : DeviceKind::Cpu;
+}
+
 struct Case {
   std::string mode;
   std::vector<std::string> expect;  // parts of the worker's message
 };
 
 void expect_poisoned_everywhere(Controller& ctl, const Case& c, int bad) {
-  Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", ctl.world_size() / 2}});
+  Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", ctl.world_size() / 2}}, placement());
   DTensor f = mesh.call("test.misbehave", c.mode, {bad});
+  ASSERT_EQ(f.meta().device().kind(), placement()) << "the mesh's placement reaches its calls";
   DTensor g = f.reduce("gpu", Reduction::Sum);   // the bad rank joins it too
   DTensor h = g.reduce("host", Reduction::Max);  // and a chain behind it
   DTensor unrelated = mesh.call("test.pattern", {2}, DType::Float32);
@@ -85,7 +95,7 @@ TEST(KernelFailure, BrokenPromiseOnOneRankFailsOnlyThatCall) {
 
 TEST(KernelFailure, UnobservedFailureIsRaisedBySynchronize) {
   session([](Controller& ctl) {
-    Mesh mesh = ctl.world_mesh({{"all", ctl.world_size()}});
+    Mesh mesh = ctl.world_mesh({{"all", ctl.world_size()}}, placement());
     DTensor f = mesh.call("test.misbehave", "throw42", {1});
     DTensor g = f.reduce("all", Reduction::Sum);
     try {

@@ -11,6 +11,12 @@ namespace {
 
 using namespace meshrt;
 
+// A kernel's output on this rank's device: a mesh placed on an accelerator expects its
+// outputs there (a CPU mesh keeps them on the host).
+Tensor on_device(Tensor t, const CallContext& ctx) {
+  return ctx.device().is_cpu() ? t : t.to(ctx.device());
+}
+
 // test.pattern(shape, dtype): element i on world rank r is r * 100 + i + 1.
 Signature pattern_shape(const ArgMetas& args) {
   args.expect_count(2, 2);
@@ -31,7 +37,7 @@ std::vector<Tensor> pattern_kernel(CallContext& ctx, Args& args) {
         p[i] = static_cast<T>(v);
     }
   });
-  return {t};
+  return {on_device(std::move(t), ctx)};
 }
 
 // test.bump_and_copy_(x): adds 1 to x in place (float64) and returns a copy of the result;
@@ -95,10 +101,10 @@ std::vector<Tensor> misbehave_kernel(CallContext& ctx, Args& args) {
     for (std::int64_t i = 0; i < n; ++i) t.data<float>()[i] = static_cast<float>(ctx.rank() * 100 + i + 1);
     return t;
   };
-  if (!bad) return {pattern(4)};
-  if (mode == "shape") return {pattern(3)};
-  if (mode == "dtype") return {Tensor::zeros(TensorMeta({4}, DType::Int32))};
-  if (mode == "count") return {pattern(4), pattern(4)};
+  if (!bad) return {on_device(pattern(4), ctx)};
+  if (mode == "shape") return {on_device(pattern(3), ctx)};
+  if (mode == "dtype") return {on_device(Tensor::zeros(TensorMeta({4}, DType::Int32)), ctx)};
+  if (mode == "count") return {on_device(pattern(4), ctx), on_device(pattern(4), ctx)};
   if (mode == "throw42") throw 42;
   if (mode == "runtime") throw std::runtime_error("misbehave: a plain runtime_error");
   throw std::invalid_argument("test.misbehave: unknown mode " + mode);
