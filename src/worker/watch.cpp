@@ -40,16 +40,23 @@ void on_sigusr1(int) {
 
 // Crash-time reporting is best effort: formatting allocates, which a signal handler
 // should not do, but the process is going down and the report is what matters most.
+// The report goes out in one write: a launcher that tears the job down on MPI_Abort (MPICH's
+// hydra, under load) may stop forwarding a dying rank's output between two writes.
 void on_fatal(int sig) {
   Monitor* m = g_monitor.load();
   const int rank = m ? m->rank() : -1;
-  write_stderr(fmt::format("\nmeshrt: rank {} caught signal {} ({}) while running:\n{}\nbacktrace:\n", rank, sig,
-                           strsignal(sig), m ? m->current_unlocked() : std::string("(no worker on this rank)")));
+  std::string report =
+      fmt::format("\nmeshrt: rank {} caught signal {} ({}) while running:\n{}\nbacktrace:\n", rank, sig, strsignal(sig),
+                  m ? m->current_unlocked() : std::string("(no worker on this rank)"));
   void* frames[64];
   const int n = backtrace(frames, 64);
-  backtrace_symbols_fd(frames, n, STDERR_FILENO);
-  write_stderr(
-      fmt::format("meshrt: rank {}: ending the whole job (MPI_Abort) so that no rank waits for this one\n", rank));
+  if (char** symbols = backtrace_symbols(frames, n)) {
+    for (int i = 0; i < n; ++i) report.append(symbols[i]).append("\n");
+  } else {
+    report += "(no symbols)\n";
+  }
+  report += fmt::format("meshrt: rank {}: ending the whole job (MPI_Abort) so that no rank waits for this one\n", rank);
+  write_stderr(report);
   // Ignored on purpose: it does not return when it works, and _exit follows if it fails.
   MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 128 + sig));
   _exit(128 + sig);
