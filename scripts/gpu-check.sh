@@ -82,8 +82,8 @@ fi
 
 # 4. The device suite on CUDA, every GPU skip a failure. NCCL refuses two ranks of one
 # communicator on one device: runtime_cuda sizes its NCCL lines to the GPU count (one rank
-# each with one GPU) and runs at up to 4 ranks; comm_nccl and the NCCL bootstrap need one
-# GPU per rank, so they run at min(GPUs, 8) ranks; runtime_emulated's program on cuda
+# each with one GPU) and runs at up to 4 ranks; the NCCL bootstrap needs one
+# GPU per rank, so it runs at min(GPUs, 8) ranks; runtime_emulated's program on cuda
 # needs 4 ranks on 4 GPUs (its 2x2 mesh) and runs only where there are 4; device_comm and
 # device_data_plane (written for 2 and 4 ranks) run at 2 or 4 ranks where there are 2 GPUs.
 NP=$((NGPU < 8 ? NGPU : 8))
@@ -107,7 +107,6 @@ run_test() {  # run_test NAME NP [gtest args]
 }
 run_test unit_functions 0 --gtest_filter='*Cuda*'
 run_test runtime_cuda $((NGPU >= 4 ? 4 : 2))
-run_test comm_nccl "$NP"
 run_test mpi_group_nccl "$NP"
 if [ "$NGPU" -ge 4 ]; then run_test runtime_emulated 4; fi
 if [ "$NGPU" -ge 2 ]; then
@@ -115,7 +114,7 @@ if [ "$NGPU" -ge 2 ]; then
   run_test device_data_plane $((NGPU >= 4 ? 4 : 2))
 fi
 if [ ${#suite_failed[@]} -eq 0 ]; then
-  step "device suite on CUDA" PASS "${suite_ran[*]} (comm_nccl at $NP rank(s), one per GPU)"
+  step "device suite on CUDA" PASS "${suite_ran[*]} (mpi_group_nccl at $NP rank(s), one per GPU)"
 else
   step "device suite on CUDA" FAIL "failed: ${suite_failed[*]} (logs in $LOG)"
 fi

@@ -1,7 +1,8 @@
 // comm: device meshes on a worker, their communicators, and the data plane that moves
 // tensors between ranks (docs/ARCHITECTURE.md sections 1 and 3.2: Reduce and SendTensor).
 //
-// CPU tensors go through MPI; CUDA tensors go through NCCL when meshrt is built with it.
+// CPU tensors go through MPI; accelerator tensors (cuda, emulated) through the device
+// layer's communicators (start_*_device; NCCL on cuda).
 // Every operation exists in two forms: start_*() returns a Pending that the worker's
 // event loop polls between control messages (so it keeps answering the controller while
 // a collective is in flight), and a blocking convenience (reduce(), send_tensor()).
@@ -34,11 +35,6 @@
 #include "meshrt/reduction.hpp"
 #include "meshrt/tensor.hpp"
 
-#if MESHRT_HAVE_NCCL
-// NCCL's own spelling of its handle, so nccl.h stays out of this header.
-typedef struct ncclComm* ncclComm_t;  // NOLINT(modernize-use-using): must match nccl.h
-#endif
-
 namespace meshrt {
 
 // A poisoned value: the ident of the invocation whose failure it depends on.
@@ -54,12 +50,6 @@ using Input = std::variant<Tensor, DependentOnError>;
 struct Outcome {
   Tensor tensor;
   std::optional<DependentOnError> broken;
-};
-
-// How a per-dimension NCCL communicator is created (see WorkerMesh::nccl_comm).
-enum class NcclCreation : std::uint8_t {
-  InitRank,  // coordinate 0 of each line: ncclGetUniqueId, MPI_Bcast, ncclCommInitRank
-  Split,     // ncclCommSplit of one per-mesh NCCL communicator
 };
 
 // One device mesh as one of its members sees it: names of dimensions, the NDSlice of
@@ -106,18 +96,6 @@ class WorkerMesh {
 
   // "[host=2, gpu=2]"
   std::string to_string() const;
-
-#if MESHRT_HAVE_NCCL
-  // The NCCL communicator of this rank's line along `dim`, on the CUDA device current at
-  // first use; created lazily (collective over the members), freed with the mesh.
-  ncclComm_t nccl_comm(std::size_t dim);
-  // Which way nccl_comm creates communicators (default InitRank). Set before first use.
-  void set_nccl_creation(NcclCreation how) noexcept;
-  // The NCCL communicator over all members (rank = index in ranks()), made on first use
-  // (collective over every member: make it before a SendTensor that involves only some):
-  // the parent of NcclCreation::Split and the channel of SendTensor for CUDA tensors.
-  ncclComm_t nccl_mesh_comm();
-#endif
 
  private:
   struct Impl;
@@ -242,10 +220,6 @@ struct OutputPoolStats {
 };
 OutputPoolStats output_pool_stats();
 
-// Aborts every NCCL communicator of this process (ncclCommAbort inside one group call),
-// so kernels stuck in NCCL return before the job ends. No-op without NCCL.
-void abort_nccl_communicators() noexcept;
-
 // As start_reduce / start_send_tensor, for accelerator tensors (cuda or emulated), over
 // the device layer's communicators, on the device stream of meshrt stream `stream_id`
 // (docs/ARCHITECTURE.md section 7). A reduction's communicator is the line's (made from the MPI
@@ -264,20 +238,5 @@ void abort_nccl_communicators() noexcept;
 // Destroys the cached device communicators (the runtime calls it before MPI_Finalize);
 // the next device operation makes new ones.
 void free_device_communicators() noexcept;
-
-#if MESHRT_HAVE_NCCL
-// The CUDA stream the NCCL data plane enqueues on (a cudaStream_t; nullptr is the legacy
-// default stream). Kept opaque so this header needs no CUDA header.
-using CudaStream = void*;
-// As start_reduce / start_send_tensor, for CUDA tensors, on `stream`. Pending::test
-// queries a CUDA event recorded after the operation. Bitwise reductions are refused.
-[[nodiscard]] std::unique_ptr<Pending> start_reduce_nccl(WorkerMesh& mesh, std::string_view dim, Reduction reduction,
-                                                         bool scatter, bool inplace, Input input,
-                                                         const TensorMeta& factory, CudaStream stream);
-[[nodiscard]] std::unique_ptr<Pending> start_send_tensor_nccl(WorkerMesh& mesh, const NDSlice& from_ranks,
-                                                              const NDSlice& to_ranks, Input input,
-                                                              const TensorMeta& factory, CudaStream stream,
-                                                              std::span<const std::int64_t> to_order = {});
-#endif
 
 }  // namespace meshrt

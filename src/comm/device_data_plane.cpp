@@ -226,7 +226,7 @@ std::unique_ptr<Pending> start_reduce_device(WorkerMesh& mesh, std::string_view 
                                              std::uint64_t stream_id) {
   const TensorMeta factory = local_factory(controller_factory);
   const detail::ReducePlan plan =
-      detail::plan_reduce(mesh, dim, reduction, scatter, inplace, factory, detail::Backend::Nccl);
+      detail::plan_reduce(mesh, dim, reduction, scatter, inplace, factory, detail::Backend::Device);
   auto p = std::make_unique<DevicePending>();
   p->kind = factory.device().kind();
   p->stream = device::stream_for(stream_id, factory.device());
@@ -280,7 +280,7 @@ std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, con
   int size = 0;
   MESHRT_MPI_CHECK(MPI_Comm_size(p2p, &size));
   const detail::SendPlan plan =
-      detail::plan_send(my_rank, size, from_ranks, to_ranks, factory, detail::Backend::Nccl, to_order);
+      detail::plan_send(my_rank, size, from_ranks, to_ranks, factory, detail::Backend::Device, to_order);
   auto p = std::make_unique<DevicePending>();
   p->kind = factory.device().kind();
   p->text = detail::describe_send(plan, my_rank, factory.nbytes(), name(p->kind));

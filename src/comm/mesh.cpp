@@ -75,9 +75,6 @@ WorkerMesh::WorkerMesh(std::vector<std::string> names, NDSlice ranks, MPI_Comm w
   }
   m.coords = m.ranks.coordinates(m.world_rank);
   m.dim_comms.assign(m.ranks.ndim(), MPI_COMM_NULL);
-#if MESHRT_HAVE_NCCL
-  m.nccl_dims.assign(m.ranks.ndim(), nullptr);
-#endif
 
   // Members in row-major order, so that the mesh communicator's rank is the index.
   std::vector<int> group_ranks(members.begin(), members.end());
@@ -96,9 +93,6 @@ WorkerMesh::WorkerMesh(std::vector<std::string> names, NDSlice ranks, MPI_Comm w
 
 WorkerMesh::~WorkerMesh() {
   if (!impl_) return;
-#if MESHRT_HAVE_NCCL
-  impl_->free_nccl();
-#endif
   // A destructor cannot raise; a failed free leaves nothing to act on.
   for (MPI_Comm& c : impl_->dim_comms) {
     if (c != MPI_COMM_NULL) {
@@ -189,9 +183,5 @@ std::string WorkerMesh::to_string() const {
   }
   return out + "]";
 }
-
-#if !MESHRT_HAVE_NCCL
-void abort_nccl_communicators() noexcept {}
-#endif
 
 }  // namespace meshrt

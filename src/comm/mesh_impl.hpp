@@ -17,12 +17,6 @@ struct WorkerMesh::Impl {
   int world_rank = -1;
   MPI_Comm comm = MPI_COMM_NULL;
   std::vector<MPI_Comm> dim_comms;  // MPI_COMM_NULL until first use
-#if MESHRT_HAVE_NCCL
-  NcclCreation nccl_creation = NcclCreation::InitRank;
-  ncclComm_t nccl_parent = nullptr;  // over all members, for NcclCreation::Split and p2p
-  std::vector<ncclComm_t> nccl_dims;
-  void free_nccl() noexcept;  // nccl_mesh.cpp
-#endif
 };
 
 }  // namespace meshrt

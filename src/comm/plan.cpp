@@ -21,17 +21,17 @@ ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim_name, Reduct
   if (backend == Backend::Mpi && on_cuda) {
     throw UsageError(
         fmt::format("{} over MPI: expected a CPU tensor, found {}; CUDA tensors go through the NCCL data "
-                    "plane (start_reduce_nccl){}",
+                    "plane (start_reduce_device){}",
                     name(reduction), factory.to_string(), where_reduce(mesh, plan.dim)));
   }
-  if (backend == Backend::Nccl && !on_cuda) {
+  if (backend == Backend::Device && !on_cuda) {
     throw UsageError(fmt::format("{} over NCCL: expected a CUDA tensor, found {}{}", name(reduction),
                                  factory.to_string(), where_reduce(mesh, plan.dim)));
   }
   // The rules the controller checked already (a worker cannot trust a frame): one
   // function, so both sides agree.
   ReductionRule rule = reduction_rule(factory, plan.n, reduction, scatter, inplace,
-                                      backend == Backend::Nccl ? Device::Kind::Cuda : Device::Kind::Cpu);
+                                      backend == Backend::Device ? Device::Kind::Cuda : Device::Kind::Cpu);
   if (!rule.allowed()) throw UsageError(rule.error + where_reduce(mesh, plan.dim));
   plan.collective = rule.collective;
   plan.reshaped = std::move(rule.reshaped);
@@ -109,10 +109,10 @@ SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const 
   if (backend == Backend::Mpi && factory.device().is_accelerator()) {
     throw UsageError(
         fmt::format("send_tensor over MPI: expected a CPU tensor, found {}; CUDA tensors go through "
-                    "NCCL (start_send_tensor_nccl) (world rank {})",
+                    "NCCL (start_send_tensor_device) (world rank {})",
                     factory.to_string(), my_rank));
   }
-  if (backend == Backend::Nccl && !factory.device().is_accelerator()) {
+  if (backend == Backend::Device && !factory.device().is_accelerator()) {
     throw UsageError(fmt::format("send_tensor over NCCL: expected a CUDA tensor, found {} (world rank {})",
                                  factory.to_string(), my_rank));
   }

@@ -1,4 +1,4 @@
-// What the MPI and NCCL data planes share: the checks of a Reduce or SendTensor command
+// What the MPI and device data planes share: the checks of a Reduce or SendTensor command
 // before anything is posted, and the substitution of zeros for a broken input.
 #pragma once
 
@@ -10,7 +10,7 @@
 
 namespace meshrt::detail {
 
-enum class Backend : std::uint8_t { Mpi, Nccl };
+enum class Backend : std::uint8_t { Mpi, Device };
 
 struct ReducePlan {
   std::size_t dim = 0;

@@ -114,8 +114,8 @@ void Watch::loop() {
           break;
         }
         case protocol::QueryOp::Abort:
+          // MPI_Abort follows from the controller and ends every process, device work included.
           MESHRT_LOG(fatal) << "the controller is aborting the job: " << query.reason;
-          abort_nccl_communicators();
           break;
       }
     } catch (const std::exception& e) {
