@@ -116,13 +116,21 @@ class Transport {
   // What this transport has sent and received so far (safe from any thread).
   ControlTraffic traffic() const;
 
-  // Commands a process sends to itself (the controller to worker 0, which share rank 0)
-  // ring a doorbell, so that worker can sleep until its next command instead of polling
-  // a core the controller needs (docs/ARCHITECTURE.md section 6). rings(): how many so
-  // far; wait_ring(seen, d) returns once rings() > seen, or after `d`. A transport
-  // without one counts 0 and sleeps `d`.
-  virtual std::uint64_t rings() const { return 0; }
-  virtual void wait_ring(std::uint64_t seen, std::chrono::microseconds d);
+  // Messages a process sends to itself ring a doorbell per tag (docs/ARCHITECTURE.md
+  // section 6), for the two threads that share rank 0:
+  // - Tag::Command (the controller to worker 0): that worker sleeps until its next
+  //   command instead of polling a core the controller needs;
+  // - Tag::Reply (worker 0 to the controller): a controller waiting on worker 0 sleeps
+  //   until that worker has said something instead of polling beside it.
+  // rings(tag): how many so far; wait_ring(tag, seen, d) returns once rings(tag) > seen,
+  // or after `d`. A transport without doorbells (has_doorbells() false) counts 0 and
+  // sleeps `d`.
+  virtual bool has_doorbells() const { return false; }
+  virtual std::uint64_t rings(Tag tag) const {
+    (void)tag;
+    return 0;
+  }
+  virtual void wait_ring(Tag tag, std::uint64_t seen, std::chrono::microseconds d);
 
  protected:
   virtual void do_send(const std::vector<int>& dests, Tag tag, std::shared_ptr<const Bytes> bytes) = 0;

@@ -10,15 +10,19 @@
 namespace meshrt::control {
 
 namespace {
-// The process's doorbell: rung after every command sent to this very rank.
+// The process's doorbells: one rung after every command, one after every reply, that
+// this very rank sends to itself.
 struct Doorbell {
   std::atomic<std::uint64_t> rings{0};
   std::mutex mutex;
   std::condition_variable rung;
 };
-Doorbell& doorbell() {
-  static Doorbell d;
-  return d;
+// nullptr for a tag without a doorbell.
+Doorbell* doorbell(Tag tag) {
+  static Doorbell command, reply;
+  if (tag == Tag::Command) return &command;
+  if (tag == Tag::Reply) return &reply;
+  return nullptr;
 }
 }  // namespace
 
@@ -26,14 +30,19 @@ MpiTransport::MpiTransport(MPI_Comm comm) : comm_(comm) {
   MESHRT_MPI_CHECK(MPI_Comm_rank(comm_, &self_));
 }
 
-std::uint64_t MpiTransport::rings() const {
-  return doorbell().rings.load(std::memory_order_acquire);
+std::uint64_t MpiTransport::rings(Tag tag) const {
+  const Doorbell* bell = doorbell(tag);
+  return bell ? bell->rings.load(std::memory_order_acquire) : 0;
 }
 
-void MpiTransport::wait_ring(std::uint64_t seen, std::chrono::microseconds d) {
-  Doorbell& bell = doorbell();
-  std::unique_lock lock(bell.mutex);
-  bell.rung.wait_for(lock, d, [&] { return bell.rings.load(std::memory_order_acquire) > seen; });
+void MpiTransport::wait_ring(Tag tag, std::uint64_t seen, std::chrono::microseconds d) {
+  Doorbell* bell = doorbell(tag);
+  if (!bell) {
+    Transport::wait_ring(tag, seen, d);
+    return;
+  }
+  std::unique_lock lock(bell->mutex);
+  bell->rung.wait_for(lock, d, [&] { return bell->rings.load(std::memory_order_acquire) > seen; });
 }
 
 std::shared_ptr<Transport> mpi_transport(MPI_Comm comm) {
@@ -79,15 +88,15 @@ void MpiTransport::do_send(const std::vector<int>& dests, Tag tag, std::shared_p
     sends_.push_back(std::move(s));
   }
   reap_locked();
-  if (tag == Tag::Command && std::find(dests.begin(), dests.end(), self_) != dests.end()) {
-    // After the Isend: a woken worker's matched probe finds the message. The increment
+  Doorbell* bell = doorbell(tag);
+  if (bell && std::find(dests.begin(), dests.end(), self_) != dests.end()) {
+    // After the Isend: a woken thread's matched probe finds the message. The increment
     // under the mutex so that a waiter between its check and its sleep cannot miss it.
-    Doorbell& bell = doorbell();
     {
-      std::lock_guard ring(bell.mutex);
-      bell.rings.fetch_add(1, std::memory_order_release);
+      std::lock_guard ring(bell->mutex);
+      bell->rings.fetch_add(1, std::memory_order_release);
     }
-    bell.rung.notify_all();
+    bell->rung.notify_all();
   }
 }
 

@@ -28,9 +28,11 @@ class MpiTransport final : public Transport {
 
   void reap() override;
   bool drain(std::chrono::duration<double> timeout) override;
-  // One doorbell per process: the controller and worker 0 have transports of their own.
-  std::uint64_t rings() const override;
-  void wait_ring(std::uint64_t seen, std::chrono::microseconds d) override;
+  // The doorbells are the process's: the controller and worker 0 have transports of
+  // their own.
+  bool has_doorbells() const override { return true; }
+  std::uint64_t rings(Tag tag) const override;
+  void wait_ring(Tag tag, std::uint64_t seen, std::chrono::microseconds d) override;
   std::size_t in_flight() const noexcept { return sends_.size(); }
 
  protected:

@@ -95,7 +95,7 @@ void Transport::send(const std::vector<int>& dests, Tag tag, std::shared_ptr<con
   p.sent_bytes[k].fetch_add(n * size, std::memory_order_relaxed);
 }
 
-void Transport::wait_ring(std::uint64_t, std::chrono::microseconds d) {
+void Transport::wait_ring(Tag, std::uint64_t, std::chrono::microseconds d) {
   std::this_thread::sleep_for(d);
 }
 

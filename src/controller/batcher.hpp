@@ -57,9 +57,17 @@ class Batcher {
   std::size_t fanout_threshold() const noexcept { return fanout_threshold_; }
   // The controller's control messages so far, by kind.
   ControlTraffic traffic() const { return transport_->traffic(); }
+  // The doorbell worker 0 rings with each reply it sends (control::Transport::rings).
+  bool has_reply_doorbell() const { return transport_->has_doorbells(); }
+  std::uint64_t reply_rings() const { return transport_->rings(control::Tag::Reply); }
+  void wait_reply_ring(std::uint64_t seen, std::chrono::microseconds d) {
+    transport_->wait_ring(control::Tag::Reply, seen, d);
+  }
 
  private:
   void flush_locked();
+  // Moves the deferred deletes of `dests`, and of any sorted subset of them, into the batch.
+  void ride_deletes(const std::vector<int>& dests);
   std::shared_ptr<control::Transport> transport_;
   control::Bytes rx_;
   // The batch being built: consecutive commands for the same ranks.

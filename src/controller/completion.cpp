@@ -93,6 +93,11 @@ std::vector<int> CompletionTracker::missing(Ident ident) const {
   return out;
 }
 
+bool CompletionTracker::owes(int rank, Ident ident) const {
+  auto it = workers_.find(rank);
+  return it != workers_.end() && !it->second.outstanding.empty() && it->second.outstanding.front() <= ident;
+}
+
 std::string CompletionTracker::lagging_report(Ident ident) const {
   std::string out;
   for (const auto& [rank, w] : workers_) {

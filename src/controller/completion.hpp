@@ -49,6 +49,8 @@ class CompletionTracker {
   std::vector<int> to_ask(Ident ident, bool idle_too = true);
   // The workers that have not reported past `ident`.
   std::vector<int> missing(Ident ident) const;
+  // Whether `rank` has yet to report `ident` done (false for a rank with no worker).
+  bool owes(int rank, Ident ident) const;
   // One line per lagging worker: the ident it has not reported and what that runs.
   std::string lagging_report(Ident ident) const;
   // Forgets the descriptions of complete idents (a long program keeps only what runs).

@@ -251,7 +251,13 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
   flush_deferred();
   const auto start = std::chrono::steady_clock::now();
   Backoff backoff;
+  // While worker 0 (which shares this rank's core) still owes `ident`, the wait cannot end
+  // before worker 0 replies: sleep on the doorbell its replies ring instead (kReplyBell).
+  // Not with the status tree, where worker 0's report may travel through a parent.
+  const bool bell = !tree_ && batcher_.has_reply_doorbell();
+  Backoff bell_backoff(detail::kReplyBell);
   for (;;) {
+    const std::uint64_t rung = bell ? batcher_.reply_rings() : 0;
     poll_replies();
     if (frontier() >= ident) return;
     // Without the status tree, ask at once only the workers with later work queued behind
@@ -271,7 +277,10 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
       if (settings::get("MESHRT_TIMEOUT_ACTION") == "abort") abort_job(head + "\n" + report);
       throw TimeoutError(head + "\n" + report, missing);
     }
-    backoff.pause();
+    if (bell && tracker_.owes(control::kControllerRank, ident))
+      bell_backoff.pause([&](std::chrono::microseconds d) { batcher_.wait_reply_ring(rung, d); });
+    else
+      backoff.pause();
   }
 }
 

@@ -978,7 +978,7 @@ struct Worker::Impl {
     while (!exit) {
       // Read before the poll: a command sent after it rings past `rung`, and the wait
       // below returns at once.
-      const std::uint64_t rung = doorbell ? channel->rings() : 0;
+      const std::uint64_t rung = doorbell ? channel->rings(control::Tag::Command) : 0;
       bool worked = receive();
       if (tree && receive_tree()) worked = true;
       if (!outgoing.empty() && poll_outgoing()) worked = true;
@@ -1013,7 +1013,7 @@ struct Worker::Impl {
       } else if (in_flight) {
         pause_in_flight(flight);
       } else if (doorbell) {
-        backoff.pause([&](std::chrono::microseconds d) { channel->wait_ring(rung, d); });
+        backoff.pause([&](std::chrono::microseconds d) { channel->wait_ring(control::Tag::Command, rung, d); });
       } else {
         backoff.pause();
       }

@@ -73,6 +73,24 @@ TEST(ControllerState, CommandsReachTheirRanksInOrderAndDeletesRideAhead) {
   EXPECT_EQ(s.received(2), (std::vector<Command>{DeleteRefs{{Ref{9}}}}));
 }
 
+TEST(ControllerState, DeletesOfSomeRanksRideAheadOfACommandToMoreRanks) {
+  // A loop of to_mesh sends goes to both meshes while its outputs die on the receiving
+  // one: their deletes must not wait for the next synchronize (the receiver's pool would
+  // hand out a fresh, cold buffer for every receive).
+  Session s;
+  s.ctl->defer_delete({2}, Ref{9});
+  s.ctl->defer_delete({1, 2}, Ref{10});
+  s.ctl->append({1, 2}, RequestStatus{6});
+  s.ctl->flush();
+  EXPECT_EQ(s.received(2), (std::vector<Command>{DeleteRefs{{Ref{10}}}, DeleteRefs{{Ref{9}}}, RequestStatus{6}}));
+  // Rank 1 never held ref 9: its worker ignores that delete.
+  EXPECT_EQ(s.received(1), (std::vector<Command>{DeleteRefs{{Ref{10}}}, DeleteRefs{{Ref{9}}}, RequestStatus{6}}));
+  // Nothing is left for flush_deferred.
+  s.ctl->flush_deferred();
+  EXPECT_TRUE(s.received(1).empty());
+  EXPECT_TRUE(s.received(2).empty());
+}
+
 TEST(ControllerState, CountsOneCommandMessagePerDestinationOfEachBatch) {
   Session s;
   const ControlTraffic before = s.ctl->traffic();

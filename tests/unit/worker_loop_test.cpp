@@ -567,5 +567,50 @@ TEST(FanIn, EachSessionStartsTheTreeAfresh) {
   }
 }
 
+// The MPI transport's doorbells (rank 0 to itself, as the controller and worker 0 talk):
+// a command rings the command bell only, a reply the reply bell only, and a wait on a
+// bell returns the moment it rings, not after its time limit.
+TEST(Doorbell, EachTagToThisRankRingsItsOwnBellAndWakesItsWaiter) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &comm), MPI_SUCCESS);
+  {
+    auto controller = control::mpi_transport(comm);
+    auto worker0 = control::mpi_transport(comm);
+    ASSERT_TRUE(controller->has_doorbells());
+    const auto bytes = std::make_shared<control::Bytes>(control::Bytes(3, std::byte{1}));
+    const std::uint64_t commands = worker0->rings(Tag::Command), replies = controller->rings(Tag::Reply);
+    controller->send(0, Tag::Command, bytes);
+    EXPECT_EQ(worker0->rings(Tag::Command), commands + 1);
+    EXPECT_EQ(controller->rings(Tag::Reply), replies);
+    worker0->send(0, Tag::Reply, bytes);
+    EXPECT_EQ(controller->rings(Tag::Reply), replies + 1);
+    EXPECT_EQ(worker0->rings(Tag::Command), commands + 1);
+    EXPECT_EQ(controller->rings(Tag::Query), 0u);  // no bell for the other tags
+
+    // Rung from another thread while the controller waits: it wakes well before 30 s.
+    const std::uint64_t seen = controller->rings(Tag::Reply);
+    std::thread ringer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      worker0->send(0, Tag::Reply, bytes);
+    });
+    const auto start = std::chrono::steady_clock::now();
+    controller->wait_ring(Tag::Reply, seen, std::chrono::seconds(30));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+    EXPECT_EQ(controller->rings(Tag::Reply), seen + 1);
+    ringer.join();
+    // Already rung: returns at once.
+    controller->wait_ring(Tag::Reply, seen, std::chrono::seconds(30));
+
+    control::Bytes got;
+    int taken = 0;
+    while (controller->try_receive(0, Tag::Reply, got)) ++taken;
+    while (worker0->try_receive(0, Tag::Command, got)) ++taken;
+    EXPECT_EQ(taken, 3);
+    EXPECT_TRUE(controller->drain(std::chrono::seconds(30)));
+    EXPECT_TRUE(worker0->drain(std::chrono::seconds(30)));
+  }
+  MPI_Comm_free(&comm);
+}
+
 }  // namespace
 }  // namespace meshrt
