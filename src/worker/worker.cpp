@@ -598,9 +598,10 @@ struct Worker::Impl {
           c.result};
       return;
     }
-    in_flight =
-        InFlight{start_reduce(*mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory), c.result};
-    in_flight->on_comm_thread = c.factory.nbytes() >= kThreadMinBytes;
+    in_flight = InFlight{
+        start_reduce(*mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory, cpu_completion()),
+        c.result};
+    in_flight->on_comm_thread = on_comm_thread(c.factory.nbytes());
   }
 
   void run(SendTensor& c) {
@@ -616,10 +617,29 @@ struct Worker::Impl {
       return;
     }
     in_flight = InFlight{start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory,
-                                           Completion::Auto, c.to_order),
+                                           cpu_completion(), c.to_order),
                          result};
-    in_flight->on_comm_thread = c.factory.nbytes() >= kThreadMinBytes;
+    in_flight->on_comm_thread = on_comm_thread(c.factory.nbytes());
   }
+
+  // How this worker runs a CPU collective or send.
+  // - Without the status tree: the blocking MPI call, on this thread. Commands wait behind
+  //   a collective in flight anyway, and queries go to the watch thread, so all a loop
+  //   could do meanwhile is send its once-a-second Status. Blocking saves the hand-off to
+  //   the comm thread and back (two wake-ups per operation) and Open MPI's non-blocking
+  //   set-up and test loop (libnbc: ~3,300 instructions for an 8 B MPI_Iallreduce under
+  //   callgrind). meshrt-bench runtime-collectives, 2 ranks, quiet, two interleaved runs
+  //   each of the worker mode before (Auto) and this, both with the controller sleeping on
+  //   worker 0's reply doorbell: all_reduce 8 B 5.4-7.4 -> 4.4-4.6 us, 4 KiB 10.9-14.9 ->
+  //   6.1 us, 256 KiB 95-108 -> 68-69 us; all_gather 256 KiB 36-46 -> 21-28 us; all_to_all
+  //   256 KiB 38-47 -> 21 us; to_mesh 256 KiB 43-45 -> 28-35 us, 1 MiB 126-137 -> 100-138
+  //   us (MPI by hand 99-117), 2 MiB 231-247 -> 184-243 us (183-229); 8 B all_gather and
+  //   to_mesh level. Before the doorbell the controller's yielding beside worker 0 hid the
+  //   difference ("the same figures", README).
+  // - With the status tree (large jobs): Completion::Auto, so that a node keeps relaying
+  //   its children's reports while a collective of its own is in flight.
+  Completion cpu_completion() const { return tree ? Completion::Auto : Completion::Blocking; }
+  bool on_comm_thread(std::size_t bytes) const { return tree && bytes >= kThreadMinBytes; }
 
   void finish_in_flight() {
     Outcome out;
@@ -640,7 +660,8 @@ struct Worker::Impl {
     in_flight.reset();
   }
 
-  // Between two polls of the loop while a collective is in flight and nothing else moved.
+  // Between two polls of the loop while a collective is in flight and nothing else moved
+  // (with the status tree: below it the worker blocks in the call, cpu_completion).
   // Commands wait until it completes; the channel is still polled (status, queries).
   // - On the comm thread: wait in the Pending's idle() (a condition variable), which
   //   returns the moment the job is done, for at most kControl.max_sleep between polls:
