@@ -1,9 +1,6 @@
 #include "comm/output_pool.hpp"
 
-#include <mutex>
 #include <new>
-#include <unordered_map>
-#include <vector>
 
 #include "meshrt/comm.hpp"
 #include "meshrt/settings.hpp"
@@ -13,55 +10,69 @@ namespace {
 
 constexpr std::size_t kPage = 4096;
 
-class OutputPool {
- public:
-  explicit OutputPool(std::size_t cap) : cap_(cap) {}
+}  // namespace
 
-  std::shared_ptr<void> get(std::size_t bytes) {
-    const std::size_t rounded = (bytes + kPage - 1) / kPage * kPage;
-    void* p = nullptr;
-    {
-      std::lock_guard lock(mutex_);
-      auto it = free_.find(rounded);
-      if (it != free_.end() && !it->second.empty()) {
-        p = it->second.back();
-        it->second.pop_back();
-        cached_ -= rounded;
-        ++hits_;
-      } else {
-        ++misses_;
-      }
-    }
-    if (!p) p = ::operator new(rounded, std::align_val_t(kPage));
-    // The deleter runs on whichever thread drops the last handle: put() locks.
-    return std::shared_ptr<void>(p, [this, rounded](void* q) { put(q, rounded); });
+OutputPool::OutputPool(std::size_t cap) : cap_(cap) {}
+
+OutputPool::~OutputPool() {
+  for (auto& [rounded, entries] : free_) {
+    for (const Entry& e : entries) ::operator delete(e.p, std::align_val_t(kPage));
   }
+}
 
-  void put(void* p, std::size_t rounded) {
-    {
-      std::lock_guard lock(mutex_);
-      if (cached_ + rounded <= cap_) {
-        free_[rounded].push_back(p);
-        cached_ += rounded;
-        return;
-      }
-    }
-    ::operator delete(p, std::align_val_t(kPage));
-  }
-
-  OutputPoolStats stats() {
+std::shared_ptr<void> OutputPool::get(std::size_t bytes) {
+  const std::size_t rounded = (bytes + kPage - 1) / kPage * kPage;
+  void* p = nullptr;
+  {
     std::lock_guard lock(mutex_);
-    return {hits_, misses_, cached_};
+    auto it = free_.find(rounded);
+    if (it != free_.end() && !it->second.empty()) {
+      p = it->second.back().p;  // the most recently returned: the warmest
+      it->second.pop_back();
+      if (it->second.empty()) free_.erase(it);
+      cached_ -= rounded;
+      ++hits_;
+    } else {
+      ++misses_;
+    }
   }
+  if (!p) p = ::operator new(rounded, std::align_val_t(kPage));
+  // The deleter runs on whichever thread drops the last handle: put() locks.
+  return std::shared_ptr<void>(p, [this, rounded](void* q) { put(q, rounded); });
+}
 
- private:
-  std::mutex mutex_;
-  std::unordered_map<std::size_t, std::vector<void*>> free_;  // by size rounded to pages
-  std::size_t cached_ = 0;
-  std::size_t cap_;
-  std::uint64_t hits_ = 0;
-  std::uint64_t misses_ = 0;
-};
+void OutputPool::put(void* p, std::size_t rounded) {
+  std::vector<void*> evicted;
+  {
+    std::lock_guard lock(mutex_);
+    if (rounded <= cap_) {
+      // The buffer just freed belongs to what the program does now: evict the longest
+      // unused buffers (of any size) to make room for it, rather than drop it.
+      while (cached_ + rounded > cap_) {
+        auto oldest = free_.end();
+        for (auto it = free_.begin(); it != free_.end(); ++it) {
+          if (oldest == free_.end() || it->second.front().stamp < oldest->second.front().stamp) oldest = it;
+        }
+        evicted.push_back(oldest->second.front().p);
+        oldest->second.erase(oldest->second.begin());
+        cached_ -= oldest->first;
+        if (oldest->second.empty()) free_.erase(oldest);
+      }
+      free_[rounded].push_back({p, ++clock_});
+      cached_ += rounded;
+      p = nullptr;
+    }
+  }
+  for (void* q : evicted) ::operator delete(q, std::align_val_t(kPage));
+  if (p) ::operator delete(p, std::align_val_t(kPage));
+}
+
+OutputPoolStats OutputPool::stats() {
+  std::lock_guard lock(mutex_);
+  return {hits_, misses_, cached_};
+}
+
+namespace {
 
 OutputPool& pool() {
   // Never destroyed: a pooled tensor may outlive main's locals and static destructors.
