@@ -39,6 +39,11 @@ struct WorkerOptions {
   // its own Status to the controller.
   int status_parent = kNoStatusTree;
   std::vector<int> status_children;
+  // Below the status tree, run CPU collectives and sends as the blocking MPI call on the
+  // loop's thread (src/worker/worker.cpp, cpu_completion). The runtime sets it when this
+  // node has a core per rank (MESHRT_WORKER_BLOCKING): a rank that waits in a blocking
+  // call for a late peer keeps polling its core, which an oversubscribed peer needs.
+  bool block_in_mpi = false;
   // The session of the event loop: Worker::serve bumps it at each restart.
   std::uint32_t epoch = 0;
 };

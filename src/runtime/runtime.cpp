@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <thread>
@@ -18,6 +21,33 @@
 
 namespace meshrt {
 
+namespace {
+
+// MESHRT_WORKER_BLOCKING: auto blocks when this node runs no more ranks than it has
+// online cores. Collective over MPI_COMM_WORLD (every rank calls it at start).
+bool decide_worker_blocking(int rank) {
+  const std::string mode = settings::get("MESHRT_WORKER_BLOCKING");
+  MPI_Comm node = MPI_COMM_NULL;
+  MESHRT_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int local = 1;
+  MESHRT_MPI_CHECK(MPI_Comm_size(node, &local));
+  MESHRT_MPI_IGNORE(MPI_Comm_free(&node));  // ignored on purpose: only its size was needed
+  const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+  bool block = false;
+  if (mode == "auto") {
+    block = local <= cores;
+  } else {
+    block = settings::get_bool("MESHRT_WORKER_BLOCKING");
+  }
+  if (rank == 0) {
+    MESHRT_LOG(info) << "workers run CPU collectives " << (block ? "blocking" : "non-blocking") << " (" << local
+                     << " ranks on this node, " << cores << " online cores, MESHRT_WORKER_BLOCKING=" << mode << ")";
+  }
+  return block;
+}
+
+}  // namespace
+
 struct Runtime::Impl {
   RuntimeOptions options;
   bool initialized_mpi = false;
@@ -28,6 +58,7 @@ struct Runtime::Impl {
   MPI_Comm control = MPI_COMM_NULL;
   MPI_Comm p2p = MPI_COMM_NULL;
   NDSlice worker_ranks = NDSlice::row_major({1});
+  bool block_in_mpi = false;  // WorkerOptions::block_in_mpi, decided once at start
   // This rank's flight recorder, the thread that answers the controller's queries and
   // the signal handlers (ranks that run a worker).
   std::unique_ptr<WorkerWatch> watch;
@@ -49,7 +80,8 @@ struct Runtime::Impl {
                     .control = control,
                     .p2p = p2p,
                     .status_interval_seconds = 1.0,
-                    .monitor = watch ? watch->monitor() : nullptr};
+                    .monitor = watch ? watch->monitor() : nullptr,
+                    .block_in_mpi = block_in_mpi};
     // The controller builds the same tree from the same settings (ControllerState).
     std::vector<int> workers;
     for (auto r : worker_ranks) workers.push_back(static_cast<int>(r));
@@ -96,6 +128,7 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
     if (const auto acc = device::configured_accelerator(); acc != device::Accelerator::None) {
       device::set_placement({acc, device::select_device(acc, MPI_COMM_WORLD)});
     }
+    i.block_in_mpi = decide_worker_blocking(i.rank);
     if (options.dedicated_controller) {
       if (i.size < 2) throw UsageError("a dedicated controller needs at least 2 ranks: one controller, one worker");
       i.worker_ranks = NDSlice(1, {i.size - 1}, {1});

@@ -33,6 +33,10 @@ constexpr std::array kSettings{
             "On a fatal signal, print the rank, the command and a backtrace, then MPI_Abort the job (0 = off)"},
     Setting{"MESHRT_STATE_QUERY_TIMEOUT", "2",
             "Seconds the controller waits for workers' answers when it builds a desync report"},
+    Setting{"MESHRT_WORKER_BLOCKING", "auto",
+            "How a worker runs CPU collectives and sends below the status tree: auto (the blocking MPI call when this "
+            "node has a core per rank, else non-blocking with back-off so a waiting rank leaves the core to its "
+            "peers), 1 (always blocking), 0 (never)"},
     Setting{"MESHRT_COMM_POOL_BYTES", "1073741824",
             "Bytes of freed CPU collective outputs (256 KiB and up) each rank keeps warm for reuse (0 = none)"},
     Setting{"MESHRT_ACCELERATOR", "auto",

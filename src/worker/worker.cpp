@@ -623,7 +623,8 @@ struct Worker::Impl {
   }
 
   // How this worker runs a CPU collective or send.
-  // - Without the status tree: the blocking MPI call, on this thread. Commands wait behind
+  // - Without the status tree, on a node with a core per rank: the blocking MPI call, on
+  //   this thread. Commands wait behind
   //   a collective in flight anyway, and queries go to the watch thread, so all a loop
   //   could do meanwhile is send its once-a-second Status. Blocking saves the hand-off to
   //   the comm thread and back (two wake-ups per operation) and Open MPI's non-blocking
@@ -638,8 +639,15 @@ struct Worker::Impl {
   //   difference ("the same figures", README).
   // - With the status tree (large jobs): Completion::Auto, so that a node keeps relaying
   //   its children's reports while a collective of its own is in flight.
-  Completion cpu_completion() const { return tree ? Completion::Auto : Completion::Blocking; }
-  bool on_comm_thread(std::size_t bytes) const { return tree && bytes >= kThreadMinBytes; }
+  // - On a node with more ranks than cores (opt.block_in_mpi false: an oversubscribed CI
+  //   machine or laptop): Completion::Auto, whose waits back off to sleeps, because a rank
+  //   blocked in MPI for a late peer keeps polling (MPICH never yields) the core that peer
+  //   needs. With blocking there, MPICH's 4-rank runtime_2x2 on 2 cores fell behind its
+  //   own 300 ms timeout test once in six runs (none in six before).
+  Completion cpu_completion() const { return !tree && opt.block_in_mpi ? Completion::Blocking : Completion::Auto; }
+  bool on_comm_thread(std::size_t bytes) const {
+    return cpu_completion() == Completion::Auto && bytes >= kThreadMinBytes;
+  }
 
   void finish_in_flight() {
     Outcome out;
