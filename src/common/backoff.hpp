@@ -39,16 +39,20 @@
 //   taking a share of the cores from the controller and the other ranks between a
 //   program's bursts (src/worker/worker.cpp has the figures).
 // - kReplyBell (the controller's wait while worker 0, on the same core, still owes the
-//   awaited ident): yield for 100 us as kDoorbell does (a fetch or a short synchronize
-//   completes within it and pays no wake-up), then idle on the doorbell worker 0 rings
-//   with every reply it sends, 1 ms at a time (the wait cannot end before that reply; the
-//   millisecond bounds how late a timeout or the laggards' status requests are seen).
-//   Yielding there kept the controller polling MPI beside worker 0's collective: with
-//   one repetition's 20 blocking 1 MiB all_gathers timed inside the worker, the call took
-//   ~108 us with the controller yielding and ~68 us with it asleep (MPI by hand: 65-75).
-//   meshrt-bench runtime-collectives, 2 ranks, two interleaved runs before/after: 8 B
-//   all_reduce 8.1-9.2 -> 5.3-6.1 us, all_gather 5.9-6.3 -> 4.4-6.5, to_mesh 7.5-7.8 ->
-//   4.9-6.5; 1 MiB within the noise.
+//   awaited ident): yield for 20 us (a fetch completes within it and pays no wake-up),
+//   then idle on the doorbell worker 0 rings with every reply it sends, 1 ms at a time
+//   (the wait cannot end before that reply; the millisecond bounds how late a timeout or
+//   the laggards' status requests are seen). Yielding there kept the controller polling
+//   MPI beside worker 0's collective: with one repetition's 20 blocking 1 MiB all_gathers
+//   timed inside the worker, the call took ~108 us with the controller yielding and ~68
+//   us with it asleep (MPI by hand: 65-75). meshrt-bench runtime-collectives, 2 ranks, two
+//   interleaved runs before/after (yielding 100 us): 8 B all_reduce 8.1-9.2 -> 5.3-6.1 us,
+//   all_gather 5.9-6.3 -> 4.4-6.5, to_mesh 7.5-7.8 -> 4.9-6.5; 1 MiB within the noise.
+//   Then 100 us against 20 us, four interleaved pairs: 1 MiB all_gather 93-138 -> 81-133
+//   us, all_to_all 85-138 -> 75-138, 8 B all_gather 4.4-7.4 -> 4.5-6.2 (each loop's first
+//   calls ran slow while the controller yielded beside them); dispatch, eight pairs: fetch
+//   median 9.5 -> 8.3 us, call + fetch 22.4 -> 17.9. Not yielding at all (six pairs against
+//   20 us) made call + fetch 24-28 us against 17-27: it then pays a wake-up.
 // - kGroup (StatelessGroup's waits): 64 hot polls (a few us) without reading the clock,
 //   which costs as much as a poll; yield until the operation's spin time (200 us, or
 //   twice the time its bytes take at 1 GB/s: shared-memory transfers only advance while
@@ -104,7 +108,7 @@ inline constexpr BackoffPolicy kDoorbell{.hot_polls = 0,
                                          .max_sleep = std::chrono::microseconds(1000)};
 inline constexpr BackoffPolicy kReplyBell{.hot_polls = 0,
                                           .spin = std::chrono::nanoseconds(0),
-                                          .yield = std::chrono::microseconds(100),
+                                          .yield = std::chrono::microseconds(20),
                                           .sleep_divisor = 32,
                                           .min_sleep = std::chrono::microseconds(1000),
                                           .max_sleep = std::chrono::microseconds(1000)};
