@@ -151,8 +151,9 @@ class Pending {
 // - Auto: NonBlocking below kThreadMinBytes (small collectives complete while wait()
 //   still spins, and cost ~1 us more than blocking, against ~17 us for the hand-off to
 //   the comm thread), Thread from there on (where NonBlocking stalls between tests).
-//   Neither holds the caller's thread: the worker loop's mode with the status tree (below
-//   it the worker blocks: src/worker/worker.cpp, cpu_completion). The threshold was
+//   Neither holds the caller's thread: the worker loop's mode with the status tree or
+//   more ranks than cores (otherwise the worker blocks: src/worker/worker.cpp,
+//   cpu_completion). The threshold was
 //   512 KiB; meshrt-bench runtime-collectives (2 ranks, loaded 2-core machine, medians of
 //   three interleaved runs) put the crossover at 256 KiB: there Thread took a third less
 //   time for all_reduce (308 -> 202 us, in place 292 -> 194) and about the same for the

@@ -261,9 +261,10 @@ class Communicator {
 std::unique_ptr<Communicator> create_communicator(Accelerator accelerator, MPI_Comm members, int device,
                                                   std::chrono::duration<double> timeout);
 
-// This rank's index among the ranks of its node (MPI_Comm_split_type SHARED); collective
-// over `world`.
+// This rank's index among the ranks of its node (MPI_Comm_split_type SHARED), and how
+// many ranks the node runs; each collective over `world`.
 int local_rank(MPI_Comm world);
+int node_size(MPI_Comm world);
 // This rank's device of `accelerator`: MESHRT_DEVICE if set, else the local rank modulo
 // the node's device count. Collective over `world`.
 int select_device(Accelerator accelerator, MPI_Comm world);

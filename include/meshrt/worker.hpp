@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 namespace meshrt {
@@ -47,6 +48,11 @@ struct WorkerOptions {
   // The session of the event loop: Worker::serve bumps it at each restart.
   std::uint32_t epoch = 0;
 };
+
+// WorkerOptions::block_in_mpi from MESHRT_WORKER_BLOCKING's value: "auto" blocks when the
+// node runs no more ranks than it has online cores; a boolean (1/0, true/false, yes/no,
+// on/off) forces it. Anything else is a UsageError naming the setting and what it takes.
+bool worker_blocks_in_mpi(std::string_view setting, int ranks_on_node, long online_cores);
 
 enum class WorkerExit { Restart, Shutdown };
 

@@ -76,8 +76,7 @@ Ident CompletionTracker::frontier() const {
 std::vector<int> CompletionTracker::to_ask(Ident ident, bool idle_too) {
   std::vector<int> lagging;
   for (auto& [rank, w] : workers_) {
-    if (!w.outstanding.empty() && w.outstanding.front() <= ident && w.status_requested < ident &&
-        (idle_too || w.outstanding.back() > ident)) {
+    if (w.owes(ident) && w.status_requested < ident && (idle_too || w.outstanding.back() > ident)) {
       lagging.push_back(rank);
       w.status_requested = ident;
     }
@@ -88,20 +87,20 @@ std::vector<int> CompletionTracker::to_ask(Ident ident, bool idle_too) {
 std::vector<int> CompletionTracker::missing(Ident ident) const {
   std::vector<int> out;
   for (const auto& [rank, w] : workers_) {
-    if (!w.outstanding.empty() && w.outstanding.front() <= ident) out.push_back(rank);
+    if (w.owes(ident)) out.push_back(rank);
   }
   return out;
 }
 
 bool CompletionTracker::owes(int rank, Ident ident) const {
   auto it = workers_.find(rank);
-  return it != workers_.end() && !it->second.outstanding.empty() && it->second.outstanding.front() <= ident;
+  return it != workers_.end() && it->second.owes(ident);
 }
 
 std::string CompletionTracker::lagging_report(Ident ident) const {
   std::string out;
   for (const auto& [rank, w] : workers_) {
-    if (w.outstanding.empty() || w.outstanding.front() > ident) continue;
+    if (!w.owes(ident)) continue;
     const Ident on = w.outstanding.front();
     out += fmt::format("\n  rank {}: has not reported invocation {} done ({})", rank, on, describe_ident(on));
   }

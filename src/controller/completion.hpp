@@ -87,6 +87,8 @@ class CompletionTracker {
     std::deque<Ident> outstanding;  // idents sent to it, not yet reported complete
     Ident status_requested = 0;     // the highest RequestStatus sent to it
     std::uint64_t live_values = 0;
+    // Whether it has yet to report `ident` done.
+    bool owes(Ident ident) const { return !outstanding.empty() && outstanding.front() <= ident; }
   };
   struct IdentInfo {
     std::string what;  // the function's name, or empty

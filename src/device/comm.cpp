@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/checks.hpp"
@@ -54,13 +55,25 @@ std::unique_ptr<Communicator> create_communicator(Accelerator accelerator, MPI_C
   throw UsageError("device communicator: expected an accelerator (cuda or emulated), found none");
 }
 
-int local_rank(MPI_Comm world) {
+namespace {
+// This rank's place on its node: {index, ranks on the node}.
+std::pair<int, int> on_node(MPI_Comm world) {
   MPI_Comm node = MPI_COMM_NULL;
   MESHRT_MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int rank = 0;
+  int rank = 0, size = 1;
   MESHRT_MPI_CHECK(MPI_Comm_rank(node, &rank));
+  MESHRT_MPI_CHECK(MPI_Comm_size(node, &size));
   MESHRT_MPI_CHECK(MPI_Comm_free(&node));
-  return rank;
+  return {rank, size};
+}
+}  // namespace
+
+int local_rank(MPI_Comm world) {
+  return on_node(world).first;
+}
+
+int node_size(MPI_Comm world) {
+  return on_node(world).second;
 }
 
 int select_device(Accelerator accelerator, MPI_Comm world) {

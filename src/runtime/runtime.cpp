@@ -23,22 +23,14 @@ namespace meshrt {
 
 namespace {
 
-// MESHRT_WORKER_BLOCKING: auto blocks when this node runs no more ranks than it has
-// online cores. Collective over MPI_COMM_WORLD (every rank calls it at start).
+// WorkerOptions::block_in_mpi (MESHRT_WORKER_BLOCKING, worker_blocks_in_mpi). Collective
+// over MPI_COMM_WORLD before the setting is read, so that a bad value raises on every
+// rank after the same calls.
 bool decide_worker_blocking(int rank) {
-  const std::string mode = settings::get("MESHRT_WORKER_BLOCKING");
-  MPI_Comm node = MPI_COMM_NULL;
-  MESHRT_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int local = 1;
-  MESHRT_MPI_CHECK(MPI_Comm_size(node, &local));
-  MESHRT_MPI_IGNORE(MPI_Comm_free(&node));  // ignored on purpose: only its size was needed
+  const int local = device::node_size(MPI_COMM_WORLD);
   const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-  bool block = false;
-  if (mode == "auto") {
-    block = local <= cores;
-  } else {
-    block = settings::get_bool("MESHRT_WORKER_BLOCKING");
-  }
+  const std::string mode = settings::get("MESHRT_WORKER_BLOCKING");
+  const bool block = worker_blocks_in_mpi(mode, local, cores);
   if (rank == 0) {
     MESHRT_LOG(info) << "workers run CPU collectives " << (block ? "blocking" : "non-blocking") << " (" << local
                      << " ranks on this node, " << cores << " online cores, MESHRT_WORKER_BLOCKING=" << mode << ")";

@@ -8,6 +8,7 @@
 #include <boost/core/demangle.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -624,19 +625,16 @@ struct Worker::Impl {
 
   // How this worker runs a CPU collective or send.
   // - Without the status tree, on a node with a core per rank: the blocking MPI call, on
-  //   this thread. Commands wait behind
-  //   a collective in flight anyway, and queries go to the watch thread, so all a loop
-  //   could do meanwhile is send its once-a-second Status. Blocking saves the hand-off to
-  //   the comm thread and back (two wake-ups per operation) and Open MPI's non-blocking
-  //   set-up and test loop (libnbc: ~3,300 instructions for an 8 B MPI_Iallreduce under
-  //   callgrind). meshrt-bench runtime-collectives, 2 ranks, quiet, two interleaved runs
-  //   each of the worker mode before (Auto) and this, both with the controller sleeping on
-  //   worker 0's reply doorbell: all_reduce 8 B 5.4-7.4 -> 4.4-4.6 us, 4 KiB 10.9-14.9 ->
-  //   6.1 us, 256 KiB 95-108 -> 68-69 us; all_gather 256 KiB 36-46 -> 21-28 us; all_to_all
-  //   256 KiB 38-47 -> 21 us; to_mesh 256 KiB 43-45 -> 28-35 us, 1 MiB 126-137 -> 100-138
-  //   us (MPI by hand 99-117), 2 MiB 231-247 -> 184-243 us (183-229); 8 B all_gather and
-  //   to_mesh level. Before the doorbell the controller's yielding beside worker 0 hid the
-  //   difference ("the same figures", README).
+  //   this thread. Commands wait behind a collective in flight anyway, and queries go to
+  //   the watch thread, so all a loop could do meanwhile is send its once-a-second Status. Blocking saves the hand-off
+  //   to the comm thread and back (two wake-ups per operation) and Open MPI's non-blocking set-up and test loop
+  //   (libnbc: ~3,300 instructions for an 8 B MPI_Iallreduce under callgrind). meshrt-bench runtime-collectives, 2
+  //   ranks, quiet, two interleaved runs each of the worker mode before (Auto) and this, both with the controller
+  //   sleeping on worker 0's reply doorbell: all_reduce 8 B 5.4-7.4 -> 4.4-4.6 us, 4 KiB 10.9-14.9 -> 6.1 us, 256 KiB
+  //   95-108 -> 68-69 us; all_gather 256 KiB 36-46 -> 21-28 us; all_to_all 256 KiB 38-47 -> 21 us; to_mesh 256 KiB
+  //   43-45 -> 28-35 us, 1 MiB 126-137 -> 100-138 us (MPI by hand 99-117), 2 MiB 231-247 -> 184-243 us (183-229); 8 B
+  //   all_gather and to_mesh level. Before the doorbell the controller's yielding beside worker 0 hid the difference
+  //   ("the same figures", README).
   // - With the status tree (large jobs): Completion::Auto, so that a node keeps relaying
   //   its children's reports while a collective of its own is in flight.
   // - On a node with more ranks than cores (opt.block_in_mpi false: an oversubscribed CI
@@ -669,7 +667,8 @@ struct Worker::Impl {
   }
 
   // Between two polls of the loop while a collective is in flight and nothing else moved
-  // (with the status tree: below it the worker blocks in the call, cpu_completion).
+  // (with the status tree or more ranks than cores; otherwise the worker blocks in the
+  // call, cpu_completion).
   // Commands wait until it completes; the channel is still polled (status, queries).
   // - On the comm thread: wait in the Pending's idle() (a condition variable), which
   //   returns the moment the job is done, for at most kControl.max_sleep between polls:
@@ -1089,6 +1088,18 @@ void Worker::serve(const WorkerOptions& first) {
                   std::make_shared<control::Bytes>(protocol::encode(protocol::Reply{protocol::Restarted{}})));
     channel->drain(std::chrono::seconds(30));
   }
+}
+
+bool worker_blocks_in_mpi(std::string_view setting, int ranks_on_node, long online_cores) {
+  std::string text(setting);
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (text == "auto") return ranks_on_node <= online_cores;
+  if (text == "1" || text == "true" || text == "yes" || text == "on") return true;
+  if (text == "0" || text == "false" || text == "no" || text == "off" || text.empty()) return false;
+  throw UsageError(fmt::format(
+      "MESHRT_WORKER_BLOCKING={}: expected auto, or 1/0 (true/false, yes/no, on/off) to force the blocking MPI call on "
+      "or off",
+      setting));
 }
 
 }  // namespace meshrt

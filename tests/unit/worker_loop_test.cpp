@@ -612,5 +612,20 @@ TEST(Doorbell, EachTagToThisRankRingsItsOwnBellAndWakesItsWaiter) {
   MPI_Comm_free(&comm);
 }
 
+// MESHRT_WORKER_BLOCKING: auto blocks only with a core per rank on the node; a boolean
+// forces the mode; anything else is refused with the setting's name and what it takes.
+TEST(WorkerBlocking, AutoBlocksOnlyWithACorePerRankAndABadValueIsRefused) {
+  EXPECT_TRUE(worker_blocks_in_mpi("auto", 2, 2));
+  EXPECT_FALSE(worker_blocks_in_mpi("auto", 4, 2)) << "oversubscribed: a blocked rank polls its peer's core";
+  EXPECT_TRUE(worker_blocks_in_mpi("AUTO", 1, 8));
+  EXPECT_TRUE(worker_blocks_in_mpi("1", 4, 2));
+  EXPECT_TRUE(worker_blocks_in_mpi("on", 4, 2));
+  EXPECT_FALSE(worker_blocks_in_mpi("0", 1, 8));
+  EXPECT_FALSE(worker_blocks_in_mpi("false", 1, 8));
+  const std::string what = test::usage_error([] { (void)worker_blocks_in_mpi("maybe", 2, 2); });
+  expect_contains(what, "MESHRT_WORKER_BLOCKING=maybe: expected auto, or 1/0");
+  EXPECT_FALSE(worker_blocks_in_mpi("", 1, 8)) << "empty is false, as for every boolean setting";
+}
+
 }  // namespace
 }  // namespace meshrt
