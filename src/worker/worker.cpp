@@ -70,7 +70,32 @@ struct Worker::Impl {
     std::uint64_t seq;
     Command command;
   };
-  std::deque<Queued> queue;
+  // The commands received and not yet started, in order: a vector consumed from `head`,
+  // not a std::deque. A Queued is ~360 bytes, and libstdc++'s deque holds one such
+  // element per 512-byte node, so every command cost a node's allocation and free; the
+  // frees of a 256-command batch overflow the thread's malloc cache and take malloc's
+  // slow path (meshrt-bench runtime-collectives, 8 B all_reduce under callgrind: worker
+  // 0 ran ~580 fewer instructions per operation with this, 13.1M -> 12.6M in all).
+  struct CommandQueue {
+    std::vector<Queued> items;
+    std::size_t head = 0;
+    bool empty() const noexcept { return head == items.size(); }
+    void push(Queued q) { items.push_back(std::move(q)); }
+    Queued pop() {
+      Queued q = std::move(items[head++]);
+      if (head == items.size()) {
+        items.clear();  // keeps the capacity
+        head = 0;
+      } else if (head >= 256 && head * 2 >= items.size()) {
+        // Never drained (commands keep arriving behind one in flight): drop the
+        // consumed half rather than grow without bound.
+        items.erase(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(head));
+        head = 0;
+      }
+      return q;
+    }
+  };
+  CommandQueue queue;
   bool current_failed = false;
   std::uint64_t current_seq = 0;
 
@@ -912,7 +937,7 @@ struct Worker::Impl {
       return;
     }
     const std::uint64_t seq = monitor.queued(record_of(command), arrived);
-    queue.push_back(Queued{seq, std::move(command)});
+    queue.push(Queued{seq, std::move(command)});
   }
 
   // Fan-out (docs/ARCHITECTURE.md section 8): the number of the next envelope this rank runs,
@@ -1024,8 +1049,7 @@ struct Worker::Impl {
         }
       }
       while (!in_flight && !queue.empty() && !exit) {
-        Queued q = std::move(queue.front());
-        queue.pop_front();
+        Queued q = queue.pop();
         step(std::move(q));
         worked = true;
       }
