@@ -38,7 +38,19 @@ std::uint64_t Monitor::queued(CommandRecord record, Clock::time_point arrived) {
   record.queued = arrived;
   record.state = CommandState::Queued;
   const std::uint64_t seq = record.seq;
-  ring_[seq % capacity_] = std::move(record);
+  CommandRecord& slot = ring_[seq % capacity_];
+  // The slot's buffers outlive the command it held: describe() fills them again.
+  std::string name = std::move(slot.name);
+  std::vector<int> peers = std::move(slot.peers);
+  slot = std::move(record);
+  if (slot.name.size() <= name.capacity()) {
+    name.assign(slot.name);
+    slot.name = std::move(name);
+  }
+  if (slot.peers.empty()) {
+    peers.clear();
+    slot.peers = std::move(peers);
+  }
   return seq;
 }
 
@@ -51,12 +63,12 @@ void Monitor::running(std::uint64_t seq) {
   current_.store(seq);
 }
 
-void Monitor::describe(std::uint64_t seq, std::string name, std::vector<int> peers, std::uint64_t bytes) {
+void Monitor::describe(std::uint64_t seq, std::string_view name, std::span<const int> peers, std::uint64_t bytes) {
   std::lock_guard lock(mutex_);
   CommandRecord& r = ring_[seq % capacity_];
   if (r.seq != seq) return;
-  r.name = std::move(name);
-  r.peers = std::move(peers);
+  r.name.assign(name);
+  r.peers.assign(peers.begin(), peers.end());
   if (bytes) r.bytes = bytes;
 }
 

@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -43,8 +45,10 @@ class Monitor {
   // command of a batch).
   std::uint64_t queued(CommandRecord record, std::chrono::steady_clock::time_point arrived);
   void running(std::uint64_t seq);
-  // Adds what only the start of a collective knows (its description and peers).
-  void describe(std::uint64_t seq, std::string name, std::vector<int> peers, std::uint64_t bytes);
+  // Adds what only the start of a collective knows (its description and peers). Copied
+  // into the record's own strings, whose capacity the ring keeps from one command to the
+  // next: no allocation per collective once the ring has come round.
+  void describe(std::uint64_t seq, std::string_view name, std::span<const int> peers, std::uint64_t bytes);
   void finished(std::uint64_t seq, bool failed);
   void completed_ident(std::uint64_t first_uncompleted) noexcept { first_uncompleted_.store(first_uncompleted); }
   // A new event loop (after a restart) starts from an empty queue.
