@@ -672,6 +672,19 @@ struct Worker::Impl {
     return cpu_completion() == Completion::Auto && bytes >= kThreadMinBytes;
   }
 
+  // Whether the operation in flight moved: it completed (and is finished) or failed.
+  bool poll_in_flight() {
+    bool done = false;
+    try {
+      done = in_flight->op->test();
+    } catch (...) {
+      fail_in_flight();
+      return true;
+    }
+    if (done) finish_in_flight();
+    return done;
+  }
+
   void finish_in_flight() {
     Outcome out;
     try {
@@ -1055,23 +1068,18 @@ struct Worker::Impl {
       }
       if (tree && receive_tree()) worked = true;
       if (!outgoing.empty() && poll_outgoing()) worked = true;
-      if (in_flight) {
-        bool done = false;
-        try {
-          done = in_flight->op->test();
-        } catch (...) {
-          fail_in_flight();
-          worked = true;
-        }
-        if (done) {
-          finish_in_flight();
-          worked = true;
-        }
-      }
+      if (in_flight && poll_in_flight()) worked = true;
       while (!in_flight && !queue.empty() && !exit) {
-        Queued q = queue.pop();
-        step(std::move(q));
+        step(queue.pop());
         worked = true;
+        // A collective that completed inside its call (the worker blocks in MPI,
+        // cpu_completion) is finished at once, not at the loop's next turn: the batch's
+        // next command runs without a turn's polls in between (8 B all_reduce under
+        // callgrind: worker 0 ~850 fewer instructions per operation). The status
+        // interval still ends the run, so a batch of long blocking commands still
+        // reports about once a second.
+        if (in_flight) poll_in_flight();
+        if (Clock::now() - last_status_time > interval) break;
       }
       // Status when the worker moved: about once a second while busy, and at once when it
       // runs out of work, so a controller waiting on it rarely needs to ask (one message per
