@@ -80,7 +80,7 @@ struct Worker::Impl {
     std::vector<Queued> items;
     std::size_t head = 0;
     bool empty() const noexcept { return head == items.size(); }
-    void push(Queued q) { items.push_back(std::move(q)); }
+    void push(std::uint64_t seq, Command&& c) { items.emplace_back(seq, std::move(c)); }
     Queued pop() {
       Queued q = std::move(items[head++]);
       if (head == items.size()) {
@@ -944,13 +944,15 @@ struct Worker::Impl {
   }
 
   // Queues a command (a group's commands one by one) and records it.
-  void enqueue(Command command) {
+  // By rvalue and emplaced: a Command is ~350 bytes, and each move of a batch's commands
+  // (into a parameter, a Queued, the queue) showed in worker 0's profile.
+  void enqueue(Command&& command) {
     if (auto* group = std::get_if<CommandGroup>(&command)) {
       for (Command& c : group->commands) enqueue(std::move(c));
       return;
     }
     const std::uint64_t seq = monitor.queued(record_of(command), arrived);
-    queue.push(Queued{seq, std::move(command)});
+    queue.push(seq, std::move(command));
   }
 
   // Fan-out (docs/ARCHITECTURE.md section 8): the number of the next envelope this rank runs,
