@@ -1043,31 +1043,11 @@ struct Worker::Impl {
     detail::Backoff backoff(doorbell ? detail::kDoorbell : detail::kControl);
     detail::Backoff flight(detail::kInFlight);
     const auto interval = std::chrono::duration<double>(opt.status_interval_seconds);
-    // Worker 0 probes MPI for commands only when the doorbell rang since its last probe,
-    // or kBellProbeEvery after it (a fan-out parent's commands do not ring). A failed
-    // MPI_Improbe is a progress pass, ~1,000 instructions here, and while worker 0 waited
-    // for the controller's next batch its yield loop probed at every turn, on the core the
-    // controller builds that batch on. meshrt-bench runtime-collectives --max-bytes=8, 2
-    // ranks, eight interleaved pairs without/with, medians: all_reduce 6.21 -> 5.77 us,
-    // in place 4.10 -> 3.68, all_gather 5.18 -> 4.71, reduce_scatter 5.28 -> 4.62,
-    // all_to_all 4.82 -> 4.40, to_mesh 6.56 -> 5.13 (MPI by hand 0.8-0.9 us, 0.15 to_mesh).
-    const bool probe_on_bell = doorbell && channel->has_doorbells();
-    constexpr auto kBellProbeEvery = std::chrono::microseconds(100);
-    std::uint64_t probed_rung = 0;
-    Clock::time_point probed_at{};
     while (!exit) {
       // Read before the poll: a command sent after it rings past `rung`, and the wait
       // below returns at once.
       const std::uint64_t rung = doorbell ? channel->rings(control::Tag::Command) : 0;
-      bool worked = false;
-      if (!probe_on_bell || rung != probed_rung || probed_at == Clock::time_point{} ||
-          Clock::now() - probed_at >= kBellProbeEvery) {
-        worked = receive();
-        if (probe_on_bell) {
-          probed_rung = rung;
-          probed_at = Clock::now();
-        }
-      }
+      bool worked = receive();
       if (tree && receive_tree()) worked = true;
       if (!outgoing.empty() && poll_outgoing()) worked = true;
       if (in_flight && poll_in_flight()) worked = true;
