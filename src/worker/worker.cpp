@@ -836,7 +836,7 @@ struct Worker::Impl {
   void step(Queued q) {
     Command& command = q.command;
     current_seq = q.seq;
-    monitor.running(q.seq);
+    if (q.seq) monitor.running(q.seq);
     current_failed = false;
     try {
       execute(command);
@@ -882,7 +882,7 @@ struct Worker::Impl {
       current_failed = true;
     }
     complete(ident_of(command));
-    monitor.finished(q.seq, current_failed);
+    if (q.seq) monitor.finished(q.seq, current_failed);
   }
 
   // World ranks taking part in a collective or send with this rank.
@@ -951,7 +951,11 @@ struct Worker::Impl {
       for (Command& c : group->commands) enqueue(std::move(c));
       return;
     }
-    const std::uint64_t seq = monitor.queued(record_of(command), arrived);
+    // Deletes are not recorded (seq 0): they can neither hang nor fail, a loop of
+    // collectives sends one per output and so filled half the recorder's ring with them,
+    // and their three locked updates per delete showed in worker 0's profile.
+    const std::uint64_t seq =
+        std::holds_alternative<DeleteRefs>(command) ? 0 : monitor.queued(record_of(command), arrived);
     queue.push(seq, std::move(command));
   }
 
