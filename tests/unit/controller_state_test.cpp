@@ -91,6 +91,35 @@ TEST(ControllerState, DeletesOfSomeRanksRideAheadOfACommandToMoreRanks) {
   EXPECT_TRUE(s.received(2).empty());
 }
 
+TEST(ControllerState, EachDeleteRidesOnceAndAnEmptiedRankSetSendsNothing) {
+  // The pending deletes of a rank set keep their entry once they rode (a loop's outputs
+  // die under the same ranks every time): the next ride carries only the new refs, and
+  // neither a ride nor flush_deferred sends an empty delete.
+  Session s;
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    s.ctl->defer_delete({1, 2}, Ref{10 + i});
+    s.ctl->append({1, 2}, RequestStatus{6 + i});
+  }
+  s.ctl->defer_delete({2}, Ref{20});
+  s.ctl->append({2}, RequestStatus{9});
+  s.ctl->append({1}, RequestStatus{10});
+  s.ctl->flush_deferred();
+  EXPECT_EQ(s.received(1),
+            (std::vector<Command>{DeleteRefs{{Ref{10}}}, RequestStatus{6}, DeleteRefs{{Ref{11}}}, RequestStatus{7},
+                                  DeleteRefs{{Ref{12}}}, RequestStatus{8}, RequestStatus{10}}));
+  EXPECT_EQ(s.received(2),
+            (std::vector<Command>{DeleteRefs{{Ref{10}}}, RequestStatus{6}, DeleteRefs{{Ref{11}}}, RequestStatus{7},
+                                  DeleteRefs{{Ref{12}}}, RequestStatus{8}, DeleteRefs{{Ref{20}}}, RequestStatus{9}}));
+  // Refilled after the synchronize's flush: it rides again, once.
+  s.ctl->defer_delete({1, 2}, Ref{30});
+  s.ctl->flush_deferred();
+  EXPECT_EQ(s.received(1), (std::vector<Command>{DeleteRefs{{Ref{30}}}}));
+  EXPECT_EQ(s.received(2), (std::vector<Command>{DeleteRefs{{Ref{30}}}}));
+  s.ctl->flush_deferred();
+  EXPECT_TRUE(s.received(1).empty());
+  EXPECT_TRUE(s.received(2).empty());
+}
+
 TEST(ControllerState, CountsOneCommandMessagePerDestinationOfEachBatch) {
   Session s;
   const ControlTraffic before = s.ctl->traffic();
