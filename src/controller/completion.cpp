@@ -25,7 +25,7 @@ const CompletionTracker::IdentInfo* CompletionTracker::info(Ident ident) const {
   return &what_[ident - first_described_];
 }
 
-void CompletionTracker::describe(Ident ident, const std::string& what, const std::source_location& where) {
+void CompletionTracker::describe(Ident ident, const Words& what, const std::source_location& where) {
   if (IdentInfo* i = info(ident)) {
     i->what = what;
     i->where = where;
@@ -35,13 +35,13 @@ void CompletionTracker::describe(Ident ident, const std::string& what, const std
 std::string CompletionTracker::describe_ident(Ident ident) const {
   const IdentInfo* i = info(ident);
   if (i == nullptr) return "?";
-  if (!i->what.empty()) return fmt::format("{}, issued at {}", i->what, detail::describe(i->where));
+  if (!i->what.empty()) return fmt::format("{}, issued at {}", i->what.str(), detail::describe(i->where));
   return i->label ? i->label : "?";
 }
 
 std::string CompletionTracker::what_of(Ident ident) const {
   const IdentInfo* i = info(ident);
-  return i == nullptr ? std::string() : i->what;
+  return i == nullptr ? std::string() : i->what.str();
 }
 
 std::string CompletionTracker::site_of(Ident ident) const {

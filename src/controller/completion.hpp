@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "controller/words.hpp"
 #include "meshrt/protocol.hpp"
 
 namespace meshrt::detail {
@@ -27,7 +28,7 @@ class CompletionTracker {
   // A fresh ident; `label` names the runtime's own invocations ("synchronize") in reports.
   Ident new_ident(const char* label = nullptr);
   // What an outstanding ident runs, for reports (forgotten once it is complete).
-  void describe(Ident ident, const std::string& what, const std::source_location& where);
+  void describe(Ident ident, const Words& what, const std::source_location& where);
   std::string describe_ident(Ident ident) const;
   bool described(Ident ident) const { return info(ident) != nullptr; }
   // What `ident` runs and where it was issued ("file:line (function)"), while it is
@@ -91,7 +92,7 @@ class CompletionTracker {
     bool owes(Ident ident) const { return !outstanding.empty() && outstanding.front() <= ident; }
   };
   struct IdentInfo {
-    std::string what;  // the function's name, or empty
+    Words what;  // the function's name, or empty
     std::source_location where{};
     const char* label = nullptr;
   };

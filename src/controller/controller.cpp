@@ -233,19 +233,6 @@ Stream DTensor::stream() const {
   return Stream(state_->stream);
 }
 
-namespace {
-// "reduce sum with scatter over 'dp'": built by appending, not fmt::format, which cost
-// ~1,000 instructions on every collective a program issues (callgrind).
-std::string reduce_words(std::string_view op, Reduction reduction, bool scatter, std::string_view dim) {
-  std::string w;
-  w.reserve(48);
-  w.append(op).append(name(reduction));
-  if (scatter) w.append(" with scatter");
-  w.append(" over '").append(dim).append("'");
-  return w;
-}
-}  // namespace
-
 DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter, std::source_location where) const {
   return at_site(where, [&] {
     if (!state_) throw UsageError("reduce: an undefined DTensor");
@@ -254,9 +241,9 @@ DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter,
     const std::int64_t d = mesh.dim_index(dim);
     const std::int64_t n = mesh.ranks.sizes()[static_cast<std::size_t>(d)];
     const TensorMeta& in = state_->meta;
-    const std::string what = reduce_words("reduce ", reduction, scatter, dim);
+    const detail::Words& what = mesh.reduce_words(d, reduction, scatter, false);
     const ReductionRule rule = reduction_rule(in, n, reduction, scatter, false, in.device().kind());
-    if (!rule.allowed()) throw UsageError(fmt::format("{}: {}", what, rule.error));
+    if (!rule.allowed()) throw UsageError(fmt::format("{}: {}", what.str(), rule.error));
     const TensorMeta& out = rule.out_meta(in);
     use_tensor(*ctl, *state_, mesh, *state_->stream, false, what);
     ctl->ensure_mesh(mesh);
@@ -275,19 +262,19 @@ DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter,
 DTensor& DTensor::reduce_(std::string_view dim, Reduction reduction, bool scatter, std::source_location where) {
   return at_site(where, [&]() -> DTensor& {
     if (!state_) throw UsageError("reduce_: an undefined DTensor");
-    const std::string what = reduce_words("reduce_ ", reduction, scatter, dim);
     // The same rules as out of place (in place allows all_reduce and all_to_all only);
     // then this tensor's own ref is redefined.
     auto ctl = lock(state_->controller);
     MeshState& mesh = *mesh_;
     const std::int64_t d = mesh.dim_index(dim);
+    const detail::Words& what = mesh.reduce_words(d, reduction, scatter, true);
     const std::int64_t n = mesh.ranks.sizes()[static_cast<std::size_t>(d)];
     const TensorMeta& in = state_->meta;
     const ReductionRule rule = reduction_rule(in, n, reduction, scatter, true, in.device().kind());
-    if (!rule.allowed()) throw UsageError(fmt::format("{}: {}", what, rule.error));
+    if (!rule.allowed()) throw UsageError(fmt::format("{}: {}", what.str(), rule.error));
     if (!same_layout(*state_->home, mesh)) {
       throw UsageError(
-          fmt::format("{}: in place needs the tensor's whole mesh; this handle covers a slice of it", what));
+          fmt::format("{}: in place needs the tensor's whole mesh; this handle covers a slice of it", what.str()));
     }
     use_tensor(*ctl, *state_, mesh, *state_->stream, true, what);
     ctl->ensure_mesh(mesh);

@@ -27,8 +27,8 @@ std::string grouped(std::uint64_t n) {
 }
 
 std::string link_text(const Node& n) {
-  return n.ident ? fmt::format("{} (invocation {}, {})", n.what, n.ident, n.issued_at())
-                 : fmt::format("{} ({})", n.what, n.issued_at());
+  return n.ident ? fmt::format("{} (invocation {}, {})", n.what.str(), n.ident, n.issued_at())
+                 : fmt::format("{} ({})", n.what.str(), n.issued_at());
 }
 
 // The first links of a chain of `total`, then how many more: a 20,000-step chain is five
@@ -48,7 +48,7 @@ std::string Failure::describe(Ident ident) const {
                      fmt::join(r, ", "), where, issued_at.empty() ? "" : ", issued at ", issued_at, message);
 }
 
-std::shared_ptr<Node> DependencyGraph::make_node(Ident ident, std::string what, const std::source_location& where,
+std::shared_ptr<Node> DependencyGraph::make_node(Ident ident, Words what, const std::source_location& where,
                                                  std::vector<std::shared_ptr<Node>> inputs) {
   auto n = std::make_shared<Node>();
   n->ident = ident;

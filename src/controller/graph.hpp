@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "controller/words.hpp"
 #include "meshrt/protocol.hpp"
 
 namespace meshrt::detail {
@@ -26,7 +27,7 @@ using protocol::Ident;
 // from others without one (a reduction, a send, a borrow).
 struct Node {
   Ident ident = 0;
-  std::string what;            // "meshrt.fail", "reduce sum over 'gpu'", "fetch"
+  Words what;                  // "meshrt.fail", "reduce sum over 'gpu'", "fetch"
   std::source_location where;  // the controller call that issued it (formatted only for errors)
   std::string issued_at() const;
   std::vector<std::shared_ptr<Node>> inputs;
@@ -53,7 +54,7 @@ struct Failure {
 class DependencyGraph {
  public:
   // A node for `ident` (0: none) computed from `inputs`; inputs known clean are dropped.
-  std::shared_ptr<Node> make_node(Ident ident, std::string what, const std::source_location& where,
+  std::shared_ptr<Node> make_node(Ident ident, Words what, const std::source_location& where,
                                   std::vector<std::shared_ptr<Node>> inputs);
   // True once every 1024 nodes: a program that never waits still gets its graph pruned.
   bool prune_due();

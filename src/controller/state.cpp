@@ -97,7 +97,24 @@ void ControllerState::check_epoch(std::uint64_t e, std::string_view what) const 
   }
 }
 
-std::shared_ptr<Node> ControllerState::make_node(Ident ident, std::string what, const std::source_location& where,
+const Words& MeshState::reduce_words(std::int64_t d, Reduction reduction, bool scatter, bool inplace) {
+  const std::size_t per_dim = kNumReductions * 4;
+  if (reduce_words_.empty()) reduce_words_.resize(names.size() * per_dim);
+  Words& w = reduce_words_[static_cast<std::size_t>(d) * per_dim + static_cast<std::size_t>(reduction) * 4 +
+                           (scatter ? 2 : 0) + (inplace ? 1 : 0)];
+  if (w.empty()) {
+    const std::string& dim = names[static_cast<std::size_t>(d)];
+    std::string s;
+    s.reserve(48);
+    s.append(inplace ? "reduce_ " : "reduce ").append(name(reduction));
+    if (scatter) s.append(" with scatter");
+    s.append(" over '").append(dim).append("'");
+    w = Words(std::move(s));
+  }
+  return w;
+}
+
+std::shared_ptr<Node> ControllerState::make_node(Ident ident, Words what, const std::source_location& where,
                                                  std::vector<std::shared_ptr<Node>> inputs) {
   if (ident != 0) tracker_.describe(ident, what, where);
   auto n = graph_.make_node(ident, std::move(what), where, std::move(inputs));

@@ -42,6 +42,9 @@ struct MeshState {
   std::vector<int> dests;                 // ranks as a sorted list
   bool created = false;
   std::int64_t dim_index(std::string_view dim) const;  // throws UsageError naming the dims
+  // "reduce sum with scatter over 'dp'" (reduce_ in place) for dimension d, made once.
+  const Words& reduce_words(std::int64_t d, Reduction reduction, bool scatter, bool inplace);
+  std::vector<Words> reduce_words_;  // by (dimension, reduction, scatter, in place)
 };
 
 // As MeshState: the last handle (a Stream, a tensor on it) frees it on the workers.
@@ -133,10 +136,10 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   // Waits until frontier() >= ident; throws TimeoutError after `timeout`.
   void wait_for(Ident ident, std::optional<std::chrono::duration<double>> timeout, const std::string& what);
 
-  std::shared_ptr<Node> make_node(Ident ident, std::string what, const std::source_location& where,
+  std::shared_ptr<Node> make_node(Ident ident, Words what, const std::source_location& where,
                                   std::vector<std::shared_ptr<Node>> inputs);
   // The same, safe from a destructor: never polls the transport.
-  std::shared_ptr<Node> make_node_quietly(std::string what, const std::source_location& where,
+  std::shared_ptr<Node> make_node_quietly(Words what, const std::source_location& where,
                                           std::vector<std::shared_ptr<Node>> inputs) {
     return graph_.make_node(0, std::move(what), where, std::move(inputs));
   }
