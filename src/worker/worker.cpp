@@ -547,6 +547,7 @@ struct Worker::Impl {
              kind == c.factory.device().kind();
     }
   } reduce_words;
+  bool described_running = false;  // run(Reduce) described the command with `running`
 
   // Sends what is ready at the head of `outgoing`, in order; true when something went.
   bool poll_outgoing() {
@@ -614,7 +615,14 @@ struct Worker::Impl {
       for (auto r : mesh->ranks()) w.members.push_back(static_cast<int>(r));
       reduce_words = std::move(w);
     }
-    monitor.describe(current_seq, reduce_words.joining, reduce_words.members, c.factory.nbytes());
+    // Once the same collective ran before, its communicator exists and nothing is left to
+    // join: it is described as running from the start, and step() need not describe it
+    // again (a collective that completes inside its call is done before step() could).
+    described_running = !reduce_words.running.empty();
+    if (described_running)
+      monitor.describe(current_seq, reduce_words.running, reduce_words.peers, c.factory.nbytes());
+    else
+      monitor.describe(current_seq, reduce_words.joining, reduce_words.members, c.factory.nbytes());
     Input in = input(c.tensor);
     // Accelerator tensors (and the factory of a broken one) go over the device layer's
     // communicators on the command's device stream.
@@ -850,7 +858,7 @@ struct Worker::Impl {
             reduce_words.running = in_flight->op->describe();
             reduce_words.peers = peers_of(command);
           }
-          monitor.describe(q.seq, reduce_words.running, reduce_words.peers, 0);
+          if (!described_running) monitor.describe(q.seq, reduce_words.running, reduce_words.peers, 0);
         } else {
           monitor.describe(q.seq, in_flight->op->describe(), peers_of(command), 0);
         }

@@ -17,6 +17,7 @@
 #include "meshrt/protocol.hpp"
 #include "meshrt/settings.hpp"
 #include "meshrt/worker.hpp"
+#include "worker/monitor.hpp"
 
 namespace meshrt {
 namespace {
@@ -42,8 +43,9 @@ constexpr auto kWait = std::chrono::seconds(30);
 // on a thread, and ends it with Exit at the end of each test.
 class ScriptedController {
  public:
-  explicit ScriptedController(double status_interval = 1.0) {
+  explicit ScriptedController(double status_interval = 1.0, detail::Monitor* monitor = nullptr) {
     WorkerOptions o;
+    o.monitor = monitor;
     o.rank = 0;
     o.world = MPI_COMM_WORLD;
     o.p2p = MPI_COMM_WORLD;
@@ -172,6 +174,38 @@ TEST(WorkerLoop, RunsEveryCommandKind) {
   EXPECT_EQ(s.live_values, 6u);
   ctl.finish();
   EXPECT_EQ(ctl.waiting(), 0u) << "no reply after Exit: nothing moved since the last Status";
+}
+
+TEST(WorkerLoop, TheFlightRecorderNamesEachCollectiveAsItRanAndLeavesOutDeletes) {
+  // The first collective of its kind is described while it joins (its communicator may
+  // not exist yet), then as it ran; the next identical one as it ran from the start. The
+  // deletes between them are not recorded.
+  detail::Monitor recorder(0, 100);
+  ScriptedController ctl(1.0, &recorder);
+  auto sum = [](Ref result) {
+    return Reduce{.result = result,
+                  .tensor = Ref{10},
+                  .factory = kVector,
+                  .mesh = Ref{2},
+                  .stream = Ref{1},
+                  .dim = "x",
+                  .reduction = Reduction::Sum};
+  };
+  ctl.send(setup());
+  ctl.send(
+      CommandGroup{{full(1, Ref{10}, 3), sum(Ref{11}), DeleteRefs{{Ref{11}}}, sum(Ref{12}), DeleteRefs{{Ref{12}}}}});
+  ctl.status(2);
+  ctl.finish();
+  const std::string dump = recorder.dump();
+  auto count = [&](const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = dump.find(what); at != std::string::npos; at = dump.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("done     Reduce all_reduce sum over dimension 'x'"), 2u) << dump;
+  EXPECT_EQ(count("joining"), 0u) << dump;
+  EXPECT_EQ(count("DeleteRefs"), 0u) << dump;
+  EXPECT_EQ(count("CallFunction meshrt.full"), 1u) << dump;
 }
 
 TEST(WorkerLoop, AFailingFunctionIsReportedOnceAndPoisonsWhatDependsOnIt) {
