@@ -73,21 +73,24 @@ void Batcher::ride_deletes(const std::vector<int>& dests) {
   // and two frees per delete (8 B all_reduce under callgrind: the controller's loop of
   // 1,001 operations ran 6.70M -> 6.13M instructions). defer_delete bounds the empty
   // entries.
-  if (auto it = pending_deletes_.find(dests); it != pending_deletes_.end() && !it->second.empty()) {
-    pending_delete_count_ -= it->second.size();
-    batch_.emplace_back(protocol::DeleteRefs{std::move(it->second)});
-    it->second.clear();  // moved from: valid, made empty
+  if (auto it = pending_deletes_.find(dests); it != pending_deletes_.end() && it->second.rides()) {
+    PendingDeletes& p = it->second;
+    pending_delete_count_ -= p.refs.size();
+    batch_.emplace_back(protocol::DeleteRefs{std::move(p.refs)});
+    p.refs.clear();  // moved from: valid, made empty
+    p.due = false;
   }
   // Subsets, when both rank lists are sorted (meshes list their ranks in layout order,
   // which a permuted mesh does not sort): std::includes needs sorted ranges.
   if (pending_delete_count_ == 0 || !std::is_sorted(dests.begin(), dests.end())) return;
   std::vector<Ref> refs;
   for (auto& [owners, pending] : pending_deletes_) {
-    if (!pending.empty() && owners.size() < dests.size() && std::is_sorted(owners.begin(), owners.end()) &&
+    if (pending.rides() && owners.size() < dests.size() && std::is_sorted(owners.begin(), owners.end()) &&
         std::includes(dests.begin(), dests.end(), owners.begin(), owners.end())) {
-      pending_delete_count_ -= pending.size();
-      refs.insert(refs.end(), pending.begin(), pending.end());
-      pending.clear();
+      pending_delete_count_ -= pending.refs.size();
+      refs.insert(refs.end(), pending.refs.begin(), pending.refs.end());
+      pending.refs.clear();
+      pending.due = false;
     }
   }
   if (!refs.empty()) batch_.emplace_back(protocol::DeleteRefs{std::move(refs)});
@@ -142,12 +145,15 @@ void Batcher::flush_locked() {
                    control::Tag::Command, std::move(envelope));
 }
 
-void Batcher::defer_delete(const std::vector<int>& dests, Ref ref) {
+void Batcher::defer_delete(const std::vector<int>& dests, Ref ref, bool small) {
   // Borrows share the origin's value on the workers under their own ref.
   // Emptied entries stay (ride_deletes) until there are many of them: a program that
   // drops values on many different rank sets must not make every ride scan them all.
-  if (pending_deletes_.size() > 64) std::erase_if(pending_deletes_, [](const auto& e) { return e.second.empty(); });
-  pending_deletes_[dests].push_back(ref);
+  if (pending_deletes_.size() > 64)
+    std::erase_if(pending_deletes_, [](const auto& e) { return e.second.refs.empty(); });
+  PendingDeletes& p = pending_deletes_[dests];
+  p.refs.push_back(ref);
+  p.due = p.due || !small;
   pending_delete_count_++;
 }
 
@@ -162,8 +168,8 @@ void Batcher::flush_deferred() {
   auto deletes = std::move(pending_deletes_);
   pending_deletes_.clear();
   pending_delete_count_ = 0;
-  for (auto& [dests, refs] : deletes) {
-    if (!refs.empty()) append(dests, protocol::DeleteRefs{std::move(refs)});
+  for (auto& [dests, pending] : deletes) {
+    if (!pending.refs.empty()) append(dests, protocol::DeleteRefs{std::move(pending.refs)});
   }
   flush();
 }

@@ -34,7 +34,15 @@ class Batcher {
   void append(const std::vector<int>& dests, protocol::Command c);
   void flush();
   // Work for the next command to `dests` (safe from a handle's destructor: sends nothing).
-  void defer_delete(const std::vector<int>& dests, Ref ref);
+  // The delete of a value of at most kSmallDeleteBytes (`small`) waits until
+  // kSmallDeletes of them are pending for those ranks, or the next synchronize: freeing it
+  // early gains nothing (malloc hands the worker warm memory at that size anyway), and
+  // each delete riding on its own is a command for every worker to decode, queue and run
+  // (an out-of-place 8 B collective in a loop sends one per call). At most 1 MiB per rank
+  // set waits so, and 4096 deletes in all (append flushes them past that).
+  void defer_delete(const std::vector<int>& dests, Ref ref, bool small = false);
+  static constexpr std::size_t kSmallDeletes = 64;
+  static constexpr std::size_t kSmallDeleteBytes = std::size_t{16} << 10;
   void defer_drop(const std::vector<int>& dests, Ref ref);
   // Sends every deferred delete and drop now, then flushes.
   void flush_deferred();
@@ -87,7 +95,12 @@ class Batcher {
   std::thread flusher_;
   // Work that handle destructors leave for the next command: deletes per rank set, and
   // borrows dropped implicitly.
-  std::map<std::vector<int>, std::vector<Ref>> pending_deletes_;
+  struct PendingDeletes {
+    std::vector<Ref> refs;
+    bool due = false;  // holds a delete that is not small: rides with the next command
+    bool rides() const { return !refs.empty() && (due || refs.size() >= kSmallDeletes); }
+  };
+  std::map<std::vector<int>, PendingDeletes> pending_deletes_;
   std::size_t pending_delete_count_ = 0;
   std::vector<std::pair<std::vector<int>, Ref>> pending_drops_;
 };

@@ -120,7 +120,9 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   void flush() { batcher_.flush(); }
   void flush_deferred();
   // For handle destructors: work for the next command, sent with it.
-  void defer_delete(const std::vector<int>& dests, Ref ref) { batcher_.defer_delete(dests, ref); }
+  void defer_delete(const std::vector<int>& dests, Ref ref, bool small = false) {
+    batcher_.defer_delete(dests, ref, small);
+  }
   // A borrow destroyed without drop(): the BorrowDrop goes out ahead of the next command
   // to any ranks, so it reaches the workers before the origin's next use, as drop()'s.
   void defer_drop(const std::vector<int>& dests, Ref ref) { pending_drops_.emplace_back(dests, ref); }

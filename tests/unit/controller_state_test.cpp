@@ -120,6 +120,37 @@ TEST(ControllerState, EachDeleteRidesOnceAndAnEmptiedRankSetSendsNothing) {
   EXPECT_TRUE(s.received(2).empty());
 }
 
+TEST(ControllerState, SmallDeletesWaitForManyOrTheSynchronizeAndALargeOneTakesThemAlong) {
+  // A small value's delete does not ride on its own: it waits until kSmallDeletes are
+  // pending for its ranks, then all ride together; a delete that is not small rides with
+  // the next command and takes the small ones with it; flush_deferred sends what is left.
+  Session s;
+  constexpr std::size_t k = detail::Batcher::kSmallDeletes;
+  std::vector<Ref> first;
+  for (std::uint64_t i = 0; i < k; ++i) {
+    s.ctl->append({1, 2}, RequestStatus{100 + i});
+    s.ctl->defer_delete({1, 2}, Ref{1000 + i}, /*small=*/true);
+    first.push_back(Ref{1000 + i});
+  }
+  s.ctl->append({1, 2}, RequestStatus{200});
+  s.ctl->defer_delete({1, 2}, Ref{2000}, /*small=*/true);
+  s.ctl->append({1, 2}, RequestStatus{201});
+  s.ctl->defer_delete({1, 2}, Ref{2001}, /*small=*/false);
+  s.ctl->append({1, 2}, RequestStatus{202});
+  s.ctl->defer_delete({1, 2}, Ref{2002}, /*small=*/true);
+  s.ctl->flush_deferred();
+  std::vector<Command> expected;
+  for (std::uint64_t i = 0; i < k; ++i) expected.push_back(RequestStatus{100 + i});
+  expected.push_back(DeleteRefs{first});  // the k-th small delete made them ride
+  expected.push_back(RequestStatus{200});
+  expected.push_back(RequestStatus{201});
+  expected.push_back(DeleteRefs{{Ref{2000}, Ref{2001}}});  // a large one takes the small along
+  expected.push_back(RequestStatus{202});
+  expected.push_back(DeleteRefs{{Ref{2002}}});  // the synchronize's flush sends the rest
+  EXPECT_EQ(s.received(1), expected);
+  EXPECT_EQ(s.received(2), expected);
+}
+
 TEST(ControllerState, CountsOneCommandMessagePerDestinationOfEachBatch) {
   Session s;
   const ControlTraffic before = s.ctl->traffic();
