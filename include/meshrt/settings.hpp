@@ -34,6 +34,9 @@ std::string get(std::string_view name);
 std::int64_t get_int(std::string_view name);
 double get_double(std::string_view name);
 bool get_bool(std::string_view name);
+// A boolean setting's text, any case: 1/true/yes/on, 0/false/no/off or empty; nullopt for
+// anything else (get_bool's rule, for settings that take more than a boolean).
+std::optional<bool> parse_bool(std::string_view text);
 // Seconds as a duration (fractions allowed); "0" or "inf" mean no limit (returns max()).
 std::chrono::duration<double> get_seconds(std::string_view name);
 

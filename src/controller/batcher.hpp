@@ -100,6 +100,8 @@ class Batcher {
     bool due = false;  // holds a delete that is not small: rides with the next command
     bool rides() const { return !refs.empty() && (due || refs.size() >= kSmallDeletes); }
   };
+  // Empties `p` (its entry stays) and returns its refs, counted off pending_delete_count_.
+  std::vector<Ref> take(PendingDeletes& p);
   std::map<std::vector<int>, PendingDeletes> pending_deletes_;
   std::size_t pending_delete_count_ = 0;
   std::vector<std::pair<std::vector<int>, Ref>> pending_drops_;

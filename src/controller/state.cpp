@@ -106,9 +106,9 @@ void ControllerState::check_epoch(std::uint64_t e, std::string_view what) const 
 
 const Words& MeshState::reduce_words(std::int64_t d, Reduction reduction, bool scatter, bool inplace) {
   const std::size_t per_dim = kNumReductions * 4;
-  if (reduce_words_.empty()) reduce_words_.resize(names.size() * per_dim);
-  Words& w = reduce_words_[static_cast<std::size_t>(d) * per_dim + static_cast<std::size_t>(reduction) * 4 +
-                           (scatter ? 2 : 0) + (inplace ? 1 : 0)];
+  if (reduce_words_cache.empty()) reduce_words_cache.resize(names.size() * per_dim);
+  Words& w = reduce_words_cache[static_cast<std::size_t>(d) * per_dim + static_cast<std::size_t>(reduction) * 4 +
+                                (scatter ? 2 : 0) + (inplace ? 1 : 0)];
   if (w.empty()) {
     const std::string& dim = names[static_cast<std::size_t>(d)];
     std::string s;

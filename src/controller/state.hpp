@@ -44,7 +44,7 @@ struct MeshState {
   std::int64_t dim_index(std::string_view dim) const;  // throws UsageError naming the dims
   // "reduce sum with scatter over 'dp'" (reduce_ in place) for dimension d, made once.
   const Words& reduce_words(std::int64_t d, Reduction reduction, bool scatter, bool inplace);
-  std::vector<Words> reduce_words_;  // by (dimension, reduction, scatter, in place)
+  std::vector<Words> reduce_words_cache;  // by (dimension, reduction, scatter, in place)
 };
 
 // As MeshState: the last handle (a Stream, a tensor on it) frees it on the workers.

@@ -108,11 +108,17 @@ double get_double(std::string_view name) {
   return v;
 }
 
-bool get_bool(std::string_view name) {
-  std::string text = get(name);
+std::optional<bool> parse_bool(std::string_view value) {
+  std::string text(value);
   std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
   if (text == "1" || text == "true" || text == "yes" || text == "on") return true;
   if (text == "0" || text == "false" || text == "no" || text == "off" || text.empty()) return false;
+  return std::nullopt;
+}
+
+bool get_bool(std::string_view name) {
+  const std::string text = get(name);
+  if (const std::optional<bool> b = parse_bool(text)) return *b;
   bad_value(find(name), text, "a boolean (1/0, true/false, yes/no, on/off)");
 }
 

@@ -39,18 +39,15 @@ std::uint64_t Monitor::queued(CommandRecord record, Clock::time_point arrived) {
   record.state = CommandState::Queued;
   const std::uint64_t seq = record.seq;
   CommandRecord& slot = ring_[seq % capacity_];
-  // The slot's buffers outlive the command it held: describe() fills them again.
+  // The slot keeps its name and peers buffers from one command to the next (describe()
+  // refills them): the record's are copied into them, not moved over them.
   std::string name = std::move(slot.name);
   std::vector<int> peers = std::move(slot.peers);
+  name = record.name;
+  peers = record.peers;
   slot = std::move(record);
-  if (slot.name.size() <= name.capacity()) {
-    name.assign(slot.name);
-    slot.name = std::move(name);
-  }
-  if (slot.peers.empty()) {
-    peers.clear();
-    slot.peers = std::move(peers);
-  }
+  slot.name.swap(name);
+  slot.peers.swap(peers);
   return seq;
 }
 

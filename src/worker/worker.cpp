@@ -25,6 +25,7 @@
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/protocol.hpp"
+#include "meshrt/settings.hpp"
 #include "worker/monitor.hpp"
 #include "worker/streams.hpp"
 
@@ -547,7 +548,6 @@ struct Worker::Impl {
              kind == c.factory.device().kind();
     }
   } reduce_words;
-  bool described_running = false;  // run(Reduce) described the command with `running`
 
   // Sends what is ready at the head of `outgoing`, in order; true when something went.
   bool poll_outgoing() {
@@ -616,10 +616,10 @@ struct Worker::Impl {
       reduce_words = std::move(w);
     }
     // Once the same collective ran before, its communicator exists and nothing is left to
-    // join: it is described as running from the start, and step() need not describe it
-    // again (a collective that completes inside its call is done before step() could).
-    described_running = !reduce_words.running.empty();
-    if (described_running)
+    // join: it is described as running from the start, and step() describes it again only
+    // the first time, when it makes the running words (a collective that completes inside
+    // its call is done before step() could).
+    if (!reduce_words.running.empty())
       monitor.describe(current_seq, reduce_words.running, reduce_words.peers, c.factory.nbytes());
     else
       monitor.describe(current_seq, reduce_words.joining, reduce_words.members, c.factory.nbytes());
@@ -659,15 +659,18 @@ struct Worker::Impl {
   // How this worker runs a CPU collective or send.
   // - Without the status tree, on a node with a core per rank: the blocking MPI call, on
   //   this thread. Commands wait behind a collective in flight anyway, and queries go to
-  //   the watch thread, so all a loop could do meanwhile is send its once-a-second Status. Blocking saves the hand-off
-  //   to the comm thread and back (two wake-ups per operation) and Open MPI's non-blocking set-up and test loop
-  //   (libnbc: ~3,300 instructions for an 8 B MPI_Iallreduce under callgrind). meshrt-bench runtime-collectives, 2
-  //   ranks, quiet, two interleaved runs each of the worker mode before (Auto) and this, both with the controller
-  //   sleeping on worker 0's reply doorbell: all_reduce 8 B 5.4-7.4 -> 4.4-4.6 us, 4 KiB 10.9-14.9 -> 6.1 us, 256 KiB
-  //   95-108 -> 68-69 us; all_gather 256 KiB 36-46 -> 21-28 us; all_to_all 256 KiB 38-47 -> 21 us; to_mesh 256 KiB
-  //   43-45 -> 28-35 us, 1 MiB 126-137 -> 100-138 us (MPI by hand 99-117), 2 MiB 231-247 -> 184-243 us (183-229); 8 B
-  //   all_gather and to_mesh level. Before the doorbell the controller's yielding beside worker 0 hid the difference
-  //   ("the same figures", README).
+  //   the watch thread, so all a loop could do meanwhile is send its once-a-second Status.
+  //   Blocking saves the hand-off to the comm thread and back (two wake-ups per operation)
+  //   and Open MPI's non-blocking set-up and test loop (libnbc: ~3,300 instructions for an
+  //   8 B MPI_Iallreduce under callgrind). meshrt-bench runtime-collectives, 2 ranks,
+  //   quiet, two interleaved runs each of the worker mode before (Auto) and this, both
+  //   with the controller sleeping on worker 0's reply doorbell: all_reduce 8 B 5.4-7.4 ->
+  //   4.4-4.6 us, 4 KiB 10.9-14.9 -> 6.1 us, 256 KiB 95-108 -> 68-69 us; all_gather
+  //   256 KiB 36-46 -> 21-28 us; all_to_all 256 KiB 38-47 -> 21 us; to_mesh 256 KiB 43-45
+  //   -> 28-35 us, 1 MiB 126-137 -> 100-138 us (MPI by hand 99-117), 2 MiB 231-247 ->
+  //   184-243 us (183-229); 8 B all_gather and to_mesh level. Before the doorbell the
+  //   controller's yielding beside worker 0 hid the difference ("the same figures",
+  //   README).
   // - With the status tree (large jobs): Completion::Auto, so that a node keeps relaying
   //   its children's reports while a collective of its own is in flight.
   // - On a node with more ranks than cores (opt.block_in_mpi false: an oversubscribed CI
@@ -854,11 +857,11 @@ struct Worker::Impl {
         in_flight->ident = ident_of(command);
         if (std::holds_alternative<Reduce>(command)) {
           // run(Reduce) left reduce_words matching this command.
-          if (reduce_words.running.empty()) {
+          if (reduce_words.running.empty()) {  // run(Reduce) described it as joining
             reduce_words.running = in_flight->op->describe();
             reduce_words.peers = peers_of(command);
+            monitor.describe(q.seq, reduce_words.running, reduce_words.peers, 0);
           }
-          if (!described_running) monitor.describe(q.seq, reduce_words.running, reduce_words.peers, 0);
         } else {
           monitor.describe(q.seq, in_flight->op->describe(), peers_of(command), 0);
         }
@@ -1137,11 +1140,11 @@ void Worker::serve(const WorkerOptions& first) {
 }
 
 bool worker_blocks_in_mpi(std::string_view setting, int ranks_on_node, long online_cores) {
-  std::string text(setting);
-  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (text == "auto") return ranks_on_node <= online_cores;
-  if (text == "1" || text == "true" || text == "yes" || text == "on") return true;
-  if (text == "0" || text == "false" || text == "no" || text == "off" || text.empty()) return false;
+  const auto is_auto = setting.size() == 4 && std::equal(setting.begin(), setting.end(), "auto", [](char a, char b) {
+                         return std::tolower(static_cast<unsigned char>(a)) == b;
+                       });
+  if (is_auto) return ranks_on_node <= online_cores;
+  if (const std::optional<bool> b = settings::parse_bool(setting)) return *b;
   throw UsageError(fmt::format(
       "MESHRT_WORKER_BLOCKING={}: expected auto, or 1/0 (true/false, yes/no, on/off) to force the blocking MPI call on "
       "or off",

@@ -36,6 +36,23 @@ TEST(Settings, DefaultAndEnvironment) {
   unsetenv("MESHRT_GROUP_TIMEOUT");
 }
 
+TEST(Settings, BooleansTakeTheUsualSpellingsInAnyCaseAndRefuseTheRest) {
+  for (const char* yes : {"1", "true", "YES", "On"}) EXPECT_EQ(settings::parse_bool(yes), true) << yes;
+  for (const char* no : {"0", "False", "no", "OFF", ""}) EXPECT_EQ(settings::parse_bool(no), false) << no;
+  EXPECT_EQ(settings::parse_bool("maybe"), std::nullopt);
+  EXPECT_EQ(settings::parse_bool("auto"), std::nullopt);
+  setenv("MESHRT_SIGNAL_HANDLER", "maybe", 1);
+  try {
+    (void)settings::get_bool("MESHRT_SIGNAL_HANDLER");
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("MESHRT_SIGNAL_HANDLER: expected a boolean"), std::string::npos) << e.what();
+  }
+  setenv("MESHRT_SIGNAL_HANDLER", "no", 1);
+  EXPECT_FALSE(settings::get_bool("MESHRT_SIGNAL_HANDLER"));
+  unsetenv("MESHRT_SIGNAL_HANDLER");
+}
+
 TEST(Settings, UnknownNameIsAnError) {
   EXPECT_THROW((void)settings::get("MESHRT_NO_SUCH_THING"), UsageError);
 }
