@@ -5,6 +5,8 @@
 
 #include <cxxabi.h>
 
+#include <boost/container/deque.hpp>
+#include <boost/container/options.hpp>
 #include <boost/core/demangle.hpp>
 
 #include <algorithm>
@@ -71,31 +73,18 @@ struct Worker::Impl {
     std::uint64_t seq;
     Command command;
   };
-  // The commands received and not yet started, in order: a vector consumed from `head`,
-  // not a std::deque. A Queued is ~360 bytes, and libstdc++'s deque holds one such
-  // element per 512-byte node, so every command cost a node's allocation and free; the
-  // frees of a 256-command batch overflow the thread's malloc cache and take malloc's
-  // slow path (meshrt-bench runtime-collectives, 8 B all_reduce under callgrind: worker
-  // 0 ran ~580 fewer instructions per operation with this, 13.1M -> 12.6M in all).
-  struct CommandQueue {
-    std::vector<Queued> items;
-    std::size_t head = 0;
-    bool empty() const noexcept { return head == items.size(); }
-    void push(std::uint64_t seq, Command&& c) { items.emplace_back(seq, std::move(c)); }
-    Queued pop() {
-      Queued q = std::move(items[head++]);
-      if (head == items.size()) {
-        items.clear();  // keeps the capacity
-        head = 0;
-      } else if (head >= 256 && head * 2 >= items.size()) {
-        // Never drained (commands keep arriving behind one in flight): drop the
-        // consumed half rather than grow without bound.
-        items.erase(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(head));
-        head = 0;
-      }
-      return q;
-    }
-  };
+  // The commands received and not yet started, in order. Not a std::deque: a Queued is
+  // ~360 bytes, and libstdc++'s deque holds one such element per 512-byte node, so every
+  // command cost a node's allocation and free, and the frees of a 256-command batch
+  // overflowed the thread's malloc cache into malloc's slow path (8 B all_reduce under
+  // callgrind: worker 0 ran ~580 fewer instructions per operation with a queue that
+  // allocates per block). Boost's deque takes its block size: 32 commands (~11 KB) per
+  // block. A vector consumed from its head did as well per command, but it kept the room
+  // of its longest queue: a controller far ahead (meshrt-bench soak's slice loop queues
+  // ~30,000 commands on a worker) left the worker 18 MB larger, where blocks go back as
+  // they empty.
+  using CommandQueue =
+      boost::container::deque<Queued, void, boost::container::deque_options_t<boost::container::block_size<32u>>>;
   CommandQueue queue;
   bool current_failed = false;
   std::uint64_t current_seq = 0;
@@ -967,7 +956,7 @@ struct Worker::Impl {
     // and their three locked updates per delete showed in worker 0's profile.
     const std::uint64_t seq =
         std::holds_alternative<DeleteRefs>(command) ? 0 : monitor.queued(record_of(command), arrived);
-    queue.push(seq, std::move(command));
+    queue.emplace_back(seq, std::move(command));
   }
 
   // Fan-out (docs/ARCHITECTURE.md section 8): the number of the next envelope this rank runs,
@@ -1067,7 +1056,9 @@ struct Worker::Impl {
       if (!outgoing.empty() && poll_outgoing()) worked = true;
       if (in_flight && poll_in_flight()) worked = true;
       while (!in_flight && !queue.empty() && !exit) {
-        step(queue.pop());
+        Queued q = std::move(queue.front());
+        queue.pop_front();
+        step(std::move(q));
         worked = true;
         // A collective that completed inside its call (the worker blocks in MPI,
         // cpu_completion) is finished at once, not at the loop's next turn: the batch's
