@@ -86,6 +86,7 @@ struct Worker::Impl {
   using CommandQueue =
       boost::container::deque<Queued, void, boost::container::deque_options_t<boost::container::block_size<32u>>>;
   CommandQueue queue;
+  static constexpr std::size_t kMaxQueued = 4096;  // receive() takes no more batches past it
   bool current_failed = false;
   std::uint64_t current_seq = 0;
 
@@ -1018,7 +1019,12 @@ struct Worker::Impl {
     bool any = false;
     // From any rank: with fan-out on, batches come from the controller or a parent.
     int from = -1;
-    while (channel->try_receive(control::kAnySource, control::Tag::Command, rx, &from)) {
+    // With kMaxQueued commands waiting, the next batches wait in MPI, encoded (a few dozen
+    // bytes a command against ~600 decoded): a controller far ahead (meshrt-bench soak's
+    // slice loop queued ~30,000 commands on a worker) otherwise sets the worker's memory
+    // by how far ahead it got. Everything queued here was already forwarded to this
+    // rank's fan-out children, so none of them waits on what is left in MPI.
+    while (queue.size() < kMaxQueued && channel->try_receive(control::kAnySource, control::Tag::Command, rx, &from)) {
       any = true;
       arrived = Clock::now();
       try {
