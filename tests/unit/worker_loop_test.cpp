@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -96,6 +98,7 @@ class ScriptedController {
     }
   }
   std::size_t waiting() const { return network_->waiting(0, Tag::Reply); }
+  std::size_t waiting_commands() const { return network_->waiting(0, Tag::Command); }
   void finish() {
     send(Exit{.restart = false});
     worker_.join();
@@ -458,16 +461,21 @@ TEST(FanOut, TheControllerSendsAtMostFanoutMessagesPerBatchAtAnySize) {
   }
 }
 
-// test.hold(): blocks on world rank g_held_rank until g_release is set; returns a scalar.
+// test.hold([gate]): blocks on world rank g_held_rank until g_release[gate] is set (gate
+// 0 without an argument), with g_holding naming the gate it waits at; returns a scalar.
 std::atomic<int> g_held_rank{-1};
-std::atomic<bool> g_release{false};
+std::array<std::atomic<bool>, 2> g_release{};
+std::atomic<int> g_holding{-1};
 Signature hold_shape(const ArgMetas& args) {
-  args.expect_count(0, 0);
+  args.expect_count(0, 1);
   return {{TensorMeta({}, DType::Float32, args.device())}, {}};
 }
-std::vector<Tensor> hold_kernel(CallContext& ctx, Args&) {
-  while (ctx.rank() == g_held_rank.load() && !g_release.load())
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+std::vector<Tensor> hold_kernel(CallContext& ctx, Args& args) {
+  const auto gate = static_cast<std::size_t>(args.size() > 0 ? args.integer(0) : 0);
+  if (ctx.rank() == g_held_rank.load()) {
+    g_holding = static_cast<int>(gate);
+    while (!g_release.at(gate).load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   Tensor t = Tensor::zeros(TensorMeta({}, DType::Float32));
   t.data<float>()[0] = static_cast<float>(ctx.rank());
   return {t};
@@ -555,7 +563,7 @@ TEST(FanIn, AFetchWaitsForTheSlowestRankOfEverySubtree) {
   job.ctl->append(all, CreateStream{.result = Ref{1}, .is_default = true});
   // The last rank is a leaf three levels down the second top node's subtree; the value
   // comes from the first top node, which finishes at once.
-  g_release = false;
+  g_release[0] = false;
   g_held_rank = all.back();
   const Ident fetch = call_and_fetch(job, Ref{100}, all.front());
   auto future = std::make_shared<detail::FutureState>();
@@ -571,7 +579,7 @@ TEST(FanIn, AFetchWaitsForTheSlowestRankOfEverySubtree) {
   EXPECT_TRUE(future->value.has_value());
   EXPECT_LT(job.ctl->frontier(), fetch);
   EXPECT_EQ(job.ctl->frontier(), 0u) << "nothing before the held call is outstanding";
-  g_release = true;
+  g_release[0] = true;
   job.ctl->wait_for(fetch, std::chrono::seconds(60), "fetch");
   EXPECT_GE(job.ctl->frontier(), fetch);
   g_held_rank = -1;
@@ -659,6 +667,55 @@ TEST(WorkerBlocking, AutoBlocksOnlyWithACorePerRankAndABadValueIsRefused) {
   const std::string what = test::usage_error([] { (void)worker_blocks_in_mpi("maybe", 2, 2); });
   expect_contains(what, "MESHRT_WORKER_BLOCKING=maybe: expected auto, or 1/0");
   EXPECT_FALSE(worker_blocks_in_mpi("", 1, 8)) << "empty is false, as for every boolean setting";
+}
+
+// Polls `done` every millisecond for up to kWait.
+template <class Done>
+bool wait_until(Done done) {
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST(WorkerLoop, PastItsQueueLimitTheWorkerLeavesBatchesInTheTransportAndStillRunsThemAll) {
+  // A controller far ahead must not set the worker's memory: with 4096 commands queued,
+  // the worker takes no more batches until it has run them, and then takes the rest.
+  ScriptedController ctl;
+  g_held_rank = 0;
+  g_holding = -1;
+  g_release[0] = g_release[1] = false;
+  auto held = [](Ident ident, Ref result, int gate) {
+    CallFunction c = hold(ident, result);
+    c.args = {Value(gate)};
+    c.mesh = Ref{2};
+    return c;
+  };
+  ctl.send(setup());
+  ctl.send(held(1, Ref{20}, 0));
+  ASSERT_TRUE(wait_until([] { return g_holding == 0; })) << "the first hold never started";
+  // 40 batches of 256 while the worker is held: the first starts with a second hold.
+  constexpr int kBatches = 40;
+  for (int b = 0; b < kBatches; ++b) {
+    std::vector<Command> batch;
+    if (b == 0) batch.push_back(held(2, Ref{21}, 1));
+    while (batch.size() < 256) batch.push_back(DeleteRefs{{Ref{9000}}});
+    ctl.send(CommandGroup{std::move(batch)});
+  }
+  EXPECT_EQ(ctl.waiting_commands(), static_cast<std::size_t>(kBatches));
+  g_release[0] = true;
+  // The worker takes batches until 4096 commands wait (16 of 256), then runs them, and is
+  // held again by the first: the other 24 stay in the transport meanwhile.
+  ASSERT_TRUE(wait_until([] { return g_holding == 1; })) << "the second hold never started";
+  EXPECT_EQ(ctl.waiting_commands(), static_cast<std::size_t>(kBatches - 16));
+  g_release[1] = true;
+  const Status s = ctl.status(3);
+  EXPECT_EQ(s.first_uncompleted_ident, 4u) << "every command ran, in order, up to the status request";
+  EXPECT_EQ(ctl.waiting_commands(), 0u);
+  ctl.finish();
+  g_held_rank = -1;
 }
 
 }  // namespace
