@@ -21,17 +21,46 @@ Batcher::Batcher(std::shared_ptr<control::Transport> transport) : transport_(std
   fanout_threshold_ = static_cast<std::size_t>(threshold);
   flusher_ = std::thread([this] {
     log::set_thread_role("controller flusher");
-    while (!stop_flusher_.load()) {
-      std::this_thread::sleep_for(batch_time_limit_ / 2);
-      std::lock_guard lock(mutex_);
-      if (!batch_.empty() && std::chrono::steady_clock::now() - batch_started_ > batch_time_limit_) flush_locked();
+    std::unique_lock lock(mutex_);
+    // Set from the wake-up a batch's start gives until that batch's deadline: the program
+    // usually flushes the batch itself before this thread even runs (a fetch does at
+    // once), and parking again then would cost a wake-up per batch.
+    bool started = false;
+    while (!stop_flusher_) {
+      if (batch_.empty() && !started) {
+        // Nothing to flush: sleep until a batch starts (append wakes this thread then).
+        flusher_parked_ = true;
+        flusher_wake_.wait(lock);
+        flusher_parked_ = false;
+        started = true;
+        ++flusher_wakeups_;
+        continue;
+      }
+      // Until the deadline of the batch now (or last) started; the next turn flushes it
+      // if the program left it alone, else finds a younger batch, or parks.
+      if (const auto deadline = batch_started_ + batch_time_limit_; std::chrono::steady_clock::now() < deadline) {
+        flusher_wake_.wait_until(lock, deadline);
+        ++flusher_wakeups_;
+        continue;
+      }
+      started = false;
+      flush_locked();  // nothing when the batch is empty
     }
   });
 }
 
 Batcher::~Batcher() {
-  stop_flusher_.store(true);
+  {
+    std::lock_guard lock(mutex_);
+    stop_flusher_ = true;
+  }
+  flusher_wake_.notify_one();
   if (flusher_.joinable()) flusher_.join();
+}
+
+std::uint64_t Batcher::flusher_wakeups() {
+  std::lock_guard lock(mutex_);
+  return flusher_wakeups_;
 }
 
 void Batcher::append(const std::vector<int>& dests, protocol::Command c) {
@@ -40,6 +69,7 @@ void Batcher::append(const std::vector<int>& dests, protocol::Command c) {
   if (batch_.empty()) {
     batch_dests_ = dests;
     batch_started_ = std::chrono::steady_clock::now();
+    if (flusher_parked_) flusher_wake_.notify_one();
   }
   // Deletes ride ahead of the next command to their ranks, inside a batch too: a loop of
   // collectives in one batch then frees each output before the next one needs a buffer,

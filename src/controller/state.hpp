@@ -166,6 +166,7 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
 
   std::uint64_t live_values(int rank) const { return tracker_.live_values(rank); }
   ControlTraffic traffic() const { return batcher_.traffic(); }
+  std::uint64_t flusher_wakeups() { return batcher_.flusher_wakeups(); }
   std::string dump_flight_recorder() { return diagnostics_.dump_flight_recorder(); }
   [[noreturn]] void abort_job(const std::string& reason) { diagnostics_.abort_job(reason); }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include "../support/expect_error.hpp"
@@ -171,6 +172,34 @@ TEST(ControllerState, CountsOneCommandMessagePerDestinationOfEachBatch) {
   s.reply(1, Status{.first_uncompleted_ident = 7});
   s.ctl->poll_replies();
   EXPECT_EQ(s.ctl->traffic().since(before).received_of(MessageKind::Reply).messages, 1u);
+}
+
+TEST(ControllerState, ABatchLeftAloneLeavesOnItsOwnAndAnIdleFlusherNeverWakes) {
+  Session s;
+  // Idle: the flusher sleeps until a batch starts. It used to wake every millisecond, on
+  // the core the controller shares with worker 0 (~50 times here).
+  auto idle_wakeups = [&] {
+    const std::uint64_t before = s.ctl->flusher_wakeups();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return s.ctl->flusher_wakeups() - before;
+  };
+  EXPECT_LE(idle_wakeups(), 1u);  // one spurious wake-up allowed
+  // A batch nobody flushes leaves after its time limit (2 ms), from the flusher alone.
+  s.ctl->append({1, 2}, RequestStatus{5});
+  std::vector<Command> got;
+  for (int i = 0; i < 2000 && got.empty(); ++i) {
+    got = s.received(1);
+    if (got.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(got, (std::vector<Command>{RequestStatus{5}}));
+  EXPECT_EQ(s.received(2), (std::vector<Command>{RequestStatus{5}}));
+  // Then it sleeps again; a batch the program flushes itself does not wake it past its
+  // deadline either.
+  s.ctl->append({1, 2}, RequestStatus{6});
+  s.ctl->flush();
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));  // past that batch's deadline
+  EXPECT_LE(idle_wakeups(), 1u);
+  EXPECT_EQ(s.received(1), (std::vector<Command>{RequestStatus{6}}));
 }
 
 TEST(ControllerState, CompletesWhenEveryWorkerReportedAndAsksOnlyTheLaggingOnes) {
