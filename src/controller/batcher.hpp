@@ -98,11 +98,12 @@ class Batcher {
   // limit), on the core the controller shares with worker 0 (Open MPI binds rank 0 to
   // it), in the middle of worker 0's collectives. meshrt-bench runtime-collectives, 2
   // ranks, interleaved pairs against 1 ms ticks, medians (meshrt us, ratio to MPI by hand):
-  // - six pairs: all_gather 1 MiB 86.0 -> 80.5 us (1.15 -> 1.07x), 2 MiB 168 -> 155
+  // - six pairs, of a first version that parked again after every batch (below):
+  //   all_gather 1 MiB 86.0 -> 80.5 us (1.15 -> 1.07x), 2 MiB 168 -> 155
   //   (1.08 -> 1.04x); all_to_all 1 MiB 89.9 -> 81.4 (1.17 -> 1.06x), 2 MiB 185 -> 158
   //   (1.16 -> 1.07x); to_mesh 1 MiB 111 -> 103 (1.18 -> 1.10x); 8 B level;
-  // - five more, on a busier machine: all_gather 1 MiB 107 -> 85.6 us, reduce_scatter
-  //   2 MiB 714 -> 518 us, the other rows level or better.
+  // - five pairs of this version, on a busier machine: all_gather 1 MiB 107 -> 85.6 us,
+  //   reduce_scatter 2 MiB 714 -> 518 us, the other rows level or better.
   // After a start's wake-up it waits for that batch's deadline even when the program has
   // flushed the batch by then (a fetch flushes at once): parking again cost a wake-up per
   // batch, and the fetch round trip went 9.9 -> 11.5 us (five pairs); with the wait it is
