@@ -103,7 +103,10 @@ class Batcher {
   //   (1.08 -> 1.04x); all_to_all 1 MiB 89.9 -> 81.4 (1.17 -> 1.06x), 2 MiB 185 -> 158
   //   (1.16 -> 1.07x); to_mesh 1 MiB 111 -> 103 (1.18 -> 1.10x); 8 B level;
   // - five pairs of this version, on a busier machine: all_gather 1 MiB 107 -> 85.6 us,
-  //   reduce_scatter 2 MiB 714 -> 518 us, the other rows level or better.
+  //   reduce_scatter 2 MiB 714 -> 518 us, the other rows level or better;
+  // - six pairs of whole runs (8 B to 256 MiB, every op), in a slower phase of the machine
+  //   (8 B by hand ~1 us against ~0.6): level within the noise, 1-2 MiB all_gather and
+  //   all_to_all at 1.1-1.3x either way. The gain shows where a run measures few ops.
   // After a start's wake-up it waits for that batch's deadline even when the program has
   // flushed the batch by then (a fetch flushes at once): parking again cost a wake-up per
   // batch, and the fetch round trip went 9.9 -> 11.5 us (five pairs); with the wait it is
