@@ -38,6 +38,18 @@
 //   fan-out parent) are still seen within 1/32 of the wait. Yielding for 2 ms there kept
 //   taking a share of the cores from the controller and the other ranks between a
 //   program's bursts (src/worker/worker.cpp has the figures).
+// - kOwnCore (the worker loop of a rank other than 0 with a core of its own: no more
+//   ranks than cores on the node, WorkerOptions::block_in_mpi): kControl yielding for
+//   20 ms instead of 2. Between a program's bursts (the controller loading the next batch
+//   of data, say) such a worker has nothing to give its core to, and a worker that slept
+//   wakes late: after a 5 ms pause of the controller the next collective started up to
+//   ~500 us late on rank 1. meshrt-bench runtime-collectives, 1 MiB all_gather, 2 ranks,
+//   the controller sleeping 5 ms before each timed loop (a temporary change), medians of
+//   the loop's first call over both ranks and 5 repetitions: 585-703 us with kControl
+//   against 297-555 yielding 50 ms (three interleaved pairs) and 334-449 yielding 20 ms
+//   (three runs); by hand the first call after such a pause takes 190-280 us on this
+//   machine, and the rest of the loop ~70-85 either way. Past 20 ms it sleeps as kControl
+//   does, waited/32 at most 1 ms: an idle job still leaves its cores alone.
 // - kReplyBell (the controller's wait while worker 0, on the same core, still owes the
 //   awaited ident): yield for 20 us (a fetch completes within it and pays no wake-up),
 //   then idle on the doorbell worker 0 rings with every reply it sends, 1 ms at a time
@@ -106,6 +118,7 @@ inline constexpr BackoffPolicy kDoorbell{.hot_polls = 0,
                                          .sleep_divisor = 32,
                                          .min_sleep = std::chrono::microseconds(10),
                                          .max_sleep = std::chrono::microseconds(1000)};
+inline constexpr BackoffPolicy kOwnCore = kControl.yielding_until(std::chrono::milliseconds(20));
 inline constexpr BackoffPolicy kReplyBell{.hot_polls = 0,
                                           .spin = std::chrono::nanoseconds(0),
                                           .yield = std::chrono::microseconds(20),
@@ -123,7 +136,7 @@ inline constexpr BackoffPolicy kGroup{.hot_polls = 64,
 constexpr bool well_formed(const BackoffPolicy& p) {
   return p.hot_polls >= 0 && p.spin <= p.yield && p.sleep_divisor > 0 && p.min_sleep <= p.max_sleep;
 }
-static_assert(well_formed(kDataPlaneWait) && well_formed(kInFlight) && well_formed(kControl) &&
+static_assert(well_formed(kDataPlaneWait) && well_formed(kInFlight) && well_formed(kControl) && well_formed(kOwnCore) &&
               well_formed(kDoorbell) && well_formed(kReplyBell) && well_formed(kGroup));
 
 class Backoff {

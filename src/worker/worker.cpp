@@ -28,6 +28,7 @@
 #include "meshrt/log.hpp"
 #include "meshrt/protocol.hpp"
 #include "meshrt/settings.hpp"
+#include "worker/idle.hpp"
 #include "worker/monitor.hpp"
 #include "worker/streams.hpp"
 
@@ -1048,9 +1049,11 @@ struct Worker::Impl {
   WorkerExit loop() {
     // Worker 0 shares rank 0 with the controller: it sleeps on the doorbell the
     // controller rings with each command it sends here, instead of yielding a core the
-    // controller needs (common/backoff.hpp, kDoorbell).
+    // controller needs (common/backoff.hpp, kDoorbell). A worker with a core of its own
+    // yields longer before it sleeps (kOwnCore), one on an oversubscribed node less
+    // (kControl): worker_idle_policy.
     const bool doorbell = opt.rank == control::kControllerRank;
-    detail::Backoff backoff(doorbell ? detail::kDoorbell : detail::kControl);
+    detail::Backoff backoff(detail::worker_idle_policy(opt));
     detail::Backoff flight(detail::kInFlight);
     const auto interval = std::chrono::duration<double>(opt.status_interval_seconds);
     while (!exit) {
@@ -1134,6 +1137,11 @@ void Worker::serve(const WorkerOptions& first) {
                   std::make_shared<control::Bytes>(protocol::encode(protocol::Reply{protocol::Restarted{}})));
     channel->drain(std::chrono::seconds(30));
   }
+}
+
+detail::BackoffPolicy detail::worker_idle_policy(const WorkerOptions& options) {
+  if (options.rank == control::kControllerRank) return kDoorbell;
+  return options.block_in_mpi ? kOwnCore : kControl;
 }
 
 bool worker_blocks_in_mpi(std::string_view setting, int ranks_on_node, long online_cores) {

@@ -19,6 +19,7 @@
 #include "meshrt/protocol.hpp"
 #include "meshrt/settings.hpp"
 #include "meshrt/worker.hpp"
+#include "worker/idle.hpp"
 #include "worker/monitor.hpp"
 
 namespace meshrt {
@@ -652,6 +653,27 @@ TEST(Doorbell, EachTagToThisRankRingsItsOwnBellAndWakesItsWaiter) {
     EXPECT_TRUE(worker0->drain(std::chrono::seconds(30)));
   }
   MPI_Comm_free(&comm);
+}
+
+// The worker loop's idle wait: worker 0 sleeps on the controller's doorbell; a worker with
+// a core of its own keeps yielding it for 20 ms before it sleeps; on an oversubscribed node
+// a worker sleeps after 2 ms, leaving the core to the ranks that share it.
+TEST(WorkerIdle, WorkerZeroWaitsOnTheDoorbellAndOnlyAWorkerWithACoreOfItsOwnYieldsLonger) {
+  using detail::worker_idle_policy;
+  auto policy = [](int rank, bool own_core) {
+    WorkerOptions o;
+    o.rank = rank;
+    o.block_in_mpi = own_core;
+    return worker_idle_policy(o);
+  };
+  EXPECT_EQ(policy(0, true).yield, detail::kDoorbell.yield);
+  EXPECT_EQ(policy(0, false).yield, detail::kDoorbell.yield);
+  EXPECT_EQ(policy(1, true).yield, std::chrono::milliseconds(20));
+  EXPECT_EQ(policy(1, false).yield, std::chrono::milliseconds(2));
+  // Past the yield, both sleep alike: waited/32, at most 1 ms.
+  EXPECT_EQ(policy(3, true).sleep_divisor, policy(3, false).sleep_divisor);
+  EXPECT_EQ(policy(3, true).max_sleep, policy(3, false).max_sleep);
+  EXPECT_EQ(policy(3, true).spin, std::chrono::nanoseconds(0)) << "never spin: it may share the core after all";
 }
 
 // MESHRT_WORKER_BLOCKING: auto blocks only with a core per rank on the node; a boolean
