@@ -176,7 +176,7 @@ void Batcher::flush_locked() {
                    control::Tag::Command, std::move(envelope));
 }
 
-void Batcher::defer_delete(const std::vector<int>& dests, Ref ref, bool small) {
+void Batcher::defer_delete(const std::vector<int>& dests, Ref ref, std::optional<std::size_t> value_bytes) {
   // Borrows share the origin's value on the workers under their own ref.
   // Emptied entries stay (ride_deletes) until there are many of them: a program that
   // drops values on many different rank sets must not make every ride scan them all.
@@ -184,7 +184,7 @@ void Batcher::defer_delete(const std::vector<int>& dests, Ref ref, bool small) {
     std::erase_if(pending_deletes_, [](const auto& e) { return e.second.refs.empty(); });
   PendingDeletes& p = pending_deletes_[dests];
   p.refs.push_back(ref);
-  p.due = p.due || !small;
+  p.due = p.due || !value_bytes || *value_bytes > kSmallDeleteBytes;
   pending_delete_count_++;
 }
 

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -34,13 +35,14 @@ class Batcher {
   void append(const std::vector<int>& dests, protocol::Command c);
   void flush();
   // Work for the next command to `dests` (safe from a handle's destructor: sends nothing).
-  // The delete of a value of at most kSmallDeleteBytes (`small`) waits until
+  // The delete of a value of at most kSmallDeleteBytes (`value_bytes`; none for a mesh or
+  // a stream, whose deletes ride with the next command) waits until
   // kSmallDeletes of them are pending for those ranks, or the next synchronize: freeing it
   // early gains nothing (malloc hands the worker warm memory at that size anyway), and
   // each delete riding on its own is a command for every worker to decode, queue and run
   // (an out-of-place 8 B collective in a loop sends one per call). At most 1 MiB per rank
   // set waits so, and 4096 deletes in all (append flushes them past that).
-  void defer_delete(const std::vector<int>& dests, Ref ref, bool small = false);
+  void defer_delete(const std::vector<int>& dests, Ref ref, std::optional<std::size_t> value_bytes = std::nullopt);
   static constexpr std::size_t kSmallDeletes = 64;
   static constexpr std::size_t kSmallDeleteBytes = std::size_t{16} << 10;
   void defer_drop(const std::vector<int>& dests, Ref ref);

@@ -120,8 +120,8 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   void flush() { batcher_.flush(); }
   void flush_deferred();
   // For handle destructors: work for the next command, sent with it.
-  void defer_delete(const std::vector<int>& dests, Ref ref, bool small = false) {
-    batcher_.defer_delete(dests, ref, small);
+  void defer_delete(const std::vector<int>& dests, Ref ref, std::optional<std::size_t> value_bytes = std::nullopt) {
+    batcher_.defer_delete(dests, ref, value_bytes);
   }
   // A borrow destroyed without drop(): the BorrowDrop goes out ahead of the next command
   // to any ranks, so it reaches the workers before the origin's next use, as drop()'s.

@@ -5,12 +5,12 @@
 
 #include <cxxabi.h>
 
+#include <boost/algorithm/string/predicate.hpp>
 #include <boost/container/deque.hpp>
 #include <boost/container/options.hpp>
 #include <boost/core/demangle.hpp>
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -1145,10 +1145,7 @@ detail::BackoffPolicy detail::worker_idle_policy(const WorkerOptions& options) {
 }
 
 bool worker_blocks_in_mpi(std::string_view setting, int ranks_on_node, long online_cores) {
-  const auto is_auto = setting.size() == 4 && std::equal(setting.begin(), setting.end(), "auto", [](char a, char b) {
-                         return std::tolower(static_cast<unsigned char>(a)) == b;
-                       });
-  if (is_auto) return ranks_on_node <= online_cores;
+  if (boost::algorithm::iequals(setting, "auto")) return ranks_on_node <= online_cores;
   if (const std::optional<bool> b = settings::parse_bool(setting)) return *b;
   throw UsageError(fmt::format(
       "MESHRT_WORKER_BLOCKING={}: expected auto, or 1/0 (true/false, yes/no, on/off) to force the blocking MPI call on "

@@ -130,15 +130,15 @@ TEST(ControllerState, SmallDeletesWaitForManyOrTheSynchronizeAndALargeOneTakesTh
   std::vector<Ref> first;
   for (std::uint64_t i = 0; i < k; ++i) {
     s.ctl->append({1, 2}, RequestStatus{100 + i});
-    s.ctl->defer_delete({1, 2}, Ref{1000 + i}, /*small=*/true);
+    s.ctl->defer_delete({1, 2}, Ref{1000 + i}, /*value_bytes=*/8);
     first.push_back(Ref{1000 + i});
   }
   s.ctl->append({1, 2}, RequestStatus{200});
-  s.ctl->defer_delete({1, 2}, Ref{2000}, /*small=*/true);
+  s.ctl->defer_delete({1, 2}, Ref{2000}, detail::Batcher::kSmallDeleteBytes);
   s.ctl->append({1, 2}, RequestStatus{201});
-  s.ctl->defer_delete({1, 2}, Ref{2001}, /*small=*/false);
+  s.ctl->defer_delete({1, 2}, Ref{2001}, detail::Batcher::kSmallDeleteBytes + 1);
   s.ctl->append({1, 2}, RequestStatus{202});
-  s.ctl->defer_delete({1, 2}, Ref{2002}, /*small=*/true);
+  s.ctl->defer_delete({1, 2}, Ref{2002}, /*value_bytes=*/8);
   s.ctl->flush_deferred();
   std::vector<Command> expected;
   for (std::uint64_t i = 0; i < k; ++i) expected.push_back(RequestStatus{100 + i});
