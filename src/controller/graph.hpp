@@ -9,10 +9,12 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <set>
 #include <source_location>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -55,7 +57,12 @@ class DependencyGraph {
  public:
   // A node for `ident` (0: none) computed from `inputs`; inputs known clean are dropped.
   std::shared_ptr<Node> make_node(Ident ident, Words what, const std::source_location& where,
-                                  std::vector<std::shared_ptr<Node>> inputs);
+                                  std::span<const std::shared_ptr<Node>> inputs);
+  // The same for the inputs in braces at a call site, with no vector to allocate for them.
+  std::shared_ptr<Node> make_node(Ident ident, Words what, const std::source_location& where,
+                                  std::initializer_list<std::shared_ptr<Node>> inputs) {
+    return make_node(ident, std::move(what), where, std::span(inputs.begin(), inputs.size()));
+  }
   // True once every 1024 nodes: a program that never waits still gets its graph pruned.
   bool prune_due();
   // Settles the oldest nodes whose idents are at or below `done` (the frontier).

@@ -122,9 +122,9 @@ const Words& MeshState::reduce_words(std::int64_t d, Reduction reduction, bool s
 }
 
 std::shared_ptr<Node> ControllerState::make_node(Ident ident, Words what, const std::source_location& where,
-                                                 std::vector<std::shared_ptr<Node>> inputs) {
+                                                 std::span<const std::shared_ptr<Node>> inputs) {
   if (ident != 0) tracker_.describe(ident, what, where);
-  auto n = graph_.make_node(ident, std::move(what), where, std::move(inputs));
+  auto n = graph_.make_node(ident, std::move(what), where, inputs);
   // A program that never waits still gets its graph pruned.
   if (graph_.prune_due()) poll_replies();
   return n;

@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
 #include <source_location>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -139,11 +141,15 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   void wait_for(Ident ident, std::optional<std::chrono::duration<double>> timeout, const std::string& what);
 
   std::shared_ptr<Node> make_node(Ident ident, Words what, const std::source_location& where,
-                                  std::vector<std::shared_ptr<Node>> inputs);
+                                  std::span<const std::shared_ptr<Node>> inputs);
+  std::shared_ptr<Node> make_node(Ident ident, Words what, const std::source_location& where,
+                                  std::initializer_list<std::shared_ptr<Node>> inputs) {
+    return make_node(ident, std::move(what), where, std::span(inputs.begin(), inputs.size()));
+  }
   // The same, safe from a destructor: never polls the transport.
   std::shared_ptr<Node> make_node_quietly(Words what, const std::source_location& where,
-                                          std::vector<std::shared_ptr<Node>> inputs) {
-    return graph_.make_node(0, std::move(what), where, std::move(inputs));
+                                          std::initializer_list<std::shared_ptr<Node>> inputs) {
+    return graph_.make_node(0, std::move(what), where, inputs);
   }
   // The failure a node depends on (smallest ident), with the chain to it; null when clean.
   std::exception_ptr failure_of(const std::shared_ptr<Node>& node, const std::string& subject);

@@ -250,9 +250,15 @@ struct Tensor::Storage {
   Device device;
 
   std::shared_ptr<void> adopted;  // set for adopt_host: the owner frees, not ~Storage
-  void* block = nullptr;          // small host storage: the plain allocation `ptr` lies in
+  bool trailing = false;          // small host storage: `ptr` lies in this object's allocation
+
+  // Where a small host storage's bytes begin, set by the allocator before construction.
+  struct Trailing {
+    void* const* bytes;
+  };
 
   Storage(std::size_t n, Device d);
+  Storage(Trailing t, std::size_t n, Device d);
   Storage(std::shared_ptr<void> buffer, std::size_t n) : ptr(buffer.get()), bytes(n), adopted(std::move(buffer)) {}
   ~Storage();
   Storage(const Storage&) = delete;
@@ -307,6 +313,50 @@ void require_cuda(const Device& device, const char* what) {
 #endif
 }
 
+// Host storage of n bytes rounded up to whole cache lines; never 0, so that kernels and
+// MPI may take the address even of an empty tensor.
+std::size_t host_rounded(std::size_t n) {
+  return std::max<std::size_t>(kHostAlignment, (n + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
+}
+
+// Small host storage lives in the allocation of its own shared_ptr control block, aligned
+// by hand (WithTrailingBytes): every collective's small output is one of these. glibc's
+// aligned allocation splits a larger chunk and frees the pieces, ~300 instructions
+// against ~50 (meshrt-bench runtime-collectives, 8 B all_reduce under callgrind: aligning
+// by hand saved worker 0 ~360 instructions per operation), and a block of its own beside
+// the control block cost one more malloc and free per tensor.
+bool small_host(std::size_t n, const Device& d) {
+  // Emulated device memory is host memory, unless the device layer allocates it.
+  const bool host = d.is_cpu() || (d.is_emulated() && !g_device_allocator.load());
+  return host && host_rounded(n) <= kSmallHostBytes;
+}
+
+// The allocator std::allocate_shared uses for a small host storage: it allocates the
+// control block (which holds the Storage) with `extra` bytes after it and says where
+// they begin, before the Storage is constructed there.
+template <class T>
+struct WithTrailingBytes {
+  using value_type = T;
+  std::size_t extra;
+  void** bytes;
+
+  WithTrailingBytes(std::size_t e, void** b) noexcept : extra(e), bytes(b) {}
+  template <class U>
+  WithTrailingBytes(const WithTrailingBytes<U>& other) noexcept : extra(other.extra), bytes(other.bytes) {}
+
+  T* allocate(std::size_t count) {
+    const std::size_t head = count * sizeof(T);
+    void* p = ::operator new(head + extra);
+    *bytes = static_cast<std::byte*>(p) + head;
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p); }
+  template <class U>
+  bool operator==(const WithTrailingBytes<U>& other) const noexcept {
+    return extra == other.extra;
+  }
+};
+
 }  // namespace
 
 Tensor::Storage::Storage(std::size_t n, Device d) : bytes(n), device(d) {
@@ -319,20 +369,7 @@ Tensor::Storage::Storage(std::size_t n, Device d) : bytes(n), device(d) {
   }
   // Emulated device memory is host memory; only the accessors tell it apart.
   if (d.is_cpu() || d.is_emulated()) {
-    // Never a null pointer, even for 0 bytes: kernels and MPI may take the address.
-    const std::size_t rounded =
-        std::max<std::size_t>(kHostAlignment, (n + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
-    if (rounded <= kSmallHostBytes) {
-      // Aligned by hand inside a plain allocation: glibc's aligned allocation splits a
-      // larger chunk and frees the pieces, ~300 instructions against ~50, and every
-      // collective's small output is one of these (meshrt-bench runtime-collectives, 8 B
-      // all_reduce under callgrind: worker 0 ran ~360 fewer instructions per operation).
-      block = ::operator new(rounded + kHostAlignment);
-      const auto address = reinterpret_cast<std::uintptr_t>(block);
-      ptr = reinterpret_cast<void*>((address + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
-      return;
-    }
-    ptr = ::operator new(rounded, std::align_val_t(kHostAlignment));
+    ptr = ::operator new(host_rounded(n), std::align_val_t(kHostAlignment));
     return;
   }
   require_cuda(d, "tensor allocation");
@@ -342,12 +379,13 @@ Tensor::Storage::Storage(std::size_t n, Device d) : bytes(n), device(d) {
 #endif
 }
 
+Tensor::Storage::Storage(Trailing t, std::size_t n, Device d) : bytes(n), device(d), trailing(true) {
+  const auto address = reinterpret_cast<std::uintptr_t>(*t.bytes);
+  ptr = reinterpret_cast<void*>((address + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
+}
+
 Tensor::Storage::~Storage() {
-  if (adopted) return;
-  if (block) {
-    ::operator delete(block);
-    return;
-  }
+  if (adopted || trailing) return;
   if (device.is_cpu() || device.is_emulated()) {
     ::operator delete(ptr, std::align_val_t(kHostAlignment));
     return;
@@ -387,7 +425,14 @@ void copy_bytes(void* dst, const Device& dst_device, const void* src, const Devi
 // ---------------------------------------------------------------------------- Tensor
 
 Tensor Tensor::empty(const TensorMeta& meta) {
-  return Tensor(meta, std::make_shared<Storage>(meta.nbytes(), meta.device()));
+  const std::size_t n = meta.nbytes();
+  if (small_host(n, meta.device())) {
+    void* bytes = nullptr;
+    return Tensor(meta,
+                  std::allocate_shared<Storage>(WithTrailingBytes<Storage>(host_rounded(n) + kHostAlignment, &bytes),
+                                                Storage::Trailing{&bytes}, n, meta.device()));
+  }
+  return Tensor(meta, std::make_shared<Storage>(n, meta.device()));
 }
 
 Tensor Tensor::adopt_host(const TensorMeta& meta, std::shared_ptr<void> buffer) {

@@ -70,6 +70,12 @@ struct Worker::Impl {
   std::unique_ptr<detail::Monitor> own_monitor;
   detail::Monitor& monitor;
   std::unordered_map<std::uint64_t, EnvValue> env;
+  // Nodes of deleted entries (their values released), reused by the next definitions. A
+  // loop's results are defined one per command and deleted by the batch (the controller
+  // sends small deletes together), so each batch freed as many nodes at once as the
+  // thread's malloc cache does not hold, and the next definitions took malloc's slow path.
+  std::vector<decltype(env)::node_type> spare_nodes;
+  static constexpr std::size_t kSpareNodes = 256;
   struct Queued {
     std::uint64_t seq;
     Command command;
@@ -280,7 +286,27 @@ struct Worker::Impl {
 
   // ------------------------------------------------------------------ values
 
-  void define(Ref r, EnvValue v) { env.insert_or_assign(r.id, std::move(v)); }
+  void define(Ref r, EnvValue v) {
+    if (spare_nodes.empty()) {
+      env.insert_or_assign(r.id, std::move(v));
+      return;
+    }
+    if (auto it = env.find(r.id); it != env.end()) {
+      it->second = std::move(v);
+      return;
+    }
+    auto node = std::move(spare_nodes.back());
+    spare_nodes.pop_back();
+    node.key() = r.id;
+    node.mapped() = std::move(v);
+    env.insert(std::move(node));
+  }
+  void undefine(std::uint64_t id) {
+    auto node = env.extract(id);
+    if (node.empty()) return;
+    node.mapped() = EnvValue();  // the value goes now, the node stays for the next one
+    if (spare_nodes.size() < kSpareNodes) spare_nodes.push_back(std::move(node));
+  }
 
   const EnvValue& get(Ref r, std::string_view role) const {
     auto it = env.find(r.id);
@@ -814,7 +840,7 @@ struct Worker::Impl {
 
   void run(DeleteRefs& c) {
     for (Ref r : c.refs) {
-      env.erase(r.id);
+      undefine(r.id);
       mesh_kinds.erase(r.id);
     }
   }

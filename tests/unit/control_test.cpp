@@ -427,6 +427,25 @@ TEST(DependencyGraph, PruneSettlesNodesBehindTheFrontier) {
   EXPECT_EQ(g.unsettled(), 0u);
 }
 
+TEST(DependencyGraph, AResultDroppedBeforeTheNextCommandIsForgottenAtOnce) {
+  DependencyGraph g;
+  const auto here = std::source_location::current();
+  auto x = g.make_node(1, "x", here, {});
+  // A loop that discards its results: each node goes before the next is made, so the
+  // graph holds x and the last one, not a thousand nodes until the next prune.
+  for (Ident i = 2; i < 1000; ++i) (void)g.make_node(i, "reduce sum over 'x'", here, {x});
+  EXPECT_EQ(g.unsettled(), 2u);
+  // A result kept, with dropped ones after it, stays and settles as before.
+  auto kept = g.make_node(1000, "reduce sum over 'x'", here, {x});
+  for (Ident i = 1001; i < 1010; ++i) (void)g.make_node(i, "reduce sum over 'x'", here, {kept});
+  EXPECT_EQ(g.unsettled(), 3u);  // x, kept and the last
+  g.record_failure(failed(1000, 0, "reduce"));
+  g.prune(1009);
+  EXPECT_TRUE(x->clean);
+  EXPECT_TRUE(kept->poisoned);
+  EXPECT_EQ(g.unsettled(), 0u);
+}
+
 TEST(DependencyGraph, UnobservedFailuresAreRaisedOnce) {
   DependencyGraph g;
   int more = -1;

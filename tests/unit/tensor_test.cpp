@@ -67,7 +67,7 @@ TEST(TensorMeta, SizesAndErrors) {
 }
 
 TEST(Tensor, EverySizeIsAlignedAndWritableToItsEnd) {
-  // Up to 4 KiB the storage is aligned by hand inside a plain allocation; above, by the
+  // Up to 4 KiB the storage is aligned by hand inside its control block's allocation; above, by the
   // aligned allocator. Both keep the 64-byte promise, for 0 bytes too, and every byte is
   // the tensor's own (ASan catches a write past the end).
   for (std::int64_t n : {0, 1, 7, 63, 64, 65, 1000, 1024, 1025, 4095, 4096, 4097, 100000}) {

@@ -328,6 +328,43 @@ TEST(WorkerLoop, RestartForgetsEveryValue) {
   EXPECT_EQ(values_of(ctl.expect<FetchResult>(ctl.next_not_status()).value), (std::vector<float>{2, 2}));
 }
 
+TEST(WorkerLoop, DeletedValuesAreGoneAndTheirPlacesHoldTheNextOnes) {
+  // The worker keeps the nodes of deleted values for the next definitions (up to 256);
+  // 300 values, deleted together, pass that limit.
+  ScriptedController ctl;
+  ctl.send(setup());
+  constexpr std::uint64_t kValues = 300;
+  Ident ident = 1;
+  std::vector<Ref> first;
+  for (std::uint64_t i = 0; i < kValues; ++i) {
+    first.push_back(Ref{100 + i});
+    ctl.send(full(ident++, first.back(), static_cast<float>(i)));
+  }
+  EXPECT_EQ(ctl.status(ident - 1).live_values, kValues + 2);  // and the stream and the mesh
+  ctl.send(DeleteRefs{.refs = first});
+  EXPECT_EQ(ctl.status(ident++).live_values, 2u);
+  // New refs, and one deleted ref defined again, each with its own value.
+  for (std::uint64_t i = 0; i < kValues; ++i) ctl.send(full(ident++, Ref{1000 + i}, static_cast<float>(1000 + i)));
+  ctl.send(full(ident++, Ref{100}, -1));
+  EXPECT_EQ(ctl.status(ident - 1).live_values, kValues + 3);
+  for (std::uint64_t i : {std::uint64_t{0}, std::uint64_t{1}, kValues / 2, kValues - 1}) {
+    ctl.send(FetchValue{.ident = ident, .value = Value(Ref{1000 + i}), .stream = Ref{1}});
+    const FetchResult r = ctl.expect<FetchResult>(ctl.next_not_status());
+    EXPECT_EQ(r.ident, ident++);
+    const auto v = static_cast<float>(1000 + i);
+    EXPECT_EQ(values_of(r.value), (std::vector<float>{v, v})) << "ref " << 1000 + i;
+  }
+  ctl.send(FetchValue{.ident = ident, .value = Value(Ref{100}), .stream = Ref{1}});
+  EXPECT_EQ(values_of(ctl.expect<FetchResult>(ctl.next_not_status()).value), (std::vector<float>{-1, -1}));
+  ++ident;
+  // A deleted ref stays deleted.
+  ctl.send(FetchValue{.ident = ident, .value = Value(Ref{101}), .stream = Ref{1}});
+  const auto f = ctl.expect<RemoteFunctionFailed>(ctl.next_not_status());
+  EXPECT_EQ(f.ident, ident);
+  expect_contains(f.error, "ref 101 is not defined on this worker");
+  ctl.finish();
+}
+
 // ------------------------------------------------------------------ fan-out
 
 control::Bytes envelope_bytes(std::vector<std::int32_t> ranks, std::vector<std::uint64_t> seqs, const Command& c) {
