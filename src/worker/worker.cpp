@@ -930,30 +930,31 @@ struct Worker::Impl {
   }
 
   // What the flight recorder keeps of a command.
-  static detail::CommandRecord record_of(const Command& command) {
-    detail::CommandRecord r;
+  // Writes what the flight recorder shows of a queued command into its slot (cleared).
+  static void record(const Command& command, detail::CommandRecord& r) {
     r.kind = name(command).data();
     std::visit(
         [&r](const auto& c) {
           using C = std::decay_t<decltype(c)>;
           if constexpr (std::is_same_v<C, CallFunction>) {
             r.ident = c.ident;
-            r.name = c.function;
+            r.name.assign(c.function);
             r.mesh = c.mesh.id;
             r.stream = c.stream.id;
             if (!c.results.empty()) r.result = c.results.front().id;
           } else if constexpr (std::is_same_v<C, FetchValue>) {
             r.ident = c.ident;
-            r.name = c.function.value_or("");
+            if (c.function) r.name.assign(*c.function);
             r.stream = c.stream.id;
           } else if constexpr (std::is_same_v<C, Reduce>) {
             r.ident = c.ident;
-            r.name =
-                std::string(meshrt::name(c.reduction)) + (c.scatter ? " scatter" : "") + (c.inplace ? " in place" : "");
+            r.name.assign(meshrt::name(c.reduction));
+            if (c.scatter) r.name.append(" scatter");
+            if (c.inplace) r.name.append(" in place");
             r.result = c.result.id;
             r.mesh = c.mesh.id;
             r.stream = c.stream.id;
-            r.dim = c.dim;
+            r.dim.assign(c.dim);
             r.bytes = c.factory.nbytes();
           } else if constexpr (std::is_same_v<C, SendTensor>) {
             r.ident = c.ident;
@@ -968,7 +969,6 @@ struct Worker::Impl {
           }
         },
         command);
-    return r;
   }
 
   // Queues a command (a group's commands one by one) and records it.
@@ -983,7 +983,9 @@ struct Worker::Impl {
     // collectives sends one per output and so filled half the recorder's ring with them,
     // and their three locked updates per delete showed in worker 0's profile.
     const std::uint64_t seq =
-        std::holds_alternative<DeleteRefs>(command) ? 0 : monitor.queued(record_of(command), arrived);
+        std::holds_alternative<DeleteRefs>(command)
+            ? 0
+            : monitor.queued(arrived, [&command](detail::CommandRecord& slot) { record(command, slot); });
     queue.emplace_back(seq, std::move(command));
   }
 
