@@ -323,9 +323,11 @@ std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSl
     return p;
   }
   if (plan.send_to >= 0) {
-    detail::Joined in = detail::join_input(std::move(input), factory, "send_tensor",
-                                           fmt::format(" (world rank {}, sending to rank {})", my_rank, plan.send_to));
-    if (!in.mismatch.empty()) p->defer(std::move(in.mismatch));
+    // The rank's words are formatted only for a mismatch: on every send they cost ~900
+    // instructions, a tenth of worker 0's part in an 8 B to_mesh (callgrind).
+    detail::Joined in = detail::join_input(std::move(input), factory, "send_tensor", std::string_view{});
+    if (!in.mismatch.empty())
+      p->defer(in.mismatch + fmt::format(" (world rank {}, sending to rank {})", my_rank, plan.send_to));
     if (plan.self) {
       // The local copy is a new tensor (the prototype handed back the input and then
       // overwrote it with the receive: a known bug, not ported). Only here can a

@@ -292,9 +292,10 @@ std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, con
   device::Backend& b = device::backend(p->kind);
   Tensor sent;
   if (plan.send_to >= 0) {
-    detail::Joined in = join_device(std::move(input), factory, p->stream, "send_tensor",
-                                    fmt::format(" (world rank {}, sending to rank {})", my_rank, plan.send_to));
-    if (!in.mismatch.empty()) p->defer(std::move(in.mismatch));
+    // The rank's words are formatted only for a mismatch (as on the CPU path).
+    detail::Joined in = join_device(std::move(input), factory, p->stream, "send_tensor", std::string_view{});
+    if (!in.mismatch.empty())
+      p->defer(in.mismatch + fmt::format(" (world rank {}, sending to rank {})", my_rank, plan.send_to));
     p->result.broken = plan.self ? in.broken : std::nullopt;
     sent = std::move(in.tensor);
   }

@@ -403,18 +403,15 @@ DTensor DTensor::send_to_mesh(const Mesh& target, const MeshPermutation* permuta
       identity = identity && to_order[k] == static_cast<std::int64_t>(k);
     if (identity) to_order.clear();  // positional: the plain command
   }
-  std::string what = fmt::format("to_mesh [{}] -> [{}]", fmt::join(from.dests, ","), fmt::join(to.dests, ","));
-  if (permutation) what += fmt::format(" ({})", permutation->to_string());
+  const MeshState::SendWords& words = mesh_->send_words(to);
+  const detail::Words what =
+      permutation ? detail::Words(fmt::format("{} ({})", words.what.str(), permutation->to_string())) : words.what;
   use_tensor(*ctl, *state_, from, *state_->stream, false, what);
   ctl->ensure_stream(*state_->stream);
   const protocol::Ident ident = ctl->new_ident();
   auto result =
       new_tensor(*ctl, state_->meta, target.state_, state_->stream, ctl->make_node(ident, what, where, {state_->node}));
-  std::vector<int> dests = from.dests;
-  dests.insert(dests.end(), to.dests.begin(), to.dests.end());
-  std::sort(dests.begin(), dests.end());
-  dests.erase(std::unique(dests.begin(), dests.end()), dests.end());
-  ctl->append(dests,
+  ctl->append(words.dests,
               protocol::SendTensor{.result = result->ref,
                                    .from_ranks = from.ranks,
                                    .to_ranks = to.ranks,

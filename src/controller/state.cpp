@@ -104,6 +104,20 @@ void ControllerState::check_epoch(std::uint64_t e, std::string_view what) const 
   }
 }
 
+const MeshState::SendWords& MeshState::send_words(const MeshState& to) {
+  if (!send_words_cache || !(send_words_cache->to == to.ranks)) {
+    std::vector<int> both = dests;
+    both.insert(both.end(), to.dests.begin(), to.dests.end());
+    std::sort(both.begin(), both.end());
+    both.erase(std::unique(both.begin(), both.end()), both.end());
+    send_words_cache =
+        SendWords{.to = to.ranks,
+                  .what = Words(fmt::format("to_mesh [{}] -> [{}]", fmt::join(dests, ","), fmt::join(to.dests, ","))),
+                  .dests = std::move(both)};
+  }
+  return *send_words_cache;
+}
+
 const Words& MeshState::reduce_words(std::int64_t d, Reduction reduction, bool scatter, bool inplace) {
   const std::size_t per_dim = kNumReductions * 4;
   if (reduce_words_cache.empty()) reduce_words_cache.resize(names.size() * per_dim);

@@ -202,6 +202,27 @@ TEST(ControllerState, ABatchLeftAloneLeavesOnItsOwnAndAnIdleFlusherNeverWakes) {
   EXPECT_EQ(s.received(1), (std::vector<Command>{RequestStatus{6}}));
 }
 
+TEST(MeshState, ToMeshWordsAndRanksFollowTheTarget) {
+  // Made once per target and kept for the last one: switching targets remakes them.
+  auto mesh = [](std::int64_t offset, std::vector<int> dests) {
+    detail::MeshState m;
+    m.names = {"x"};
+    m.ranks = NDSlice::row_major({2}, offset);
+    m.dests = std::move(dests);
+    return m;
+  };
+  detail::MeshState a = mesh(0, {0, 1}), b = mesh(2, {2, 3}), c = mesh(1, {1, 2});
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round);
+    EXPECT_EQ(a.send_words(b).what.str(), "to_mesh [0,1] -> [2,3]");
+    EXPECT_EQ(a.send_words(b).dests, (std::vector<int>{0, 1, 2, 3}));
+    EXPECT_EQ(a.send_words(c).what.str(), "to_mesh [0,1] -> [1,2]");
+    EXPECT_EQ(a.send_words(c).dests, (std::vector<int>{0, 1, 2}));
+    EXPECT_EQ(b.send_words(a).what.str(), "to_mesh [2,3] -> [0,1]");
+    EXPECT_EQ(b.send_words(a).dests, (std::vector<int>{0, 1, 2, 3}));
+  }
+}
+
 TEST(ControllerState, CompletesWhenEveryWorkerReportedAndAsksOnlyTheLaggingOnes) {
   Session s;
   const Ident a = s.ctl->new_ident();

@@ -212,6 +212,36 @@ TEST(WorkerLoop, TheFlightRecorderNamesEachCollectiveAsItRanAndLeavesOutDeletes)
   EXPECT_EQ(count("CallFunction meshrt.full"), 1u) << dump;
 }
 
+TEST(WorkerLoop, TheFlightRecorderNamesEverySendOfALoopAsItRan) {
+  // A loop of the same send reuses the words of the first; a send that differs (here in
+  // its order) gets its own, and every one of them is recorded with what it did.
+  detail::Monitor recorder(0, 100);
+  ScriptedController ctl(1.0, &recorder);
+  auto send = [](Ref result, std::vector<std::int64_t> order) {
+    return SendTensor{.result = result,
+                      .from_ranks = kOneRank,
+                      .to_ranks = kOneRank,
+                      .tensor = Ref{10},
+                      .factory = kVector,
+                      .stream = Ref{1},
+                      .to_order = std::move(order)};
+  };
+  ctl.send(setup());
+  ctl.send(
+      CommandGroup{{full(1, Ref{10}, 3), send(Ref{11}, {}), send(Ref{12}, {}), send(Ref{13}, {0}), send(Ref{14}, {})}});
+  ctl.send(FetchValue{.ident = 2, .value = Value(Ref{14}), .stream = Ref{1}});
+  EXPECT_EQ(values_of(ctl.expect<FetchResult>(ctl.next_not_status()).value), (std::vector<float>{3, 3}));
+  ctl.finish();
+  const std::string dump = recorder.dump();
+  auto count = [&](const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = dump.find(what); at != std::string::npos; at = dump.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("done     SendTensor send_tensor to itself (rank 0), 8 bytes, local copy"), 4u) << dump;
+  EXPECT_EQ(count("joining"), 0u) << dump;
+}
+
 TEST(WorkerLoop, AFailingFunctionIsReportedOnceAndPoisonsWhatDependsOnIt) {
   ScriptedController ctl;
   ctl.send(setup());
