@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <string_view>
 #include <thread>
 
 #include "../support/expect_error.hpp"
@@ -180,6 +181,13 @@ TEST(WorkerLoop, RunsEveryCommandKind) {
   EXPECT_EQ(ctl.waiting(), 0u) << "no reply after Exit: nothing moved since the last Status";
 }
 
+// How many times `what` occurs in `text`.
+std::size_t occurrences(std::string_view text, std::string_view what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string_view::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 TEST(WorkerLoop, TheFlightRecorderNamesEachCollectiveAsItRanAndLeavesOutDeletes) {
   // The first collective of its kind is described while it joins (its communicator may
   // not exist yet), then as it ran; the next identical one as it ran from the start. The
@@ -201,11 +209,7 @@ TEST(WorkerLoop, TheFlightRecorderNamesEachCollectiveAsItRanAndLeavesOutDeletes)
   ctl.status(2);
   ctl.finish();
   const std::string dump = recorder.dump();
-  auto count = [&](const std::string& what) {
-    std::size_t n = 0;
-    for (auto at = dump.find(what); at != std::string::npos; at = dump.find(what, at + 1)) ++n;
-    return n;
-  };
+  auto count = [&](std::string_view what) { return occurrences(dump, what); };
   EXPECT_EQ(count("done     Reduce all_reduce sum over dimension 'x'"), 2u) << dump;
   EXPECT_EQ(count("joining"), 0u) << dump;
   EXPECT_EQ(count("DeleteRefs"), 0u) << dump;
@@ -233,11 +237,7 @@ TEST(WorkerLoop, TheFlightRecorderNamesEverySendOfALoopAsItRan) {
   EXPECT_EQ(values_of(ctl.expect<FetchResult>(ctl.next_not_status()).value), (std::vector<float>{3, 3}));
   ctl.finish();
   const std::string dump = recorder.dump();
-  auto count = [&](const std::string& what) {
-    std::size_t n = 0;
-    for (auto at = dump.find(what); at != std::string::npos; at = dump.find(what, at + 1)) ++n;
-    return n;
-  };
+  auto count = [&](std::string_view what) { return occurrences(dump, what); };
   EXPECT_EQ(count("done     SendTensor send_tensor to itself (rank 0), 8 bytes, local copy"), 4u) << dump;
   EXPECT_EQ(count("joining"), 0u) << dump;
 }
