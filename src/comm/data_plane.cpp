@@ -253,7 +253,7 @@ std::unique_ptr<Pending> start_reduce(WorkerMesh& mesh, std::string_view dim, Re
   p->reduction = reduction;
   p->bytes = factory.nbytes();
 
-  detail::Joined in = detail::join_input(std::move(input), factory, plan.collective, std::string_view{});
+  detail::Joined in = detail::join_input(std::move(input), factory, plan.collective);
   if (!in.mismatch.empty()) p->defer(in.mismatch + detail::where_reduce(mesh, plan.dim));
   p->result.broken = in.broken;
 
@@ -323,11 +323,8 @@ std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSl
     return p;
   }
   if (plan.send_to >= 0) {
-    // The rank's words are formatted only for a mismatch: on every send they cost ~900
-    // instructions, a tenth of worker 0's part in an 8 B to_mesh (callgrind).
-    detail::Joined in = detail::join_input(std::move(input), factory, "send_tensor", std::string_view{});
-    if (!in.mismatch.empty())
-      p->defer(in.mismatch + fmt::format(" (world rank {}, sending to rank {})", my_rank, plan.send_to));
+    detail::Joined in = detail::join_input(std::move(input), factory, "send_tensor");
+    if (!in.mismatch.empty()) p->defer(in.mismatch + detail::where_send(my_rank, plan.send_to));
     if (plan.self) {
       // The local copy is a new tensor (the prototype handed back the input and then
       // overwrote it with the receive: a known bug, not ported). Only here can a

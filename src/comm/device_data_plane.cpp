@@ -190,22 +190,10 @@ TensorMeta local_factory(const TensorMeta& factory) {
 
 // join_input for device tensors: a broken or mismatched input joins with zeros made on
 // the stream (Tensor::zeros would be unordered with it).
-detail::Joined join_device(Input&& input, const TensorMeta& factory, const device::Stream& stream, std::string_view op,
-                           std::string_view where) {
-  detail::Joined j;
-  if (auto* t = std::get_if<Tensor>(&input)) {
-    if (t->defined() && t->meta() == factory) {
-      j.tensor = std::move(*t);
-      return j;
-    }
-    j.mismatch = fmt::format(
-        "{}: expected an input {} as the controller computed, found {}; this rank joined with zeros so that its "
-        "peers complete{}",
-        op, factory.to_string(), t->defined() ? t->meta().to_string() : "an undefined tensor", where);
-  } else {
-    j.broken = std::get<DependentOnError>(input);
-  }
-  j.tensor = device::zeros(factory, stream);
+detail::Joined join_device(Input&& input, const TensorMeta& factory, const device::Stream& stream,
+                           std::string_view op) {
+  detail::Joined j = detail::check_input(std::move(input), factory, op);
+  if (!j.tensor.defined()) j.tensor = device::zeros(factory, stream);
   return j;
 }
 
@@ -232,9 +220,8 @@ std::unique_ptr<Pending> start_reduce_device(WorkerMesh& mesh, std::string_view 
   p->stream = device::stream_for(stream_id, factory.device());
   p->text = detail::describe_reduce(mesh, plan.dim, plan.collective, reduction, factory.nbytes(),
                                     name(factory.device().kind()));
-  detail::Joined in =
-      join_device(std::move(input), factory, p->stream, plan.collective, detail::where_reduce(mesh, plan.dim));
-  if (!in.mismatch.empty()) p->defer(in.mismatch);
+  detail::Joined in = join_device(std::move(input), factory, p->stream, plan.collective);
+  if (!in.mismatch.empty()) p->defer(in.mismatch + detail::where_reduce(mesh, plan.dim));
   p->result.broken = in.broken;
   p->comm = cached(p->kind, mesh.line_world_ranks(plan.dim), mesh.dim_comm(plan.dim), factory.device().index());
   device::Backend& b = device::backend(p->kind);
@@ -292,10 +279,8 @@ std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, con
   device::Backend& b = device::backend(p->kind);
   Tensor sent;
   if (plan.send_to >= 0) {
-    // The rank's words are formatted only for a mismatch (as on the CPU path).
-    detail::Joined in = join_device(std::move(input), factory, p->stream, "send_tensor", std::string_view{});
-    if (!in.mismatch.empty())
-      p->defer(in.mismatch + fmt::format(" (world rank {}, sending to rank {})", my_rank, plan.send_to));
+    detail::Joined in = join_device(std::move(input), factory, p->stream, "send_tensor");
+    if (!in.mismatch.empty()) p->defer(in.mismatch + detail::where_send(my_rank, plan.send_to));
     p->result.broken = plan.self ? in.broken : std::nullopt;
     sent = std::move(in.tensor);
   }

@@ -12,6 +12,10 @@ std::string where_reduce(const WorkerMesh& mesh, std::size_t dim) {
                      mesh.world_rank());
 }
 
+std::string where_send(int my_rank, int send_to) {
+  return fmt::format(" (world rank {}, sending to rank {})", my_rank, send_to);
+}
+
 ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim_name, Reduction reduction, bool scatter,
                        bool inplace, const TensorMeta& factory, Backend backend) {
   ReducePlan plan;
@@ -39,7 +43,7 @@ ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim_name, Reduct
   return plan;
 }
 
-Joined join_input(Input&& input, const TensorMeta& factory, std::string_view op, std::string_view where) {
+Joined check_input(Input&& input, const TensorMeta& factory, std::string_view op) {
   Joined j;
   if (auto* t = std::get_if<Tensor>(&input)) {
     if (t->defined() && t->meta() == factory) {
@@ -48,12 +52,17 @@ Joined join_input(Input&& input, const TensorMeta& factory, std::string_view op,
     }
     j.mismatch = fmt::format(
         "{}: expected an input {} as the controller computed, found {}; this rank joined with "
-        "zeros so that its peers complete{}",
-        op, factory.to_string(), t->defined() ? t->meta().to_string() : "an undefined tensor", where);
+        "zeros so that its peers complete",
+        op, factory.to_string(), t->defined() ? t->meta().to_string() : "an undefined tensor");
   } else {
     j.broken = std::get<DependentOnError>(input);
   }
-  j.tensor = factory.zeros();
+  return j;
+}
+
+Joined join_input(Input&& input, const TensorMeta& factory, std::string_view op) {
+  Joined j = check_input(std::move(input), factory, op);
+  if (!j.tensor.defined()) j.tensor = factory.zeros();
   return j;
 }
 

@@ -575,11 +575,11 @@ struct Worker::Impl {
     std::vector<std::int64_t> order;
     std::uint64_t bytes = 0;
     Device::Kind kind = Device::Kind::Cpu;
-    std::string running;
+    std::string running;  // set by step() once the send started
     std::vector<int> peers;
     bool matches(const SendTensor& c) const {
-      return !running.empty() && bytes == c.factory.nbytes() && kind == c.factory.device().kind() &&
-             from == c.from_ranks && to == c.to_ranks && order == c.to_order;
+      return bytes == c.factory.nbytes() && kind == c.factory.device().kind() && from == c.from_ranks &&
+             to == c.to_ranks && order == c.to_order;
     }
   } send_words;
 
@@ -673,7 +673,14 @@ struct Worker::Impl {
   }
 
   void run(SendTensor& c) {
-    if (send_words.matches(c))
+    if (!send_words.matches(c)) {
+      send_words = SendWords{.from = c.from_ranks,
+                             .to = c.to_ranks,
+                             .order = c.to_order,
+                             .bytes = c.factory.nbytes(),
+                             .kind = c.factory.device().kind()};
+    }
+    if (!send_words.running.empty())
       monitor.describe(current_seq, send_words.running, send_words.peers, c.factory.nbytes());
     else
       monitor.describe(current_seq, "joining the send", peers_of(c), c.factory.nbytes());
@@ -900,14 +907,10 @@ struct Worker::Impl {
             monitor.describe(q.seq, reduce_words.running, reduce_words.peers, 0);
           }
         } else if (const auto* send = std::get_if<SendTensor>(&command)) {
-          if (!send_words.matches(*send)) {  // run(SendTensor) described it as joining
-            send_words = SendWords{.from = send->from_ranks,
-                                   .to = send->to_ranks,
-                                   .order = send->to_order,
-                                   .bytes = send->factory.nbytes(),
-                                   .kind = send->factory.device().kind(),
-                                   .running = in_flight->op->describe(),
-                                   .peers = peers_of(*send)};
+          // run(SendTensor) left send_words matching this command.
+          if (send_words.running.empty()) {  // run(SendTensor) described it as joining
+            send_words.running = in_flight->op->describe();
+            send_words.peers = peers_of(*send);
             monitor.describe(q.seq, send_words.running, send_words.peers, 0);
           }
         } else {
