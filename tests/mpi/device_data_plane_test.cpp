@@ -212,8 +212,12 @@ TEST(DeviceDataPlane, BrokenInputJoinsWithZerosAndAMismatchRaisesAfterCompletion
   while (!q->test()) {
   }
   if (me == 0) {
-    EXPECT_THAT(usage_error_text([&] { (void)q->take(); }), HasSubstr("all_reduce: expected an input int32[4] on " +
-                                                                      std::string(device::name(under_test())) + ":"));
+    const std::string text = usage_error_text([&] { (void)q->take(); });
+    EXPECT_THAT(
+        text, HasSubstr("all_reduce: expected an input int32[4] on " + std::string(device::name(under_test())) + ":"));
+    // And where: the dimension, the mesh and this rank.
+    EXPECT_THAT(text, HasSubstr("peers complete (dimension 'x' of mesh "));
+    EXPECT_THAT(text, HasSubstr(", world rank 0)"));
   } else {
     EXPECT_EQ(
         compare(fetched(q->take().tensor), expected(Reduction::Sum, TensorMeta({4}, DType::Int32), false, line, me, 0)),
