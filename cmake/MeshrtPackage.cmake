@@ -11,7 +11,9 @@ install(TARGETS meshrt meshrt_gtest_main EXPORT meshrtTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(DIRECTORY include/meshrt DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# include/meshrt/internal/ (the wire protocol, the transport, the worker, the device
+# runtime, settings) is the library's own: not installed.
+install(DIRECTORY include/meshrt DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} PATTERN internal EXCLUDE)
 install(FILES ${PROJECT_BINARY_DIR}/include/meshrt/config.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/meshrt)
 install(EXPORT meshrtTargets NAMESPACE meshrt:: DESTINATION ${MESHRT_INSTALL_CMAKEDIR})
 export(EXPORT meshrtTargets NAMESPACE meshrt:: FILE ${PROJECT_BINARY_DIR}/meshrtTargets.cmake)

@@ -20,6 +20,9 @@
 # Peers (one rank, two modules) do not include each other.
 #   group        StatelessGroup stands beside the chain: it may include common, settings
 #                and log, and no library module includes it (only apps and tests do).
+# include/meshrt/internal/ holds the headers modules share that are not installed (the
+# wire protocol, the transport, the worker, the data plane, the device runtime, settings);
+# a header there belongs to the module of its name, and no installed header includes one.
 # apps/, tests/ and src/testing (the MPI test harness) are no module: they may include any
 # public header, and tests/ the private headers of src/common. tests/unit/ holds white-box
 # tests of a module's parts (the completion tracker, the dependency graph, the worker's
@@ -78,6 +81,10 @@ for f in "${files[@]}"; do
     checked=$((checked + 1))
     edge="$f -> $target"
     # What the include names: a public header, a private one under src/, or a local file.
+    if [[ "$target" == meshrt/internal/* ]] && [[ "$f" == include/meshrt/* ]] && [[ "$f" != include/meshrt/internal/* ]]; then
+      errors+=("$f:$lineno: includes \"$target\": an installed header includes an internal one, expected the installed headers (include/meshrt/*.hpp) to stand alone, as include/meshrt/internal/ is not installed")
+      continue
+    fi
     if [[ "$target" == meshrt/* ]]; then
       base=$(basename "$target" .hpp)
       to=${header_module[$base]:-$base}

@@ -23,7 +23,7 @@
 #include <string>
 
 #include "bench.hpp"
-#include "meshrt/protocol.hpp"
+#include "meshrt/internal/protocol.hpp"
 #include "meshrt/tensor_serialization.hpp"
 
 namespace boost::serialization {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "bench.hpp"
-#include "meshrt/comm.hpp"
+#include "meshrt/internal/comm.hpp"
 
 namespace meshrt::bench {
 namespace {

@@ -22,7 +22,7 @@
 
 #include "bench.hpp"
 #include "meshrt/config.hpp"
-#include "meshrt/device.hpp"
+#include "meshrt/internal/device.hpp"
 #if MESHRT_HAVE_NCCL
 #include <cuda_runtime_api.h>
 #include <nccl.h>

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "meshrt/internal/protocol.hpp"
 #include "meshrt/meshrt.hpp"
-#include "meshrt/protocol.hpp"
 
 namespace meshrt::bench {
 namespace {

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "meshrt/internal/settings.hpp"
 #include "meshrt/meshrt.hpp"
-#include "meshrt/settings.hpp"
 
 namespace meshrt::bench {
 namespace {

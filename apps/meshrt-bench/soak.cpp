@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "bench.hpp"
-#include "meshrt/comm.hpp"
+#include "meshrt/internal/comm.hpp"
 #include "meshrt/meshrt.hpp"
 
 namespace meshrt::bench {

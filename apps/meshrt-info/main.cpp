@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "meshrt/internal/settings.hpp"
 #include "meshrt/log.hpp"
-#include "meshrt/settings.hpp"
 #include "meshrt/version.hpp"
 
 namespace {

@@ -17,7 +17,7 @@
 #include "comm/plan.hpp"
 #include "common/assert.hpp"
 #include "common/checks.hpp"
-#include "meshrt/comm.hpp"
+#include "meshrt/internal/comm.hpp"
 
 namespace meshrt {
 

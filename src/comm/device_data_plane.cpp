@@ -18,9 +18,9 @@
 
 #include "comm/plan.hpp"
 #include "common/checks.hpp"
-#include "meshrt/comm.hpp"
-#include "meshrt/device.hpp"
-#include "meshrt/settings.hpp"
+#include "meshrt/internal/comm.hpp"
+#include "meshrt/internal/device.hpp"
+#include "meshrt/internal/settings.hpp"
 
 namespace meshrt {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "comm/mesh_impl.hpp"
 #include "common/checks.hpp"
-#include "meshrt/comm.hpp"
+#include "meshrt/internal/comm.hpp"
 
 namespace meshrt {
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "meshrt/comm.hpp"
+#include "meshrt/internal/comm.hpp"
 
 namespace meshrt {
 

@@ -2,8 +2,8 @@
 
 #include <new>
 
-#include "meshrt/comm.hpp"
-#include "meshrt/settings.hpp"
+#include "meshrt/internal/comm.hpp"
+#include "meshrt/internal/settings.hpp"
 
 namespace meshrt::detail {
 namespace {

@@ -13,7 +13,7 @@
 #include <mutex>
 #include <vector>
 
-#include "meshrt/comm.hpp"
+#include "meshrt/internal/comm.hpp"
 #include "meshrt/tensor.hpp"
 
 namespace meshrt::detail {

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "meshrt/comm.hpp"
+#include "meshrt/internal/comm.hpp"
 
 namespace meshrt::detail {
 

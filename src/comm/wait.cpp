@@ -1,6 +1,6 @@
 // wait(): completes a Pending without burning a core while it idles.
 #include "common/backoff.hpp"
-#include "meshrt/comm.hpp"
+#include "meshrt/internal/comm.hpp"
 
 namespace meshrt {
 

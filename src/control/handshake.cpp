@@ -1,4 +1,4 @@
-#include "meshrt/control.hpp"
+#include "meshrt/internal/control.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -8,7 +8,7 @@
 
 #include "common/checks.hpp"
 #include "meshrt/functions.hpp"
-#include "meshrt/protocol.hpp"
+#include "meshrt/internal/protocol.hpp"
 #include "meshrt/version.hpp"
 
 namespace meshrt::control {

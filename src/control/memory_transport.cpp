@@ -1,4 +1,4 @@
-#include "meshrt/control.hpp"
+#include "meshrt/internal/control.hpp"
 
 #include <algorithm>
 

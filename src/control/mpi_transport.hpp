@@ -13,7 +13,7 @@
 #include <mutex>
 #include <vector>
 
-#include "meshrt/control.hpp"
+#include "meshrt/internal/control.hpp"
 
 namespace meshrt::control {
 

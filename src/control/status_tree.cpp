@@ -1,9 +1,9 @@
 // The status tree of fan-in (docs/ARCHITECTURE.md section 8): who reports to whom.
 #include <fmt/format.h>
 
-#include "meshrt/control.hpp"
 #include "meshrt/error.hpp"
-#include "meshrt/protocol.hpp"
+#include "meshrt/internal/control.hpp"
+#include "meshrt/internal/protocol.hpp"
 
 namespace meshrt::control {
 

@@ -4,7 +4,7 @@
 
 #include <thread>
 
-#include "meshrt/control.hpp"
+#include "meshrt/internal/control.hpp"
 #include "meshrt/traffic.hpp"
 
 namespace meshrt {

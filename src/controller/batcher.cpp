@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "meshrt/error.hpp"
+#include "meshrt/internal/settings.hpp"
 #include "meshrt/log.hpp"
-#include "meshrt/settings.hpp"
 
 namespace meshrt::detail {
 

@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
-#include "meshrt/control.hpp"
-#include "meshrt/protocol.hpp"
+#include "meshrt/internal/control.hpp"
+#include "meshrt/internal/protocol.hpp"
 
 namespace meshrt::detail {
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "controller/words.hpp"
-#include "meshrt/protocol.hpp"
+#include "meshrt/internal/protocol.hpp"
 
 namespace meshrt::detail {
 

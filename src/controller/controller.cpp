@@ -8,8 +8,8 @@
 #include <set>
 
 #include "controller/state.hpp"
-#include "meshrt/device.hpp"
 #include "meshrt/functions.hpp"
+#include "meshrt/internal/device.hpp"
 #include "meshrt/log.hpp"
 
 namespace meshrt {

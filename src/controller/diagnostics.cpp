@@ -13,9 +13,9 @@
 #include "common/backoff.hpp"
 #include "controller/batcher.hpp"
 #include "controller/completion.hpp"
-#include "meshrt/control.hpp"
+#include "meshrt/internal/control.hpp"
+#include "meshrt/internal/settings.hpp"
 #include "meshrt/log.hpp"
-#include "meshrt/settings.hpp"
 
 namespace meshrt::detail {
 

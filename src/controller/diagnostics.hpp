@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "meshrt/protocol.hpp"
+#include "meshrt/internal/protocol.hpp"
 
 namespace meshrt::control {
 class StatusTree;

@@ -11,8 +11,8 @@
 #include <cstdio>
 
 #include "common/backoff.hpp"
+#include "meshrt/internal/settings.hpp"
 #include "meshrt/log.hpp"
-#include "meshrt/settings.hpp"
 
 namespace meshrt::detail {
 

@@ -22,9 +22,9 @@
 #include "controller/diagnostics.hpp"
 #include "controller/graph.hpp"
 #include "controller/site.hpp"
-#include "meshrt/control.hpp"
 #include "meshrt/controller.hpp"
-#include "meshrt/protocol.hpp"
+#include "meshrt/internal/control.hpp"
+#include "meshrt/internal/protocol.hpp"
 
 namespace meshrt::detail {
 

@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "meshrt/device.hpp"
+#include "meshrt/internal/device.hpp"
 
 namespace meshrt::device {
 

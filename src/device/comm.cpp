@@ -11,7 +11,7 @@
 #include "common/checks.hpp"
 #include "device/backend.hpp"
 #include "device/emulated_comm.hpp"
-#include "meshrt/settings.hpp"
+#include "meshrt/internal/settings.hpp"
 
 #if MESHRT_HAVE_CUDA
 #include "device/cuda.hpp"

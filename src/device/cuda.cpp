@@ -11,7 +11,7 @@
 
 #include "device/backend.hpp"
 #include "device/pool.hpp"
-#include "meshrt/settings.hpp"
+#include "meshrt/internal/settings.hpp"
 
 namespace meshrt::device {
 namespace {

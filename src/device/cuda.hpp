@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "common/checks.hpp"
-#include "meshrt/device.hpp"
+#include "meshrt/internal/device.hpp"
 
 namespace meshrt::device {
 

@@ -13,7 +13,7 @@
 #include "device/backend.hpp"
 #include "device/emulated.hpp"
 #include "meshrt/config.hpp"
-#include "meshrt/settings.hpp"
+#include "meshrt/internal/settings.hpp"
 
 #if MESHRT_HAVE_CUDA
 #include "device/cuda.hpp"

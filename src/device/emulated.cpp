@@ -6,7 +6,7 @@
 #include <cstring>
 #include <new>
 
-#include "meshrt/settings.hpp"
+#include "meshrt/internal/settings.hpp"
 
 namespace meshrt::device {
 namespace {

@@ -8,7 +8,7 @@
 #include <chrono>
 #include <memory>
 
-#include "meshrt/device.hpp"
+#include "meshrt/internal/device.hpp"
 
 namespace meshrt::device {
 

@@ -18,7 +18,7 @@
 #include <set>
 #include <vector>
 
-#include "meshrt/device.hpp"
+#include "meshrt/internal/device.hpp"
 
 namespace meshrt::device {
 

@@ -41,7 +41,7 @@
 
 #include "common/backoff.hpp"
 #include "common/checks.hpp"
-#include "meshrt/settings.hpp"
+#include "meshrt/internal/settings.hpp"
 
 namespace meshrt {
 namespace {

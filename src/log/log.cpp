@@ -20,7 +20,7 @@
 #include <mutex>
 
 #include "meshrt/error.hpp"
-#include "meshrt/settings.hpp"
+#include "meshrt/internal/settings.hpp"
 
 namespace meshrt::log {
 

@@ -24,7 +24,7 @@
 #include <type_traits>
 #include <unordered_set>
 
-#include "meshrt/protocol.hpp"
+#include "meshrt/internal/protocol.hpp"
 
 namespace meshrt {
 

@@ -12,12 +12,12 @@
 
 #include "common/checks.hpp"
 #include "controller/state.hpp"
-#include "meshrt/comm.hpp"
-#include "meshrt/control.hpp"
-#include "meshrt/device.hpp"
+#include "meshrt/internal/comm.hpp"
+#include "meshrt/internal/control.hpp"
+#include "meshrt/internal/device.hpp"
+#include "meshrt/internal/settings.hpp"
+#include "meshrt/internal/worker.hpp"
 #include "meshrt/log.hpp"
-#include "meshrt/settings.hpp"
-#include "meshrt/worker.hpp"
 
 namespace meshrt {
 

@@ -1,4 +1,4 @@
-#include "meshrt/settings.hpp"
+#include "meshrt/internal/settings.hpp"
 
 #include <fmt/format.h>
 

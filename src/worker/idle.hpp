@@ -2,7 +2,7 @@
 #pragma once
 
 #include "common/backoff.hpp"
-#include "meshrt/worker.hpp"
+#include "meshrt/internal/worker.hpp"
 
 namespace meshrt::detail {
 

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "meshrt/device.hpp"
+#include "meshrt/internal/device.hpp"
 
 namespace meshrt::detail {
 

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "meshrt/comm.hpp"
+#include "meshrt/internal/comm.hpp"
+#include "meshrt/internal/protocol.hpp"
+#include "meshrt/internal/settings.hpp"
+#include "meshrt/internal/worker.hpp"
 #include "meshrt/log.hpp"
-#include "meshrt/protocol.hpp"
-#include "meshrt/settings.hpp"
-#include "meshrt/worker.hpp"
 
 namespace meshrt::detail {
 namespace {

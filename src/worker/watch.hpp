@@ -8,7 +8,7 @@
 #include <memory>
 #include <thread>
 
-#include "meshrt/control.hpp"
+#include "meshrt/internal/control.hpp"
 #include "worker/monitor.hpp"
 
 namespace meshrt::detail {

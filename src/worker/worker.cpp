@@ -1,4 +1,4 @@
-#include "meshrt/worker.hpp"
+#include "meshrt/internal/worker.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -21,13 +21,13 @@
 
 #include "common/backoff.hpp"
 #include "common/checks.hpp"
-#include "meshrt/comm.hpp"
-#include "meshrt/control.hpp"
-#include "meshrt/device.hpp"
 #include "meshrt/functions.hpp"
+#include "meshrt/internal/comm.hpp"
+#include "meshrt/internal/control.hpp"
+#include "meshrt/internal/device.hpp"
+#include "meshrt/internal/protocol.hpp"
+#include "meshrt/internal/settings.hpp"
 #include "meshrt/log.hpp"
-#include "meshrt/protocol.hpp"
-#include "meshrt/settings.hpp"
 #include "worker/idle.hpp"
 #include "worker/monitor.hpp"
 #include "worker/streams.hpp"

@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-#include "meshrt/protocol.hpp"
+#include "meshrt/internal/protocol.hpp"
 
 namespace {
 

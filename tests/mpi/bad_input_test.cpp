@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "meshrt/protocol.hpp"
+#include "meshrt/internal/protocol.hpp"
 #include "runtime_support.hpp"
 
 using namespace meshrt;

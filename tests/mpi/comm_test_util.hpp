@@ -12,7 +12,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "meshrt/comm.hpp"
+#include "meshrt/internal/comm.hpp"
 #include "meshrt/tensor.hpp"
 
 namespace meshrt::test {

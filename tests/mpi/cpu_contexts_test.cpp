@@ -5,7 +5,7 @@
 // own device), so the count is a real one.
 #include <gtest/gtest.h>
 
-#include "meshrt/device.hpp"
+#include "meshrt/internal/device.hpp"
 #include "runtime_support.hpp"
 
 using namespace meshrt;

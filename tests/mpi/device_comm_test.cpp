@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "../support/expect_error.hpp"
-#include "meshrt/device.hpp"
+#include "meshrt/internal/device.hpp"
 
 namespace meshrt::test {
 namespace {

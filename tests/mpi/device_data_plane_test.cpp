@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "comm_test_util.hpp"
-#include "meshrt/device.hpp"
+#include "meshrt/internal/device.hpp"
 
 namespace meshrt::test {
 namespace {

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "meshrt/group.hpp"
-#include "meshrt/settings.hpp"
+#include "meshrt/internal/settings.hpp"
 
 using meshrt::StatelessGroup;
 using meshrt::TimeoutError;

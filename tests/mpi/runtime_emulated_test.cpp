@@ -13,7 +13,7 @@
 #include <chrono>
 #include <thread>
 
-#include "meshrt/device.hpp"
+#include "meshrt/internal/device.hpp"
 #include "runtime_support.hpp"
 
 using namespace meshrt;

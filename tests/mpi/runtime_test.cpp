@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "meshrt/comm.hpp"
+#include "meshrt/internal/comm.hpp"
 #include "runtime_support.hpp"
 
 using namespace meshrt;

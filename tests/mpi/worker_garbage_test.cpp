@@ -18,9 +18,9 @@
 #include <thread>
 #include <vector>
 
-#include "meshrt/control.hpp"
-#include "meshrt/protocol.hpp"
-#include "meshrt/worker.hpp"
+#include "meshrt/internal/control.hpp"
+#include "meshrt/internal/protocol.hpp"
+#include "meshrt/internal/worker.hpp"
 
 using namespace meshrt;
 namespace p = meshrt::protocol;

@@ -12,6 +12,14 @@ echo "== from the build tree"
 
 echo "== from an install prefix"
 "$cmake" --install "$build" --prefix "$work/prefix" >/dev/null
+# The installed headers are the API: none of the library's internal ones.
+internal=$(find "$work/prefix/include" \( -path '*/internal*' -o -name 'protocol.hpp' -o -name 'control.hpp' \
+  -o -name 'comm.hpp' -o -name 'worker.hpp' -o -name 'settings.hpp' \) -print)
+if [ -n "$internal" ]; then
+  echo "expected no internal header in the install prefix, found:" >&2
+  echo "$internal" >&2
+  exit 1
+fi
 "$cmake" -S "$src" -B "$work/from-install" -G "$generator" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 grep -q "$work/prefix" "$work/from-install/CMakeCache.txt"
 "$cmake" --build "$work/from-install"

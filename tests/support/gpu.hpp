@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "meshrt/settings.hpp"
+#include "meshrt/internal/settings.hpp"
 #include "meshrt/version.hpp"
 
 namespace meshrt::test {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "meshrt/protocol.hpp"
+#include "meshrt/internal/protocol.hpp"
 
 namespace meshrt::testing {
 

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "../support/expect_error.hpp"
-#include "meshrt/device.hpp"
 #include "meshrt/functions.hpp"
+#include "meshrt/internal/device.hpp"
 
 namespace meshrt::test {
 namespace {

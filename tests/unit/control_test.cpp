@@ -7,9 +7,9 @@
 #include "../support/expect_error.hpp"
 #include "controller/completion.hpp"
 #include "controller/graph.hpp"
-#include "meshrt/control.hpp"
 #include "meshrt/controller.hpp"
-#include "meshrt/protocol.hpp"
+#include "meshrt/internal/control.hpp"
+#include "meshrt/internal/protocol.hpp"
 
 namespace meshrt {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "../support/expect_error.hpp"
 #include "controller/state.hpp"
-#include "meshrt/control.hpp"
+#include "meshrt/internal/control.hpp"
 
 namespace meshrt {
 namespace {

@@ -1,6 +1,6 @@
 // The device layer on the emulated accelerator: the stream-ordered pool, streams (FIFO,
 // asynchronous, delayed), events, the host-read refusal, stream errors and the fetch.
-#include "meshrt/device.hpp"
+#include "meshrt/internal/device.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "meshrt/protocol.hpp"
+#include "meshrt/internal/protocol.hpp"
 
 #include <gtest/gtest.h>
 

@@ -15,11 +15,11 @@
 
 #include "../support/expect_error.hpp"
 #include "controller/state.hpp"
-#include "meshrt/control.hpp"
 #include "meshrt/functions.hpp"
-#include "meshrt/protocol.hpp"
-#include "meshrt/settings.hpp"
-#include "meshrt/worker.hpp"
+#include "meshrt/internal/control.hpp"
+#include "meshrt/internal/protocol.hpp"
+#include "meshrt/internal/settings.hpp"
+#include "meshrt/internal/worker.hpp"
 #include "worker/idle.hpp"
 #include "worker/monitor.hpp"
 
