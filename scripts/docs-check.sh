@@ -14,7 +14,8 @@
 #     itself, "section N" and "sections N and M" (its sections are its "## N." and
 #     "### N.M" headings);
 #   - a Markdown link to a file that does not exist, or to an #anchor that none of the
-#     target's headings makes (GitHub's rule: lower case, punctuation dropped, spaces to -).
+#     target's headings makes (GitHub's rule: lower case, punctuation dropped, spaces to -);
+#   - a Markdown code block left open (it would hide the rest of the file's links).
 # Reads tracked sources only (no build), in about a second; scripts/test.sh runs it
 # beside scripts/format-check.sh and scripts/include-check.sh.
 source "$(dirname "$0")/common.sh"
@@ -50,6 +51,7 @@ for f in "${sources[@]}" "${markdown[@]}"; do [ -f "$f" ] || { echo "docs-check:
 #   S <file:line> <section>    an ARCHITECTURE.md section
 #   L <file:line> <target>     a Markdown link (relative to the file's folder)
 #   A <file> <anchor>          an anchor a Markdown file's headings make
+#   F <file:line> -            a code block opened there and never closed
 # shellcheck disable=SC2016
 items=$(awk -v nsrc="${#sources[@]}" '
   function paths(text, where,   t, p) {
@@ -92,7 +94,9 @@ items=$(awk -v nsrc="${#sources[@]}" '
     gsub(/ /, "-", a)
     return a
   }
-  FNR == 1 { fileno++; inblock = 0; fence = 0 }
+  function unclosed() { if (fence) print "F", prev ":" fenceline, "-" }
+  FNR == 1 { unclosed(); fileno++; inblock = 0; fence = 0; prev = FILENAME }
+  END { unclosed() }
   {
     where = FILENAME ":" FNR
     line = $0
@@ -114,7 +118,7 @@ items=$(awk -v nsrc="${#sources[@]}" '
       next
     }
     # Markdown
-    if (line ~ /^[ \t]*```/) fence = !fence
+    if (line ~ /^[ \t]*```/) { fence = !fence; fenceline = FNR }
     if (!fence && line ~ /^#+ /) {
       h = line; sub(/^#+ +/, "", h)
       a = anchor(h); seen[FILENAME, a]++
@@ -179,8 +183,13 @@ while read -r kind where what; do
       ;;
     S)
       sections_checked=$((sections_checked + 1))
+      [ -n "${reported["$where section $what"]:-}" ] && continue
+      reported["$where section $what"]=1
       [ -n "${section[$what]:-}" ] ||
         errors+=("$where: names docs/ARCHITECTURE.md section $what; its sections are $(printf '%s\n' "${!section[@]}" | sort -V | tr '\n' ' ')")
+      ;;
+    F)
+      errors+=("$where: opens a \`\`\` code block that the file never closes")
       ;;
     L)
       links_checked=$((links_checked + 1))
