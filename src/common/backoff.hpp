@@ -31,7 +31,7 @@
 //   (a fan-out parent) are still seen within 1/32 of the wait. Yielding longer takes the
 //   core from the controller between a program's bursts.
 // - kOwnCore (the worker loop of a rank other than 0 with a core of its own,
-//   WorkerOptions::block_in_mpi): kControl yielding for 20 ms instead of 2. Between a
+//   WorkerOptions::block_in_mpi): kControl with a 20 ms yield (kControl's is 2 ms). Between a
 //   program's bursts such a worker has nothing to give its core to, and one that slept
 //   wakes late for the next collective; past 20 ms it sleeps as kControl does, so an idle
 //   job still leaves its cores alone.
