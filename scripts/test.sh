@@ -8,12 +8,15 @@
 #   MESHRT_TEST_SANITIZERS=1  also run the suite under ASan+UBSan (scripts/test-sanitizers.sh;
 #                         a second full build in build-asan: off by default, see its timing)
 source "$(dirname "$0")/common.sh"
-# The source checks first: a second each, so a formatting slip or an include across the
-# module lines fails before the build (scripts/format-check.sh, scripts/include-check.sh).
+# The source checks first: a second each, so a formatting slip, an include across the
+# module lines or a comment or doc naming a missing path fails before the build
+# (scripts/format-check.sh, scripts/include-check.sh, scripts/docs-check.sh).
 echo "== format check"
 "$MESHRT_ROOT/scripts/format-check.sh"
 echo "== include check"
 "$MESHRT_ROOT/scripts/include-check.sh"
+echo "== docs check"
+"$MESHRT_ROOT/scripts/docs-check.sh"
 ensure_packages "${MESHRT_PACKAGES[@]}"
 configure_and_build -DMESHRT_WERROR=ON
 mpi_local_environment

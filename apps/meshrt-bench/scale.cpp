@@ -5,7 +5,7 @@
 // fan-out sends one batch message per rank, the tree at most MESHRT_FANOUT; flat fan-in
 // hears a Status from every rank per completed fetch, the status tree one per top node.
 //
-// It runs at the job's size with the fan-out settings of the environment; scripts/bench_scale.sh
+// It runs at the job's size with the fan-out settings of the environment; scripts/bench-scale.sh
 // runs it at N = 2..64 for flat (MESHRT_FANOUT=0) and tree fan-out and collects the rows.
 #include <fmt/format.h>
 

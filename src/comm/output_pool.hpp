@@ -19,23 +19,16 @@
 namespace meshrt::detail {
 
 // Below this, malloc reuses warm memory by itself (glibc's mmap threshold is 128 KiB, and
-// rises to the largest block freed so far). Measured for issue 16, which suspected that
-// smaller outputs were cold: an aligned new + memset + delete cycle against a memset into
-// one warm buffer, same thread, medians of 7 x 2000: 4 KiB 0.07 / 0.04 us, 32 KiB 0.37 /
-// 0.69 us, 128 KiB 1.78 / 1.72 us, 200 KB 2.95 / 2.87 us: no first-touch cost left. And
-// pooling every size in the worker (runtime-collectives, 2 ranks, 8 B to 256 KiB, three
-// interleaved runs on a loaded machine) moved no row beyond the run-to-run noise (8 B
-// all_reduce 7.6 us unpooled against 11.7 pooled, 32 KiB all_gather 26.0 against 17.6,
-// the reverse in the next runs), so the pool keeps to the sizes where it pays.
+// rises to the largest block freed so far): smaller outputs pay no first-touch cost, and
+// pooling them moves nothing beyond the noise (docs/benchmarks.md, "Output pool"), so the
+// pool keeps to the sizes where it pays.
 inline constexpr std::size_t kPoolMinBytes = std::size_t{256} << 10;
 
 // Page-aligned buffers by size (rounded up to pages), kept for reuse up to `cap` bytes.
 // A buffer returned when the cache is full evicts the buffers returned longest ago, of
-// any size, to make room: it is what the program uses now. Dropping it instead, as the
-// pool first did, let buffers of an earlier phase (say, the sizes of a warm-up) hold the
-// cap for good, and every output of the new phase came fresh and cold. meshrt-bench
-// runtime-collectives stays below the default cap (498 MB cached at the end of a full
-// run, 9 misses per rank, one per size, with either policy), so its figures do not move.
+// any size, to make room: it is what the program uses now. Dropping it instead would let
+// buffers of an earlier phase (say, the sizes of a warm-up) hold the cap for good, and
+// every output of the new phase would come fresh and cold.
 class OutputPool {
  public:
   explicit OutputPool(std::size_t cap);

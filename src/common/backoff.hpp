@@ -11,65 +11,41 @@
 // e.g. on a condition variable, when the awaited thing is known to finish on another
 // thread).
 //
-// The parameter sets and why, measured on the project's 2-core machine with Open MPI 4.1
-// over shared memory (figures from the suites named):
-// - kDataPlaneWait (wait() on a Pending): small collectives finish within a few us, so
-//   spinning 20 us costs less than one trip through the scheduler; yielding until 200 us
-//   still reacts within microseconds but lets an oversubscribed peer run; then sleep
-//   waited/32 (10 us .. 1 ms), so oversleeping adds at most ~3% to a long operation.
-// - kInFlight (the worker loop while a non-blocking collective is in flight): spin 20 us
-//   as kDataPlaneWait, then yield, not sleep, until 2 ms: Open MPI's non-blocking
-//   collectives progress only inside MPI calls, and sleeping from 200 us on made 256 KiB
-//   collectives through the runtime ~3x slower (all_gather 64 -> 187 us); then sleep
-//   waited/32 (10 us .. 1 ms) for a peer that is late. Without the 20 us spin, 8 B
-//   all_reduce took 13.5 us instead of 6.1 (src/worker/worker.cpp has the figures).
+// The parameter sets and why (the figures behind them: docs/benchmarks.md, "Back-off"):
+// - kDataPlaneWait (wait() on a Pending): a small collective finishes within a few us,
+//   so spin 20 us (cheaper than a trip through the scheduler), yield until 200 us (an
+//   oversubscribed peer can run), then sleep waited/32 (10 us .. 1 ms): oversleeping adds
+//   at most ~3% to a long operation.
+// - kInFlight (the worker loop while a non-blocking collective is in flight): spin 20 us,
+//   then yield, not sleep, until 2 ms: Open MPI's non-blocking collectives progress only
+//   inside MPI calls, so a sleeping worker stalls them; then sleep waited/32 for a late peer.
 // - kControl (the control channel, the worker loop, the controller's waits for replies):
-//   a controller sends the next batch within a few ms while a program runs, so yield
-//   (never spin: the controller or a peer may need this very core) for 2 ms, then sleep
-//   waited/32 (10 us .. 1 ms): an idle worker wakes ~1000 times a second, and a
-//   synchronize that waited T returns at most T/32 late (the old doubling sleeps, 10 us
-//   to 1 ms after 2 ms, could make a 4 ms synchronize up to 25% late; runtime-collectives
-//   measures synchronize loops).
-// - kDoorbell (worker 0's loop, which shares rank 0 with the controller): yield for 100 us
-//   as kControl does (a program that keeps issuing commands finds worker 0 awake: waking a
-//   sleeping thread costs a futex wake, and in a VM an inter-processor interrupt), then
-//   idle on the transport's doorbell, which the controller rings with every command it
-//   sends to rank 0, for waited/32 (10 us .. 1 ms), so commands from anywhere else (a
-//   fan-out parent) are still seen within 1/32 of the wait. Yielding for 2 ms there kept
-//   taking a share of the cores from the controller and the other ranks between a
-//   program's bursts (src/worker/worker.cpp has the figures).
-// - kOwnCore (the worker loop of a rank other than 0 with a core of its own: no more
-//   ranks than cores on the node, WorkerOptions::block_in_mpi): kControl yielding for
-//   20 ms instead of 2. Between a program's bursts (the controller loading the next batch
-//   of data, say) such a worker has nothing to give its core to, and a worker that slept
-//   wakes late: after a 5 ms pause of the controller the next collective started up to
-//   ~500 us late on rank 1. meshrt-bench runtime-collectives, 1 MiB all_gather, 2 ranks,
-//   the controller sleeping 5 ms before each timed loop (a temporary change), medians of
-//   the loop's first call over both ranks and 5 repetitions: 585-703 us with kControl
-//   against 297-555 yielding 50 ms (three interleaved pairs) and 334-449 yielding 20 ms
-//   (three runs); by hand the first call after such a pause takes 190-280 us on this
-//   machine, and the rest of the loop ~70-85 either way. Past 20 ms it sleeps as kControl
-//   does, waited/32 at most 1 ms: an idle job still leaves its cores alone.
+//   yield for 2 ms (never spin: the controller or a peer may need this very core; a
+//   running program sends its next batch within that), then sleep waited/32 (10 us ..
+//   1 ms): an idle worker wakes ~1000 times a second, and a wait of T returns at most
+//   T/32 late.
+// - kDoorbell (worker 0's loop, which shares rank 0's core with the controller): yield
+//   for 100 us (a program that keeps issuing commands finds worker 0 awake, with no futex
+//   wake to pay), then idle on the transport's doorbell, which the controller rings with
+//   every command for rank 0, for waited/32 (10 us .. 1 ms), so commands from elsewhere
+//   (a fan-out parent) are still seen within 1/32 of the wait. Yielding longer takes the
+//   core from the controller between a program's bursts.
+// - kOwnCore (the worker loop of a rank other than 0 with a core of its own,
+//   WorkerOptions::block_in_mpi): kControl with a 20 ms yield (kControl's is 2 ms). Between a
+//   program's bursts such a worker has nothing to give its core to, and one that slept
+//   wakes late for the next collective; past 20 ms it sleeps as kControl does, so an idle
+//   job still leaves its cores alone.
 // - kReplyBell (the controller's wait while worker 0, on the same core, still owes the
 //   awaited ident): yield for 20 us (a fetch completes within it and pays no wake-up),
-//   then idle on the doorbell worker 0 rings with every reply it sends, 1 ms at a time
-//   (the wait cannot end before that reply; the millisecond bounds how late a timeout or
-//   the laggards' status requests are seen). Yielding there kept the controller polling
-//   MPI beside worker 0's collective: with one repetition's 20 blocking 1 MiB all_gathers
-//   timed inside the worker, the call took ~108 us with the controller yielding and ~68
-//   us with it asleep (MPI by hand: 65-75). meshrt-bench runtime-collectives, 2 ranks, two
-//   interleaved runs before/after (yielding 100 us): 8 B all_reduce 8.1-9.2 -> 5.3-6.1 us,
-//   all_gather 5.9-6.3 -> 4.4-6.5, to_mesh 7.5-7.8 -> 4.9-6.5; 1 MiB within the noise.
-//   Then 100 us against 20 us, four interleaved pairs: 1 MiB all_gather 93-138 -> 81-133
-//   us, all_to_all 85-138 -> 75-138, 8 B all_gather 4.4-7.4 -> 4.5-6.2 (each loop's first
-//   calls ran slow while the controller yielded beside them); dispatch, eight pairs: fetch
-//   median 9.5 -> 8.3 us, call + fetch 22.4 -> 17.9. Not yielding at all (six pairs against
-//   20 us) made call + fetch 24-28 us against 17-27: it then pays a wake-up.
-// - kGroup (StatelessGroup's waits): 64 hot polls (a few us) without reading the clock,
-//   which costs as much as a poll; yield until the operation's spin time (200 us, or
-//   twice the time its bytes take at 1 GB/s: shared-memory transfers only advance while
-//   both ranks call into MPI, and a sleeping sender stalls its receiver); then sleep
-//   waited/8 (20 us .. 1 ms) (meshrt-bench group: 1 MiB pingpong at 1.00x raw MPI).
+//   then idle on the doorbell worker 0 rings with every reply, 1 ms at a time (the wait
+//   cannot end before that reply; the millisecond bounds how late a timeout or the
+//   laggards' status requests are seen). Yielding longer keeps the controller polling MPI
+//   beside worker 0's collective on the shared core.
+// - kGroup (StatelessGroup's waits): 64 hot polls without reading the clock (which costs
+//   as much as a poll); yield until the operation's spin time (200 us, or twice the time
+//   its bytes take at 1 GB/s: shared-memory transfers advance only while both ranks call
+//   into MPI, and a sleeping sender stalls its receiver); then sleep waited/8 (20 us ..
+//   1 ms).
 #pragma once
 
 #include <algorithm>

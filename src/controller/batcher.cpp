@@ -74,22 +74,15 @@ void Batcher::append(const std::vector<int>& dests, protocol::Command c) {
   // Deletes ride ahead of the next command to their ranks, inside a batch too: a loop of
   // collectives in one batch then frees each output before the next one needs a buffer,
   // so the output pool hands it back warm instead of a fresh (cold) allocation per call.
-  // meshrt-bench runtime-collectives, 2 ranks, two interleaved before/after runs (the
-  // machine busy with a CI run): all_gather 1 MiB 209 -> 117-125 us, 2 MiB 385 -> 192-208
-  // us; all_to_all 1 MiB 203 -> 112-120 us, 2 MiB 364 -> 200-213 us (MPI by hand: 62 and
-  // 118-130 us); to_mesh unchanged (148-162 us at 1 MiB).
   // The deletes of any ranks among `dests` ride along, not only those of exactly these
   // ranks: a loop of to_mesh sends goes to the union of both meshes while its outputs die
-  // on the destination mesh alone, and each receive took a fresh (cold) buffer until the
-  // next synchronize. A rank that does not hold a ref ignores its delete (refs are unique
-  // to the session). meshrt-bench runtime-collectives --ops=to_mesh, 2 ranks, quiet, three
-  // interleaved runs without and with: 256 KiB 40-43 -> 28-37 us, 1 MiB 134-175 -> 94-116
-  // us, 2 MiB 264-270 -> 178-212 us (MPI by hand 22-24, 87-101, 167-190 us); 16 MiB level.
+  // on the destination mesh alone, and each receive would otherwise take a cold buffer
+  // until the next synchronize. A rank that does not hold a ref ignores its delete (refs
+  // are unique to the session). docs/benchmarks.md ("Controller") has the figures.
   if (pending_delete_count_ > 0) ride_deletes(dests);
   batch_.push_back(std::move(c));
   // The age is checked every 16th command (the flusher thread also flushes a batch past
-  // its time limit): two clock reads per command showed in the controller's profile in
-  // meshrt-bench dispatch.
+  // its time limit): a clock read per command shows in the controller's profile.
   if (batch_.size() >= batch_limit_ ||
       (batch_.size() % 16 == 0 && std::chrono::steady_clock::now() - batch_started_ > batch_time_limit_))
     flush_locked();
@@ -99,10 +92,8 @@ void Batcher::append(const std::vector<int>& dests, protocol::Command c) {
 
 void Batcher::ride_deletes(const std::vector<int>& dests) {
   // An emptied entry keeps its place (its key, a copy of the ranks): a loop's outputs die
-  // under the same ranks every time, and erasing and re-inserting it cost two allocations
-  // and two frees per delete (8 B all_reduce under callgrind: the controller's loop of
-  // 1,001 operations ran 6.70M -> 6.13M instructions). defer_delete bounds the empty
-  // entries.
+  // under the same ranks every time, and erasing and re-inserting the entry would cost two
+  // allocations and two frees per delete. defer_delete bounds the empty entries.
   if (auto it = pending_deletes_.find(dests); it != pending_deletes_.end() && it->second.rides())
     batch_.emplace_back(protocol::DeleteRefs{take(it->second)});
   // Subsets, when both rank lists are sorted (meshes list their ranks in layout order,

@@ -96,24 +96,12 @@ class Batcher {
   std::unordered_set<int> treed_;  // ranks that were sent a batch through the tree
   std::mutex mutex_;               // the batch, shared with the flusher thread
   // The flusher sleeps until a batch's deadline, or, with no batch, until append starts
-  // one: it has no clock of its own. It used to wake every millisecond (half the time
-  // limit), on the core the controller shares with worker 0 (Open MPI binds rank 0 to
-  // it), in the middle of worker 0's collectives. meshrt-bench runtime-collectives, 2
-  // ranks, interleaved pairs against 1 ms ticks, medians (meshrt us, ratio to MPI by hand):
-  // - six pairs, of a first version that parked again after every batch (below):
-  //   all_gather 1 MiB 86.0 -> 80.5 us (1.15 -> 1.07x), 2 MiB 168 -> 155
-  //   (1.08 -> 1.04x); all_to_all 1 MiB 89.9 -> 81.4 (1.17 -> 1.06x), 2 MiB 185 -> 158
-  //   (1.16 -> 1.07x); to_mesh 1 MiB 111 -> 103 (1.18 -> 1.10x); 8 B level;
-  // - five pairs of this version, on a busier machine: all_gather 1 MiB 107 -> 85.6 us,
-  //   reduce_scatter 2 MiB 714 -> 518 us, the other rows level or better;
-  // - six pairs of whole runs (8 B to 256 MiB, every op), in a slower phase of the machine
-  //   (8 B by hand ~1 us against ~0.6): level within the noise, 1-2 MiB all_gather and
-  //   all_to_all at 1.1-1.3x either way. The gain shows where a run measures few ops.
+  // one: it has no clock of its own, so it never wakes on the core the controller shares
+  // with worker 0 (Open MPI binds rank 0 to it) in the middle of worker 0's collectives.
   // After a start's wake-up it waits for that batch's deadline even when the program has
-  // flushed the batch by then (a fetch flushes at once): parking again cost a wake-up per
-  // batch, and the fetch round trip went 9.9 -> 11.5 us (five pairs); with the wait it is
-  // level (six pairs: fetch 9.1 / 8.6 us, call + fetch 21.1 / 20.7 us). An idle
-  // controller (a long synchronize, the program's own work) does not wake at all.
+  // flushed the batch by then (a fetch flushes at once): parking again would cost a
+  // wake-up per batch. An idle controller (a long synchronize, the program's own work)
+  // does not wake at all. docs/benchmarks.md ("Controller") has the figures.
   std::condition_variable flusher_wake_;
   bool flusher_parked_ = false;  // waiting for a batch to start, not for a deadline
   bool stop_flusher_ = false;

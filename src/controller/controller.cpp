@@ -139,9 +139,10 @@ Signature infer_at_call(const functions::Function& f, const ArgMetas& args) {
   }
 }
 
-// A FetchResult travels in one control message, whose size MPI counts in an int
-// (Channel::send refuses more, worker/channel.cpp). The frame around the tensor's bytes
-// (header, ident, meta of at most 64 dimensions) takes well under kFrameRoom.
+// A FetchResult travels in one control message, whose size MPI counts in an int (the
+// MPI transport's send refuses more, src/control/mpi_transport.cpp). The frame around
+// the tensor's bytes (header, ident, meta of at most 64 dimensions) takes well under
+// kFrameRoom.
 constexpr std::uint64_t kControlMessageLimit = 2147483647;  // INT32_MAX bytes
 constexpr std::uint64_t kFrameRoom = 4096;
 

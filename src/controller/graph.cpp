@@ -62,9 +62,8 @@ std::shared_ptr<Node> DependencyGraph::make_node(Ident ident, Words what, const 
   // its node expired at the back. Forget it now: its memory (node and control block are
   // one allocation, held until the last weak_ptr goes) then returns while it is the one
   // the next node reuses, not in a burst of a thousand at the next prune, more than
-  // glibc's per-thread cache holds, after which each new node took malloc's slow path.
-  // meshrt-bench runtime-collectives, 8 B all_reduce under callgrind: the controller's
-  // allocation of a node cost ~250 instructions against ~55 for its other allocations.
+  // glibc's per-thread cache holds, after which each new node would take malloc's slow
+  // path.
   while (!young_.empty() && young_.back().expired()) young_.pop_back();
   young_.push_back(n);
   return n;

@@ -70,12 +70,7 @@ TensorState::~TensorState() {
   }
   // Borrows share the origin's value on the workers under their own ref. A small value's
   // delete waits for others (Batcher::defer_delete): an out-of-place 8 B collective in a
-  // loop then costs every worker no delete command of its own. 8 B all_reduce under
-  // callgrind, 1,001 operations: worker 0 outside the MPI call 7.60M -> 7.22M
-  // instructions, the controller's loop 5.04M -> 4.45M; runtime-collectives
-  // --max-bytes=8, two sets of eight interleaved pairs, medians: all_reduce 4.38 -> 3.74
-  // and 3.23 -> 2.70 us, all_gather 3.23 -> 2.84 and 2.54 -> 2.30, all_to_all 3.20 -> 2.83
-  // and 2.32 -> 2.14; in place (no output, no delete) and to_mesh level.
+  // loop then costs every worker no delete command of its own.
   ctl->defer_delete(home->dests, ref, meta.nbytes());
 }
 

@@ -49,8 +49,8 @@ struct MeshState {
   std::vector<Words> reduce_words_cache;  // by (dimension, reduction, scatter, in place)
   // What a to_mesh from this mesh to `to` says ("to_mesh [0,1] -> [2,3]") and the ranks it
   // goes to (both meshes' ranks, sorted), made once for a loop of sends to one target:
-  // formatting and sorting them per call cost ~1,500 of the ~9,000 instructions the
-  // controller spent on an 8 B to_mesh (callgrind, meshrt-bench runtime-collectives).
+  // formatting and sorting them per call is a large share of the controller's work for
+  // a small to_mesh.
   struct SendWords {
     NDSlice to = NDSlice::row_major({});
     Words what;

@@ -395,7 +395,7 @@ class EmulatedCommunicator final : public Communicator {
           }
           // MPI progresses a non-blocking collective only inside its calls: spin for 20 us
           // (a small collective's wait), yield until 1 ms, then poll gently, as the worker
-          // polls its collectives (common/backoff.hpp, kInFlight). The clock is read every
+          // polls its collectives (src/common/backoff.hpp, kInFlight). The clock is read every
           // 16 polls only.
           if (polls % 16 == 0) {
             const auto now = std::chrono::steady_clock::now();

@@ -226,8 +226,8 @@ void check_table() {
 
 const Function* find(std::string_view name) {
   // Each thread keeps its last few hits: programs call the same few functions in loops,
-  // and the locked map search cost ~350 instructions per call on the controller and again
-  // on every worker (meshrt-bench dispatch and soak under callgrind).
+  // and a locked map search would be paid by every call, on the controller and again on
+  // every worker.
   struct Hit {
     std::string name;
     const Function* function = nullptr;

@@ -124,7 +124,7 @@ Clock::time_point deadline_after(Seconds t) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(t);
 }
 
-// Waits use the common back-off with kGroup's parameters (common/backoff.hpp says why);
+// Waits use the common back-off with kGroup's parameters (src/common/backoff.hpp says why);
 // the yielding phase grows with the bytes in flight: shared-memory transfers only advance
 // while both ranks call into MPI, and a sleeping sender stalls its receiver.
 Clock::duration spin_for(std::size_t bytes) {

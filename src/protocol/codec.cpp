@@ -1,14 +1,10 @@
 // The wire codec: hand-written, not Boost.Serialization.
 //
-// Why, by measurement (apps/meshrt-bench/codec.cpp, RelWithDebInfo, GCC 12, the shared
-// 2-core CI machine under load ~3, medians of 3 runs, CPU time / wall time):
-//   CallFunction with four ref arguments, encode + decode:  0.15 / 0.19 us here
-//                                      Boost binary archive:  2.7  / 4.6  us
-//   FetchResult with a 1 MiB float32 tensor, encode + decode: 47 / 70 us = 22 / 15 GB/s
-//                                      Boost binary archive:  67 / 78 us = 16 / 13 GB/s
-// Boost alone misses the <= 1 us target for small commands (archive construction and
-// per-field virtual dispatch dominate); for bulk data both are memcpy-bound. Boost stays
-// for StatelessGroup's arbitrary objects (include/meshrt/tensor_serialization.hpp).
+// Why: `meshrt-bench codec` (apps/meshrt-bench/codec.cpp; figures in docs/benchmarks.md)
+// finds a Boost binary archive an order of magnitude slower for a small command, missing
+// the <= 1 us target (archive construction and per-field virtual dispatch dominate); for
+// bulk data both are memcpy-bound. Boost stays for StatelessGroup's arbitrary objects
+// (include/meshrt/tensor_serialization.hpp).
 //
 // Format: fixed-width little-endian integers (a memcpy each: no varint branches), u32
 // lengths before strings and sequences, one tag byte per variant. Every length is checked

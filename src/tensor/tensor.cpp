@@ -321,10 +321,9 @@ std::size_t host_rounded(std::size_t n) {
 
 // Small host storage lives in the allocation of its own shared_ptr control block, aligned
 // by hand (WithTrailingBytes): every collective's small output is one of these. glibc's
-// aligned allocation splits a larger chunk and frees the pieces, ~300 instructions
-// against ~50 (meshrt-bench runtime-collectives, 8 B all_reduce under callgrind: aligning
-// by hand saved worker 0 ~360 instructions per operation), and a block of its own beside
-// the control block cost one more malloc and free per tensor.
+// aligned allocation splits a larger chunk and frees the pieces, several times the work
+// of a plain allocation, and a block of its own beside the control block would cost one
+// more malloc and free per tensor.
 bool small_host(std::size_t n, const Device& d) {
   // Emulated device memory is host memory, unless the device layer allocates it.
   const bool host = d.is_cpu() || (d.is_emulated() && !g_device_allocator.load());

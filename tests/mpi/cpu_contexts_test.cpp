@@ -1,4 +1,4 @@
-// A CPU-only program creates no accelerator context (DESIGN section 9, issue 12): run
+// A CPU-only program creates no accelerator context (docs/ARCHITECTURE.md section 7): run
 // under MESHRT_ACCELERATOR=emulated (NP 2), streams, borrows, reductions, a send and
 // fetches on CPU meshes leave every rank's emulated backend with no device context; the
 // first tensor of a mesh placed on the accelerator then creates exactly one per rank (its

@@ -148,17 +148,12 @@ class Pending {
 // - Thread runs the plain blocking call on meshrt's comm thread (one per process, FIFO,
 //   so operations keep the order they were started in); test() reads a flag, so the
 //   caller's loop stays free for its control channel. Needs MPI_THREAD_MULTIPLE.
-// - Auto: NonBlocking below kThreadMinBytes (small collectives complete while wait()
-//   still spins, and cost ~1 us more than blocking, against ~17 us for the hand-off to
-//   the comm thread), Thread from there on (where NonBlocking stalls between tests).
-//   Neither holds the caller's thread: the worker loop's mode with the status tree or
-//   more ranks than cores (otherwise the worker blocks: src/worker/worker.cpp,
-//   cpu_completion). The threshold was
-//   512 KiB; meshrt-bench runtime-collectives (2 ranks, loaded 2-core machine, medians of
-//   three interleaved runs) put the crossover at 256 KiB: there Thread took a third less
-//   time for all_reduce (308 -> 202 us, in place 292 -> 194) and about the same for the
-//   others (all_gather 64 -> 68, to_mesh 50 -> 53); at 32 KiB non-blocking was level or
-//   faster (all_to_all 13 against 29 us, to_mesh 13 against 23).
+// - Auto: NonBlocking below kThreadMinBytes (a small collective completes while wait()
+//   still spins, cheaper than the hand-off to the comm thread), Thread from there on
+//   (where NonBlocking stalls between tests). Neither holds the caller's thread: the
+//   worker loop's mode with the status tree or more ranks than cores (otherwise the
+//   worker blocks: src/worker/worker.cpp, cpu_completion). The crossover is where
+//   runtime-collectives finds Thread ahead (docs/benchmarks.md).
 // Modes may be mixed only between operations, not while one is in flight: MPI needs the
 // collectives of one communicator issued in the same order everywhere, and one thread
 // at a time.
@@ -195,15 +190,8 @@ inline constexpr std::size_t kThreadMinBytes = std::size_t{256} << 10;
 // then sleeps with growing intervals up to about 1 ms, testing in between.
 Outcome wait(Pending& pending);
 
-// The completion the blocking conveniences (reduce, send_tensor) use. Measured with
-// meshrt-bench's "collectives" suite at 2 and 4 ranks (Open MPI 4.1, shared memory, a
-// 2-core machine shared with compiles): the plain blocking call is the fastest below
-// 1 MiB and level with raw MPI above; MPI_I* + MPI_Test with back-off matches it below
-// ~256 KiB but falls 2-30x behind above 1 MiB, because Open MPI's non-blocking
-// collectives only progress inside MPI calls and a backed-off waiter makes few; the comm
-// thread pays ~17 us of hand-off per call, is level with blocking from ~16 MiB on a
-// quiet machine, and ran 2-5x faster than the blocking call at 1 MiB and up whenever
-// the machine was loaded (load 5-10; reproducible, cause not yet understood).
+// The completion the blocking conveniences (reduce, send_tensor) use: the plain blocking
+// call, the fastest on a node with a core per rank (docs/benchmarks.md, "Collectives").
 inline constexpr Completion kDefaultCompletion = Completion::Blocking;
 
 // Blocking conveniences: start, then wait.
@@ -213,8 +201,8 @@ Outcome send_tensor(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks, const 
                     const TensorMeta& factory);
 
 // CPU outputs of 256 KiB and more come from a pool of warm buffers (first touch of fresh
-// memory costs ~10x a copy into a warm one): a buffer returns to it when the last handle
-// of its tensor goes, up to MESHRT_COMM_POOL_BYTES per rank.
+// memory costs far more than a copy into a warm page): a buffer returns to it when the
+// last handle of its tensor goes, up to MESHRT_COMM_POOL_BYTES per rank.
 struct OutputPoolStats {
   std::uint64_t hits = 0;    // outputs served by a cached buffer
   std::uint64_t misses = 0;  // outputs that needed a fresh one
