@@ -28,6 +28,7 @@
 #include "meshrt/log.hpp"
 #include "meshrt/protocol.hpp"
 #include "meshrt/settings.hpp"
+#include "worker/env.hpp"
 #include "worker/idle.hpp"
 #include "worker/monitor.hpp"
 #include "worker/streams.hpp"
@@ -37,22 +38,6 @@ namespace {
 
 using namespace protocol;
 using Clock = std::chrono::steady_clock;
-
-struct StreamValue {
-  std::uint64_t id = 0;
-  bool is_default = true;
-  detail::StreamHandle handle;
-};
-
-// A worker's value for a ref: a tensor, the marker of a failed dependency, a mesh or a
-// stream.
-using EnvValue = std::variant<Tensor, DependentOnError, std::shared_ptr<WorkerMesh>, StreamValue>;
-
-// Thrown while looking up the inputs of a command that depends on a failure: the
-// command's outputs are re-marked silently (the controller already knows).
-struct Poisoned {
-  DependentOnError marker;
-};
 
 }  // namespace
 
@@ -69,13 +54,7 @@ struct Worker::Impl {
   std::shared_ptr<control::Transport> channel;
   std::unique_ptr<detail::Monitor> own_monitor;
   detail::Monitor& monitor;
-  std::unordered_map<std::uint64_t, EnvValue> env;
-  // Nodes of deleted entries (their values released), reused by the next definitions. A
-  // loop's results are defined one per command and deleted by the batch (the controller
-  // sends small deletes together), so each batch freed as many nodes at once as the
-  // thread's malloc cache does not hold, and the next definitions took malloc's slow path.
-  std::vector<decltype(env)::node_type> spare_nodes;
-  static constexpr std::size_t kSpareNodes = 256;
+  detail::Env env{opt.rank};
   struct Queued {
     std::uint64_t seq;
     Command command;
@@ -186,9 +165,9 @@ struct Worker::Impl {
   // A Reduce or SendTensor that failed before it started: its result (on this rank) is
   // the marker, so what depends on it is poisoned rather than undefined.
   void poison_result(const Command& command, DependentOnError marker) {
-    if (const auto* r = std::get_if<Reduce>(&command)) define(r->result, marker);
+    if (const auto* r = std::get_if<Reduce>(&command)) env.define(r->result, marker);
     if (const auto* s = std::get_if<SendTensor>(&command); s && s->to_ranks.contains(opt.rank))
-      define(s->result, marker);
+      env.define(s->result, marker);
   }
   static Ident ident_of(const Command& command) {
     if (const auto* r = std::get_if<Reduce>(&command)) return r->ident;
@@ -286,79 +265,23 @@ struct Worker::Impl {
 
   // ------------------------------------------------------------------ values
 
-  void define(Ref r, EnvValue v) {
-    if (spare_nodes.empty()) {
-      env.insert_or_assign(r.id, std::move(v));
-      return;
-    }
-    if (auto it = env.find(r.id); it != env.end()) {
-      it->second = std::move(v);
-      return;
-    }
-    auto node = std::move(spare_nodes.back());
-    spare_nodes.pop_back();
-    node.key() = r.id;
-    node.mapped() = std::move(v);
-    env.insert(std::move(node));
-  }
-  void undefine(std::uint64_t id) {
-    auto node = env.extract(id);
-    if (node.empty()) return;
-    node.mapped() = EnvValue();  // the value goes now, the node stays for the next one
-    if (spare_nodes.size() < kSpareNodes) spare_nodes.push_back(std::move(node));
-  }
-
-  const EnvValue& get(Ref r, std::string_view role) const {
-    auto it = env.find(r.id);
-    if (it == env.end()) {
-      throw UsageError(fmt::format("rank {}: {} ref {} is not defined on this worker (deleted, or never sent here)",
-                                   opt.rank, role, r.id));
-    }
-    return it->second;
-  }
-
-  template <class T>
-  const T& get_as(Ref r, std::string_view role) const {
-    const EnvValue& v = get(r, role);
-    if (const auto* marker = std::get_if<DependentOnError>(&v)) throw Poisoned{*marker};
-    if (const auto* t = std::get_if<T>(&v)) return *t;
-    throw UsageError(fmt::format("rank {}: {} ref {} holds a value of another kind", opt.rank, role, r.id));
-  }
-
-  // A tensor input, or the marker that stands in for it.
-  Input input(Ref r) const {
-    const EnvValue& v = get(r, "tensor");
-    if (const auto* marker = std::get_if<DependentOnError>(&v)) return *marker;
-    if (const auto* t = std::get_if<Tensor>(&v)) return *t;
-    throw UsageError(fmt::format("rank {}: ref {} is not a tensor", opt.rank, r.id));
-  }
-
-  // Replaces every Ref in an argument tree by its tensor.
-  Value resolve(const Value& v) const {
-    return v.map([this](const Value& leaf) -> Value {
-      if (!leaf.is_ref()) return leaf;
-      return Value(get_as<Tensor>(leaf.as_ref(), "argument"));
-    });
-  }
-
-  CallContext context(Ref mesh_ref, Ref stream_ref) const {
-    const StreamValue& stream = get_as<StreamValue>(stream_ref, "stream");
+  // A kernel's context on this rank, or the marker its stream or mesh depends on.
+  std::variant<CallContext, DependentOnError> context(Ref mesh_ref, Ref stream_ref) const {
+    const auto stream = env.find<detail::StreamValue>(stream_ref, "stream");
+    if (!stream) return stream.failed;
     // CPU kernels get no native stream: making one would create a CUDA context for a
-    // CPU-only program (DESIGN section 9).
-    if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, stream.id, Device::cpu(), nullptr);
-    const auto& mesh = get_as<std::shared_ptr<WorkerMesh>>(mesh_ref, "mesh");
+    // CPU-only program.
+    if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, stream->id, Device::cpu(), nullptr);
+    const auto mesh = env.find<detail::MeshValue>(mesh_ref, "mesh");
+    if (!mesh) return mesh.failed;
     // Kernels get this rank's own device of the kind the mesh is placed on.
-    const auto kind = mesh_kinds.find(mesh_ref.id);
-    const Device where = kind == mesh_kinds.end() || kind->second == Device::Kind::Cpu
-                             ? Device::cpu()
-                             : device::rank_device(kind->second);
+    const Device where = mesh->kind == Device::Kind::Cpu ? Device::cpu() : device::rank_device(mesh->kind);
     // A cuda mesh's kernels launch on the CUDA stream of this meshrt stream (never the
     // legacy default stream); CPU meshes get none (no CUDA context for CPU work), emulated
     // ones enqueue through the device layer.
-    void* native = where.is_cuda() ? stream.handle.device(Device::Kind::Cuda).native() : nullptr;
-    return CallContext(opt.rank, mesh->names(), mesh->coordinates(), stream.id, where, native);
+    void* native = where.is_cuda() ? stream->handle.device(Device::Kind::Cuda).native() : nullptr;
+    return CallContext(opt.rank, mesh->mesh->names(), mesh->mesh->coordinates(), stream->id, where, native);
   }
-  std::unordered_map<std::uint64_t, Device::Kind> mesh_kinds;
 
   // ------------------------------------------------------------------ commands
 
@@ -367,36 +290,26 @@ struct Worker::Impl {
   }
 
   void run(CreateDeviceMesh& c) {
-    define(c.result, std::make_shared<WorkerMesh>(c.names, c.ranks, opt.world));
-    mesh_kinds[c.result.id] = c.device;
+    env.define(c.result, detail::MeshValue{std::make_shared<WorkerMesh>(c.names, c.ranks, opt.world), c.device});
   }
 
   void run(CreateStream& c) {
-    define(c.result, StreamValue{c.result.id, c.is_default, detail::make_stream(c.is_default, c.result.id)});
+    env.define(c.result,
+               detail::StreamValue{c.result.id, c.is_default, detail::make_stream(c.is_default, c.result.id)});
   }
 
+  // Runs an invocation's `body`, which returns the marker of a failed input instead of
+  // running. What it defines or mutates becomes a marker when it fails or depends on one.
   template <class Body>
   void invocation(Ident ident, const std::string& function, const std::vector<Ref>& results,
                   const std::vector<Ref>& mutates, Body&& body) {
     auto fail = [&](DependentOnError marker) {
-      for (Ref r : results) define(r, marker);
-      for (Ref r : mutates) define(r, marker);
+      for (Ref r : results) env.define(r, marker);
+      for (Ref r : mutates) env.define(r, marker);
     };
+    std::optional<DependentOnError> poisoned;
     try {
-      body();
-    } catch (const Poisoned& p) {
-      if (p.marker.ident != 0) {
-        fail(p.marker);  // the controller knows that invocation failed
-      } else {
-        // The input failed outside any invocation (a collective or send that failed in
-        // flight): the controller cannot trace that, so this invocation reports it.
-        fail(DependentOnError{ident});
-        report_failure(ident, function,
-                       fmt::format("an input on rank {} failed outside any invocation (a collective or send; "
-                                   "its error was reported when it failed)",
-                                   opt.rank),
-                       "meshrt::RemoteError");
-      }
+      poisoned = body();
     } catch (const std::exception& e) {
       fail(DependentOnError{ident});
       report_failure(ident, function, e);
@@ -410,16 +323,34 @@ struct Worker::Impl {
                                  function, opt.rank, type_name),
                      type_name);
     }
+    if (poisoned && poisoned->ident != 0) {
+      fail(*poisoned);  // the controller knows that invocation failed
+    } else if (poisoned) {
+      // The input failed outside any invocation (a collective or send that failed in
+      // flight): the controller cannot trace that, so this invocation reports it.
+      fail(DependentOnError{ident});
+      report_failure(ident, function,
+                     fmt::format("an input on rank {} failed outside any invocation (a collective or send; "
+                                 "its error was reported when it failed)",
+                                 opt.rank),
+                     "meshrt::RemoteError");
+    }
     first_uncompleted = std::max(first_uncompleted, ident + 1);
     monitor.completed_ident(first_uncompleted);
   }
 
   void run(CallFunction& c) {
-    invocation(c.ident, c.function, c.results, c.mutates, [&] {
-      CallContext ctx = context(c.mesh, c.stream);
+    invocation(c.ident, c.function, c.results, c.mutates, [&]() -> std::optional<DependentOnError> {
+      auto found = context(c.mesh, c.stream);
+      if (const auto* marker = std::get_if<DependentOnError>(&found)) return *marker;
+      CallContext& ctx = *std::get_if<CallContext>(&found);
       std::vector<Value> args;
       args.reserve(c.args.size());
-      for (const Value& a : c.args) args.push_back(resolve(a));
+      for (const Value& a : c.args) {
+        auto arg = env.resolve(a);
+        if (const auto* marker = std::get_if<DependentOnError>(&arg)) return *marker;
+        args.push_back(std::move(*std::get_if<Value>(&arg)));
+      }
       const functions::Function& fn = functions::lookup(c.function);
       Args kernel_args(c.function, std::move(args));
       // What the controller expects (its shape function on the inputs' metas), computed
@@ -427,7 +358,8 @@ struct Worker::Impl {
       const Signature& expected = expected_signature(fn, kernel_args, ctx.device());
       std::vector<Tensor> outputs = fn.kernel(ctx, kernel_args);
       check_outputs(c.function, expected, outputs);
-      for (std::size_t i = 0; i < outputs.size(); ++i) define(c.results[i], std::move(outputs[i]));
+      for (std::size_t i = 0; i < outputs.size(); ++i) env.define(c.results[i], std::move(outputs[i]));
+      return std::nullopt;
     });
   }
 
@@ -515,10 +447,14 @@ struct Worker::Impl {
 
   void run(FetchValue& c) {
     const std::string function = c.function.value_or("fetch");
-    invocation(c.ident, function, {}, c.mutates, [&] {
-      Value value = resolve(c.value);
+    invocation(c.ident, function, {}, c.mutates, [&]() -> std::optional<DependentOnError> {
+      auto resolved = env.resolve(c.value);
+      if (const auto* marker = std::get_if<DependentOnError>(&resolved)) return *marker;
+      Value& value = *std::get_if<Value>(&resolved);
       if (c.function) {
-        CallContext ctx = context(Ref{0}, c.stream);
+        auto found = context(Ref{0}, c.stream);
+        if (const auto* marker = std::get_if<DependentOnError>(&found)) return *marker;
+        CallContext& ctx = *std::get_if<CallContext>(&found);
         Args args(*c.function, std::vector<Value>{std::move(value)});
         std::vector<Tensor> outputs = functions::lookup(*c.function).kernel(ctx, args);
         value = outputs.size() == 1 ? Value(outputs[0]) : Value(Value::List(outputs.begin(), outputs.end()));
@@ -543,6 +479,7 @@ struct Worker::Impl {
       // The controller counts a FetchResult as the invocation's completion on this rank:
       // no Status needs to follow it.
       last_status_sent = std::max(last_status_sent, c.ident + 1);
+      return std::nullopt;
     });
   }
 
@@ -618,7 +555,7 @@ struct Worker::Impl {
       error = fmt::format("{} on rank {}: polling the copy to the host failed: {}", f.function, opt.rank, e.what());
     }
     if (error) {
-      for (Ref r : f.mutates) define(r, DependentOnError{f.ident});
+      for (Ref r : f.mutates) env.define(r, DependentOnError{f.ident});
       MESHRT_LOG(info) << "function " << f.function << " (ident " << f.ident << ") failed: " << *error;
       send_reply(RemoteFunctionFailed{.ident = f.ident,
                                       .error = std::move(*error),
@@ -632,7 +569,7 @@ struct Worker::Impl {
   }
 
   void run(Reduce& c) {
-    const auto& mesh = std::get<std::shared_ptr<WorkerMesh>>(get(c.mesh, "mesh"));
+    WorkerMesh& mesh = *env.mesh(c.mesh, "mesh").mesh;
     // Until the collective is posted this rank may block in the first use of the
     // dimension's communicator, which needs every member of the mesh.
     if (!reduce_words.matches(c)) {
@@ -646,7 +583,7 @@ struct Worker::Impl {
       w.joining =
           fmt::format("{} over '{}', joining (a dimension's first use sets up its communicator with every mesh member)",
                       meshrt::name(c.reduction), c.dim);
-      for (auto r : mesh->ranks()) w.members.push_back(static_cast<int>(r));
+      for (auto r : mesh.ranks()) w.members.push_back(static_cast<int>(r));
       reduce_words = std::move(w);
     }
     // Once the same collective ran before, its communicator exists and nothing is left to
@@ -657,17 +594,17 @@ struct Worker::Impl {
       monitor.describe(current_seq, reduce_words.running, reduce_words.peers, c.factory.nbytes());
     else
       monitor.describe(current_seq, reduce_words.joining, reduce_words.members, c.factory.nbytes());
-    Input in = input(c.tensor);
+    Input in = env.input(c.tensor);
     // Accelerator tensors (and the factory of a broken one) go over the device layer's
     // communicators on the command's device stream.
     if (c.factory.device().is_accelerator()) {
       in_flight = InFlight{
-          start_reduce_device(*mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory, c.stream.id),
+          start_reduce_device(mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory, c.stream.id),
           c.result};
       return;
     }
     in_flight = InFlight{
-        start_reduce(*mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory, cpu_completion()),
+        start_reduce(mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory, cpu_completion()),
         c.result};
     in_flight->on_comm_thread = on_comm_thread(c.factory.nbytes());
   }
@@ -686,7 +623,7 @@ struct Worker::Impl {
       monitor.describe(current_seq, "joining the send", peers_of(c), c.factory.nbytes());
     const bool sends = c.from_ranks.contains(opt.rank);
     const bool receives = c.to_ranks.contains(opt.rank);
-    Input in = sends ? input(c.tensor) : Input(Tensor());
+    Input in = sends ? env.input(c.tensor) : Input(Tensor());
     const std::optional<Ref> result = receives ? std::optional<Ref>(c.result) : std::nullopt;
     if (c.factory.device().is_accelerator()) {
       in_flight = InFlight{start_send_tensor_device(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in),
@@ -751,9 +688,9 @@ struct Worker::Impl {
     monitor.finished(in_flight->seq, false);
     if (in_flight->result) {
       if (out.broken)
-        define(*in_flight->result, *out.broken);
+        env.define(*in_flight->result, *out.broken);
       else
-        define(*in_flight->result, std::move(out.tensor));
+        env.define(*in_flight->result, std::move(out.tensor));
     }
     complete(in_flight->ident);
     in_flight.reset();
@@ -819,7 +756,7 @@ struct Worker::Impl {
     }
     MESHRT_LOG(error) << "rank " << opt.rank << ": " << what << " failed: " << message;
     const Ident ident = in_flight->ident;
-    if (in_flight->result) define(*in_flight->result, DependentOnError{ident});
+    if (in_flight->result) env.define(*in_flight->result, DependentOnError{ident});
     reply(RemoteFunctionFailed{.ident = ident,
                                .error = fmt::format("{} failed on rank {}: {}", what, opt.rank, message),
                                .rank = opt.rank,
@@ -836,40 +773,31 @@ struct Worker::Impl {
   };
   std::unordered_map<std::uint64_t, BorrowRecord> borrows;
 
-  const detail::StreamHandle* stream_handle(Ref r) const {
-    auto it = env.find(r.id);
-    if (it == env.end()) return nullptr;
-    const auto* s = std::get_if<StreamValue>(&it->second);
-    return s ? &s->handle : nullptr;
-  }
-
   void run(BorrowCreate& c) {
     // The borrow shares the value (or its failure marker). On the CPU streams run in
     // order; on CUDA an event orders the borrower after the origin's work.
-    define(c.result, get(c.tensor, "borrowed tensor"));
-    const detail::StreamHandle* from = stream_handle(c.from_stream);
+    env.define(c.result, env.get(c.tensor, "borrowed tensor"));
+    const detail::StreamHandle* from = env.stream_handle(c.from_stream);
     borrows[c.result.id] =
         BorrowRecord{c.from_stream, c.to_stream, from ? detail::borrow_create(*from) : detail::BorrowEvents{}};
   }
   void run(BorrowFirstUse& c) {
     auto it = borrows.find(c.borrow.id);
     if (it == borrows.end()) return;
-    if (const detail::StreamHandle* to = stream_handle(it->second.to)) detail::borrow_first_use(it->second.events, *to);
+    if (const detail::StreamHandle* to = env.stream_handle(it->second.to))
+      detail::borrow_first_use(it->second.events, *to);
   }
   void run(BorrowDrop& c) {
     auto it = borrows.find(c.borrow.id);
     if (it == borrows.end()) return;
-    const detail::StreamHandle* from = stream_handle(it->second.from);
-    const detail::StreamHandle* to = stream_handle(it->second.to);
+    const detail::StreamHandle* from = env.stream_handle(it->second.from);
+    const detail::StreamHandle* to = env.stream_handle(it->second.to);
     if (from && to) detail::borrow_drop(it->second.events, *from, *to);
     borrows.erase(it);
   }
 
   void run(DeleteRefs& c) {
-    for (Ref r : c.refs) {
-      undefine(r.id);
-      mesh_kinds.erase(r.id);
-    }
+    for (Ref r : c.refs) env.undefine(r.id);
   }
 
   void run(CommandGroup&) {}  // flattened when it arrives (enqueue)
@@ -918,9 +846,6 @@ struct Worker::Impl {
         }
         return;
       }
-    } catch (const Poisoned& p) {
-      // A mesh or stream that depends on a failure: nothing to run.
-      poison_result(command, p.marker);
     } catch (const std::exception& e) {
       poison_result(command, DependentOnError{ident_of(command)});
       MESHRT_LOG(error) << "rank " << opt.rank << ": " << name(command) << " failed: " << e.what();
@@ -951,8 +876,8 @@ struct Worker::Impl {
   std::vector<int> peers_of(const Command& command) const {
     std::vector<int> peers;
     if (const auto* r = std::get_if<Reduce>(&command)) {
-      const auto& mesh = std::get<std::shared_ptr<WorkerMesh>>(get(r->mesh, "mesh"));
-      peers = mesh->line_world_ranks(mesh->dim_index(r->dim));
+      const WorkerMesh& mesh = *env.mesh(r->mesh, "mesh").mesh;
+      peers = mesh.line_world_ranks(mesh.dim_index(r->dim));
     } else if (const auto* s = std::get_if<SendTensor>(&command)) {
       peers = peers_of(*s);
     }
