@@ -31,6 +31,7 @@
 #include "worker/env.hpp"
 #include "worker/idle.hpp"
 #include "worker/monitor.hpp"
+#include "worker/reporter.hpp"
 #include "worker/streams.hpp"
 
 namespace meshrt {
@@ -88,63 +89,12 @@ struct Worker::Impl {
   };
   std::optional<InFlight> in_flight;
 
-  Ident first_uncompleted = 0;
-  Ident last_status_sent = 0;
-  Clock::time_point last_status_time = Clock::now();
+  detail::Reporter reporter{*channel, monitor, opt};
   std::optional<WorkerExit> exit;
   control::Bytes rx;
   Clock::time_point arrived{};  // when the message being queued came
 
   // ------------------------------------------------------------------ replies
-
-  void send_reply(const Reply& r) {
-    auto bytes = std::make_shared<control::Bytes>(encode(r));
-    channel->send(control::kControllerRank, control::Tag::Reply, std::move(bytes));
-    // With the tree only failures and fetch results take this path (counted_direct).
-    if (tree) counted_direct();
-  }
-
-  // A device fetch whose copies are still in flight: its FetchResult goes once every
-  // copy's event completed (polled by the loop, poll_outgoing).
-  struct PendingFetch {
-    Ident ident = 0;
-    std::string function;
-    std::vector<Ref> mutates;
-    Value value;  // device leaves already replaced by their pinned host copies
-    std::vector<std::pair<device::Event, device::Stream>> copies;
-  };
-  // Replies behind a pending fetch wait in order: the controller counts a FetchResult or a
-  // failure for ident i as "everything up to i done on this rank" (controller/completion),
-  // so nothing that names a later ident may overtake the fetch's own result.
-  std::deque<std::variant<PendingFetch, Reply>> outgoing;
-
-  void reply(const Reply& r) {
-    if (outgoing.empty()) {
-      send_reply(r);
-    } else {
-      outgoing.emplace_back(r);
-    }
-  }
-
-  // What Status may claim: never past a fetch whose result has not been sent
-  // (DESIGN section 3's completion rule: the fetch's value must be there when it completes).
-  Ident reportable() const {
-    for (const auto& o : outgoing) {
-      if (const auto* f = std::get_if<PendingFetch>(&o)) return std::min(first_uncompleted, f->ident);
-    }
-    return first_uncompleted;
-  }
-
-  void send_status(bool force) {
-    if (tree) return;  // the subtree's report goes up the tree (report_up)
-    const Ident done = reportable();
-    if (!force && done <= last_status_sent) return;
-    // A Status passes held replies: it claims nothing at or past the first pending fetch,
-    // and every held reply names an ident at or past it.
-    send_reply(Status{.first_uncompleted_ident = done, .live_values = static_cast<std::uint64_t>(env.size())});
-    last_status_sent = std::max(last_status_sent, done);
-    last_status_time = Clock::now();
-  }
 
   void report_failure(Ident ident, const std::string& function, const std::exception& e) {
     report_failure(ident, function, e.what(), boost::core::demangle(typeid(e).name()));
@@ -152,15 +102,13 @@ struct Worker::Impl {
   void report_failure(Ident ident, const std::string& function, const std::string& message, const std::string& type) {
     current_failed = true;
     MESHRT_LOG(info) << "function " << function << " (ident " << ident << ") failed: " << message;
-    reply(RemoteFunctionFailed{
+    reporter.reply(RemoteFunctionFailed{
         .ident = ident, .error = message, .rank = opt.rank, .function = function, .exception_type = type});
   }
 
   // Reduce and SendTensor carry an ident like an invocation: reported past once they end.
   void complete(Ident ident) {
-    if (ident == 0) return;
-    first_uncompleted = std::max(first_uncompleted, ident + 1);
-    monitor.completed_ident(first_uncompleted);
+    if (ident != 0) reporter.passed(ident);
   }
   // A Reduce or SendTensor that failed before it started: its result (on this rank) is
   // the marker, so what depends on it is poisoned rather than undefined.
@@ -173,94 +121,6 @@ struct Worker::Impl {
     if (const auto* r = std::get_if<Reduce>(&command)) return r->ident;
     if (const auto* s = std::get_if<SendTensor>(&command)) return s->ident;
     return 0;
-  }
-
-  // ------------------------------------------------------------------ fan-in
-  // docs/ARCHITECTURE.md section 8. With a status tree this rank reports, instead of its
-  // own Status, the minimum first-uncompleted ident of its subtree to its parent: once
-  // the subtree has passed the last RequestStatus it ran (the controller sends that to
-  // every worker, so every node of the tree answers it once), and about once a second
-  // when the minimum moved; not at every move, which would triple the controller's
-  // receives per fetch (a step moves it at the call, the reduction and the RequestStatus).
-  // Failures and fetch results still go straight to the controller, as one message
-  // gains nothing from a hop; but a report through a parent can overtake a failure sent
-  // directly (MPI orders per sender only), and a Status past a failed invocation that
-  // arrives first resolves a value the failure must break (section 3.3). So each report
-  // counts, per rank, the direct replies sent so far, and the controller holds a report
-  // until those have arrived.
-  const bool tree = opt.status_parent != kNoStatusTree;
-  const control::Tag tree_tag = control::tree_status_tag(opt.epoch);
-  // Per child, the minimum its subtree last reported (0 until it reports: nothing
-  // below a silent child counts as complete). Fresh each session.
-  std::vector<std::pair<int, Ident>> child_min = [this] {
-    std::vector<std::pair<int, Ident>> c;
-    for (int r : opt.status_children) c.emplace_back(r, 0);
-    return c;
-  }();
-  std::map<int, std::uint64_t> direct_unreported;  // (rank, direct replies sent) not yet passed up
-  std::uint64_t direct_sent = 0;
-  Ident asked = 0;           // the highest RequestStatus this rank ran
-  bool ask_pending = false;  // not yet answered up the tree
-  Ident tree_last_sent = 0;
-
-  void counted_direct() { direct_unreported[opt.rank] = ++direct_sent; }
-
-  Ident subtree_min() const {
-    Ident m = reportable();  // never past this rank's pending fetch (reportable)
-    for (const auto& [rank, v] : child_min) m = std::min(m, v);
-    return m;
-  }
-
-  // Takes the children's reports; false when there were none.
-  bool receive_tree() {
-    bool any = false;
-    int from = -1;
-    while (channel->try_receive(control::kAnySource, tree_tag, rx, &from)) {
-      any = true;
-      try {
-        const Reply r = decode_reply(rx);
-        const auto* t = std::get_if<TreeStatus>(&r);
-        if (t == nullptr) throw ProtocolError(fmt::format("expected a TreeStatus, found {}", name(r)));
-        if (t->epoch != opt.epoch) continue;  // a child's earlier session: stale
-        auto child =
-            std::find_if(child_min.begin(), child_min.end(), [from](const auto& c) { return c.first == from; });
-        if (child == child_min.end()) {
-          throw ProtocolError(fmt::format("rank {} reports to rank {}, which is not its parent (children: {})", from,
-                                          opt.rank, fmt::join(opt.status_children, ",")));
-        }
-        child->second = std::max(child->second, t->first_uncompleted_ident);
-        for (std::size_t i = 0; i < t->direct_ranks.size(); ++i) {
-          auto& c = direct_unreported[t->direct_ranks[i]];
-          c = std::max(c, t->direct_counts[i]);
-        }
-      } catch (const ProtocolError& e) {
-        MESHRT_LOG(error) << "rank " << opt.rank << ": dropped a status report from rank " << from << ": " << e.what();
-      }
-    }
-    return any;
-  }
-
-  void report_up(bool timer) {
-    const Ident m = subtree_min();
-    if (ask_pending && m > asked) {
-      ask_pending = false;
-    } else if (!(timer && m > tree_last_sent)) {
-      return;
-    }
-    TreeStatus t{.first_uncompleted_ident = m, .epoch = opt.epoch, .direct_ranks = {}, .direct_counts = {}};
-    for (const auto& [rank, count] : direct_unreported) {
-      t.direct_ranks.push_back(rank);
-      t.direct_counts.push_back(count);
-    }
-    direct_unreported.clear();
-    auto bytes = std::make_shared<control::Bytes>(encode(Reply{std::move(t)}));
-    if (opt.status_parent == kStatusToController) {
-      channel->send(control::kControllerRank, control::Tag::Reply, std::move(bytes));
-    } else {
-      channel->send(opt.status_parent, tree_tag, std::move(bytes));
-    }
-    tree_last_sent = m;
-    last_status_time = Clock::now();
   }
 
   // ------------------------------------------------------------------ values
@@ -335,8 +195,7 @@ struct Worker::Impl {
                                  opt.rank),
                      "meshrt::RemoteError");
     }
-    first_uncompleted = std::max(first_uncompleted, ident + 1);
-    monitor.completed_ident(first_uncompleted);
+    reporter.passed(ident);
   }
 
   void run(CallFunction& c) {
@@ -461,8 +320,9 @@ struct Worker::Impl {
       }
       // Device tensors travel as host copies, made in the order of the fetch's device
       // stream (after the kernels that wrote them) into pinned memory. The loop polls the
-      // copies' events (poll_outgoing): later commands run meanwhile.
-      PendingFetch pending{.ident = c.ident, .function = function, .mutates = c.mutates, .value = {}, .copies = {}};
+      // copies' events (Reporter::poll): later commands run meanwhile.
+      detail::PendingFetch pending{
+          .ident = c.ident, .function = function, .mutates = c.mutates, .value = {}, .copies = {}};
       pending.value = value.map([&](const Value& leaf) {
         if (!leaf.is_tensor() || leaf.as_tensor().device().is_cpu()) return leaf;
         const Tensor& t = leaf.as_tensor();
@@ -471,14 +331,7 @@ struct Worker::Impl {
         pending.copies.emplace_back(std::move(f.done), s);
         return Value(std::move(f.host));
       });
-      if (pending.copies.empty()) {
-        reply(FetchResult{.ident = c.ident, .value = std::move(pending.value)});
-      } else {
-        outgoing.emplace_back(std::move(pending));
-      }
-      // The controller counts a FetchResult as the invocation's completion on this rank:
-      // no Status needs to follow it.
-      last_status_sent = std::max(last_status_sent, c.ident + 1);
+      reporter.fetched(std::move(pending));
       return std::nullopt;
     });
   }
@@ -519,54 +372,6 @@ struct Worker::Impl {
              to == c.to_ranks && order == c.to_order;
     }
   } send_words;
-
-  // Sends what is ready at the head of `outgoing`, in order; true when something went.
-  bool poll_outgoing() {
-    bool moved = false;
-    while (!outgoing.empty()) {
-      if (const auto* r = std::get_if<Reply>(&outgoing.front())) {
-        send_reply(*r);
-      } else if (!finish_fetch(std::get<PendingFetch>(outgoing.front()))) {
-        break;
-      }
-      outgoing.pop_front();
-      moved = true;
-    }
-    return moved;
-  }
-
-  // Sends a pending fetch's result (or its failure) once its copies completed; false
-  // while one is still in flight. A faulted stream fails the fetch with the device's
-  // message, as the copy's value cannot be trusted.
-  bool finish_fetch(PendingFetch& f) {
-    std::optional<std::string> error;
-    try {
-      for (const auto& [done, stream] : f.copies) {
-        if (!done.query()) return false;
-      }
-      for (const auto& [done, stream] : f.copies) {
-        if (auto e = stream.error()) {
-          error = fmt::format("{} on rank {}: the copy to the host on {} failed: device error: {}", f.function,
-                              opt.rank, stream.to_string(), *e);
-          break;
-        }
-      }
-    } catch (const std::exception& e) {
-      error = fmt::format("{} on rank {}: polling the copy to the host failed: {}", f.function, opt.rank, e.what());
-    }
-    if (error) {
-      for (Ref r : f.mutates) env.define(r, DependentOnError{f.ident});
-      MESHRT_LOG(info) << "function " << f.function << " (ident " << f.ident << ") failed: " << *error;
-      send_reply(RemoteFunctionFailed{.ident = f.ident,
-                                      .error = std::move(*error),
-                                      .rank = opt.rank,
-                                      .function = f.function,
-                                      .exception_type = "meshrt::SystemError"});
-    } else {
-      send_reply(FetchResult{.ident = f.ident, .value = std::move(f.value)});
-    }
-    return true;
-  }
 
   void run(Reduce& c) {
     WorkerMesh& mesh = *env.mesh(c.mesh, "mesh").mesh;
@@ -659,7 +464,9 @@ struct Worker::Impl {
   //   blocked in MPI for a late peer keeps polling (MPICH never yields) the core that peer
   //   needs. With blocking there, MPICH's 4-rank runtime_2x2 on 2 cores fell behind its
   //   own 300 ms timeout test once in six runs (none in six before).
-  Completion cpu_completion() const { return !tree && opt.block_in_mpi ? Completion::Blocking : Completion::Auto; }
+  Completion cpu_completion() const {
+    return opt.status_parent == kNoStatusTree && opt.block_in_mpi ? Completion::Blocking : Completion::Auto;
+  }
   bool on_comm_thread(std::size_t bytes) const {
     return cpu_completion() == Completion::Auto && bytes >= kThreadMinBytes;
   }
@@ -757,11 +564,11 @@ struct Worker::Impl {
     MESHRT_LOG(error) << "rank " << opt.rank << ": " << what << " failed: " << message;
     const Ident ident = in_flight->ident;
     if (in_flight->result) env.define(*in_flight->result, DependentOnError{ident});
-    reply(RemoteFunctionFailed{.ident = ident,
-                               .error = fmt::format("{} failed on rank {}: {}", what, opt.rank, message),
-                               .rank = opt.rank,
-                               .function = in_flight->kind,
-                               .exception_type = type});
+    reporter.reply(RemoteFunctionFailed{.ident = ident,
+                                        .error = fmt::format("{} failed on rank {}: {}", what, opt.rank, message),
+                                        .rank = opt.rank,
+                                        .function = in_flight->kind,
+                                        .exception_type = type});
     monitor.finished(in_flight->seq, true);
     complete(ident);
     in_flight.reset();
@@ -802,15 +609,7 @@ struct Worker::Impl {
 
   void run(CommandGroup&) {}  // flattened when it arrives (enqueue)
 
-  void run(RequestStatus& c) {
-    first_uncompleted = std::max(first_uncompleted, c.ident + 1);
-    monitor.completed_ident(first_uncompleted);
-    if (tree) {
-      asked = std::max(asked, c.ident);
-      ask_pending = true;  // answered by report_up once the whole subtree passed it
-    }
-    send_status(true);
-  }
+  void run(RequestStatus& c) { reporter.asked(c.ident, env.size()); }
 
   void run(Exit& c) { exit = c.restart ? WorkerExit::Restart : WorkerExit::Shutdown; }
 
@@ -851,16 +650,16 @@ struct Worker::Impl {
       MESHRT_LOG(error) << "rank " << opt.rank << ": " << name(command) << " failed: " << e.what();
       // With the command's ident (Reduce, SendTensor) the controller names its call site;
       // ident 0 (tied to no invocation) is raised at the next synchronize.
-      reply(RemoteFunctionFailed{.ident = ident_of(command),
-                                 .error = fmt::format("{} failed: {}", name(command), e.what()),
-                                 .rank = opt.rank,
-                                 .function = std::string(name(command)),
-                                 .exception_type = boost::core::demangle(typeid(e).name())});
+      reporter.reply(RemoteFunctionFailed{.ident = ident_of(command),
+                                          .error = fmt::format("{} failed: {}", name(command), e.what()),
+                                          .rank = opt.rank,
+                                          .function = std::string(name(command)),
+                                          .exception_type = boost::core::demangle(typeid(e).name())});
       current_failed = true;
     } catch (...) {
       MESHRT_LOG(error) << "rank " << opt.rank << ": " << name(command) << " failed with a non-std::exception";
       poison_result(command, DependentOnError{ident_of(command)});
-      reply(RemoteFunctionFailed{
+      reporter.reply(RemoteFunctionFailed{
           .ident = ident_of(command),
           .error = fmt::format("{} failed: an exception not derived from std::exception", name(command)),
           .rank = opt.rank,
@@ -1001,11 +800,11 @@ struct Worker::Impl {
   void undecodable(const ProtocolError& e, std::size_t size, int from) {
     MESHRT_LOG(error) << "rank " << opt.rank << ": dropped an undecodable command of " << size << " bytes"
                       << (from >= 0 ? fmt::format(" from rank {}", from) : std::string()) << ": " << e.what();
-    reply(RemoteFunctionFailed{.ident = 0,
-                               .error = fmt::format("undecodable command: {}", e.what()),
-                               .rank = opt.rank,
-                               .function = "<protocol>",
-                               .exception_type = "meshrt::ProtocolError"});
+    reporter.reply(RemoteFunctionFailed{.ident = 0,
+                                        .error = fmt::format("undecodable command: {}", e.what()),
+                                        .rank = opt.rank,
+                                        .function = "<protocol>",
+                                        .exception_type = "meshrt::ProtocolError"});
   }
 
   bool receive() {
@@ -1047,14 +846,13 @@ struct Worker::Impl {
     const bool doorbell = opt.rank == control::kControllerRank;
     detail::Backoff backoff(detail::worker_idle_policy(opt));
     detail::Backoff flight(detail::kInFlight);
-    const auto interval = std::chrono::duration<double>(opt.status_interval_seconds);
     while (!exit) {
       // Read before the poll: a command sent after it rings past `rung`, and the wait
       // below returns at once.
       const std::uint64_t rung = doorbell ? channel->rings(control::Tag::Command) : 0;
       bool worked = receive();
-      if (tree && receive_tree()) worked = true;
-      if (!outgoing.empty() && poll_outgoing()) worked = true;
+      if (reporter.receive_tree()) worked = true;
+      if (reporter.holding() && reporter.poll(env)) worked = true;
       if (in_flight && poll_in_flight()) worked = true;
       while (!in_flight && !queue.empty() && !exit) {
         Queued q = std::move(queue.front());
@@ -1068,13 +866,12 @@ struct Worker::Impl {
         // interval still ends the run, so a batch of long blocking commands still
         // reports about once a second.
         if (in_flight) poll_in_flight();
-        if (Clock::now() - last_status_time > interval) break;
+        if (reporter.due()) break;
       }
       // Status when the worker moved: about once a second while busy, and at once when it
       // runs out of work, so a controller waiting on it rarely needs to ask (one message per
       // batch of commands).
-      if ((worked && queue.empty() && !in_flight) || Clock::now() - last_status_time > interval) send_status(false);
-      if (tree) report_up(Clock::now() - last_status_time > interval);
+      reporter.report(worked && queue.empty() && !in_flight, env.size());
       channel->reap();
       if (worked) {
         backoff.reset();
@@ -1087,20 +884,7 @@ struct Worker::Impl {
         backoff.pause();
       }
     }
-    // Fetches still copying finish first (their events complete even on a faulted stream).
-    while (!outgoing.empty()) {
-      if (!poll_outgoing()) backoff.pause();
-    }
-    send_status(false);
-    if (tree) {
-      // The controller's last RequestStatus (shutdown's) is answered through this node,
-      // so it leaves only once its subtree has answered it. A child that never does is
-      // hung: the controller's shutdown times out and ends the job.
-      while (ask_pending && subtree_min() <= asked) {
-        if (!receive_tree()) backoff.pause();
-      }
-      report_up(false);
-    }
+    reporter.finish(env, backoff);
     channel->drain(std::chrono::seconds(30));
     return *exit;
   }
