@@ -30,7 +30,9 @@
 #include "meshrt/settings.hpp"
 #include "worker/env.hpp"
 #include "worker/idle.hpp"
+#include "worker/in_flight.hpp"
 #include "worker/monitor.hpp"
+#include "worker/recorder_words.hpp"
 #include "worker/reporter.hpp"
 #include "worker/streams.hpp"
 
@@ -77,18 +79,8 @@ struct Worker::Impl {
   bool current_failed = false;
   std::uint64_t current_seq = 0;
 
-  struct InFlight {
-    std::unique_ptr<Pending> op;
-    std::optional<Ref> result;  // defined when the operation completes
-    std::uint64_t seq = 0;
-    // On meshrt's comm thread (Completion::Auto at kThreadMinBytes and up, CPU tensors):
-    // its Pending wakes a waiter in idle() the moment it completes.
-    bool on_comm_thread = false;
-    std::string kind;  // the command ("Reduce", "SendTensor"), for a failure report
-    Ident ident = 0;   // the command's ident: complete (or failed) when the operation ends
-  };
-  std::optional<InFlight> in_flight;
-
+  detail::InFlight in_flight{monitor, opt};
+  detail::CollectiveWords words;
   detail::Reporter reporter{*channel, monitor, opt};
   std::optional<WorkerExit> exit;
   control::Bytes rx;
@@ -336,242 +328,40 @@ struct Worker::Impl {
     });
   }
 
-  // The flight recorder's words for the last Reduce, reused by a loop of the same
-  // collective: formatting them cost ~5,000 instructions per collective, about as much
-  // as the rest of this worker's part in an 8 B all_reduce (callgrind, meshrt-bench
-  // runtime-collectives).
-  struct ReduceWords {
-    std::uint64_t mesh = 0;
-    std::string dim;
-    Reduction reduction = Reduction::Sum;
-    bool scatter = false, inplace = false;
-    std::uint64_t bytes = 0;
-    Device::Kind kind = Device::Kind::Cpu;
-    std::string joining, running;  // before and after the collective is posted
-    std::vector<int> members, peers;
-    bool matches(const Reduce& c) const {
-      return !joining.empty() && mesh == c.mesh.id && dim == c.dim && reduction == c.reduction &&
-             scatter == c.scatter && inplace == c.inplace && bytes == c.factory.nbytes() &&
-             kind == c.factory.device().kind();
-    }
-  } reduce_words;
-
-  // The same for the last SendTensor: a loop of the same send (a pipeline's to_mesh)
-  // reuses its words and peers. Formatting them on every send, and copying the command to
-  // find its peers, cost ~3,800 instructions, a fifth of worker 0's part in an 8 B
-  // to_mesh (callgrind, meshrt-bench runtime-collectives).
-  struct SendWords {
-    NDSlice from = NDSlice::row_major({}), to = NDSlice::row_major({});
-    std::vector<std::int64_t> order;
-    std::uint64_t bytes = 0;
-    Device::Kind kind = Device::Kind::Cpu;
-    std::string running;  // set by step() once the send started
-    std::vector<int> peers;
-    bool matches(const SendTensor& c) const {
-      return bytes == c.factory.nbytes() && kind == c.factory.device().kind() && from == c.from_ranks &&
-             to == c.to_ranks && order == c.to_order;
-    }
-  } send_words;
-
   void run(Reduce& c) {
     WorkerMesh& mesh = *env.mesh(c.mesh, "mesh").mesh;
-    // Until the collective is posted this rank may block in the first use of the
-    // dimension's communicator, which needs every member of the mesh.
-    if (!reduce_words.matches(c)) {
-      ReduceWords w{.mesh = c.mesh.id,
-                    .dim = c.dim,
-                    .reduction = c.reduction,
-                    .scatter = c.scatter,
-                    .inplace = c.inplace,
-                    .bytes = c.factory.nbytes(),
-                    .kind = c.factory.device().kind()};
-      w.joining =
-          fmt::format("{} over '{}', joining (a dimension's first use sets up its communicator with every mesh member)",
-                      meshrt::name(c.reduction), c.dim);
-      for (auto r : mesh.ranks()) w.members.push_back(static_cast<int>(r));
-      reduce_words = std::move(w);
-    }
-    // Once the same collective ran before, its communicator exists and nothing is left to
-    // join: it is described as running from the start, and step() describes it again only
-    // the first time, when it makes the running words (a collective that completes inside
-    // its call is done before step() could).
-    if (!reduce_words.running.empty())
-      monitor.describe(current_seq, reduce_words.running, reduce_words.peers, c.factory.nbytes());
-    else
-      monitor.describe(current_seq, reduce_words.joining, reduce_words.members, c.factory.nbytes());
+    words.posting(monitor, current_seq, c, mesh);
     Input in = env.input(c.tensor);
     // Accelerator tensors (and the factory of a broken one) go over the device layer's
     // communicators on the command's device stream.
     if (c.factory.device().is_accelerator()) {
-      in_flight = InFlight{
+      in_flight.start(
           start_reduce_device(mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory, c.stream.id),
-          c.result};
-      return;
+          c.result, current_seq, "Reduce", c.ident, std::nullopt);
+    } else {
+      in_flight.start(start_reduce(mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory,
+                                   in_flight.cpu_completion()),
+                      c.result, current_seq, "Reduce", c.ident, c.factory.nbytes());
     }
-    in_flight = InFlight{
-        start_reduce(mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory, cpu_completion()),
-        c.result};
-    in_flight->on_comm_thread = on_comm_thread(c.factory.nbytes());
+    words.posted(monitor, current_seq, c, in_flight.op(), mesh);
   }
 
   void run(SendTensor& c) {
-    if (!send_words.matches(c)) {
-      send_words = SendWords{.from = c.from_ranks,
-                             .to = c.to_ranks,
-                             .order = c.to_order,
-                             .bytes = c.factory.nbytes(),
-                             .kind = c.factory.device().kind()};
-    }
-    if (!send_words.running.empty())
-      monitor.describe(current_seq, send_words.running, send_words.peers, c.factory.nbytes());
-    else
-      monitor.describe(current_seq, "joining the send", peers_of(c), c.factory.nbytes());
+    words.posting(monitor, current_seq, c, opt.rank);
     const bool sends = c.from_ranks.contains(opt.rank);
     const bool receives = c.to_ranks.contains(opt.rank);
     Input in = sends ? env.input(c.tensor) : Input(Tensor());
     const std::optional<Ref> result = receives ? std::optional<Ref>(c.result) : std::nullopt;
     if (c.factory.device().is_accelerator()) {
-      in_flight = InFlight{start_send_tensor_device(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in),
-                                                    c.factory, c.stream.id, c.to_order),
-                           result};
-      return;
+      in_flight.start(start_send_tensor_device(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory,
+                                               c.stream.id, c.to_order),
+                      result, current_seq, "SendTensor", c.ident, std::nullopt);
+    } else {
+      in_flight.start(start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory,
+                                        in_flight.cpu_completion(), c.to_order),
+                      result, current_seq, "SendTensor", c.ident, c.factory.nbytes());
     }
-    in_flight = InFlight{start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory,
-                                           cpu_completion(), c.to_order),
-                         result};
-    in_flight->on_comm_thread = on_comm_thread(c.factory.nbytes());
-  }
-
-  // How this worker runs a CPU collective or send.
-  // - Without the status tree, on a node with a core per rank: the blocking MPI call, on
-  //   this thread. Commands wait behind a collective in flight anyway, and queries go to
-  //   the watch thread, so all a loop could do meanwhile is send its once-a-second Status.
-  //   Blocking saves the hand-off to the comm thread and back (two wake-ups per operation)
-  //   and Open MPI's non-blocking set-up and test loop (libnbc: ~3,300 instructions for an
-  //   8 B MPI_Iallreduce under callgrind). meshrt-bench runtime-collectives, 2 ranks,
-  //   quiet, two interleaved runs each of the worker mode before (Auto) and this, both
-  //   with the controller sleeping on worker 0's reply doorbell: all_reduce 8 B 5.4-7.4 ->
-  //   4.4-4.6 us, 4 KiB 10.9-14.9 -> 6.1 us, 256 KiB 95-108 -> 68-69 us; all_gather
-  //   256 KiB 36-46 -> 21-28 us; all_to_all 256 KiB 38-47 -> 21 us; to_mesh 256 KiB 43-45
-  //   -> 28-35 us, 1 MiB 126-137 -> 100-138 us (MPI by hand 99-117), 2 MiB 231-247 ->
-  //   184-243 us (183-229); 8 B all_gather and to_mesh level. Before the doorbell the
-  //   controller's yielding beside worker 0 hid the difference ("the same figures",
-  //   README).
-  // - With the status tree (large jobs): Completion::Auto, so that a node keeps relaying
-  //   its children's reports while a collective of its own is in flight.
-  // - On a node with more ranks than cores (opt.block_in_mpi false: an oversubscribed CI
-  //   machine or laptop): Completion::Auto, whose waits back off to sleeps, because a rank
-  //   blocked in MPI for a late peer keeps polling (MPICH never yields) the core that peer
-  //   needs. With blocking there, MPICH's 4-rank runtime_2x2 on 2 cores fell behind its
-  //   own 300 ms timeout test once in six runs (none in six before).
-  Completion cpu_completion() const {
-    return opt.status_parent == kNoStatusTree && opt.block_in_mpi ? Completion::Blocking : Completion::Auto;
-  }
-  bool on_comm_thread(std::size_t bytes) const {
-    return cpu_completion() == Completion::Auto && bytes >= kThreadMinBytes;
-  }
-
-  // Whether the operation in flight moved: it completed (and is finished) or failed.
-  bool poll_in_flight() {
-    bool done = false;
-    try {
-      done = in_flight->op->test();
-    } catch (...) {
-      fail_in_flight();
-      return true;
-    }
-    if (done) finish_in_flight();
-    return done;
-  }
-
-  void finish_in_flight() {
-    Outcome out;
-    try {
-      out = in_flight->op->take();
-    } catch (...) {
-      fail_in_flight();
-      return;
-    }
-    monitor.finished(in_flight->seq, false);
-    if (in_flight->result) {
-      if (out.broken)
-        env.define(*in_flight->result, *out.broken);
-      else
-        env.define(*in_flight->result, std::move(out.tensor));
-    }
-    complete(in_flight->ident);
-    in_flight.reset();
-  }
-
-  // Between two polls of the loop while a collective is in flight and nothing else moved
-  // (with the status tree or more ranks than cores; otherwise the worker blocks in the
-  // call, cpu_completion).
-  // Commands wait until it completes; the channel is still polled (status, queries).
-  // - On the comm thread: wait in the Pending's idle() (a condition variable), which
-  //   returns the moment the job is done, for at most kControl.max_sleep between polls:
-  //   no spinning or yielding beside the comm thread and the peer ranks on a small machine.
-  // - Non-blocking (MPI_I*, below kThreadMinBytes): it progresses only inside MPI calls,
-  //   so kInFlight: spin 20 us, yield until 2 ms, then short sleeps (waited/32).
-  // Measured with meshrt-bench runtime-collectives, 2 ranks, Open MPI 4.1 over shared
-  // memory with single copy on, on the project's 2-core machine loaded by parallel builds
-  // (load 4-8), medians of 3 interleaved runs of 3 repetitions, the worker before this
-  // change (the idle policy throughout: yield 2 ms, then doubling sleeps up to 1 ms)
-  // against variants of it, time per operation:
-  // - kDataPlaneWait for non-blocking ops (yield only until 200 us): 8 B 10-25% faster
-  //   (all_reduce 7.3 -> 6.1 us, in place 8.1 -> 6.0, all_to_all 5.0 -> 4.1), but at
-  //   256 KiB ~3x slower (all_gather 64 -> 187 us, two sessions): hence kInFlight's yielding.
-  //   Its 20 us spin against 5 us and none (the same runs' medians): all_reduce 8 B
-  //   6.1 / 7.2 / 13.5 us, all_to_all 4 KiB 6.8 / 6.9 / 16.4, 32 KiB 18.4 / 33.6 / 37.4,
-  //   all_gather 256 KiB 62 / 69 / 97.
-  // - comm-thread jobs straight to idle(), against polling them with kDataPlaneWait:
-  //   within noise (1 MiB all_reduce 864 -> 902 us, all_gather 198 -> 196, to_mesh
-  //   157 -> 162); kept because it leaves the cores to the comm thread and the peers.
-  //   1-16 MiB against before: within noise (1 MiB all_gather 200 -> 198 us, to_mesh
-  //   157 -> 155, reduce_scatter 503 -> 499; 16 MiB to_mesh 3.8 -> 3.0 ms, all_gather
-  //   3.7 -> 4.0 ms).
-  // - Rejected, measured in sessions of the same kind: non-blocking at every size (1-2 MiB 1.6-3x
-  //   slower: libnbc needs many progress calls), the comm thread yielding 100 us for the
-  //   next job before blocking (1 MiB all_gather 177 -> 424 us: it takes a core).
-  void pause_in_flight(detail::Backoff& flight) {
-    if (in_flight->on_comm_thread) {
-      in_flight->op->idle(detail::kControl.max_sleep);
-      return;
-    }
-    flight.pause([this](std::chrono::microseconds d) { in_flight->op->idle(d); });
-  }
-
-  // The pending collective or send threw from test() or take() (an input that does not
-  // match its factory, an MPI or device error): that command fails, the worker goes on.
-  // Its result becomes a failure marker and the controller hears of it as a failure
-  // outside any invocation (ident 0), raised at the next synchronize.
-  void fail_in_flight() {
-    std::string message, type;
-    try {
-      throw;
-    } catch (const std::exception& e) {
-      message = e.what();
-      type = boost::core::demangle(typeid(e).name());
-    } catch (...) {
-      message = "an exception not derived from std::exception";
-      type = "unknown";
-    }
-    std::string what;
-    try {
-      what = in_flight->op->describe();
-    } catch (...) {
-      what = "the operation in flight";
-    }
-    MESHRT_LOG(error) << "rank " << opt.rank << ": " << what << " failed: " << message;
-    const Ident ident = in_flight->ident;
-    if (in_flight->result) env.define(*in_flight->result, DependentOnError{ident});
-    reporter.reply(RemoteFunctionFailed{.ident = ident,
-                                        .error = fmt::format("{} failed on rank {}: {}", what, opt.rank, message),
-                                        .rank = opt.rank,
-                                        .function = in_flight->kind,
-                                        .exception_type = type});
-    monitor.finished(in_flight->seq, true);
-    complete(ident);
-    in_flight.reset();
+    words.posted(monitor, current_seq, c, in_flight.op(), opt.rank);
   }
 
   struct BorrowRecord {
@@ -622,29 +412,7 @@ struct Worker::Impl {
     current_failed = false;
     try {
       execute(command);
-      if (in_flight) {
-        in_flight->seq = q.seq;
-        in_flight->kind = std::string(name(command));
-        in_flight->ident = ident_of(command);
-        if (std::holds_alternative<Reduce>(command)) {
-          // run(Reduce) left reduce_words matching this command.
-          if (reduce_words.running.empty()) {  // run(Reduce) described it as joining
-            reduce_words.running = in_flight->op->describe();
-            reduce_words.peers = peers_of(command);
-            monitor.describe(q.seq, reduce_words.running, reduce_words.peers, 0);
-          }
-        } else if (const auto* send = std::get_if<SendTensor>(&command)) {
-          // run(SendTensor) left send_words matching this command.
-          if (send_words.running.empty()) {  // run(SendTensor) described it as joining
-            send_words.running = in_flight->op->describe();
-            send_words.peers = peers_of(*send);
-            monitor.describe(q.seq, send_words.running, send_words.peers, 0);
-          }
-        } else {
-          monitor.describe(q.seq, in_flight->op->describe(), peers_of(command), 0);
-        }
-        return;
-      }
+      if (in_flight.active()) return;  // it completes, or fails, in the loop's polls
     } catch (const std::exception& e) {
       poison_result(command, DependentOnError{ident_of(command)});
       MESHRT_LOG(error) << "rank " << opt.rank << ": " << name(command) << " failed: " << e.what();
@@ -671,69 +439,6 @@ struct Worker::Impl {
     if (q.seq) monitor.finished(q.seq, current_failed);
   }
 
-  // World ranks taking part in a collective or send with this rank.
-  std::vector<int> peers_of(const Command& command) const {
-    std::vector<int> peers;
-    if (const auto* r = std::get_if<Reduce>(&command)) {
-      const WorkerMesh& mesh = *env.mesh(r->mesh, "mesh").mesh;
-      peers = mesh.line_world_ranks(mesh.dim_index(r->dim));
-    } else if (const auto* s = std::get_if<SendTensor>(&command)) {
-      peers = peers_of(*s);
-    }
-    return peers;
-  }
-  std::vector<int> peers_of(const SendTensor& s) const {
-    std::vector<int> peers;
-    for (std::int64_t i = 0; i < s.from_ranks.len(); ++i) {
-      const std::int64_t to = s.to_order.empty() ? i : s.to_order[static_cast<std::size_t>(i)];
-      if (s.from_ranks[i] == opt.rank) peers.push_back(static_cast<int>(s.to_ranks[to]));
-      if (s.to_ranks[to] == opt.rank) peers.push_back(static_cast<int>(s.from_ranks[i]));
-    }
-    return peers;
-  }
-
-  // What the flight recorder keeps of a command.
-  // Writes what the flight recorder shows of a queued command into its slot (cleared).
-  static void record(const Command& command, detail::CommandRecord& r) {
-    r.kind = name(command).data();
-    std::visit(
-        [&r](const auto& c) {
-          using C = std::decay_t<decltype(c)>;
-          if constexpr (std::is_same_v<C, CallFunction>) {
-            r.ident = c.ident;
-            r.name.assign(c.function);
-            r.mesh = c.mesh.id;
-            r.stream = c.stream.id;
-            if (!c.results.empty()) r.result = c.results.front().id;
-          } else if constexpr (std::is_same_v<C, FetchValue>) {
-            r.ident = c.ident;
-            if (c.function) r.name.assign(*c.function);
-            r.stream = c.stream.id;
-          } else if constexpr (std::is_same_v<C, Reduce>) {
-            r.ident = c.ident;
-            r.name.assign(meshrt::name(c.reduction));
-            if (c.scatter) r.name.append(" scatter");
-            if (c.inplace) r.name.append(" in place");
-            r.result = c.result.id;
-            r.mesh = c.mesh.id;
-            r.stream = c.stream.id;
-            r.dim.assign(c.dim);
-            r.bytes = c.factory.nbytes();
-          } else if constexpr (std::is_same_v<C, SendTensor>) {
-            r.ident = c.ident;
-            r.result = c.result.id;
-            r.stream = c.stream.id;
-            r.bytes = c.factory.nbytes();
-          } else if constexpr (std::is_same_v<C, RequestStatus>) {
-            r.ident = c.ident;
-          } else if constexpr (std::is_same_v<C, CreateDeviceMesh> || std::is_same_v<C, CreateStream> ||
-                               std::is_same_v<C, BorrowCreate>) {
-            r.result = c.result.id;
-          }
-        },
-        command);
-  }
-
   // Queues a command (a group's commands one by one) and records it.
   // By rvalue and emplaced: a Command is ~350 bytes, and each move of a batch's commands
   // (into a parameter, a Queued, the queue) showed in worker 0's profile.
@@ -748,7 +453,7 @@ struct Worker::Impl {
     const std::uint64_t seq =
         std::holds_alternative<DeleteRefs>(command)
             ? 0
-            : monitor.queued(arrived, [&command](detail::CommandRecord& slot) { record(command, slot); });
+            : monitor.queued(arrived, [&command](detail::CommandRecord& slot) { detail::record(command, slot); });
     queue.emplace_back(seq, std::move(command));
   }
 
@@ -853,8 +558,8 @@ struct Worker::Impl {
       bool worked = receive();
       if (reporter.receive_tree()) worked = true;
       if (reporter.holding() && reporter.poll(env)) worked = true;
-      if (in_flight && poll_in_flight()) worked = true;
-      while (!in_flight && !queue.empty() && !exit) {
+      if (in_flight.active() && in_flight.poll(env, reporter)) worked = true;
+      while (!in_flight.active() && !queue.empty() && !exit) {
         Queued q = std::move(queue.front());
         queue.pop_front();
         step(std::move(q));
@@ -865,19 +570,19 @@ struct Worker::Impl {
         // callgrind: worker 0 ~850 fewer instructions per operation). The status
         // interval still ends the run, so a batch of long blocking commands still
         // reports about once a second.
-        if (in_flight) poll_in_flight();
+        if (in_flight.active()) in_flight.poll(env, reporter);
         if (reporter.due()) break;
       }
       // Status when the worker moved: about once a second while busy, and at once when it
       // runs out of work, so a controller waiting on it rarely needs to ask (one message per
       // batch of commands).
-      reporter.report(worked && queue.empty() && !in_flight, env.size());
+      reporter.report(worked && queue.empty() && !in_flight.active(), env.size());
       channel->reap();
       if (worked) {
         backoff.reset();
         flight.reset();
-      } else if (in_flight) {
-        pause_in_flight(flight);
+      } else if (in_flight.active()) {
+        in_flight.pause(flight);
       } else if (doorbell) {
         backoff.pause([&](std::chrono::microseconds d) { channel->wait_ring(control::Tag::Command, rung, d); });
       } else {
