@@ -31,6 +31,7 @@
 #include "worker/env.hpp"
 #include "worker/idle.hpp"
 #include "worker/in_flight.hpp"
+#include "worker/inbox.hpp"
 #include "worker/monitor.hpp"
 #include "worker/recorder_words.hpp"
 #include "worker/reporter.hpp"
@@ -58,24 +59,7 @@ struct Worker::Impl {
   std::unique_ptr<detail::Monitor> own_monitor;
   detail::Monitor& monitor;
   detail::Env env{opt.rank};
-  struct Queued {
-    std::uint64_t seq;
-    Command command;
-  };
-  // The commands received and not yet started, in order. Not a std::deque: a Queued is
-  // ~360 bytes, and libstdc++'s deque holds one such element per 512-byte node, so every
-  // command cost a node's allocation and free, and the frees of a 256-command batch
-  // overflowed the thread's malloc cache into malloc's slow path (8 B all_reduce under
-  // callgrind: worker 0 ran ~580 fewer instructions per operation with a queue that
-  // allocates per block). Boost's deque takes its block size: 32 commands (~11 KB) per
-  // block. A vector consumed from its head did as well per command, but it kept the room
-  // of its longest queue: a controller far ahead (meshrt-bench soak's slice loop queues
-  // ~30,000 commands on a worker) left the worker 18 MB larger, where blocks go back as
-  // they empty.
-  using CommandQueue =
-      boost::container::deque<Queued, void, boost::container::deque_options_t<boost::container::block_size<32u>>>;
-  CommandQueue queue;
-  static constexpr std::size_t kMaxQueued = 4096;  // receive() takes no more batches past it
+  detail::Inbox inbox{*channel, monitor, opt.rank};
   bool current_failed = false;
   std::uint64_t current_seq = 0;
 
@@ -83,8 +67,6 @@ struct Worker::Impl {
   detail::CollectiveWords words;
   detail::Reporter reporter{*channel, monitor, opt};
   std::optional<WorkerExit> exit;
-  control::Bytes rx;
-  Clock::time_point arrived{};  // when the message being queued came
 
   // ------------------------------------------------------------------ replies
 
@@ -397,7 +379,7 @@ struct Worker::Impl {
     for (Ref r : c.refs) env.undefine(r.id);
   }
 
-  void run(CommandGroup&) {}  // flattened when it arrives (enqueue)
+  void run(CommandGroup&) {}  // flattened when it arrives (Inbox)
 
   void run(RequestStatus& c) { reporter.asked(c.ident, env.size()); }
 
@@ -405,7 +387,7 @@ struct Worker::Impl {
 
   // Runs one command; a failure outside any invocation (a broken collective set-up, a
   // bad ref) is logged and reported with ident 0 so it is never silent.
-  void step(Queued q) {
+  void step(detail::Inbox::Queued q) {
     Command& command = q.command;
     current_seq = q.seq;
     if (q.seq) monitor.running(q.seq);
@@ -439,109 +421,6 @@ struct Worker::Impl {
     if (q.seq) monitor.finished(q.seq, current_failed);
   }
 
-  // Queues a command (a group's commands one by one) and records it.
-  // By rvalue and emplaced: a Command is ~350 bytes, and each move of a batch's commands
-  // (into a parameter, a Queued, the queue) showed in worker 0's profile.
-  void enqueue(Command&& command) {
-    if (auto* group = std::get_if<CommandGroup>(&command)) {
-      for (Command& c : group->commands) enqueue(std::move(c));
-      return;
-    }
-    // Deletes are not recorded (seq 0): they can neither hang nor fail, a loop of
-    // collectives sends one per output and so filled half the recorder's ring with them,
-    // and their three locked updates per delete showed in worker 0's profile.
-    const std::uint64_t seq =
-        std::holds_alternative<DeleteRefs>(command)
-            ? 0
-            : monitor.queued(arrived, [&command](detail::CommandRecord& slot) { detail::record(command, slot); });
-    queue.emplace_back(seq, std::move(command));
-  }
-
-  // Fan-out (docs/ARCHITECTURE.md section 8): the number of the next envelope this rank runs,
-  // and the envelopes that overtook it (one from the controller can pass one still
-  // travelling through a parent): run in the controller's order, not arrival order.
-  std::uint64_t next_envelope = 1;
-  std::map<std::uint64_t, control::Bytes> early;
-
-  // Forwards an envelope to this rank's children before anything in it runs, then queues
-  // its payload in order.
-  void route(const control::Bytes& frame) {
-    protocol::Envelope e = protocol::decode_envelope(frame);
-    const auto self = std::find(e.ranks.begin(), e.ranks.end(), opt.rank);
-    if (self == e.ranks.end()) {
-      throw ProtocolError(fmt::format("envelope for ranks {} reached rank {}, which is not one of them",
-                                      fmt::join(e.ranks, ","), opt.rank));
-    }
-    const auto position = self - e.ranks.begin();
-    const auto [first, end] = protocol::tree_children(e.ranks.size(), e.fanout, position);
-    if (first < end) {
-      channel->send(std::vector<int>(e.ranks.begin() + static_cast<std::ptrdiff_t>(first),
-                                     e.ranks.begin() + static_cast<std::ptrdiff_t>(end)),
-                    control::Tag::Command, std::make_shared<control::Bytes>(frame));
-    }
-    const std::uint64_t seq = e.seqs[static_cast<std::size_t>(position)];
-    if (seq < next_envelope) {
-      throw ProtocolError(
-          fmt::format("envelope number {} reached rank {} after number {} ran", seq, opt.rank, next_envelope - 1));
-    }
-    early.emplace(seq, std::move(e.payload));
-    run_early();
-  }
-
-  // Queues the envelopes that are next in number.
-  void run_early() {
-    while (!early.empty() && early.begin()->first == next_envelope) {
-      const control::Bytes payload = std::move(early.begin()->second);
-      early.erase(early.begin());
-      ++next_envelope;
-      try {
-        enqueue(decode_command(payload));
-      } catch (const ProtocolError& error) {
-        undecodable(error, payload.size(), -1);  // the next envelopes still run
-      }
-    }
-  }
-
-  void undecodable(const ProtocolError& e, std::size_t size, int from) {
-    MESHRT_LOG(error) << "rank " << opt.rank << ": dropped an undecodable command of " << size << " bytes"
-                      << (from >= 0 ? fmt::format(" from rank {}", from) : std::string()) << ": " << e.what();
-    reporter.reply(RemoteFunctionFailed{.ident = 0,
-                                        .error = fmt::format("undecodable command: {}", e.what()),
-                                        .rank = opt.rank,
-                                        .function = "<protocol>",
-                                        .exception_type = "meshrt::ProtocolError"});
-  }
-
-  bool receive() {
-    bool any = false;
-    // From any rank: with fan-out on, batches come from the controller or a parent.
-    int from = -1;
-    // With kMaxQueued commands waiting, the next batches wait in MPI, encoded (a few dozen
-    // bytes a command against ~600 decoded): a controller far ahead (meshrt-bench soak's
-    // slice loop queued ~30,000 commands on a worker) otherwise sets the worker's memory
-    // by how far ahead it got. Everything queued here was already forwarded to this
-    // rank's fan-out children, so none of them waits on what is left in MPI.
-    while (queue.size() < kMaxQueued && channel->try_receive(control::kAnySource, control::Tag::Command, rx, &from)) {
-      any = true;
-      arrived = Clock::now();
-      try {
-        if (protocol::is_envelope(rx)) {
-          route(rx);
-        } else {
-          // A bare batch comes straight from the controller, as the next number (the
-          // controller envelopes every batch to a rank once one reached it through a
-          // parent), so it never waits and may release envelopes that overtook it.
-          ++next_envelope;
-          enqueue(decode_command(rx));
-          if (!early.empty()) run_early();
-        }
-      } catch (const ProtocolError& e) {
-        undecodable(e, rx.size(), from);
-      }
-    }
-    return any;
-  }
-
   WorkerExit loop() {
     // Worker 0 shares rank 0 with the controller: it sleeps on the doorbell the
     // controller rings with each command it sends here, instead of yielding a core the
@@ -555,14 +434,12 @@ struct Worker::Impl {
       // Read before the poll: a command sent after it rings past `rung`, and the wait
       // below returns at once.
       const std::uint64_t rung = doorbell ? channel->rings(control::Tag::Command) : 0;
-      bool worked = receive();
+      bool worked = inbox.receive(reporter);
       if (reporter.receive_tree()) worked = true;
       if (reporter.holding() && reporter.poll(env)) worked = true;
       if (in_flight.active() && in_flight.poll(env, reporter)) worked = true;
-      while (!in_flight.active() && !queue.empty() && !exit) {
-        Queued q = std::move(queue.front());
-        queue.pop_front();
-        step(std::move(q));
+      while (!in_flight.active() && !inbox.empty() && !exit) {
+        step(inbox.pop());
         worked = true;
         // A collective that completed inside its call (the worker blocks in MPI,
         // cpu_completion) is finished at once, not at the loop's next turn: the batch's
@@ -576,7 +453,7 @@ struct Worker::Impl {
       // Status when the worker moved: about once a second while busy, and at once when it
       // runs out of work, so a controller waiting on it rarely needs to ask (one message per
       // batch of commands).
-      reporter.report(worked && queue.empty() && !in_flight.active(), env.size());
+      reporter.report(worked && inbox.empty() && !in_flight.active(), env.size());
       channel->reap();
       if (worked) {
         backoff.reset();
