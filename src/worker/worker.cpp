@@ -28,6 +28,7 @@
 #include "meshrt/log.hpp"
 #include "meshrt/protocol.hpp"
 #include "meshrt/settings.hpp"
+#include "worker/borrows.hpp"
 #include "worker/env.hpp"
 #include "worker/idle.hpp"
 #include "worker/in_flight.hpp"
@@ -65,6 +66,7 @@ struct Worker::Impl {
 
   detail::InFlight in_flight{monitor, opt};
   detail::CollectiveWords words;
+  detail::Borrows borrows;
   detail::Reporter reporter{*channel, monitor, opt};
   std::optional<WorkerExit> exit;
 
@@ -346,34 +348,9 @@ struct Worker::Impl {
     words.posted(monitor, current_seq, c, in_flight.op(), opt.rank);
   }
 
-  struct BorrowRecord {
-    Ref from, to;
-    detail::BorrowEvents events;
-  };
-  std::unordered_map<std::uint64_t, BorrowRecord> borrows;
-
-  void run(BorrowCreate& c) {
-    // The borrow shares the value (or its failure marker). On the CPU streams run in
-    // order; on CUDA an event orders the borrower after the origin's work.
-    env.define(c.result, env.get(c.tensor, "borrowed tensor"));
-    const detail::StreamHandle* from = env.stream_handle(c.from_stream);
-    borrows[c.result.id] =
-        BorrowRecord{c.from_stream, c.to_stream, from ? detail::borrow_create(*from) : detail::BorrowEvents{}};
-  }
-  void run(BorrowFirstUse& c) {
-    auto it = borrows.find(c.borrow.id);
-    if (it == borrows.end()) return;
-    if (const detail::StreamHandle* to = env.stream_handle(it->second.to))
-      detail::borrow_first_use(it->second.events, *to);
-  }
-  void run(BorrowDrop& c) {
-    auto it = borrows.find(c.borrow.id);
-    if (it == borrows.end()) return;
-    const detail::StreamHandle* from = env.stream_handle(it->second.from);
-    const detail::StreamHandle* to = env.stream_handle(it->second.to);
-    if (from && to) detail::borrow_drop(it->second.events, *from, *to);
-    borrows.erase(it);
-  }
+  void run(BorrowCreate& c) { borrows.create(c, env); }
+  void run(BorrowFirstUse& c) { borrows.first_use(c, env); }
+  void run(BorrowDrop& c) { borrows.drop(c, env); }
 
   void run(DeleteRefs& c) {
     for (Ref r : c.refs) env.undefine(r.id);
