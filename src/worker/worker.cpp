@@ -33,6 +33,7 @@
 #include "worker/idle.hpp"
 #include "worker/in_flight.hpp"
 #include "worker/inbox.hpp"
+#include "worker/kernel_call.hpp"
 #include "worker/monitor.hpp"
 #include "worker/recorder_words.hpp"
 #include "worker/reporter.hpp"
@@ -67,6 +68,7 @@ struct Worker::Impl {
   detail::InFlight in_flight{monitor, opt};
   detail::CollectiveWords words;
   detail::Borrows borrows;
+  detail::KernelCall kernels{opt.rank};
   detail::Reporter reporter{*channel, monitor, opt};
   std::optional<WorkerExit> exit;
 
@@ -188,96 +190,12 @@ struct Worker::Impl {
       }
       const functions::Function& fn = functions::lookup(c.function);
       Args kernel_args(c.function, std::move(args));
-      // What the controller expects (its shape function on the inputs' metas), computed
-      // before the kernel runs: a mutating kernel may change its inputs.
-      const Signature& expected = expected_signature(fn, kernel_args, ctx.device());
+      const Signature& expected = kernels.expected(fn, kernel_args, ctx.device());
       std::vector<Tensor> outputs = fn.kernel(ctx, kernel_args);
-      check_outputs(c.function, expected, outputs);
+      kernels.check(c.function, expected, outputs);
       for (std::size_t i = 0; i < outputs.size(); ++i) env.define(c.results[i], std::move(outputs[i]));
       return std::nullopt;
     });
-  }
-
-  // The last signature each function's shape function gave on this worker, with the
-  // argument metas and device it was given: a program calls the same function with the
-  // same metas in loops, and running the shape function again for every output check
-  // cost ~2,400 instructions per call, half of a call's cost on the worker (meshrt-bench
-  // soak under callgrind). Shape functions are pure (the controller and every worker
-  // run them on the same metas and must agree), so a hit is the same answer.
-  struct Inferred {
-    ArgMetas args;
-    Signature signature;
-  };
-  std::unordered_map<const functions::Function*, Inferred> inferred;
-
-  // Whether `v` (an argument, tensors in it) has the metas `meta` (what the shape function
-  // saw): without building the metas.
-  static bool same_meta(const Value& meta, const Value& v) {
-    if (v.is_tensor()) return meta.is_meta() && meta.as_meta() == v.as_tensor().meta();
-    if (v.is_list()) {
-      if (!meta.is_list() || meta.as_list().size() != v.as_list().size()) return false;
-      for (std::size_t i = 0; i < v.as_list().size(); ++i) {
-        if (!same_meta(meta.as_list()[i], v.as_list()[i])) return false;
-      }
-      return true;
-    }
-    if (v.is_dict()) {
-      if (!meta.is_dict() || meta.as_dict().size() != v.as_dict().size()) return false;
-      for (std::size_t i = 0; i < v.as_dict().size(); ++i) {
-        if (meta.as_dict()[i].first != v.as_dict()[i].first ||
-            !same_meta(meta.as_dict()[i].second, v.as_dict()[i].second))
-          return false;
-      }
-      return true;
-    }
-    return meta == v;
-  }
-
-  const Signature& expected_signature(const functions::Function& fn, const Args& args, const Device& device) {
-    if (auto it = inferred.find(&fn); it != inferred.end()) {
-      const ArgMetas& seen = it->second.args;
-      bool same = seen.device() == device && seen.size() == args.size();
-      for (std::size_t i = 0; same && i < args.size(); ++i) same = same_meta(seen.value(i), args.value(i));
-      if (same) return it->second.signature;
-    }
-    std::vector<Value> metas;
-    metas.reserve(args.size());
-    for (std::size_t i = 0; i < args.size(); ++i) {
-      metas.push_back(args.value(i).map(
-          [](const Value& leaf) { return leaf.is_tensor() ? Value(leaf.as_tensor().meta()) : leaf; }));
-    }
-    ArgMetas seen(fn.name, std::move(metas), device);
-    Signature signature = functions::infer(fn, seen);
-    auto& entry = inferred.insert_or_assign(&fn, Inferred{std::move(seen), std::move(signature)}).first->second;
-    return entry.signature;
-  }
-
-  // On the controller a device means "each rank's own device of this kind"
-  // (docs/ARCHITECTURE.md section 7): an output matches its declared meta when shape, dtype
-  // and device kind agree, and an accelerator output is on this rank's own device.
-  static bool matches(const TensorMeta& got, const TensorMeta& want) {
-    if (got.shape() != want.shape() || got.dtype() != want.dtype()) return false;
-    if (got.device().kind() != want.device().kind()) return false;
-    return got.device().is_cpu() || got.device() == device::rank_device(got.device().kind());
-  }
-
-  // A kernel's outputs must be what its shape function declared: the controller planned
-  // every later command (collectives, sends, fetches) with those metas, and peers join
-  // collectives with them.
-  void check_outputs(const std::string& function, const Signature& expected, const std::vector<Tensor>& outputs) const {
-    if (outputs.size() != expected.outputs.size()) {
-      throw UsageError(fmt::format("{} returned {} tensors on rank {}; its shape function declared {}", function,
-                                   outputs.size(), opt.rank, expected.outputs.size()));
-    }
-    for (std::size_t i = 0; i < outputs.size(); ++i) {
-      const TensorMeta& want = expected.outputs[i];
-      const Tensor& got = outputs[i];
-      if (!got.defined() || !matches(got.meta(), want)) {
-        throw UsageError(fmt::format("{} returned on rank {} as output {}: expected {} (its shape function), found {}",
-                                     function, opt.rank, i, want.to_string(),
-                                     got.defined() ? got.meta().to_string() : "an undefined tensor"));
-      }
-    }
   }
 
   void run(FetchValue& c) {
