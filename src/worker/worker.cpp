@@ -1,26 +1,18 @@
 #include "meshrt/worker.hpp"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <cxxabi.h>
 
 #include <boost/algorithm/string/predicate.hpp>
-#include <boost/container/deque.hpp>
-#include <boost/container/options.hpp>
 #include <boost/core/demangle.hpp>
 
-#include <algorithm>
 #include <chrono>
-#include <deque>
-#include <map>
 #include <optional>
 #include <typeinfo>
-#include <unordered_map>
 #include <variant>
 
 #include "common/backoff.hpp"
-#include "common/checks.hpp"
 #include "meshrt/comm.hpp"
 #include "meshrt/control.hpp"
 #include "meshrt/device.hpp"
@@ -37,40 +29,51 @@
 #include "worker/monitor.hpp"
 #include "worker/recorder_words.hpp"
 #include "worker/reporter.hpp"
-#include "worker/streams.hpp"
 
 namespace meshrt {
 namespace {
 
 using namespace protocol;
-using Clock = std::chrono::steady_clock;
+
+// `o` with its flight recorder: the Runtime's, or `own` when it gave none.
+WorkerOptions with_monitor(WorkerOptions o, detail::Monitor* own) {
+  if (o.monitor == nullptr) o.monitor = own;
+  return o;
+}
 
 }  // namespace
 
+// A worker takes the commands its inbox receives, in order, and runs each against its
+// environment: invocations call kernels (checked against their shape functions), a
+// collective or send goes in flight until the loop's polls complete it, borrows order
+// streams. What failed or depends on a failure becomes a marker. The reporter tells the
+// controller what completed and what failed; the flight recorder shows what ran.
 struct Worker::Impl {
-  explicit Impl(WorkerOptions o)
-      : opt(o),
-        channel(o.transport ? o.transport : control::mpi_transport(o.control)),
-        own_monitor(o.monitor ? nullptr : std::make_unique<detail::Monitor>(o.rank, 1000)),
-        monitor(o.monitor ? *o.monitor : *own_monitor) {
-    monitor.reset_queue();
+  explicit Impl(const WorkerOptions& o)
+      : own_monitor(o.monitor ? nullptr : std::make_unique<detail::Monitor>(o.rank, 1000)),
+        opt(with_monitor(o, own_monitor.get())),
+        channel(o.transport ? o.transport : control::mpi_transport(o.control)) {
+    monitor().reset_queue();
   }
 
-  WorkerOptions opt;
+  std::unique_ptr<detail::Monitor> own_monitor;  // when the options bring none
+  const WorkerOptions opt;                       // opt.monitor is set
   std::shared_ptr<control::Transport> channel;
-  std::unique_ptr<detail::Monitor> own_monitor;
-  detail::Monitor& monitor;
   detail::Env env{opt.rank};
-  detail::Inbox inbox{*channel, monitor, opt.rank};
-  bool current_failed = false;
-  std::uint64_t current_seq = 0;
-
-  detail::InFlight in_flight{monitor, opt};
+  detail::Inbox inbox{*channel, *opt.monitor, opt.rank};
+  detail::InFlight in_flight{*opt.monitor, opt};
   detail::CollectiveWords words;
   detail::Borrows borrows;
   detail::KernelCall kernels{opt.rank};
-  detail::Reporter reporter{*channel, monitor, opt};
+  detail::Reporter reporter{*channel, *opt.monitor, opt};
+  // The command running now: its flight-recorder seq, and whether it failed.
+  struct Running {
+    std::uint64_t seq = 0;
+    bool failed = false;
+  } current;
   std::optional<WorkerExit> exit;
+
+  detail::Monitor& monitor() const noexcept { return *opt.monitor; }
 
   // ------------------------------------------------------------------ replies
 
@@ -78,7 +81,7 @@ struct Worker::Impl {
     report_failure(ident, function, e.what(), boost::core::demangle(typeid(e).name()));
   }
   void report_failure(Ident ident, const std::string& function, const std::string& message, const std::string& type) {
-    current_failed = true;
+    current.failed = true;
     MESHRT_LOG(info) << "function " << function << " (ident " << ident << ") failed: " << message;
     reporter.reply(RemoteFunctionFailed{
         .ident = ident, .error = message, .rank = opt.rank, .function = function, .exception_type = type});
@@ -232,24 +235,24 @@ struct Worker::Impl {
 
   void run(Reduce& c) {
     WorkerMesh& mesh = *env.mesh(c.mesh, "mesh").mesh;
-    words.posting(monitor, current_seq, c, mesh);
+    words.posting(monitor(), current.seq, c, mesh);
     Input in = env.input(c.tensor);
     // Accelerator tensors (and the factory of a broken one) go over the device layer's
     // communicators on the command's device stream.
     if (c.factory.device().is_accelerator()) {
       in_flight.start(
           start_reduce_device(mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory, c.stream.id),
-          c.result, current_seq, "Reduce", c.ident, std::nullopt);
+          c.result, current.seq, "Reduce", c.ident, std::nullopt);
     } else {
       in_flight.start(start_reduce(mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory,
                                    in_flight.cpu_completion()),
-                      c.result, current_seq, "Reduce", c.ident, c.factory.nbytes());
+                      c.result, current.seq, "Reduce", c.ident, c.factory.nbytes());
     }
-    words.posted(monitor, current_seq, c, in_flight.op(), mesh);
+    words.posted(monitor(), current.seq, c, in_flight.op(), mesh);
   }
 
   void run(SendTensor& c) {
-    words.posting(monitor, current_seq, c, opt.rank);
+    words.posting(monitor(), current.seq, c, opt.rank);
     const bool sends = c.from_ranks.contains(opt.rank);
     const bool receives = c.to_ranks.contains(opt.rank);
     Input in = sends ? env.input(c.tensor) : Input(Tensor());
@@ -257,13 +260,13 @@ struct Worker::Impl {
     if (c.factory.device().is_accelerator()) {
       in_flight.start(start_send_tensor_device(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory,
                                                c.stream.id, c.to_order),
-                      result, current_seq, "SendTensor", c.ident, std::nullopt);
+                      result, current.seq, "SendTensor", c.ident, std::nullopt);
     } else {
       in_flight.start(start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory,
                                         in_flight.cpu_completion(), c.to_order),
-                      result, current_seq, "SendTensor", c.ident, c.factory.nbytes());
+                      result, current.seq, "SendTensor", c.ident, c.factory.nbytes());
     }
-    words.posted(monitor, current_seq, c, in_flight.op(), opt.rank);
+    words.posted(monitor(), current.seq, c, in_flight.op(), opt.rank);
   }
 
   void run(BorrowCreate& c) { borrows.create(c, env); }
@@ -280,27 +283,27 @@ struct Worker::Impl {
 
   void run(Exit& c) { exit = c.restart ? WorkerExit::Restart : WorkerExit::Shutdown; }
 
-  // Runs one command; a failure outside any invocation (a broken collective set-up, a
-  // bad ref) is logged and reported with ident 0 so it is never silent.
+  // Runs one command. A failure outside an invocation's body (a collective that cannot
+  // start, a bad ref) is logged and reported with the command's ident (Reduce,
+  // SendTensor: the controller names its call site) or 0, so it is never silent.
   void step(detail::Inbox::Queued q) {
     Command& command = q.command;
-    current_seq = q.seq;
-    if (q.seq) monitor.running(q.seq);
-    current_failed = false;
+    current.seq = q.seq;
+    if (q.seq) monitor().running(q.seq);
+    current.failed = false;
     try {
       execute(command);
       if (in_flight.active()) return;  // it completes, or fails, in the loop's polls
     } catch (const std::exception& e) {
       poison_result(command, DependentOnError{ident_of(command)});
       MESHRT_LOG(error) << "rank " << opt.rank << ": " << name(command) << " failed: " << e.what();
-      // With the command's ident (Reduce, SendTensor) the controller names its call site;
-      // ident 0 (tied to no invocation) is raised at the next synchronize.
+      // Ident 0 (tied to no invocation) is raised at the next synchronize.
       reporter.reply(RemoteFunctionFailed{.ident = ident_of(command),
                                           .error = fmt::format("{} failed: {}", name(command), e.what()),
                                           .rank = opt.rank,
                                           .function = std::string(name(command)),
                                           .exception_type = boost::core::demangle(typeid(e).name())});
-      current_failed = true;
+      current.failed = true;
     } catch (...) {
       MESHRT_LOG(error) << "rank " << opt.rank << ": " << name(command) << " failed with a non-std::exception";
       poison_result(command, DependentOnError{ident_of(command)});
@@ -310,10 +313,10 @@ struct Worker::Impl {
           .rank = opt.rank,
           .function = std::string(name(command)),
           .exception_type = "unknown"});
-      current_failed = true;
+      current.failed = true;
     }
     complete(ident_of(command));
-    if (q.seq) monitor.finished(q.seq, current_failed);
+    if (q.seq) monitor().finished(q.seq, current.failed);
   }
 
   WorkerExit loop() {
@@ -336,12 +339,9 @@ struct Worker::Impl {
       while (!in_flight.active() && !inbox.empty() && !exit) {
         step(inbox.pop());
         worked = true;
-        // A collective that completed inside its call (the worker blocks in MPI,
-        // cpu_completion) is finished at once, not at the loop's next turn: the batch's
-        // next command runs without a turn's polls in between (8 B all_reduce under
-        // callgrind: worker 0 ~850 fewer instructions per operation). The status
-        // interval still ends the run, so a batch of long blocking commands still
-        // reports about once a second.
+        // A collective that completed inside its call (blocking in MPI) is finished at
+        // once: the batch's next command runs without a turn's polls in between. The
+        // status interval still ends the run, so long blocking commands still report.
         if (in_flight.active()) in_flight.poll(env, reporter);
         if (reporter.due()) break;
       }
