@@ -32,7 +32,9 @@ struct CommandRecord {
   std::string dim;
   std::uint64_t bytes = 0;
   std::vector<int> peers;  // world ranks taking part in a collective or send
-  std::chrono::steady_clock::time_point queued{}, started{}, ended{};
+  struct Times {
+    std::chrono::steady_clock::time_point queued{}, started{}, ended{};
+  } at;
   CommandState state = CommandState::Queued;
 };
 
