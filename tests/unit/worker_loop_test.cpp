@@ -676,6 +676,7 @@ TEST(FanIn, BelowTheTreeAFetchIsOneMessageEachWay) {
   EXPECT_EQ(got.sent_of(MessageKind::Command).messages, kFetches + asks) << "every other command is an ask";
   EXPECT_EQ(statuses, asks) << "the worker sends a Status only when asked: its FetchResult is its report";
   EXPECT_EQ(got.received_of(MessageKind::Reply).messages, kFetches + statuses);
+  ::testing::Test::RecordProperty("safety_net_asks", static_cast<int>(asks));
 }
 
 TEST(FanIn, AFetchWaitsForTheSlowestRankOfEverySubtree) {
