@@ -36,8 +36,7 @@ CommandRecord& Monitor::claim_slot(Clock::time_point arrived) {
   const std::uint64_t seq = next_seq_++;
   CommandRecord& slot = ring_[seq % capacity_];
   // Field by field: the slot keeps its strings' and peers' buffers from one command to
-  // the next (assigning a fresh record over it, and swapping the buffers back, cost ~320
-  // instructions a command against ~40).
+  // the next, where assigning a fresh record would free and allocate them.
   slot.seq = seq;
   slot.ident = 0;
   slot.kind = "";
@@ -48,8 +47,8 @@ CommandRecord& Monitor::claim_slot(Clock::time_point arrived) {
   slot.dim.clear();
   slot.bytes = 0;
   slot.peers.clear();
-  slot.queued = arrived;
-  slot.started = slot.ended = {};
+  slot.at.queued = arrived;
+  slot.at.started = slot.at.ended = {};
   slot.state = CommandState::Queued;
   return slot;
 }
@@ -59,7 +58,7 @@ void Monitor::running(std::uint64_t seq) {
   CommandRecord& r = ring_[seq % capacity_];
   if (r.seq != seq) return;  // overwritten: the recorder is smaller than the queue
   r.state = CommandState::Running;
-  r.started = Clock::now();
+  r.at.started = Clock::now();
   current_.store(seq);
 }
 
@@ -77,7 +76,7 @@ void Monitor::finished(std::uint64_t seq, bool failed) {
   CommandRecord& r = ring_[seq % capacity_];
   if (r.seq == seq) {
     r.state = failed ? CommandState::Failed : CommandState::Done;
-    r.ended = Clock::now();
+    r.at.ended = Clock::now();
   }
   std::uint64_t expected = seq;
   current_.compare_exchange_strong(expected, 0);
@@ -88,7 +87,7 @@ void Monitor::reset_queue() {
   for (auto& r : ring_) {
     if (r.seq != 0 && (r.state == CommandState::Queued || r.state == CommandState::Running)) {
       r.state = CommandState::Failed;
-      r.ended = Clock::now();
+      r.at.ended = Clock::now();
     }
   }
   current_.store(0);
@@ -101,17 +100,18 @@ std::string Monitor::line(const CommandRecord& r, Clock::time_point now) {
   if (r.ident) what += fmt::format(" (invocation {})", r.ident);
   if (r.result) what += fmt::format(" [result ref {}]", r.result);
   if (!r.dim.empty()) what += fmt::format(" dim '{}'", r.dim);
-  const double age = seconds(now - r.queued);
+  const double age = seconds(now - r.at.queued);
   std::string timing;
   switch (r.state) {
     case CommandState::Queued:
       timing = fmt::format("queued {:.3f} s ago", age);
       break;
     case CommandState::Running:
-      timing = fmt::format("running for {:.3f} s", seconds(now - r.started));
+      timing = fmt::format("running for {:.3f} s", seconds(now - r.at.started));
       break;
     default:
-      timing = fmt::format("took {:.6f} s, ended {:.3f} s ago", seconds(r.ended - r.started), seconds(now - r.ended));
+      timing = fmt::format("took {:.6f} s, ended {:.3f} s ago", seconds(r.at.ended - r.at.started),
+                           seconds(now - r.at.ended));
   }
   return fmt::format("  #{:<8} {:<8} {}; {}", r.seq, state_name(r.state), what, timing);
 }
@@ -130,7 +130,7 @@ nlohmann::json Monitor::state() const {
   if (r && r->seq == cur) {
     j["current"] = {
         {"kind", r->kind}, {"name", r->name},   {"ident", r->ident}, {"result", r->result},
-        {"dim", r->dim},   {"peers", r->peers}, {"bytes", r->bytes}, {"seconds", seconds(now - r->started)}};
+        {"dim", r->dim},   {"peers", r->peers}, {"bytes", r->bytes}, {"seconds", seconds(now - r->at.started)}};
   } else {
     j["current"] = nullptr;
   }

@@ -32,7 +32,9 @@ struct CommandRecord {
   std::string dim;
   std::uint64_t bytes = 0;
   std::vector<int> peers;  // world ranks taking part in a collective or send
-  std::chrono::steady_clock::time_point queued{}, started{}, ended{};
+  struct Times {
+    std::chrono::steady_clock::time_point queued{}, started{}, ended{};
+  } at;
   CommandState state = CommandState::Queued;
 };
 
@@ -44,9 +46,8 @@ class Monitor {
   // Records a command as queued and returns its seq. `arrived`: when the message
   // carrying it came (one clock read per message, not per command of a batch).
   // `fill(slot)` writes the command's fields straight into its slot of the ring (cleared,
-  // its strings' capacity kept), under the recorder's lock: no record to build and copy. Building one (a Reduce's name
-  // concatenated, then copied into the slot) cost worker 0 ~700 instructions per collective, about a tenth of its part
-  // outside MPI in an 8 B all_reduce (callgrind, meshrt-bench runtime-collectives).
+  // its strings' capacity kept), under the recorder's lock: no record is built and copied
+  // per command on the worker's hot path.
   template <class Fill>
   std::uint64_t queued(std::chrono::steady_clock::time_point arrived, Fill&& fill) {
     std::lock_guard lock(mutex_);

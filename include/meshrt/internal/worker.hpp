@@ -32,7 +32,8 @@ struct WorkerOptions {
   double status_interval_seconds = 1.0;  // Status cadence when the worker moved
   detail::Monitor* monitor = nullptr;    // the flight recorder, if any (outlives restarts)
   // Commands and replies travel here; null: over MPI on `control`. A test gives an
-  // in-memory one (src/control/memory_transport.hpp) to drive the loop without mpiexec.
+  // in-memory one (control::MemoryNetwork, meshrt/control.hpp) to drive the loop without
+  // mpiexec.
   std::shared_ptr<control::Transport> transport;
   // Fan-in (docs/ARCHITECTURE.md section 8, control::StatusTree): the worker rank this
   // rank's subtree reports its minimum first-uncompleted ident to (kStatusToController
@@ -41,7 +42,7 @@ struct WorkerOptions {
   int status_parent = kNoStatusTree;
   std::vector<int> status_children;
   // Below the status tree, run CPU collectives and sends as the blocking MPI call on the
-  // loop's thread (src/worker/worker.cpp, cpu_completion). The runtime sets it when this
+  // loop's thread (src/worker/in_flight.hpp, InFlight::cpu_completion). The runtime sets it when this
   // node has a core per rank (MESHRT_WORKER_BLOCKING): a rank that waits in a blocking
   // call for a late peer keeps polling its core, which an oversubscribed peer needs.
   bool block_in_mpi = false;

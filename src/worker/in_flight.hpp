@@ -1,0 +1,70 @@
+// The collective or send a worker has in flight (at most one: commands wait behind it),
+// and how the loop completes it: polls, waits between polls, finishes it into the
+// environment, or fails it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+
+#include "common/backoff.hpp"
+#include "meshrt/internal/comm.hpp"
+#include "meshrt/internal/protocol.hpp"
+#include "meshrt/internal/worker.hpp"
+
+namespace meshrt::detail {
+
+class Env;
+class Monitor;
+class Reporter;
+
+class InFlight {
+ public:
+  InFlight(Monitor& monitor, const WorkerOptions& options);
+
+  // How this worker runs a CPU collective or send:
+  // - the blocking MPI call on the loop's thread, without the status tree on a node with a
+  //   core per rank: commands wait behind the collective anyway (queries go to the watch
+  //   thread), and blocking saves the hand-offs and the non-blocking test loop;
+  // - Completion::Auto with the status tree, so that a node keeps relaying its children's
+  //   reports, and on a node with more ranks than cores, where a rank blocked in MPI for a
+  //   late peer would keep polling the core that peer needs.
+  Completion cpu_completion() const noexcept { return blocking_ ? Completion::Blocking : Completion::Auto; }
+
+  bool active() const noexcept { return current_.has_value(); }
+  // Tracks `op`, started by command `seq` (`kind`, `ident`); `result` is defined when it
+  // completes. `cpu_bytes`: the size of a CPU operation (one at kThreadMinBytes and up
+  // under Completion::Auto runs on meshrt's comm thread); nullopt for an accelerator one.
+  void start(std::unique_ptr<Pending> op, std::optional<Ref> result, std::uint64_t seq, std::string_view kind,
+             protocol::Ident ident, std::optional<std::size_t> cpu_bytes);
+  const Pending& op() const noexcept { return *current_->op; }
+
+  // Whether the operation moved: it completed (and is finished) or failed.
+  bool poll(Env& env, Reporter& reporter);
+  // Waits between two polls of the loop while nothing else moved. Commands wait until it
+  // completes; the loop still polls the channel (status, queries).
+  void pause(Backoff& flight);
+
+ private:
+  void finish(Env& env, Reporter& reporter);
+  // Called inside a catch handler: the operation threw from test() or take().
+  void fail(Env& env, Reporter& reporter);
+
+  struct Current {
+    std::unique_ptr<Pending> op;
+    std::optional<Ref> result;  // defined when the operation completes
+    std::uint64_t seq = 0;
+    // On meshrt's comm thread: its Pending wakes a waiter in idle() the moment it completes.
+    bool on_comm_thread = false;
+    std::string_view kind;      // the command ("Reduce", "SendTensor"), for a failure report
+    protocol::Ident ident = 0;  // complete (or failed) when the operation ends
+  };
+  Monitor& monitor_;
+  int rank_;
+  bool blocking_;
+  std::optional<Current> current_;
+};
+
+}  // namespace meshrt::detail

@@ -1,0 +1,117 @@
+#include "worker/inbox.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshrt/error.hpp"
+#include "meshrt/log.hpp"
+#include "worker/monitor.hpp"
+#include "worker/recorder_words.hpp"
+#include "worker/reporter.hpp"
+
+namespace meshrt::detail {
+
+using namespace protocol;
+
+Inbox::Inbox(control::Transport& channel, Monitor& monitor, int rank)
+    : channel_(channel), monitor_(monitor), rank_(rank) {}
+
+bool Inbox::receive(Reporter& reporter) {
+  bool any = false;
+  // From any rank: with fan-out on, batches come from the controller or a parent.
+  // Everything queued here was already forwarded to this rank's fan-out children, so none
+  // of them waits on what kMaxQueued leaves in the transport.
+  int from = -1;
+  while (queue_.size() < kMaxQueued && channel_.try_receive(control::kAnySource, control::Tag::Command, rx_, &from)) {
+    any = true;
+    arrived_ = std::chrono::steady_clock::now();
+    try {
+      if (is_envelope(rx_)) {
+        route(rx_, reporter);
+      } else {
+        // A bare batch comes straight from the controller, as the next number (the
+        // controller envelopes every batch to a rank once one reached it through a
+        // parent), so it never waits and may release envelopes that overtook it.
+        ++next_envelope_;
+        enqueue(decode_command(rx_));
+        if (!early_.empty()) run_early(reporter);
+      }
+    } catch (const ProtocolError& e) {
+      undecodable(e, rx_.size(), from, reporter);
+    }
+  }
+  return any;
+}
+
+Inbox::Queued Inbox::pop() {
+  Queued q = std::move(queue_.front());
+  queue_.pop_front();
+  return q;
+}
+
+void Inbox::route(const control::Bytes& frame, Reporter& reporter) {
+  Envelope e = decode_envelope(frame);
+  const auto self = std::find(e.ranks.begin(), e.ranks.end(), rank_);
+  if (self == e.ranks.end()) {
+    throw ProtocolError(
+        fmt::format("envelope for ranks {} reached rank {}, which is not one of them", fmt::join(e.ranks, ","), rank_));
+  }
+  const auto position = self - e.ranks.begin();
+  const auto [first, end] = tree_children(e.ranks.size(), e.fanout, position);
+  if (first < end) {
+    channel_.send(std::vector<int>(e.ranks.begin() + static_cast<std::ptrdiff_t>(first),
+                                   e.ranks.begin() + static_cast<std::ptrdiff_t>(end)),
+                  control::Tag::Command, std::make_shared<control::Bytes>(frame));
+  }
+  const std::uint64_t seq = e.seqs[static_cast<std::size_t>(position)];
+  if (seq < next_envelope_) {
+    throw ProtocolError(
+        fmt::format("envelope number {} reached rank {} after number {} ran", seq, rank_, next_envelope_ - 1));
+  }
+  early_.emplace(seq, std::move(e.payload));
+  run_early(reporter);
+}
+
+void Inbox::run_early(Reporter& reporter) {
+  while (!early_.empty() && early_.begin()->first == next_envelope_) {
+    const control::Bytes payload = std::move(early_.begin()->second);
+    early_.erase(early_.begin());
+    ++next_envelope_;
+    try {
+      enqueue(decode_command(payload));
+    } catch (const ProtocolError& error) {
+      undecodable(error, payload.size(), -1, reporter);  // the next envelopes still run
+    }
+  }
+}
+
+void Inbox::undecodable(const ProtocolError& e, std::size_t size, int from, Reporter& reporter) {
+  MESHRT_LOG(error) << "rank " << rank_ << ": dropped an undecodable command of " << size << " bytes"
+                    << (from >= 0 ? fmt::format(" from rank {}", from) : std::string()) << ": " << e.what();
+  reporter.reply(RemoteFunctionFailed{.ident = 0,
+                                      .error = fmt::format("undecodable command: {}", e.what()),
+                                      .rank = rank_,
+                                      .function = "<protocol>",
+                                      .exception_type = "meshrt::ProtocolError"});
+}
+
+void Inbox::enqueue(Command&& command) {
+  if (auto* group = std::get_if<CommandGroup>(&command)) {
+    for (Command& c : group->commands) enqueue(std::move(c));
+    return;
+  }
+  // Deletes are not recorded (seq 0): they can neither hang nor fail, and a loop of
+  // collectives sends one per output, which would fill the recorder's ring.
+  const std::uint64_t seq = std::holds_alternative<DeleteRefs>(command)
+                                ? 0
+                                : monitor_.queued(arrived_, [&command](CommandRecord& slot) { record(command, slot); });
+  queue_.emplace_back(seq, std::move(command));
+}
+
+}  // namespace meshrt::detail

@@ -1,0 +1,41 @@
+// What a worker checks around a kernel call: the signature its shape function declares for
+// the call's argument metas, and that the kernel's outputs match it (the controller planned
+// every later command, and peers join collectives, with those metas).
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "meshrt/functions.hpp"
+#include "meshrt/tensor.hpp"
+
+namespace meshrt::detail {
+
+class KernelCall {
+ public:
+  explicit KernelCall(int rank) : rank_(rank) {}
+
+  // The signature `fn`'s shape function gives for `args` on `device`, computed before the
+  // kernel runs (a mutating kernel may change its inputs). The last answer per function is
+  // kept with the metas it was given: loops call a function with the same metas, and shape
+  // functions are pure, so a hit is the same answer.
+  const Signature& expected(const functions::Function& fn, const Args& args, const Device& device);
+  // Throws UsageError naming the function, the rank and the output unless `outputs` match
+  // `expected`: the same count, and each output the declared shape, dtype and device kind,
+  // an accelerator output on this rank's own device.
+  void check(const std::string& function, const Signature& expected, const std::vector<Tensor>& outputs) const;
+
+  // Whether `v` (an argument, tensors in it) has the metas `meta`, without building them.
+  static bool same_meta(const Value& meta, const Value& v);
+
+ private:
+  struct Inferred {
+    ArgMetas args;
+    Signature signature;
+  };
+  int rank_;
+  std::unordered_map<const functions::Function*, Inferred> inferred_;
+};
+
+}  // namespace meshrt::detail

@@ -1,0 +1,132 @@
+// The worker's operation in flight (src/worker/in_flight.hpp) against a fake Pending: the
+// completion mode per job shape, where the loop waits between polls, and how a completed,
+// broken or failed operation lands in the environment and the replies.
+#include <gtest/gtest.h>
+
+#include <variant>
+
+#include "meshrt/error.hpp"
+#include "meshrt/internal/control.hpp"
+#include "worker/env.hpp"
+#include "worker/in_flight.hpp"
+#include "worker/monitor.hpp"
+#include "worker/reporter.hpp"
+
+namespace meshrt::detail {
+namespace {
+
+using namespace protocol;
+
+class FakePending : public Pending {
+ public:
+  bool test() override {
+    if (throws) throw SystemError("MPI_Test failed");
+    if (ready && !finished()) finish(std::move(outcome));
+    return ready;
+  }
+  void idle(std::chrono::microseconds at_most) override { idled.push_back(at_most); }
+  std::string describe() const override { return "fake all_reduce"; }
+
+  bool ready = false;
+  bool throws = false;
+  Outcome outcome;
+  std::vector<std::chrono::microseconds> idled;
+};
+
+WorkerOptions options(bool block_in_mpi, int status_parent = kNoStatusTree) {
+  WorkerOptions o;
+  o.rank = 1;
+  o.block_in_mpi = block_in_mpi;
+  o.status_parent = status_parent;
+  o.status_interval_seconds = 1000;
+  return o;
+}
+
+struct Rig {
+  explicit Rig(WorkerOptions o) : opts(std::move(o)) {}
+  WorkerOptions opts;
+  std::shared_ptr<control::MemoryNetwork> net = control::MemoryNetwork::create();
+  std::shared_ptr<control::Transport> worker = net->endpoint(1);
+  Monitor monitor{1, 16};
+  Env env{1};
+  Reporter reporter{*worker, monitor, opts};
+  InFlight in_flight{monitor, opts};
+
+  FakePending& start(std::optional<std::size_t> cpu_bytes, Ident ident = 5) {
+    auto op = std::make_unique<FakePending>();
+    FakePending& fake = *op;
+    in_flight.start(std::move(op), Ref{10}, 0, "Reduce", ident, cpu_bytes);
+    return fake;
+  }
+};
+
+Tensor scalar(float x) {
+  Tensor t = Tensor::zeros(TensorMeta({}, DType::Float32));
+  t.data<float>()[0] = x;
+  return t;
+}
+
+TEST(WorkerInFlight, BlocksInMpiOnlyWithACorePerRankAndNoStatusTree) {
+  Monitor monitor(1, 4);
+  EXPECT_EQ(InFlight(monitor, options(true)).cpu_completion(), Completion::Blocking);
+  EXPECT_EQ(InFlight(monitor, options(false)).cpu_completion(), Completion::Auto);
+  EXPECT_EQ(InFlight(monitor, options(true, kStatusToController)).cpu_completion(), Completion::Auto);
+}
+
+TEST(WorkerInFlight, AJobOnTheCommThreadIsAwaitedInItsIdleForAtMostTheControlSleep) {
+  Rig rig(options(false));
+  FakePending& big = rig.start(kThreadMinBytes);
+  Backoff flight(kInFlight);
+  rig.in_flight.pause(flight);
+  ASSERT_EQ(big.idled.size(), 1u);
+  EXPECT_EQ(big.idled[0], kControl.max_sleep);
+}
+
+TEST(WorkerInFlight, ACompletedOperationDefinesItsResultAndCompletesItsIdent) {
+  Rig rig(options(false));
+  FakePending& op = rig.start(std::nullopt, 5);
+  EXPECT_FALSE(rig.in_flight.poll(rig.env, rig.reporter));
+  EXPECT_TRUE(rig.in_flight.active());
+  op.outcome.tensor = scalar(3);
+  op.ready = true;
+  EXPECT_TRUE(rig.in_flight.poll(rig.env, rig.reporter));
+  EXPECT_FALSE(rig.in_flight.active());
+  const Found<Tensor> result = rig.env.find<Tensor>(Ref{10}, "result");
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->item(), 3.0);
+  EXPECT_EQ(rig.reporter.reportable(), 6u);
+
+  // A broken one (an input depended on a failure): its result is the marker.
+  FakePending& broken = rig.start(std::nullopt, 7);
+  broken.outcome.broken = DependentOnError{4};
+  broken.ready = true;
+  EXPECT_TRUE(rig.in_flight.poll(rig.env, rig.reporter));
+  EXPECT_EQ(std::get<DependentOnError>(rig.env.input(Ref{10})).ident, 4u);
+  EXPECT_EQ(rig.reporter.reportable(), 8u);
+  EXPECT_EQ(rig.net->waiting(0, control::Tag::Reply), 0u) << "no failure to report";
+}
+
+TEST(WorkerInFlight, AFailedOperationMarksItsResultAndIsReportedWithItsIdent) {
+  Rig rig(options(false));
+  FakePending& op = rig.start(std::nullopt, 5);
+  op.throws = true;
+  EXPECT_TRUE(rig.in_flight.poll(rig.env, rig.reporter));
+  EXPECT_FALSE(rig.in_flight.active());
+  EXPECT_EQ(std::get<DependentOnError>(rig.env.input(Ref{10})).ident, 5u);
+  EXPECT_EQ(rig.reporter.reportable(), 6u);
+  int from = -1;
+  const auto bytes = rig.net->wait_for(0, control::Tag::Reply, std::chrono::seconds(5), &from);
+  ASSERT_TRUE(bytes.has_value());
+  const Reply r = decode_reply(*bytes);
+  ASSERT_TRUE(std::holds_alternative<RemoteFunctionFailed>(r));
+  const auto& f = std::get<RemoteFunctionFailed>(r);
+  EXPECT_EQ(f.ident, 5u);
+  EXPECT_EQ(f.rank, 1);
+  EXPECT_EQ(f.function, "Reduce");
+  EXPECT_EQ(f.exception_type, "meshrt::SystemError");
+  EXPECT_NE(f.error.find("fake all_reduce failed on rank 1: "), std::string::npos) << f.error;
+  EXPECT_NE(f.error.find("MPI_Test failed"), std::string::npos) << f.error;
+}
+
+}  // namespace
+}  // namespace meshrt::detail
