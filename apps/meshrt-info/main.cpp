@@ -99,11 +99,12 @@ int main(int argc, char** argv) {
                    {"status", info.cuda_status}};
       j["nccl"] = info.nccl_version;
       for (const auto& s : meshrt::settings::all()) {
-        const auto env = meshrt::settings::from_environment(s.name);
+        const auto env = meshrt::settings::text_from_environment(s);
         j["settings"].push_back({{"name", s.name},
-                                 {"value", meshrt::settings::get(s.name)},
+                                 {"value", env.value_or(std::string(s.default_value))},
                                  {"default", s.default_value},
                                  {"from_environment", env.has_value()},
+                                 {"takes", meshrt::settings::takes(s)},
                                  {"description", s.description}});
       }
       j["world_size"] = size;
@@ -125,9 +126,10 @@ int main(int argc, char** argv) {
 
       fmt::print("{:<26} {:<12} {:<12} {}\n", "setting", "value", "default", "meaning");
       for (const auto& s : meshrt::settings::all()) {
-        const auto env = meshrt::settings::from_environment(s.name);
-        fmt::print("{:<26} {:<12} {:<12} {}\n", s.name, truncate(env ? *env : std::string(s.default_value), 12),
-                   s.default_value.empty() ? "(unset)" : s.default_value, s.description);
+        const auto env = meshrt::settings::text_from_environment(s);
+        fmt::print("{:<26} {:<12} {:<12} {} (takes {})\n", s.name,
+                   truncate(env ? *env : std::string(s.default_value), 12),
+                   s.default_value.empty() ? "(unset)" : s.default_value, s.description, meshrt::settings::takes(s));
       }
       fmt::print("\nworld size {}\n{:>6}  {:<32} {:>10} {:>10}\n", size, "rank", "host", "local rank", "local size");
       for (const auto& r : ranks)

@@ -11,14 +11,8 @@
 namespace meshrt::detail {
 
 Batcher::Batcher(std::shared_ptr<control::Transport> transport) : transport_(std::move(transport)) {
-  const std::int64_t fanout = settings::get_int("MESHRT_FANOUT");
-  const std::int64_t threshold = settings::get_int("MESHRT_FANOUT_THRESHOLD");
-  if (fanout < 0 || threshold < 0) {
-    throw UsageError(
-        fmt::format("MESHRT_FANOUT={} MESHRT_FANOUT_THRESHOLD={}: expected counts >= 0", fanout, threshold));
-  }
-  fanout_ = static_cast<std::size_t>(fanout);
-  fanout_threshold_ = static_cast<std::size_t>(threshold);
+  fanout_ = static_cast<std::size_t>(settings::kFanout.get());  // both settings take counts >= 0
+  fanout_threshold_ = static_cast<std::size_t>(settings::kFanoutThreshold.get());
   flusher_ = std::thread([this] {
     log::set_thread_role("controller flusher");
     std::unique_lock lock(mutex_);

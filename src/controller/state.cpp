@@ -312,7 +312,7 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
                                            missing.size() == 1 ? "has" : "have", tracker_.lagging_report(ident));
       const std::string report = diagnostics_.desync_report(head);
       MESHRT_LOG(warning) << head << "\n" << report;
-      if (settings::get("MESHRT_TIMEOUT_ACTION") == "abort") abort_job(head + "\n" + report);
+      if (settings::kTimeoutAction.get() == "abort") abort_job(head + "\n" + report);
       throw TimeoutError(head + "\n" + report, missing);
     }
     if (bell && tracker_.owes(control::kControllerRank, ident))

@@ -89,13 +89,12 @@ int select_device(Accelerator accelerator, MPI_Comm world) {
   }
   // Always collective, so ranks with and without MESHRT_DEVICE still agree.
   const int local = local_rank(world);
-  if (settings::from_environment("MESHRT_DEVICE")) {
-    const auto chosen = settings::get_int("MESHRT_DEVICE");
-    if (chosen < 0 || chosen >= count) {
+  if (const std::optional<std::int64_t> chosen = settings::kDevice.from_environment()) {
+    if (*chosen >= count) {
       throw UsageError(fmt::format("setting MESHRT_DEVICE: expected a device of the {} accelerator in 0..{}, found {}",
-                                   name(accelerator), count - 1, chosen));
+                                   name(accelerator), count - 1, *chosen));
     }
-    return static_cast<int>(chosen);
+    return static_cast<int>(*chosen);
   }
   return local % count;
 }

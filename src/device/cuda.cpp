@@ -121,7 +121,7 @@ class CudaEvent final : public Event::Impl {
 class CudaBackend final : public Backend {
  public:
   CudaBackend()
-      : pool_limit_(static_cast<std::size_t>(settings::get_int("MESHRT_DEVICE_POOL_BYTES"))),
+      : pool_limit_(static_cast<std::size_t>(settings::kDevicePoolBytes.get())),
         pinned_(
             [](std::size_t n) {
               void* p = nullptr;

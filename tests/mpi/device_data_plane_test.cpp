@@ -15,6 +15,7 @@
 
 #include "comm_test_util.hpp"
 #include "meshrt/device.hpp"
+#include "meshrt/settings.hpp"
 
 namespace meshrt::test {
 namespace {
@@ -30,8 +31,7 @@ constexpr std::array kDTypes{DType::Bool,    DType::UInt8,    DType::Int32,   DT
 
 // The accelerator under test: cuda when MESHRT_ACCELERATOR=cuda, else emulated (CTest).
 device::Accelerator under_test() {
-  const char* text = std::getenv("MESHRT_ACCELERATOR");
-  return text != nullptr && std::string(text) == "cuda" ? device::Accelerator::Cuda : device::Accelerator::Emulated;
+  return settings::kAccelerator.get() == "cuda" ? device::Accelerator::Cuda : device::Accelerator::Emulated;
 }
 
 // Places this rank on its device once, as the runtime does at start, with a delay on

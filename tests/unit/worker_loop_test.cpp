@@ -446,9 +446,8 @@ struct Job {
   explicit Job(int n, double status_interval = 1.0) : workers(static_cast<std::size_t>(n)) {
     std::vector<int> ranks;
     for (int r = 1; r <= n; ++r) ranks.push_back(r);
-    const auto tree =
-        control::StatusTree::for_job(ranks, static_cast<std::size_t>(settings::get_int("MESHRT_FANOUT")),
-                                     static_cast<std::size_t>(settings::get_int("MESHRT_FANOUT_THRESHOLD")));
+    const auto tree = control::StatusTree::for_job(ranks, static_cast<std::size_t>(settings::kFanout.get()),
+                                                   static_cast<std::size_t>(settings::kFanoutThreshold.get()));
     for (int r = 1; r <= n; ++r) {
       endpoints.push_back(net->endpoint(r));
       WorkerOptions o;
