@@ -16,6 +16,8 @@ echo "== include check"
 "$MESHRT_ROOT/scripts/include-check.sh"
 ensure_packages "${MESHRT_PACKAGES[@]}"
 configure_and_build -DMESHRT_WERROR=ON
+echo "== settings check"
+"$MESHRT_ROOT/scripts/settings-check.sh" "$MESHRT_BUILD_DIR"
 mpi_local_environment
 
 skip=()
