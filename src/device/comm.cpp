@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/checks.hpp"
+#include "common/hash.hpp"
 #include "device/backend.hpp"
 #include "device/emulated_comm.hpp"
 #include "meshrt/settings.hpp"

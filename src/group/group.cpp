@@ -41,6 +41,7 @@
 
 #include "common/backoff.hpp"
 #include "common/checks.hpp"
+#include "common/hash.hpp"
 #include "meshrt/settings.hpp"
 
 namespace meshrt {
@@ -145,12 +146,7 @@ std::string int_list(const std::vector<int>& v) {
 namespace detail {
 
 std::uint64_t fnv1a(std::string_view text) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
+  return fnv1a_64(text);
 }
 
 void serialize_failed(const TypeTag& tag, const char* what) {
