@@ -236,15 +236,6 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-CudaDeviceGuard::CudaDeviceGuard(int device) {
-  MESHRT_CUDA_CHECK(cudaGetDevice(&previous_));
-  if (previous_ != device) MESHRT_CUDA_CHECK(cudaSetDevice(device));
-}
-
-CudaDeviceGuard::~CudaDeviceGuard() {
-  (void)cudaSetDevice(previous_);
-}
-
 Backend& cuda_backend() {
   // Never destroyed, as the emulated one: tensors freed at exit return to its pools.
   static auto* backend = new CudaBackend();
