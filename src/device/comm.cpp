@@ -22,12 +22,7 @@ namespace meshrt::device {
 namespace {
 
 std::uint64_t host_hash() {
-  char host[MPI_MAX_PROCESSOR_NAME] = {};
-  int length = 0;
-  MESHRT_MPI_CHECK(MPI_Get_processor_name(host, &length));
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a, as NCCL hashes host names
-  for (int i = 0; i < length; ++i) h = (h ^ static_cast<unsigned char>(host[i])) * 1099511628211ull;
-  return h;
+  return detail::fnv1a_64(detail::processor_name());  // as NCCL hashes host names
 }
 
 struct MemberPlace {
