@@ -33,6 +33,18 @@ std::string error_of(const std::function<void()>& f) {
   return {};
 }
 
+// The text of any std::exception `f` throws, or "(no exception)" (for tests that compare
+// the texts of several outcomes).
+template <class F>
+std::string error_text(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
 inline void expect_contains(const std::string& text, const std::string& part) {
   EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
 }

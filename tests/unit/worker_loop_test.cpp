@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "../support/expect_error.hpp"
+#include "../support/scoped_env.hpp"
 #include "controller/state.hpp"
 #include "meshrt/control.hpp"
 #include "meshrt/functions.hpp"
@@ -419,25 +420,7 @@ TEST(WorkerLoop, RunsEnvelopesInTheirNumberedOrderNotInArrivalOrder) {
   ctl.finish_without_exit();
 }
 
-// Sets an environment variable for one test, restoring it after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using test::ScopedEnv;
 
 // A dedicated controller (rank 0) and `n` workers (ranks 1..n) in threads of this
 // process, over one in-memory network. The workers report through the status tree when
