@@ -182,14 +182,7 @@ void Batcher::defer_delete(const std::vector<int>& dests, Ref ref, std::optional
   pending_delete_count_++;
 }
 
-void Batcher::defer_drop(const std::vector<int>& dests, Ref ref) {
-  pending_drops_.emplace_back(dests, ref);
-}
-
 void Batcher::flush_deferred() {
-  auto drops = std::move(pending_drops_);
-  pending_drops_.clear();
-  for (auto& [dests, ref] : drops) append(dests, protocol::BorrowDrop{ref});
   auto deletes = std::move(pending_deletes_);
   pending_deletes_.clear();
   pending_delete_count_ = 0;
@@ -229,7 +222,6 @@ void Batcher::restart() {
   treed_.clear();
   pending_deletes_.clear();
   pending_delete_count_ = 0;
-  pending_drops_.clear();
 }
 
 }  // namespace meshrt::detail

@@ -208,20 +208,20 @@ void ControllerState::ensure_stream(StreamState& stream) {
   append(workers_, protocol::CreateStream{.result = stream.ref, .is_default = stream.is_default});
 }
 
-void ControllerState::flush_deferred() {
+void ControllerState::send_deferred_drops() {
+  if (pending_drops_.empty()) return;
   auto drops = std::move(pending_drops_);
   pending_drops_.clear();
   for (auto& [dests, ref] : drops) batcher_.append(dests, protocol::BorrowDrop{ref});
+}
+
+void ControllerState::flush_deferred() {
+  send_deferred_drops();
   batcher_.flush_deferred();
 }
 
 void ControllerState::append(const std::vector<int>& dests, protocol::Command c, Ident ident) {
-  // Implicit drops first: the origin's next use must find the borrow dropped.
-  if (!pending_drops_.empty()) {
-    auto drops = std::move(pending_drops_);
-    pending_drops_.clear();
-    for (auto& [d, ref] : drops) batcher_.append(d, protocol::BorrowDrop{ref});
-  }
+  send_deferred_drops();  // implicit drops first: the origin's next use must find the borrow dropped
   // Recorded before the batcher may send it: replies are read on this thread only.
   if (ident != 0) tracker_.sent(dests, ident);
   batcher_.append(dests, std::move(c));
