@@ -19,6 +19,8 @@ echo "== docs check"
 "$MESHRT_ROOT/scripts/docs-check.sh"
 ensure_packages "${MESHRT_PACKAGES[@]}"
 configure_and_build -DMESHRT_WERROR=ON
+echo "== settings check"
+"$MESHRT_ROOT/scripts/settings-check.sh" "$MESHRT_BUILD_DIR"
 mpi_local_environment
 
 skip=()

@@ -81,8 +81,8 @@ int run_scale(Context& ctx, int argc, char** argv, const std::string& json_path)
   const int steps = ctx.quick ? 20 : 200;
   // A batch of a call and a reduction is ~150 B; a Status ~20 B.
   const auto [send_cost, recv_cost] = per_message_cost(ctx, ctx.quick ? 2000 : 20000, 160);
-  const std::int64_t fanout = settings::get_int("MESHRT_FANOUT");
-  const std::int64_t threshold = settings::get_int("MESHRT_FANOUT_THRESHOLD");
+  const std::int64_t fanout = settings::kFanout.get();
+  const std::int64_t threshold = settings::kFanoutThreshold.get();
   Runtime runtime(argc, argv);
   runtime.session([&](Controller& ctl) {
     const int n = static_cast<int>(ctl.worker_ranks().len());

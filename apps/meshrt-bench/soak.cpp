@@ -32,6 +32,7 @@
 
 #include "bench.hpp"
 #include "meshrt/internal/comm.hpp"
+#include "meshrt/internal/settings.hpp"
 #include "meshrt/meshrt.hpp"
 
 namespace meshrt::bench {
@@ -95,10 +96,10 @@ Sample sample(Controller& ctl, const Mesh& mesh) {
 }
 
 int run_soak(Context& ctx, int argc, char** argv, const std::string& json_path) {
-  const char* env_commands = std::getenv("MESHRT_SOAK_COMMANDS");  // for longer runs by hand
-  const std::int64_t commands = env_commands ? std::atoll(env_commands) : ctx.quick ? 100'000 : 1'000'000;
+  const std::int64_t commands =
+      settings::kSoakCommands.from_environment().value_or(ctx.quick ? 100'000 : 1'000'000);  // longer runs by hand
   const std::int64_t ring_size = 10'000;
-  const bool trace = std::getenv("MESHRT_SOAK_TRACE") != nullptr;  // RSS at every synchronize
+  const bool trace = settings::kSoakTrace.get();  // RSS at every synchronize
   const double max_growth = 0.05;
   Runtime runtime(argc, argv);
   int rc = 0;

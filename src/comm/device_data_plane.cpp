@@ -68,7 +68,7 @@ std::shared_ptr<device::Communicator> cached(Device::Kind kind, std::vector<int>
   }
   refuse_if_failed(key);
   std::shared_ptr<device::Communicator> comm =
-      device::create_communicator(accelerator_of(kind), members, device, settings::get_seconds("MESHRT_GROUP_TIMEOUT"));
+      device::create_communicator(accelerator_of(kind), members, device, settings::kGroupTimeout.get());
   std::lock_guard lock(g_comms_mutex);
   return g_comms.try_emplace(std::move(key), std::move(comm)).first->second;
 }
@@ -99,7 +99,7 @@ void abandon(std::vector<Tensor> buffers) {
 
 // MESHRT_DEVICE_TIMEOUT, read once (the settings are the environment's, fixed at start).
 std::chrono::duration<double> device_timeout() {
-  static const std::chrono::duration<double> timeout = settings::get_seconds("MESHRT_DEVICE_TIMEOUT");
+  static const std::chrono::duration<double> timeout = settings::kDeviceTimeout.get();
   return timeout;
 }
 

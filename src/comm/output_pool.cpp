@@ -76,7 +76,7 @@ namespace {
 
 OutputPool& pool() {
   // Never destroyed: a pooled tensor may outlive main's locals and static destructors.
-  static OutputPool* p = new OutputPool(static_cast<std::size_t>(settings::get_int("MESHRT_COMM_POOL_BYTES")));
+  static OutputPool* p = new OutputPool(static_cast<std::size_t>(settings::kCommPoolBytes.get()));
   return *p;
 }
 

@@ -136,6 +136,17 @@ class Backoff {
     pause([](std::chrono::microseconds d) { std::this_thread::sleep_for(d); });
   }
 
+  // Calls `done()` until it returns true, pausing between calls; false when `deadline`
+  // passes first (the default: never).
+  template <class Done>
+  bool poll_until(Done&& done, Clock::time_point deadline = Clock::time_point::max()) {
+    while (!done()) {
+      if (deadline != Clock::time_point::max() && expired(deadline)) return false;
+      pause();
+    }
+    return true;
+  }
+
   // As pause(), with `idle(duration)` in place of the sleep; it may return early.
   template <class Idle>
   void pause(Idle&& idle) {

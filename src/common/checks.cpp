@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "common/assert.hpp"
 
 namespace meshrt::detail {
@@ -29,7 +32,18 @@ std::string mpi_error_string(int code) {
   char text[MPI_MAX_ERROR_STRING] = {};
   int len = 0;
   if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", code);
-  return std::string(text, static_cast<std::size_t>(len));
+  return mpi_text(text, len);
+}
+
+std::string mpi_text(const char* buffer, int length) {
+  return std::string(buffer, strnlen(buffer, static_cast<std::size_t>(std::max(length, 0))));
+}
+
+std::string processor_name() {
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MESHRT_MPI_CHECK(MPI_Get_processor_name(host, &len));
+  return mpi_text(host, len);
 }
 
 void set_error_policy(MPI_Comm comm) {

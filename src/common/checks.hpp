@@ -35,6 +35,13 @@ std::string mpi_error_string(int code);
 // refuses. Call it on every communicator meshrt creates, right after creating it.
 void set_error_policy(MPI_Comm comm);
 
+// The text an MPI_Get_* call wrote into `buffer` of `length` (some MPI libraries count the
+// terminating NUL in it, some do not).
+std::string mpi_text(const char* buffer, int length);
+
+// MPI_Get_processor_name: this host's name as MPI reports it.
+std::string processor_name();
+
 }  // namespace meshrt::detail
 
 #define MESHRT_MPI_CHECK(call)                                                      \

@@ -45,8 +45,7 @@ BuildInfo build_info() {
   char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
   int len = 0;
   MESHRT_MPI_CHECK(MPI_Get_library_version(lib, &len));
-  // Some MPI libraries count the terminating NUL in `len`.
-  info.mpi_library = std::string(lib, strnlen(lib, static_cast<std::size_t>(len)));
+  info.mpi_library = detail::mpi_text(lib, len);
   if (auto nl = info.mpi_library.find('\n'); nl != std::string::npos) info.mpi_library.resize(nl);
   while (!info.mpi_library.empty() && (info.mpi_library.back() == ',' || info.mpi_library.back() == ' ')) {
     info.mpi_library.pop_back();

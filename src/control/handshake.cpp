@@ -22,10 +22,7 @@ void handshake(MPI_Comm control, int provided, bool dedicated_controller) {
   mine.meshrt_version = MESHRT_VERSION_STRING;
   mine.thread_level = provided;
   mine.rank = rank;
-  char host[MPI_MAX_PROCESSOR_NAME] = {};
-  int len = 0;
-  MESHRT_MPI_CHECK(MPI_Get_processor_name(host, &len));
-  mine.host = host;
+  mine.host = detail::processor_name();
   try {
     mine.function_table_hash = functions::table_hash();
   } catch (const std::exception& e) {

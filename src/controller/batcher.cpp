@@ -11,14 +11,8 @@
 namespace meshrt::detail {
 
 Batcher::Batcher(std::shared_ptr<control::Transport> transport) : transport_(std::move(transport)) {
-  const std::int64_t fanout = settings::get_int("MESHRT_FANOUT");
-  const std::int64_t threshold = settings::get_int("MESHRT_FANOUT_THRESHOLD");
-  if (fanout < 0 || threshold < 0) {
-    throw UsageError(
-        fmt::format("MESHRT_FANOUT={} MESHRT_FANOUT_THRESHOLD={}: expected counts >= 0", fanout, threshold));
-  }
-  fanout_ = static_cast<std::size_t>(fanout);
-  fanout_threshold_ = static_cast<std::size_t>(threshold);
+  fanout_ = static_cast<std::size_t>(settings::kFanout.get());  // both settings take counts >= 0
+  fanout_threshold_ = static_cast<std::size_t>(settings::kFanoutThreshold.get());
   flusher_ = std::thread([this] {
     log::set_thread_role("controller flusher");
     std::unique_lock lock(mutex_);
@@ -179,14 +173,7 @@ void Batcher::defer_delete(const std::vector<int>& dests, Ref ref, std::optional
   pending_delete_count_++;
 }
 
-void Batcher::defer_drop(const std::vector<int>& dests, Ref ref) {
-  pending_drops_.emplace_back(dests, ref);
-}
-
 void Batcher::flush_deferred() {
-  auto drops = std::move(pending_drops_);
-  pending_drops_.clear();
-  for (auto& [dests, ref] : drops) append(dests, protocol::BorrowDrop{ref});
   auto deletes = std::move(pending_deletes_);
   pending_deletes_.clear();
   pending_delete_count_ = 0;
@@ -226,7 +213,6 @@ void Batcher::restart() {
   treed_.clear();
   pending_deletes_.clear();
   pending_delete_count_ = 0;
-  pending_drops_.clear();
 }
 
 }  // namespace meshrt::detail

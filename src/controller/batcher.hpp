@@ -45,8 +45,7 @@ class Batcher {
   void defer_delete(const std::vector<int>& dests, Ref ref, std::optional<std::size_t> value_bytes = std::nullopt);
   static constexpr std::size_t kSmallDeletes = 64;
   static constexpr std::size_t kSmallDeleteBytes = std::size_t{16} << 10;
-  void defer_drop(const std::vector<int>& dests, Ref ref);
-  // Sends every deferred delete and drop now, then flushes.
+  // Sends every deferred delete now, then flushes.
   void flush_deferred();
 
   // Takes one waiting reply (throws ProtocolError for an undecodable one).
@@ -118,7 +117,6 @@ class Batcher {
   std::vector<Ref> take(PendingDeletes& p);
   std::map<std::vector<int>, PendingDeletes> pending_deletes_;
   std::size_t pending_delete_count_ = 0;
-  std::vector<std::pair<std::vector<int>, Ref>> pending_drops_;
 };
 
 }  // namespace meshrt::detail

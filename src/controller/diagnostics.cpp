@@ -48,11 +48,7 @@ std::map<int, protocol::QueryAnswer> Diagnostics::query(protocol::Query query, s
 }
 
 std::string Diagnostics::desync_report(const std::string& what) {
-  std::chrono::duration<double> wait{2.0};
-  try {
-    wait = settings::get_seconds("MESHRT_STATE_QUERY_TIMEOUT");
-  } catch (const std::exception&) {
-  }
+  const settings::Seconds wait = settings::kStateQueryTimeout.get();
   // Each worker writes the end of its flight recorder to its log; then the state table.
   query({.op = protocol::QueryOp::Dump, .limit = 20, .reason = what.substr(0, what.find(':'))}, wait);
   std::map<int, nlohmann::json> states;
@@ -140,18 +136,13 @@ std::string Diagnostics::desync_report(const std::string& what) {
 }
 
 std::string Diagnostics::dump_flight_recorder() {
-  double wait = 2.0;
-  try {
-    wait = settings::get_double("MESHRT_STATE_QUERY_TIMEOUT");
-  } catch (const std::exception&) {
-  }
-  const auto answers = query({.op = protocol::QueryOp::Dump, .reason = "Controller::dump_flight_recorder()"},
-                             std::chrono::duration<double>(wait));
+  const settings::Seconds wait = settings::kStateQueryTimeout.get();
+  const auto answers = query({.op = protocol::QueryOp::Dump, .reason = "Controller::dump_flight_recorder()"}, wait);
   std::string out;
   for (int rank : workers_) {
     auto it = answers.find(rank);
     if (it == answers.end()) {
-      out += fmt::format("rank {}: no answer within {} s\n", rank, wait);
+      out += fmt::format("rank {}: no answer within {} s\n", rank, wait.count());
     } else if (!it->second.error.empty()) {
       out += fmt::format("rank {}: {}\n", rank, it->second.error);
     } else {

@@ -203,20 +203,20 @@ void ControllerState::ensure_stream(StreamState& stream) {
   append(workers_, protocol::CreateStream{.result = stream.ref, .is_default = stream.is_default});
 }
 
-void ControllerState::flush_deferred() {
+void ControllerState::send_deferred_drops() {
+  if (pending_drops_.empty()) return;
   auto drops = std::move(pending_drops_);
   pending_drops_.clear();
   for (auto& [dests, ref] : drops) batcher_.append(dests, protocol::BorrowDrop{ref});
+}
+
+void ControllerState::flush_deferred() {
+  send_deferred_drops();
   batcher_.flush_deferred();
 }
 
 void ControllerState::append(const std::vector<int>& dests, protocol::Command c, Ident ident) {
-  // Implicit drops first: the origin's next use must find the borrow dropped.
-  if (!pending_drops_.empty()) {
-    auto drops = std::move(pending_drops_);
-    pending_drops_.clear();
-    for (auto& [d, ref] : drops) batcher_.append(d, protocol::BorrowDrop{ref});
-  }
+  send_deferred_drops();  // implicit drops first: the origin's next use must find the borrow dropped
   // Recorded before the batcher may send it: replies are read on this thread only.
   if (ident != 0) tracker_.sent(dests, ident);
   batcher_.append(dests, std::move(c));
@@ -307,7 +307,7 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
                                            missing.size() == 1 ? "has" : "have", tracker_.lagging_report(ident));
       const std::string report = diagnostics_.desync_report(head);
       MESHRT_LOG(warning) << head << "\n" << report;
-      if (settings::get("MESHRT_TIMEOUT_ACTION") == "abort") abort_job(head + "\n" + report);
+      if (settings::kTimeoutAction.get() == "abort") abort_job(head + "\n" + report);
       throw TimeoutError(head + "\n" + report, missing);
     }
     if (bell && tracker_.owes(control::kControllerRank, ident))

@@ -212,7 +212,10 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   std::shared_ptr<StreamState> default_stream_;
   std::unordered_map<std::string, std::weak_ptr<MeshState>> meshes_;
   std::deque<std::shared_ptr<MeshState>> recent_meshes_;
-  std::vector<std::pair<std::vector<int>, Ref>> pending_drops_;
+  std::vector<std::pair<std::vector<int>, Ref>> pending_drops_;  // defer_drop's, sent by send_deferred_drops
+
+  // Appends a BorrowDrop for each deferred drop (defer_drop), ahead of what follows.
+  void send_deferred_drops();
 };
 
 std::vector<int> to_dests(const NDSlice& slice);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/checks.hpp"
+#include "common/hash.hpp"
 #include "device/backend.hpp"
 #include "device/emulated_comm.hpp"
 #include "meshrt/internal/settings.hpp"
@@ -21,12 +22,7 @@ namespace meshrt::device {
 namespace {
 
 std::uint64_t host_hash() {
-  char host[MPI_MAX_PROCESSOR_NAME] = {};
-  int length = 0;
-  MESHRT_MPI_CHECK(MPI_Get_processor_name(host, &length));
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a, as NCCL hashes host names
-  for (int i = 0; i < length; ++i) h = (h ^ static_cast<unsigned char>(host[i])) * 1099511628211ull;
-  return h;
+  return detail::fnv1a_64(detail::processor_name());  // as NCCL hashes host names
 }
 
 struct MemberPlace {
@@ -89,13 +85,12 @@ int select_device(Accelerator accelerator, MPI_Comm world) {
   }
   // Always collective, so ranks with and without MESHRT_DEVICE still agree.
   const int local = local_rank(world);
-  if (settings::from_environment("MESHRT_DEVICE")) {
-    const auto chosen = settings::get_int("MESHRT_DEVICE");
-    if (chosen < 0 || chosen >= count) {
+  if (const std::optional<std::int64_t> chosen = settings::kDevice.from_environment()) {
+    if (*chosen >= count) {
       throw UsageError(fmt::format("setting MESHRT_DEVICE: expected a device of the {} accelerator in 0..{}, found {}",
-                                   name(accelerator), count - 1, chosen));
+                                   name(accelerator), count - 1, *chosen));
     }
-    return static_cast<int>(chosen);
+    return static_cast<int>(*chosen);
   }
   return local % count;
 }

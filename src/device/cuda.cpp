@@ -121,7 +121,7 @@ class CudaEvent final : public Event::Impl {
 class CudaBackend final : public Backend {
  public:
   CudaBackend()
-      : pool_limit_(static_cast<std::size_t>(settings::get_int("MESHRT_DEVICE_POOL_BYTES"))),
+      : pool_limit_(static_cast<std::size_t>(settings::kDevicePoolBytes.get())),
         pinned_(
             [](std::size_t n) {
               void* p = nullptr;
@@ -235,15 +235,6 @@ class CudaBackend final : public Backend {
 };
 
 }  // namespace
-
-CudaDeviceGuard::CudaDeviceGuard(int device) {
-  MESHRT_CUDA_CHECK(cudaGetDevice(&previous_));
-  if (previous_ != device) MESHRT_CUDA_CHECK(cudaSetDevice(device));
-}
-
-CudaDeviceGuard::~CudaDeviceGuard() {
-  (void)cudaSetDevice(previous_);
-}
 
 Backend& cuda_backend() {
   // Never destroyed, as the emulated one: tensors freed at exit return to its pools.

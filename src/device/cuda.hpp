@@ -8,22 +8,12 @@
 #include <memory>
 
 #include "common/checks.hpp"
+#include "common/cuda_guard.hpp"
 #include "meshrt/internal/device.hpp"
 
 namespace meshrt::device {
 
-// Makes `device` current for a scope and restores the caller's device after, so a call
-// never changes the thread's CUDA device behind its back.
-class CudaDeviceGuard {
- public:
-  explicit CudaDeviceGuard(int device);
-  ~CudaDeviceGuard();
-  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
-  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
+using detail::CudaDeviceGuard;  // common/cuda_guard.hpp, shared with tensor
 
 // Created on first use; creating it makes no context (only cudaGetDeviceCount).
 Backend& cuda_backend();

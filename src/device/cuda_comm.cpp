@@ -5,6 +5,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/backoff.hpp"
+#include "common/mpi_wait.hpp"
 #include "device/backend.hpp"
 #include "device/comm.hpp"
 #include "device/cuda.hpp"
@@ -206,26 +208,11 @@ class NcclCommunicator final : public Communicator {
   int device_;
 };
 
-void wait_request(MPI_Request& request, std::chrono::steady_clock::time_point deadline) {
-  for (int done = 0;;) {
-    MESHRT_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    if (done) return;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      throw TimeoutError(
-          "NCCL communicator init: expected every member to join the unique id's broadcast in time, "
-          "found it incomplete at the deadline");
-    }
-    std::this_thread::yield();
-  }
-}
-
 }  // namespace
 
 std::unique_ptr<Communicator> create_nccl_communicator(MPI_Comm members, int device,
                                                        std::chrono::duration<double> timeout) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::min(
-                                             timeout, std::chrono::duration<double>(std::chrono::hours(24 * 365))));
+  const auto deadline = detail::deadline_after(timeout);
   int rank = 0;
   int size = 0;
   MESHRT_MPI_CHECK(MPI_Comm_rank(members, &rank));
@@ -236,23 +223,29 @@ std::unique_ptr<Communicator> create_nccl_communicator(MPI_Comm members, int dev
   if (rank == 0) MESHRT_NCCL_CHECK(ncclGetUniqueId(&id));
   MPI_Request request = MPI_REQUEST_NULL;
   MESHRT_MPI_CHECK(MPI_Ibcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, members, &request));
-  wait_request(request, deadline);
+  detail::wait_request(request, deadline, "NCCL communicator init", "the unique id's broadcast");
   CudaDeviceGuard guard(device);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t comm = nullptr;
   ncclResult_t rc = ncclCommInitRankConfig(&comm, size, id, rank, &config);
   ncclResult_t state = rc;
-  while (rc == ncclInProgress || (rc == ncclSuccess && state == ncclInProgress)) {
-    if (std::chrono::steady_clock::now() >= deadline) {
-      (void)ncclCommAbort(comm);
-      throw TimeoutError(
-          fmt::format("NCCL communicator init on cuda:{} (rank {} of {}): expected every member to "
-                      "join in time, found the init still in progress at the deadline",
-                      device, rank, size));
-    }
-    std::this_thread::yield();
-    rc = ncclCommGetAsyncError(comm, &state);
+  const bool initialized = detail::Backoff(detail::kControl)
+                               .poll_until(
+                                   [&] {
+                                     if (rc == ncclInProgress || (rc == ncclSuccess && state == ncclInProgress)) {
+                                       rc = ncclCommGetAsyncError(comm, &state);
+                                       return false;
+                                     }
+                                     return true;
+                                   },
+                                   deadline);
+  if (!initialized) {
+    (void)ncclCommAbort(comm);
+    throw TimeoutError(
+        fmt::format("NCCL communicator init on cuda:{} (rank {} of {}): expected every member to "
+                    "join in time, found the init still in progress at the deadline",
+                    device, rank, size));
   }
   if (rc != ncclSuccess || state != ncclSuccess) {
     const std::string message = nccl_message(comm, rc != ncclSuccess ? rc : state);

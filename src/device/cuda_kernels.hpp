@@ -7,9 +7,11 @@
 
 namespace meshrt::cuda_kernels {
 
-enum BinaryOp : int { kAdd = 0, kSub = 1, kMul = 2 };
+// The elementwise operations of meshrt.add, meshrt.sub and meshrt.mul, on the host
+// (functions/builtins.cpp) and on a CUDA device alike.
+enum class BinaryOp : int { Add = 0, Sub = 1, Mul = 2 };
 
-void binary(int op, int dtype, const void* a, const void* b, void* out, std::int64_t n, void* stream);
+void binary(BinaryOp op, int dtype, const void* a, const void* b, void* out, std::int64_t n, void* stream);
 void scale(int dtype, const void* x, double factor, void* out, std::int64_t n, void* stream);
 // x[i] = x[i] / divisor in place (avg's division; integers truncate toward zero).
 void divide(int dtype, void* x, std::int64_t divisor, std::int64_t n, void* stream);

@@ -139,7 +139,7 @@ Accelerator parse_accelerator(std::string_view text) {
 }
 
 Accelerator configured_accelerator() {
-  static const Accelerator accelerator = parse_accelerator(settings::get("MESHRT_ACCELERATOR"));
+  static const Accelerator accelerator = parse_accelerator(settings::kAccelerator.get());
   return accelerator;
 }
 

@@ -182,19 +182,11 @@ std::string EmulatedStream::to_string() const {
 // ---------------------------------------------------------------------------- backend
 
 EmulatedBackend::EmulatedBackend()
-    : devices_(static_cast<int>(settings::get_int("MESHRT_EMULATED_DEVICES"))),
-      delay_(settings::get_int("MESHRT_EMULATED_DELAY_US")),
-      pool_(host_allocate, host_free, static_cast<std::size_t>(settings::get_int("MESHRT_DEVICE_POOL_BYTES"))),
+    : devices_(static_cast<int>(settings::kEmulatedDevices.get())),
+      delay_(settings::kEmulatedDelayUs.get()),
+      pool_(host_allocate, host_free, static_cast<std::size_t>(settings::kDevicePoolBytes.get())),
       pinned_(host_allocate, host_free, SIZE_MAX) {
-  if (devices_ < 1) {
-    throw UsageError(
-        fmt::format("setting MESHRT_EMULATED_DEVICES: expected at least 1 device per node, found {}", devices_));
-  }
-  has_context_.assign(static_cast<std::size_t>(devices_), false);
-  if (delay_.count() < 0) {
-    throw UsageError(
-        fmt::format("setting MESHRT_EMULATED_DELAY_US: expected a delay >= 0 microseconds, found {}", delay_.count()));
-  }
+  has_context_.assign(static_cast<std::size_t>(devices_), false);  // the settings take >= 1 devices, >= 0 us
 }
 
 void EmulatedBackend::check_device(int index, const char* what) const {

@@ -16,28 +16,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/backoff.hpp"
 #include "common/checks.hpp"
+#include "common/mpi_wait.hpp"
 #include "device/comm.hpp"
 #include "device/emulated.hpp"
 
 namespace meshrt::device {
 namespace {
-
-// Waits for a non-blocking MPI call until `deadline`: a member that never joins an init
-// gives a TimeoutError instead of a hang.
-void wait_request(MPI_Request& request, std::chrono::steady_clock::time_point deadline, const char* what) {
-  for (int done = 0;;) {
-    MESHRT_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    if (done) return;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      throw TimeoutError(
-          fmt::format("emulated communicator init: expected every member to join {} in time, found "
-                      "it still incomplete at the deadline",
-                      what));
-    }
-    std::this_thread::yield();
-  }
-}
 
 template <class T>
 T combine(T a, T b, Reduction r) {
@@ -383,31 +369,18 @@ class EmulatedCommunicator final : public Communicator {
         if (state->error) throw SystemError(fmt::format("{} on {}: the communicator failed before", what, text));
       }
       const Wait wait = [&state = *state](MPI_Request* requests, int n, const std::shared_ptr<Buffers>& keep) {
-        std::optional<std::chrono::steady_clock::time_point> start;
-        std::chrono::steady_clock::duration waited{0};
-        for (unsigned polls = 0;; ++polls) {
+        // MPI progresses a non-blocking collective only inside its calls: poll as the
+        // worker polls its collectives (kInFlight), until done or aborted.
+        detail::Backoff(detail::kInFlight).poll_until([&] {
           int complete = 0;
           MESHRT_MPI_CHECK(MPI_Testall(n, requests, &complete, MPI_STATUSES_IGNORE));
-          if (complete) return;
+          if (complete) return true;
           if (state.abort_seen.load(std::memory_order_relaxed)) {
             abandon(keep);
             throw Aborted{};
           }
-          // MPI progresses a non-blocking collective only inside its calls: spin for 20 us
-          // (a small collective's wait), yield until 1 ms, then poll gently, as the worker
-          // polls its collectives (src/common/backoff.hpp, kInFlight). The clock is read every
-          // 16 polls only.
-          if (polls % 16 == 0) {
-            const auto now = std::chrono::steady_clock::now();
-            if (!start) start = now;
-            waited = now - *start;
-          }
-          if (waited >= std::chrono::milliseconds(1)) {
-            std::this_thread::sleep_for(std::chrono::microseconds(50));
-          } else if (waited >= std::chrono::microseconds(20)) {
-            std::this_thread::yield();
-          }
-        }
+          return false;
+        });
       };
       try {
         if (EmulatedStream::faulted_now()) {
@@ -460,9 +433,7 @@ std::unique_ptr<Communicator> create_emulated_communicator(MPI_Comm members, int
   }
   emulated_backend().check_device(device, "emulated communicator");
   emulated_backend().touch(device);  // ncclCommInitRank creates the device's context
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::min(
-                                             timeout, std::chrono::duration<double>(std::chrono::hours(24 * 365))));
+  const auto deadline = detail::deadline_after(timeout);
   int rank = 0;
   int size = 0;
   MESHRT_MPI_CHECK(MPI_Comm_rank(members, &rank));
@@ -475,11 +446,11 @@ std::unique_ptr<Communicator> create_emulated_communicator(MPI_Comm members, int
   }
   MPI_Request request = MPI_REQUEST_NULL;
   MESHRT_MPI_CHECK(MPI_Ibcast(id.data(), static_cast<int>(sizeof id), MPI_BYTE, 0, members, &request));
-  wait_request(request, deadline, "the unique id's broadcast");
+  detail::wait_request(request, deadline, "emulated communicator init", "the unique id's broadcast");
   check_distinct_devices(members, Accelerator::Emulated, device);
   MPI_Comm own = MPI_COMM_NULL;
   MESHRT_MPI_CHECK(MPI_Comm_idup(members, &own, &request));
-  wait_request(request, deadline, "the communicator's duplication");
+  detail::wait_request(request, deadline, "emulated communicator init", "the communicator's duplication");
   MESHRT_MPI_CHECK(MPI_Comm_set_errhandler(own, MPI_ERRORS_RETURN));
   return std::make_unique<EmulatedCommunicator>(own, rank, size, device, fmt::format("{:016x}", id[0]));
 }

@@ -63,25 +63,25 @@ __device__ float widen(T v) {
 }
 
 template <class T>
-__device__ T apply(int op, T a, T b) {
+__device__ T apply(BinaryOp op, T a, T b) {
   if constexpr (std::is_same_v<T, bool>) {
-    return op == kAdd ? (a || b) : op == kMul ? (a && b) : (a != b);
+    return op == BinaryOp::Add ? (a || b) : op == BinaryOp::Mul ? (a && b) : (a != b);
   } else if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
     const float x = static_cast<float>(a), y = static_cast<float>(b);
-    return T(op == kAdd ? x + y : op == kSub ? x - y : x * y);
+    return T(op == BinaryOp::Add ? x + y : op == BinaryOp::Sub ? x - y : x * y);
   } else if constexpr (std::is_integral_v<T>) {
     using U = std::make_unsigned_t<T>;
     const U x = static_cast<U>(a), y = static_cast<U>(b);
-    return static_cast<T>(op == kAdd   ? static_cast<U>(x + y)
-                          : op == kSub ? static_cast<U>(x - y)
-                                       : static_cast<U>(x * y));
+    return static_cast<T>(op == BinaryOp::Add   ? static_cast<U>(x + y)
+                          : op == BinaryOp::Sub ? static_cast<U>(x - y)
+                                                : static_cast<U>(x * y));
   } else {
-    return op == kAdd ? a + b : op == kSub ? a - b : a * b;
+    return op == BinaryOp::Add ? a + b : op == BinaryOp::Sub ? a - b : a * b;
   }
 }
 
 template <class T>
-__global__ void binary_kernel(int op, const T* a, const T* b, T* out, std::int64_t n) {
+__global__ void binary_kernel(BinaryOp op, const T* a, const T* b, T* out, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     out[i] = apply(op, a[i], b[i]);
@@ -130,7 +130,7 @@ unsigned blocks(std::int64_t n) {
 
 }  // namespace
 
-void binary(int op, int dtype, const void* a, const void* b, void* out, std::int64_t n, void* stream) {
+void binary(BinaryOp op, int dtype, const void* a, const void* b, void* out, std::int64_t n, void* stream) {
   if (n == 0) return;
   dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -24,9 +24,7 @@
 #include "meshrt/device.hpp"
 #include "meshrt/functions.hpp"
 
-#if MESHRT_HAVE_CUDA
-#include "device/cuda_kernels.hpp"
-#endif
+#include "device/cuda_kernels.hpp"  // plain declarations, in every build (BinaryOp)
 
 namespace meshrt {
 namespace {
@@ -57,7 +55,7 @@ Tensor new_zeros(const CallContext& ctx, const TensorMeta& meta) {
 
 // ------------------------------------------------------------------ element arithmetic
 
-enum class BinaryOp : int { Add = 0, Sub = 1, Mul = 2 };
+using cuda_kernels::BinaryOp;  // the one definition, shared with the CUDA kernels
 
 template <class T>
 constexpr bool kIsHalf = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
@@ -116,8 +114,8 @@ void binary(CallContext& ctx, const Tensor& a, const Tensor& b, Tensor& out) {
     return;
   }
 #if MESHRT_HAVE_CUDA
-  cuda_kernels::binary(static_cast<int>(Op), static_cast<int>(a.dtype()), a.raw_data(), b.raw_data(), out.raw_data(),
-                       a.numel(), ctx.native_stream());
+  cuda_kernels::binary(Op, static_cast<int>(a.dtype()), a.raw_data(), b.raw_data(), out.raw_data(), a.numel(),
+                       ctx.native_stream());
 #else
   (void)ctx;
 #endif

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "common/hash.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
 
@@ -288,11 +289,10 @@ std::vector<std::string> names() {
 }
 
 std::uint64_t table_hash() {
-  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64 offset basis
+  std::uint64_t h = meshrt::detail::kFnv1aBasis;
   for (const std::string& n : names()) {
     // A NUL after each name, so {"ab","c"} and {"a","bc"} differ.
-    for (const char c : n) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
-    h = (h ^ 0u) * 0x100000001b3ull;
+    h = meshrt::detail::fnv1a_64(std::string_view("\0", 1), meshrt::detail::fnv1a_64(n, h));
   }
   return h;
 }

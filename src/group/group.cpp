@@ -41,6 +41,7 @@
 
 #include "common/backoff.hpp"
 #include "common/checks.hpp"
+#include "common/hash.hpp"
 #include "meshrt/internal/settings.hpp"
 
 namespace meshrt {
@@ -145,12 +146,7 @@ std::string int_list(const std::vector<int>& v) {
 namespace detail {
 
 std::uint64_t fnv1a(std::string_view text) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
+  return fnv1a_64(text);
 }
 
 void serialize_failed(const TypeTag& tag, const char* what) {
@@ -756,12 +752,11 @@ Seconds option_timeout(const GroupOptions& o) {
       throw UsageError(fmt::format("GroupOptions::timeout: expected >= 0 s, found {} s", o.timeout->count()));
     return o.timeout->count() == 0 ? Seconds::max() : *o.timeout;
   }
-  return settings::get_seconds("MESHRT_GROUP_TIMEOUT");
+  return settings::kGroupTimeout.get();
 }
 
 std::size_t option_chunk(const GroupOptions& o) {
-  const std::int64_t c =
-      o.chunk_bytes ? static_cast<std::int64_t>(*o.chunk_bytes) : settings::get_int("MESHRT_GROUP_CHUNK_BYTES");
+  const std::int64_t c = o.chunk_bytes ? static_cast<std::int64_t>(*o.chunk_bytes) : settings::kGroupChunkBytes.get();
   if (c < 1 || c > INT32_MAX) {
     throw UsageError(fmt::format("group chunk size: expected 1..{} bytes (an MPI count is an int), found {}{}",
                                  INT32_MAX, c, o.chunk_bytes ? " in GroupOptions" : " in MESHRT_GROUP_CHUNK_BYTES"));

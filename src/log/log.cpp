@@ -109,7 +109,7 @@ void set_thread_role(std::string role) {
 
 void init(int rank) {
   std::lock_guard lock(g_init_mutex);
-  set_level(parse_level(settings::get("MESHRT_LOG_LEVEL")));
+  set_level(parse_level(settings::kLogLevel.get()));
   auto core = bl::core::get();
   g_rank.store(rank);
   if (!g_console) {
@@ -120,7 +120,7 @@ void init(int rank) {
     core->remove_sink(g_file);
     g_file.reset();
   }
-  if (auto dir = settings::from_environment("MESHRT_LOG_DIR"); dir && rank >= 0) {
+  if (auto dir = settings::kLogDir.from_environment(); dir && rank >= 0) {
     std::error_code ec;
     std::filesystem::create_directories(*dir, ec);
     auto path = std::filesystem::path(*dir) / fmt::format("meshrt.rank{}.log", rank);

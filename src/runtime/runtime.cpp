@@ -29,7 +29,7 @@ namespace {
 bool decide_worker_blocking(int rank) {
   const int local = device::node_size(MPI_COMM_WORLD);
   const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-  const std::string mode = settings::get("MESHRT_WORKER_BLOCKING");
+  const std::string mode = settings::kWorkerBlocking.get();
   const bool block = worker_blocks_in_mpi(mode, local, cores);
   if (rank == 0) {
     MESHRT_LOG(info) << "workers run CPU collectives " << (block ? "blocking" : "non-blocking") << " (" << local
@@ -77,9 +77,8 @@ struct Runtime::Impl {
     // The controller builds the same tree from the same settings (ControllerState).
     std::vector<int> workers;
     for (auto r : worker_ranks) workers.push_back(static_cast<int>(r));
-    const auto tree = control::StatusTree::for_job(
-        workers, static_cast<std::size_t>(std::max<std::int64_t>(0, settings::get_int("MESHRT_FANOUT"))),
-        static_cast<std::size_t>(std::max<std::int64_t>(0, settings::get_int("MESHRT_FANOUT_THRESHOLD"))));
+    const auto tree = control::StatusTree::for_job(workers, static_cast<std::size_t>(settings::kFanout.get()),
+                                                   static_cast<std::size_t>(settings::kFanoutThreshold.get()));
     if (tree && tree->contains(rank)) {
       o.status_parent = tree->is_top(rank) ? kStatusToController : tree->parent(rank);
       o.status_children = tree->children(rank);
@@ -108,6 +107,7 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
   MESHRT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &i.rank));
   MESHRT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &i.size));
   try {
+    settings::validate_all();  // a bad setting is reported here, on every rank, not when it is first read
     log::init(i.rank);
     log::set_thread_role(i.rank == 0 ? "controller" : fmt::format("worker {}", i.rank));
     // MPI_ERRORS_RETURN on each, so that MESHRT_MPI_CHECK raises (common/checks.hpp).
@@ -128,9 +128,8 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
       i.worker_ranks = NDSlice::row_major({i.size});
     }
     if (i.runs_worker()) {
-      i.watch = std::make_unique<WorkerWatch>(
-          i.rank, control::mpi_transport(i.control),
-          static_cast<std::size_t>(std::max<std::int64_t>(1, settings::get_int("MESHRT_FLIGHT_RECORDER"))));
+      i.watch = std::make_unique<WorkerWatch>(i.rank, control::mpi_transport(i.control),
+                                              static_cast<std::size_t>(settings::kFlightRecorder.get()));
     }
   } catch (...) {
     i.watch.reset();

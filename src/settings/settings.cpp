@@ -4,131 +4,202 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
 
+#include "common/assert.hpp"
 #include "meshrt/error.hpp"
 
 namespace meshrt::settings {
 namespace {
 
-// The one table of meshrt's settings. Add a row here, nowhere else.
-constexpr std::array kSettings{
-    Setting{"MESHRT_LOG_LEVEL", "warning", "Least severe log level written: trace, debug, info, warning, error, fatal"},
-    Setting{"MESHRT_LOG_DIR", "", "If set, each rank also logs to <dir>/meshrt.rank<N>.log"},
-    Setting{"MESHRT_GROUP_TIMEOUT", "300", "Default timeout of StatelessGroup operations, seconds (0 = none)"},
-    Setting{"MESHRT_GROUP_CHUNK_BYTES", "1073741824",
-            "Largest single MPI message of a StatelessGroup transfer; bigger objects are chunked"},
-    Setting{"MESHRT_FANOUT", "8",
-            "Children per node of the tree that forwards a batch to a mesh's ranks (0 = the controller sends every "
-            "batch to every rank itself, with no envelope)"},
-    Setting{"MESHRT_FANOUT_THRESHOLD", "16",
-            "A batch for more ranks than this goes down the fan-out tree, and a job with more workers than this "
-            "sends Status up the status tree; below it the controller talks to each rank itself"},
-    Setting{"MESHRT_FLIGHT_RECORDER", "1000", "Commands each worker keeps in its flight recorder"},
-    Setting{"MESHRT_TIMEOUT_ACTION", "raise",
-            "What a Future/synchronize timeout does after its desync report: raise (TimeoutError) or abort (the job)"},
-    Setting{"MESHRT_SIGNAL_HANDLER", "1",
-            "On a fatal signal, print the rank, the command and a backtrace, then MPI_Abort the job (0 = off)"},
-    Setting{"MESHRT_STATE_QUERY_TIMEOUT", "2",
-            "Seconds the controller waits for workers' answers when it builds a desync report"},
-    Setting{"MESHRT_WORKER_BLOCKING", "auto",
-            "How a worker runs CPU collectives and sends below the status tree: auto (the blocking MPI call when this "
-            "node has a core per rank, else non-blocking with back-off so a waiting rank leaves the core to its "
-            "peers), 1 (always blocking), 0 (never)"},
-    Setting{"MESHRT_COMM_POOL_BYTES", "1073741824",
-            "Bytes of freed CPU collective outputs (256 KiB and up) each rank keeps warm for reuse (0 = none)"},
-    Setting{"MESHRT_ACCELERATOR", "auto",
-            "The job's accelerator: auto (cuda if built with CUDA and a device is visible, else none), cuda, emulated "
-            "or none"},
-    Setting{"MESHRT_DEVICE", "", "This rank's device index (default: the local rank modulo the node's device count)"},
-    Setting{"MESHRT_EMULATED_DEVICES", "8", "Devices per node of the emulated accelerator"},
-    Setting{"MESHRT_EMULATED_DELAY_US", "0",
-            "Microseconds the emulated accelerator sleeps before each stream operation (makes missing orderings show)"},
-    Setting{"MESHRT_DEVICE_TIMEOUT", "300",
-            "Seconds a device collective or send may wait for its peers once its stream reached it; then its "
-            "communicator is aborted and the command fails (0 = none)"},
-    Setting{"MESHRT_DEVICE_POOL_BYTES", "1073741824",
-            "Bytes of freed device memory each rank's stream-ordered pool keeps cached for reuse"},
-    Setting{
-        "MESHRT_REQUIRE_GPU", "0",
-        "1 turns every test skip for a missing GPU into a failure naming why (for GPU nodes; scripts/gpu-check.sh)"},
-    Setting{"MESHRT_TEST_WATCHDOG", "",
-            "Seconds after which an MPI test binary names the running test and aborts the job"},
+// The table: every handle of settings.hpp, in the order meshrt-info prints them. A handle
+// that is read but missing here is an internal error at its first read (checked_info).
+constexpr std::array kTable{
+    kLogLevel.info,          kLogDir.info,         kGroupTimeout.info,
+    kGroupChunkBytes.info,   kFanout.info,         kFanoutThreshold.info,
+    kFlightRecorder.info,    kTimeoutAction.info,  kSignalHandler.info,
+    kStateQueryTimeout.info, kWorkerBlocking.info, kCommPoolBytes.info,
+    kAccelerator.info,       kDevice.info,         kEmulatedDevices.info,
+    kEmulatedDelayUs.info,   kDeviceTimeout.info,  kDevicePoolBytes.info,
+    kRequireGpu.info,        kTestWatchdog.info,   kTestAllRanksOutput.info,
+    kSoakCommands.info,      kSoakTrace.info,
 };
 
-[[noreturn]] void bad_value(const Setting& s, const std::string& found, std::string_view expected) {
-  throw UsageError(
-      fmt::format("setting {}: expected {}, found \"{}\" (default \"{}\")", s.name, expected, found, s.default_value));
+std::string lower(std::string_view text) {
+  std::string out(text);
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
+  return out;
+}
+
+[[noreturn]] void bad_value(const Info& s, std::string_view found) {
+  throw UsageError(fmt::format("setting {}: expected {}, found \"{}\" (default \"{}\")", s.name, takes(s), found,
+                               s.default_value.empty() ? "unset" : s.default_value));
+}
+
+std::int64_t read_integer(const Info& s, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || errno != 0 || *end != '\0' || v < s.min || v > s.max) bad_value(s, text);
+  return v;
+}
+
+Seconds read_seconds(const Info& s, const std::string& text) {
+  const std::string t = lower(text);
+  if (s.zero_is_no_limit && (t == "inf" || t == "none")) return Seconds::max();
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  // Finite only: an infinite or NaN duration would overflow the deadlines built from it.
+  if (text.empty() || errno != 0 || *end != '\0' || !(v >= 0) || v > 1e9) bad_value(s, text);
+  if (v == 0 && s.zero_is_no_limit) return Seconds::max();
+  return Seconds(v);
+}
+
+bool read_boolean(const Info& s, const std::string& text) {
+  if (const std::optional<bool> b = parse_bool(text)) return *b;
+  bad_value(s, text);
+}
+
+std::string read_choice(const Info& s, const std::string& text) {
+  const std::string t = lower(text);
+  for (std::string_view rest = s.choices; !rest.empty();) {
+    const auto bar = rest.find('|');
+    const std::string_view option = rest.substr(0, bar);
+    if (option == t) return std::string(option);
+    rest = bar == std::string_view::npos ? std::string_view() : rest.substr(bar + 1);
+  }
+  bad_value(s, text);
+}
+
+// Reads `text` as the value of `s`, by its kind.
+template <class T>
+T read(const Info& s, const std::string& text);
+
+template <>
+std::string read<std::string>(const Info& s, const std::string& text) {
+  return s.kind == Kind::Choice ? read_choice(s, text) : text;
+}
+template <>
+std::int64_t read<std::int64_t>(const Info& s, const std::string& text) {
+  return read_integer(s, text);
+}
+template <>
+Seconds read<Seconds>(const Info& s, const std::string& text) {
+  return read_seconds(s, text);
+}
+template <>
+bool read<bool>(const Info& s, const std::string& text) {
+  return read_boolean(s, text);
+}
+
+// The handle's row of the table; a handle not in the table is meshrt's own mistake.
+const Info& checked_info(const Info& info) {
+  for (const Info& row : kTable) {
+    if (row.name == info.name) return row;
+  }
+  MESHRT_INTERNAL(
+      fmt::format("setting {} is declared in settings.hpp but not in the table of settings.cpp", info.name));
 }
 
 }  // namespace
 
-std::span<const Setting> all() {
-  return kSettings;
+std::span<const Info> all() {
+  return kTable;
 }
 
-const Setting& find(std::string_view name) {
-  auto it = std::find_if(kSettings.begin(), kSettings.end(), [&](const Setting& s) { return s.name == name; });
-  if (it == kSettings.end()) {
+const Info& find(std::string_view name) {
+  auto it = std::find_if(kTable.begin(), kTable.end(), [&](const Info& s) { return s.name == name; });
+  if (it == kTable.end()) {
     throw UsageError(fmt::format("unknown setting {}: it is not in meshrt's settings table", name));
   }
   return *it;
 }
 
-std::optional<std::string> from_environment(std::string_view name) {
-  const Setting& s = find(name);
-  if (const char* v = std::getenv(std::string(s.name).c_str()); v != nullptr && *v != '\0') {
-    return std::string(v);
+std::string takes(const Info& s) {
+  switch (s.kind) {
+    case Kind::Text:
+      return "any text";
+    case Kind::Integer:
+      if (s.max != std::numeric_limits<std::int64_t>::max()) return fmt::format("an integer in {}..{}", s.min, s.max);
+      if (s.min != std::numeric_limits<std::int64_t>::min()) return fmt::format("an integer >= {}", s.min);
+      return "an integer";
+    case Kind::Duration:
+      return s.zero_is_no_limit ? "seconds >= 0 (fractions allowed; 0, inf or none: no limit)"
+                                : "seconds >= 0 (fractions allowed)";
+    case Kind::Boolean:
+      return "a boolean: 1/0, true/false, yes/no, on/off";
+    case Kind::Choice: {
+      std::string out = "one of ";
+      for (char c : s.choices) out += c == '|' ? std::string(", ") : std::string(1, c);
+      return out;
+    }
   }
+  MESHRT_INTERNAL(fmt::format("setting {}: a kind without its case", s.name));
+}
+
+std::optional<std::string> text_from_environment(const Info& s) {
+  if (const char* v = std::getenv(std::string(s.name).c_str()); v != nullptr && *v != '\0') return std::string(v);
   return std::nullopt;
 }
 
-std::string get(std::string_view name) {
-  if (auto v = from_environment(name)) return *v;
-  return std::string(find(name).default_value);
+template <class T>
+std::optional<T> Setting<T>::from_environment() const {
+  const Info& s = checked_info(info);
+  if (auto text = text_from_environment(s)) return read<T>(s, *text);
+  return std::nullopt;
 }
 
-std::int64_t get_int(std::string_view name) {
-  const std::string text = get(name);
-  errno = 0;
-  char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || errno != 0 || *end != '\0') bad_value(find(name), text, "an integer");
-  return v;
+template <class T>
+T Setting<T>::get() const {
+  const Info& s = checked_info(info);
+  if (auto text = text_from_environment(s)) return read<T>(s, *text);
+  if (s.default_value.empty() && s.kind != Kind::Text) {
+    MESHRT_INTERNAL(fmt::format("setting {} has no default: read it with from_environment()", s.name));
+  }
+  return read<T>(s, std::string(s.default_value));
 }
 
-double get_double(std::string_view name) {
-  const std::string text = get(name);
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || errno != 0 || *end != '\0') bad_value(find(name), text, "a number");
-  return v;
+template std::string Setting<std::string>::get() const;
+template std::int64_t Setting<std::int64_t>::get() const;
+template Seconds Setting<Seconds>::get() const;
+template bool Setting<bool>::get() const;
+template std::optional<std::string> Setting<std::string>::from_environment() const;
+template std::optional<std::int64_t> Setting<std::int64_t>::from_environment() const;
+template std::optional<Seconds> Setting<Seconds>::from_environment() const;
+template std::optional<bool> Setting<bool>::from_environment() const;
+
+void validate_all() {
+  for (const Info& s : kTable) {
+    const std::string text = text_from_environment(s).value_or(std::string(s.default_value));
+    if (text.empty()) continue;  // unset, with no default
+    switch (s.kind) {
+      case Kind::Text:
+        break;
+      case Kind::Integer:
+        (void)read_integer(s, text);
+        break;
+      case Kind::Duration:
+        (void)read_seconds(s, text);
+        break;
+      case Kind::Boolean:
+        (void)read_boolean(s, text);
+        break;
+      case Kind::Choice:
+        (void)read_choice(s, text);
+        break;
+    }
+  }
 }
 
 std::optional<bool> parse_bool(std::string_view value) {
-  std::string text(value);
-  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+  const std::string text = lower(value);
   if (text == "1" || text == "true" || text == "yes" || text == "on") return true;
   if (text == "0" || text == "false" || text == "no" || text == "off" || text.empty()) return false;
   return std::nullopt;
-}
-
-bool get_bool(std::string_view name) {
-  const std::string text = get(name);
-  if (const std::optional<bool> b = parse_bool(text)) return *b;
-  bad_value(find(name), text, "a boolean (1/0, true/false, yes/no, on/off)");
-}
-
-std::chrono::duration<double> get_seconds(std::string_view name) {
-  const std::string text = get(name);
-  if (text == "inf" || text == "none") return std::chrono::duration<double>::max();
-  const double v = get_double(name);
-  if (v < 0) bad_value(find(name), text, "a duration in seconds >= 0");
-  if (v == 0) return std::chrono::duration<double>::max();
-  return std::chrono::duration<double>(v);
 }
 
 }  // namespace meshrt::settings

@@ -17,6 +17,7 @@
 
 #if MESHRT_HAVE_CUDA
 #include "common/checks.hpp"
+#include "common/cuda_guard.hpp"
 #endif
 
 namespace meshrt {
@@ -267,24 +268,6 @@ struct Tensor::Storage {
 
 namespace {
 
-#if MESHRT_HAVE_CUDA
-// Runs with `device` current and restores the caller's device afterwards, so a kernel
-// never changes the thread's CUDA device behind its back.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    MESHRT_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) MESHRT_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceGuard() { (void)cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
-#endif
-
 // Host code touching emulated device memory outside a stream task would be unordered with
 // the device's streams: on a GPU it reads stale data (or faults), so the emulator refuses.
 void require_host_access(const TensorMeta& meta, const char* what) {
@@ -373,7 +356,7 @@ Tensor::Storage::Storage(std::size_t n, Device d) : bytes(n), device(d) {
   }
   require_cuda(d, "tensor allocation");
 #if MESHRT_HAVE_CUDA
-  DeviceGuard guard(d.index());
+  detail::CudaDeviceGuard guard(d.index());
   MESHRT_CUDA_CHECK(cudaMalloc(&ptr, std::max<std::size_t>(n, 1)));
 #endif
 }

@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "meshrt/internal/settings.hpp"
+
 namespace {
 
 struct State {
@@ -168,8 +170,10 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
   testing::InitGoogleTest(&argc, argv);
 
-  double watchdog_seconds = 0;
-  if (const char* w = std::getenv("MESHRT_TEST_WATCHDOG"); w != nullptr && *w != '\0') watchdog_seconds = std::atof(w);
+  // Unset, 0, inf and none read as no limit: no watchdog.
+  const meshrt::settings::Seconds limit =
+      meshrt::settings::kTestWatchdog.from_environment().value_or(meshrt::settings::Seconds::max());
+  const double watchdog_seconds = limit == meshrt::settings::Seconds::max() ? 0 : limit.count();
 
   int result = 0;
   {
@@ -177,7 +181,7 @@ int main(int argc, char** argv) {
     MPI_Comm report_comm = MPI_COMM_NULL;
     MPI_Comm_dup(MPI_COMM_WORLD, &report_comm);
     auto& listeners = testing::UnitTest::GetInstance()->listeners();
-    if (g_rank != 0 && std::getenv("MESHRT_TEST_ALL_RANKS_OUTPUT") == nullptr) {
+    if (g_rank != 0 && !meshrt::settings::kTestAllRanksOutput.get()) {
       delete listeners.Release(listeners.default_result_printer());
     }
     listeners.Append(new RankReporter(report_comm));

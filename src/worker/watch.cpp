@@ -148,13 +148,7 @@ void install_signal_handlers(Monitor* monitor) {
   sigemptyset(&usr.sa_mask);
   usr.sa_flags = SA_RESTART;
   sigaction(SIGUSR1, &usr, nullptr);
-  bool fatal = true;
-  try {
-    fatal = settings::get_bool("MESHRT_SIGNAL_HANDLER");
-  } catch (const std::exception& e) {
-    MESHRT_LOG(warning) << e.what();
-  }
-  if (!fatal) return;
+  if (!settings::kSignalHandler.get()) return;
   struct sigaction sa {};
   sa.sa_handler = on_fatal;
   sigemptyset(&sa.sa_mask);

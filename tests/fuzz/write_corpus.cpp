@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   }
   const std::string dir = argv[1];
   const int count = argc > 2 ? std::stoi(argv[2]) : 20;
-  meshrt::testing::RandomMessages gen(2024);
+  meshrt::test::RandomMessages gen(2024);
   int written = 0;
   const auto write = [&](const std::vector<std::byte>& bytes) {
     std::ofstream out(dir + "/seed-" + std::to_string(written++), std::ios::binary);

@@ -17,16 +17,7 @@ namespace {
 using ::testing::HasSubstr;
 
 // The SystemError text of a checked MPI call that must fail ("" and a failure otherwise).
-template <class F>
-std::string system_error_text(F&& f) {
-  try {
-    f();
-  } catch (const SystemError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a SystemError";
-  return "";
-}
+constexpr auto* system_error_text = &test::error_of<SystemError>;
 
 int errhandler_returns(MPI_Comm comm) {
   MPI_Errhandler h = MPI_ERRHANDLER_NULL;

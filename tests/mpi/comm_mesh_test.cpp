@@ -115,29 +115,28 @@ TEST(CommMesh, UsageErrors) {
   const int me = world_rank();
   const std::string rank = "world rank " + std::to_string(me);
   const NDSlice all = NDSlice::row_major({world_size()});
-  EXPECT_THAT(usage_error_text([&] {
+  EXPECT_THAT(usage_error([&] {
                 WorkerMesh m({"x", "y"}, all, world.comm());
               }),
               HasSubstr("expected one name per dimension of the ranks"));
-  EXPECT_THAT(usage_error_text([&] { WorkerMesh m({"x", "y"}, all, world.comm()); }), HasSubstr("found 2 names"));
-  EXPECT_THAT(usage_error_text([&] {
+  EXPECT_THAT(usage_error([&] { WorkerMesh m({"x", "y"}, all, world.comm()); }), HasSubstr("found 2 names"));
+  EXPECT_THAT(usage_error([&] {
                 WorkerMesh m({"x", "x"}, NDSlice::row_major({1, world_size()}), world.comm());
               }),
               HasSubstr("expected unique dimension names, found 'x' twice in ['x', 'x'] (" + rank + ")"));
-  EXPECT_THAT(usage_error_text([&] { WorkerMesh m({""}, all, world.comm()); }),
+  EXPECT_THAT(usage_error([&] { WorkerMesh m({""}, all, world.comm()); }),
               HasSubstr("expected non-empty dimension names"));
-  EXPECT_THAT(usage_error_text([&] { WorkerMesh m({"x"}, NDSlice::row_major({world_size() + 1}), world.comm()); }),
+  EXPECT_THAT(usage_error([&] { WorkerMesh m({"x"}, NDSlice::row_major({world_size() + 1}), world.comm()); }),
               HasSubstr("expected ranks below the world size " + std::to_string(world_size()) + ", found rank " +
                         std::to_string(world_size())));
   // A non-member constructing the mesh is a bug in the caller; it must not hang.
   const NDSlice others(me == 0 ? 1 : 0, {1}, {1});
-  EXPECT_THAT(usage_error_text([&] { WorkerMesh m({"x"}, others, world.comm()); }),
-              HasSubstr(rank + " is not a member of"));
+  EXPECT_THAT(usage_error([&] { WorkerMesh m({"x"}, others, world.comm()); }), HasSubstr(rank + " is not a member of"));
   WorkerMesh mesh({"host"}, all, world.comm());
-  EXPECT_EQ(usage_error_text([&] { (void)mesh.dim_index("gpu"); }),
+  EXPECT_EQ(usage_error([&] { (void)mesh.dim_index("gpu"); }),
             "device mesh [host=" + std::to_string(world_size()) +
                 "]: unknown dimension 'gpu', expected one of 'host' (" + rank + ")");
-  EXPECT_THAT(usage_error_text([&] { (void)mesh.size(std::size_t{3}); }),
+  EXPECT_THAT(usage_error([&] { (void)mesh.size(std::size_t{3}); }),
               HasSubstr("expected a dimension index below 1, found 3"));
 }
 

@@ -252,7 +252,7 @@ TEST(CommReduce, UsageErrors) {
   const TensorMeta f32({n, 2}, DType::Float32);
   auto start = [&](std::string_view dim, Reduction red, bool scatter, bool inplace, const TensorMeta& meta) {
     // The input is a broken marker: no tensor of a (possibly absent) device is needed.
-    return usage_error_text([&] { (void)start_reduce(mesh, dim, red, scatter, inplace, DependentOnError{1}, meta); });
+    return usage_error([&] { (void)start_reduce(mesh, dim, red, scatter, inplace, DependentOnError{1}, meta); });
   };
   EXPECT_EQ(start("gpu", Reduction::Bxor, false, false, f32),
             "bitwise reduction bxor needs an integer or bool dtype, found float32" + where);

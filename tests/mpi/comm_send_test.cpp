@@ -101,7 +101,7 @@ TEST(CommSend, UsageErrors) {
   const TensorMeta meta({2}, DType::Float32);
   auto send = [&](const NDSlice& from, const NDSlice& to, const TensorMeta& m) {
     // The input is a broken marker: no tensor of a (possibly absent) device is needed.
-    return usage_error_text([&] { (void)start_send_tensor(world.comm(), me, from, to, DependentOnError{1}, m); });
+    return usage_error([&] { (void)start_send_tensor(world.comm(), me, from, to, DependentOnError{1}, m); });
   };
   EXPECT_EQ(send(NDSlice(0, {1}, {1}), NDSlice(0, {2}, {1}), meta),
             fmt::format("send_tensor: expected from_ranks and to_ranks of equal length, found 1 (NDSlice(offset=0, "
@@ -116,7 +116,7 @@ TEST(CommSend, UsageErrors) {
   const NDSlice all = NDSlice::row_major({n});
   auto p = start_send_tensor(world.comm(), me, all, all, TensorMeta({3}, DType::Float32).zeros(), meta);
   EXPECT_TRUE(p->test());
-  EXPECT_THAT(usage_error_text([&] { (void)p->take(); }),
+  EXPECT_THAT(usage_error([&] { (void)p->take(); }),
               HasSubstr(fmt::format("send_tensor: expected an input float32[2] on cpu as the controller computed, "
                                     "found float32[3] on cpu; this rank joined with zeros so that its peers complete "
                                     "(world rank {}, sending to rank {})",

@@ -12,32 +12,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "../support/expect_error.hpp"
+#include "../support/mpi_world.hpp"
 #include "meshrt/internal/comm.hpp"
 #include "meshrt/tensor.hpp"
 
 namespace meshrt::test {
-
-// The text of the UsageError `f` throws, or "(no UsageError)".
-template <class F>
-std::string usage_error_text(F&& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(no UsageError)";
-}
-
-inline int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-inline int world_size() {
-  int s = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
 
 // The runtime hands the data plane its own duplicate of MPI_COMM_WORLD; so do the tests.
 class World {

@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "../support/expect_error.hpp"
+#include "../support/mpi_world.hpp"
 #include "meshrt/internal/device.hpp"
+#include "meshrt/internal/settings.hpp"
 
 namespace meshrt::test {
 namespace {
@@ -24,21 +26,9 @@ using device::Stream;
 
 constexpr std::chrono::seconds kInitTimeout{60};
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
 // The accelerator under test: cuda when MESHRT_ACCELERATOR=cuda, else emulated (CTest).
 Accelerator under_test() {
-  const char* text = std::getenv("MESHRT_ACCELERATOR");
-  return text != nullptr && std::string(text) == "cuda" ? Accelerator::Cuda : Accelerator::Emulated;
+  return settings::kAccelerator.get() == "cuda" ? Accelerator::Cuda : Accelerator::Emulated;
 }
 Device on_device(int index) {
   return Device::of(device::device_kind(under_test()), index);

@@ -15,6 +15,7 @@
 
 #include "comm_test_util.hpp"
 #include "meshrt/internal/device.hpp"
+#include "meshrt/internal/settings.hpp"
 
 namespace meshrt::test {
 namespace {
@@ -30,8 +31,7 @@ constexpr std::array kDTypes{DType::Bool,    DType::UInt8,    DType::Int32,   DT
 
 // The accelerator under test: cuda when MESHRT_ACCELERATOR=cuda, else emulated (CTest).
 device::Accelerator under_test() {
-  const char* text = std::getenv("MESHRT_ACCELERATOR");
-  return text != nullptr && std::string(text) == "cuda" ? device::Accelerator::Cuda : device::Accelerator::Emulated;
+  return settings::kAccelerator.get() == "cuda" ? device::Accelerator::Cuda : device::Accelerator::Emulated;
 }
 
 // Places this rank on its device once, as the runtime does at start, with a delay on
@@ -212,7 +212,7 @@ TEST(DeviceDataPlane, BrokenInputJoinsWithZerosAndAMismatchRaisesAfterCompletion
   while (!q->test()) {
   }
   if (me == 0) {
-    const std::string text = usage_error_text([&] { (void)q->take(); });
+    const std::string text = usage_error([&] { (void)q->take(); });
     EXPECT_THAT(
         text, HasSubstr("all_reduce: expected an input int32[4] on " + std::string(device::name(under_test())) + ":"));
     // And where: the dimension, the mesh and this rank.
@@ -228,7 +228,7 @@ TEST(DeviceDataPlane, BrokenInputJoinsWithZerosAndAMismatchRaisesAfterCompletion
 TEST(DeviceDataPlane, RefusesBitwiseReductions) {
   World world;
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
-  EXPECT_THAT(usage_error_text([&] {
+  EXPECT_THAT(usage_error([&] {
                 (void)start_reduce_device(mesh, "x", Reduction::Bxor, false, false, DependentOnError{1},
                                           factory({4}, DType::Int32), kStream);
               }),

@@ -8,7 +8,7 @@
 #include "runtime_support.hpp"
 
 using namespace meshrt;
-using meshrt::testing::session;
+using meshrt::test::session;
 
 MESHRT_RUNTIME_TEST_ENVIRONMENT();
 

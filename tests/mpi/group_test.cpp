@@ -17,18 +17,16 @@
 #include <string>
 #include <vector>
 
+#include "../support/expect_error.hpp"
+#include "../support/mpi_world.hpp"
 #include "meshrt/group.hpp"
 
 using meshrt::StatelessGroup;
+using meshrt::test::error_text;
+using meshrt::test::world_rank;
 using namespace std::chrono_literals;
 
 namespace {
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
 
 // Tag of a send_obj first message in the group protocol (group.cpp: header_tag(Send)).
 // Tests use it to inject raw messages the receiver will take for send_obj's.
@@ -56,15 +54,6 @@ Params sample_params(int seed) {
   p.index = {{"a", seed}, {"bb", seed * 2}};
   p.step = seed * 7;
   return p;
-}
-
-std::string error_text(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
 }
 
 std::string fmt_root(int root) {

@@ -9,10 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "../support/expect_error.hpp"
 #include "runtime_support.hpp"
 
 using namespace meshrt;
-using meshrt::testing::session;
+using meshrt::test::error_text;
+using meshrt::test::session;
 
 MESHRT_RUNTIME_TEST_ENVIRONMENT();
 
@@ -58,16 +60,6 @@ void expect_holds(Controller& ctl, const DTensor& t, const Mesh& mesh, std::int6
     EXPECT_EQ(wrong, 0) << what << ": position " << k << " (world rank " << mesh.ranks()[k]
                         << ") expected the values of world rank " << src << "; first wrong element " << first_wrong;
   }
-}
-
-template <class F>
-std::string error_text(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
 }
 
 constexpr std::int64_t kSmall = 2;                 // 8 B of int32

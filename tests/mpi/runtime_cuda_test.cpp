@@ -10,7 +10,7 @@
 #include "runtime_support.hpp"
 
 using namespace meshrt;
-using meshrt::testing::session;
+using meshrt::test::session;
 
 MESHRT_RUNTIME_TEST_ENVIRONMENT();
 
@@ -19,14 +19,14 @@ namespace {
 // MESHRT_ACCELERATOR=emulated runs the same test on the emulated accelerator (with
 // MESHRT_EMULATED_DEVICES=1, the one-GPU case), so its logic is checked without a GPU.
 bool on_emulated() {
-  return settings::get("MESHRT_ACCELERATOR") == "emulated";
+  return settings::kAccelerator.get() == "emulated";
 }
 
 // The fewest devices any rank sees, and the most ranks any node runs.
 std::pair<int, int> gpus_and_ranks_per_node() {
   int gpus = 0;
   if (on_emulated()) {
-    gpus = static_cast<int>(settings::get_int("MESHRT_EMULATED_DEVICES"));
+    gpus = static_cast<int>(settings::kEmulatedDevices.get());
   } else if (cuda_available()) {
     gpus = build_info().cuda_devices;
   }

@@ -10,7 +10,7 @@
 
 #include "meshrt/meshrt.hpp"
 
-namespace meshrt::testing {
+namespace meshrt::test {
 
 inline std::unique_ptr<Runtime>& runtime_slot() {
   static std::unique_ptr<Runtime> rt;
@@ -32,19 +32,8 @@ inline void session(const std::function<void(Controller&)>& body) {
   runtime_slot()->session(body);
 }
 
-inline int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-inline int world_size() {
-  int s = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-
-}  // namespace meshrt::testing
+}  // namespace meshrt::test
 
 #define MESHRT_RUNTIME_TEST_ENVIRONMENT()                                     \
   [[maybe_unused]] static ::testing::Environment* const meshrt_runtime_env_ = \
-      ::testing::AddGlobalTestEnvironment(new ::meshrt::testing::RuntimeEnvironment)
+      ::testing::AddGlobalTestEnvironment(new ::meshrt::test::RuntimeEnvironment)

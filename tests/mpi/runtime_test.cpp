@@ -10,11 +10,14 @@
 
 #include <fmt/format.h>
 
+#include "../support/expect_error.hpp"
+#include "../support/mpi_world.hpp"
 #include "meshrt/internal/comm.hpp"
 #include "runtime_support.hpp"
 
 using namespace meshrt;
-using meshrt::testing::session;
+using meshrt::test::error_text;
+using meshrt::test::session;
 
 MESHRT_RUNTIME_TEST_ENVIRONMENT();
 
@@ -93,16 +96,6 @@ std::vector<double> as_doubles(const Tensor& t) {
     }
   });
   return out;
-}
-
-template <class F>
-std::string error_text(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
 }
 
 }  // namespace
@@ -437,7 +430,7 @@ TEST(Runtime, ControllerThatThrowsEndsTheSessionCleanly) {
     mesh.call("test.pattern", {2}, DType::Float32).reduce("gpu", Reduction::Sum);
     throw std::runtime_error("the controller gave up");
   };
-  if (meshrt::testing::world_rank() == 0) {
+  if (meshrt::test::world_rank() == 0) {
     EXPECT_THROW(session(body), std::runtime_error);
   } else {
     session(body);

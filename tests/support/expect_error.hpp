@@ -10,17 +10,6 @@
 
 namespace meshrt::test {
 
-// The text of the UsageError `f` throws; a test failure (and "") if it throws none.
-inline std::string usage_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a UsageError";
-  return {};
-}
-
 // The text of the E `f` throws; a test failure (and "") if it throws none.
 template <class E>
 std::string error_of(const std::function<void()>& f) {
@@ -31,6 +20,23 @@ std::string error_of(const std::function<void()>& f) {
   }
   ADD_FAILURE() << "expected an exception";
   return {};
+}
+
+// The text of the UsageError `f` throws; a test failure (and "") if it throws none.
+inline std::string usage_error(const std::function<void()>& f) {
+  return error_of<UsageError>(f);
+}
+
+// The text of any std::exception `f` throws, or "(no exception)" (for tests that compare
+// the texts of several outcomes).
+template <class F>
+std::string error_text(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
 }
 
 inline void expect_contains(const std::string& text, const std::string& part) {

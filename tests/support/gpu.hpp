@@ -13,7 +13,7 @@
 namespace meshrt::test {
 
 inline bool gpu_required() {
-  return settings::get_bool("MESHRT_REQUIRE_GPU");
+  return settings::kRequireGpu.get();
 }
 
 // "major.minor" as one comparable number (13.0 -> 13000); -1 when it is not a version.

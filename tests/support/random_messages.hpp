@@ -10,7 +10,7 @@
 
 #include "meshrt/internal/protocol.hpp"
 
-namespace meshrt::testing {
+namespace meshrt::test {
 
 class RandomMessages {
  public:
@@ -175,4 +175,4 @@ class RandomMessages {
   std::mt19937_64 rng_;
 };
 
-}  // namespace meshrt::testing
+}  // namespace meshrt::test

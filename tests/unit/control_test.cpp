@@ -22,15 +22,7 @@ using detail::DependencyGraph;
 using detail::Node;
 using test::expect_contains;
 
-std::string protocol_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ProtocolError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a ProtocolError";
-  return {};
-}
+constexpr auto* protocol_error = &test::error_of<ProtocolError>;
 
 // ------------------------------------------------------------------ query frames
 

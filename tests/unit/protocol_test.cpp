@@ -5,6 +5,7 @@
 #include <cstring>
 #include <set>
 
+#include "../support/expect_error.hpp"
 #include "../support/random_messages.hpp"
 
 namespace meshrt::protocol {
@@ -12,25 +13,14 @@ namespace {
 
 using Bytes = std::vector<std::byte>;
 
-std::string protocol_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ProtocolError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected a ProtocolError, got another exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected a ProtocolError, nothing was thrown";
-  return {};
-}
+constexpr auto* protocol_error = &test::error_of<ProtocolError>;  // another exception fails the test
 
 void expect_contains(const std::string& text, const std::string& part) {
   EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
 }
 
 TEST(Protocol, EveryCommandRoundTrips) {
-  testing::RandomMessages gen(1);
+  test::RandomMessages gen(1);
   std::set<std::size_t> seen;
   for (int i = 0; i < 3000; ++i) {
     const Command c = gen.command(i % static_cast<int>(std::variant_size_v<Command>));
@@ -45,7 +35,7 @@ TEST(Protocol, EveryCommandRoundTrips) {
 }
 
 TEST(Protocol, EveryReplyAndHandshakeRoundTrips) {
-  testing::RandomMessages gen(2);
+  test::RandomMessages gen(2);
   for (int i = 0; i < 2000; ++i) {
     const Reply r = gen.reply(i % 5);
     const Bytes bytes = encode(r);
@@ -57,7 +47,7 @@ TEST(Protocol, EveryReplyAndHandshakeRoundTrips) {
 }
 
 TEST(Protocol, ValueRoundTripAndNames) {
-  testing::RandomMessages gen(3);
+  test::RandomMessages gen(3);
   for (int i = 0; i < 500; ++i) {
     const Value v = gen.value();
     Buffer b;
@@ -159,7 +149,7 @@ TEST(Protocol, LengthsPastTheBuffer) {
   expect_contains(e, "found 4294967295");
 
   // Every strict prefix of every message is refused cleanly.
-  testing::RandomMessages gen(4);
+  test::RandomMessages gen(4);
   for (int i = 0; i < 200; ++i) {
     const Bytes full = encode(gen.command());
     for (std::size_t n = 0; n < full.size(); ++n) {
@@ -256,7 +246,7 @@ TEST(Protocol, DepthAndDuplicateKeysAreBounded) {
 }
 
 TEST(Protocol, CorruptBytesNeverCrash) {
-  testing::RandomMessages gen(5);
+  test::RandomMessages gen(5);
   std::mt19937_64 rng(6);
   int refused = 0, accepted = 0;
   for (int i = 0; i < 3000; ++i) {

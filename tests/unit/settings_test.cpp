@@ -3,37 +3,92 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <functional>
+#include <set>
+#include <string>
+#include <utility>
 
+#include "../support/expect_error.hpp"
+#include "../support/scoped_env.hpp"
 #include "meshrt/error.hpp"
 
 namespace meshrt {
 namespace {
 
-TEST(Settings, TableHasUniqueMeshrtNames) {
+using test::ScopedEnv;
+using test::usage_error;
+
+// A bad value is refused naming the setting, the text found and what the setting takes,
+// both where it is read and at the runtime's start (validate_all).
+void expect_refused(const settings::Info& s, const char* bad, const std::function<void()>& read) {
+  ScopedEnv env(std::string(s.name), bad);
+  const std::string expected =
+      "setting " + std::string(s.name) + ": expected " + settings::takes(s) + ", found \"" + bad + "\"";
+  EXPECT_NE(usage_error(read).find(expected), std::string::npos) << usage_error(read);
+  EXPECT_NE(usage_error(settings::validate_all).find(expected), std::string::npos)
+      << usage_error(settings::validate_all);
+}
+
+TEST(Settings, TableHasUniqueMeshrtNamesAndEveryDefaultReads) {
   std::set<std::string_view> names;
   for (const auto& s : settings::all()) {
     EXPECT_EQ(s.name.substr(0, 7), "MESHRT_");
     EXPECT_FALSE(s.description.empty()) << s.name;
+    EXPECT_FALSE(settings::takes(s).empty()) << s.name;
     EXPECT_TRUE(names.insert(s.name).second) << "duplicate " << s.name;
+    EXPECT_EQ(&settings::find(s.name), &s);
   }
+  EXPECT_NO_THROW(settings::validate_all());  // the test runs without MESHRT_* set
 }
 
 TEST(Settings, DefaultAndEnvironment) {
   unsetenv("MESHRT_GROUP_TIMEOUT");
-  EXPECT_EQ(settings::get("MESHRT_GROUP_TIMEOUT"), settings::find("MESHRT_GROUP_TIMEOUT").default_value);
-  setenv("MESHRT_GROUP_TIMEOUT", "2.5", 1);
-  EXPECT_DOUBLE_EQ(settings::get_seconds("MESHRT_GROUP_TIMEOUT").count(), 2.5);
-  setenv("MESHRT_GROUP_TIMEOUT", "0", 1);
-  EXPECT_EQ(settings::get_seconds("MESHRT_GROUP_TIMEOUT"), std::chrono::duration<double>::max());
-  setenv("MESHRT_GROUP_TIMEOUT", "soon", 1);
-  try {
-    (void)settings::get_seconds("MESHRT_GROUP_TIMEOUT");
-    FAIL();
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("MESHRT_GROUP_TIMEOUT: expected a number, found \"soon\""), std::string::npos)
-        << e.what();
+  EXPECT_EQ(settings::kGroupTimeout.get(), settings::Seconds(300));
+  EXPECT_EQ(settings::kGroupTimeout.from_environment(), std::nullopt);
+  {
+    ScopedEnv env("MESHRT_GROUP_TIMEOUT", "2.5");
+    EXPECT_DOUBLE_EQ(settings::kGroupTimeout.get().count(), 2.5);
+    EXPECT_EQ(settings::kGroupTimeout.from_environment(), settings::Seconds(2.5));
   }
-  unsetenv("MESHRT_GROUP_TIMEOUT");
+  {
+    ScopedEnv env("MESHRT_GROUP_TIMEOUT", "");  // empty reads as unset
+    EXPECT_EQ(settings::kGroupTimeout.get(), settings::Seconds(300));
+  }
+  EXPECT_EQ(settings::kDevice.from_environment(), std::nullopt);  // no default
+  ScopedEnv device("MESHRT_DEVICE", "3");
+  EXPECT_EQ(settings::kDevice.from_environment(), 3);
+}
+
+TEST(Settings, AnIntegerSettingRefusesTextAndValuesOutOfItsRange) {
+  expect_refused(settings::kFanout.info, "eight", [] { (void)settings::kFanout.get(); });
+  expect_refused(settings::kFanout.info, "-1", [] { (void)settings::kFanout.get(); });
+  expect_refused(settings::kFanout.info, "8x", [] { (void)settings::kFanout.get(); });
+  expect_refused(settings::kGroupChunkBytes.info, "4294967296", [] { (void)settings::kGroupChunkBytes.get(); });
+  expect_refused(settings::kDevice.info, "-2", [] { (void)settings::kDevice.from_environment(); });
+  EXPECT_EQ(settings::takes(settings::kFanout.info), "an integer >= 0");
+  EXPECT_EQ(settings::takes(settings::kGroupChunkBytes.info), "an integer in 1..2147483647");
+  ScopedEnv env("MESHRT_FANOUT", "0");
+  EXPECT_EQ(settings::kFanout.get(), 0);
+}
+
+TEST(Settings, ASecondsSettingRefusesTextAndNegativeDurations) {
+  expect_refused(settings::kGroupTimeout.info, "soon", [] { (void)settings::kGroupTimeout.get(); });
+  expect_refused(settings::kGroupTimeout.info, "-1", [] { (void)settings::kGroupTimeout.get(); });
+  expect_refused(settings::kTestWatchdog.info, "nan", [] { (void)settings::kTestWatchdog.from_environment(); });
+  // "inf" means no limit only where 0 does.
+  expect_refused(settings::kStateQueryTimeout.info, "inf", [] { (void)settings::kStateQueryTimeout.get(); });
+}
+
+TEST(Settings, ZeroMeansNoLimitOnlyWhereTheSettingSaysSo) {
+  for (const char* none : {"0", "inf", "None"}) {
+    ScopedEnv env("MESHRT_GROUP_TIMEOUT", none);
+    EXPECT_EQ(settings::kGroupTimeout.get(), settings::Seconds::max()) << none;
+  }
+  EXPECT_NE(settings::kGroupTimeout.info.description.find("0 = none"), std::string_view::npos);
+  // MESHRT_STATE_QUERY_TIMEOUT has one meaning of 0 wherever it is read: no wait.
+  ScopedEnv env("MESHRT_STATE_QUERY_TIMEOUT", "0");
+  EXPECT_EQ(settings::kStateQueryTimeout.get(), settings::Seconds(0));
+  EXPECT_NE(settings::kStateQueryTimeout.info.description.find("0 = no wait"), std::string_view::npos);
 }
 
 TEST(Settings, BooleansTakeTheUsualSpellingsInAnyCaseAndRefuseTheRest) {
@@ -41,20 +96,22 @@ TEST(Settings, BooleansTakeTheUsualSpellingsInAnyCaseAndRefuseTheRest) {
   for (const char* no : {"0", "False", "no", "OFF", ""}) EXPECT_EQ(settings::parse_bool(no), false) << no;
   EXPECT_EQ(settings::parse_bool("maybe"), std::nullopt);
   EXPECT_EQ(settings::parse_bool("auto"), std::nullopt);
-  setenv("MESHRT_SIGNAL_HANDLER", "maybe", 1);
-  try {
-    (void)settings::get_bool("MESHRT_SIGNAL_HANDLER");
-    FAIL();
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("MESHRT_SIGNAL_HANDLER: expected a boolean"), std::string::npos) << e.what();
-  }
-  setenv("MESHRT_SIGNAL_HANDLER", "no", 1);
-  EXPECT_FALSE(settings::get_bool("MESHRT_SIGNAL_HANDLER"));
-  unsetenv("MESHRT_SIGNAL_HANDLER");
+  expect_refused(settings::kSignalHandler.info, "maybe", [] { (void)settings::kSignalHandler.get(); });
+  ScopedEnv env("MESHRT_SIGNAL_HANDLER", "no");
+  EXPECT_FALSE(settings::kSignalHandler.get());
+}
+
+TEST(Settings, AChoiceTakesItsOptionsInAnyCaseAndRefusesTheRest) {
+  expect_refused(settings::kAccelerator.info, "tpu", [] { (void)settings::kAccelerator.get(); });
+  expect_refused(settings::kTimeoutAction.info, "abort!", [] { (void)settings::kTimeoutAction.get(); });
+  expect_refused(settings::kWorkerBlocking.info, "maybe", [] { (void)settings::kWorkerBlocking.get(); });
+  EXPECT_EQ(settings::takes(settings::kTimeoutAction.info), "one of raise, abort");
+  ScopedEnv env("MESHRT_ACCELERATOR", "Emulated");
+  EXPECT_EQ(settings::kAccelerator.get(), "emulated");
 }
 
 TEST(Settings, UnknownNameIsAnError) {
-  EXPECT_THROW((void)settings::get("MESHRT_NO_SUCH_THING"), UsageError);
+  EXPECT_THROW((void)settings::find("MESHRT_NO_SUCH_THING"), UsageError);
 }
 
 }  // namespace

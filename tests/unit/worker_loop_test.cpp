@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "../support/expect_error.hpp"
+#include "../support/scoped_env.hpp"
 #include "controller/state.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/internal/control.hpp"
@@ -421,25 +422,7 @@ TEST(WorkerLoop, RunsEnvelopesInTheirNumberedOrderNotInArrivalOrder) {
   ctl.finish_without_exit();
 }
 
-// Sets an environment variable for one test, restoring it after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using test::ScopedEnv;
 
 // The controller's endpoint, counting the protocol messages it sends and receives by what
 // they carry, so that a test counts what it means (a fetch's messages) apart from the
@@ -491,9 +474,8 @@ struct Job {
   explicit Job(int n, double status_interval = 1.0) : workers(static_cast<std::size_t>(n)) {
     std::vector<int> ranks;
     for (int r = 1; r <= n; ++r) ranks.push_back(r);
-    const auto tree =
-        control::StatusTree::for_job(ranks, static_cast<std::size_t>(settings::get_int("MESHRT_FANOUT")),
-                                     static_cast<std::size_t>(settings::get_int("MESHRT_FANOUT_THRESHOLD")));
+    const auto tree = control::StatusTree::for_job(ranks, static_cast<std::size_t>(settings::kFanout.get()),
+                                                   static_cast<std::size_t>(settings::kFanoutThreshold.get()));
     for (int r = 1; r <= n; ++r) {
       endpoints.push_back(net->endpoint(r));
       WorkerOptions o;

@@ -32,7 +32,7 @@ struct WorkerOptions {
   double status_interval_seconds = 1.0;  // Status cadence when the worker moved
   detail::Monitor* monitor = nullptr;    // the flight recorder, if any (outlives restarts)
   // Commands and replies travel here; null: over MPI on `control`. A test gives an
-  // in-memory one (control::MemoryNetwork, meshrt/control.hpp) to drive the loop without
+  // in-memory one (control::MemoryNetwork, meshrt/internal/control.hpp) to drive the loop without
   // mpiexec.
   std::shared_ptr<control::Transport> transport;
   // Fan-in (docs/ARCHITECTURE.md section 8, control::StatusTree): the worker rank this

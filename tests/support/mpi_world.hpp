@@ -1,0 +1,20 @@
+// This process's rank and the job's size in MPI_COMM_WORLD, for MPI tests.
+#pragma once
+
+#include <mpi.h>
+
+namespace meshrt::test {
+
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+inline int world_size() {
+  int s = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+}  // namespace meshrt::test
