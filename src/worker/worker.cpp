@@ -345,7 +345,7 @@ struct Worker::Impl {
     const StreamValue& stream = get_as<StreamValue>(stream_ref, "stream");
     // CPU kernels get no native stream: making one would create a CUDA context for a
     // CPU-only program (DESIGN section 9).
-    if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, stream.id, Device::cpu(), nullptr);
+    if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, {}, stream.id, Device::cpu(), nullptr);
     const auto& mesh = get_as<std::shared_ptr<WorkerMesh>>(mesh_ref, "mesh");
     // Kernels get this rank's own device of the kind the mesh is placed on.
     const auto kind = mesh_kinds.find(mesh_ref.id);
@@ -356,7 +356,7 @@ struct Worker::Impl {
     // legacy default stream); CPU meshes get none (no CUDA context for CPU work), emulated
     // ones enqueue through the device layer.
     void* native = where.is_cuda() ? stream.handle.device(Device::Kind::Cuda).native() : nullptr;
-    return CallContext(opt.rank, mesh->names(), mesh->coordinates(), stream.id, where, native);
+    return CallContext(opt.rank, mesh->names(), mesh->coordinates(), mesh->ranks().sizes(), stream.id, where, native);
   }
   std::unordered_map<std::uint64_t, Device::Kind> mesh_kinds;
 

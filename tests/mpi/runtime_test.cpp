@@ -213,6 +213,25 @@ TEST(Runtime, MeshRankRenameSplitFlatten) {
   });
 }
 
+TEST(Runtime, KernelsSeeTheMeshSizes) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    auto sizes_at = [&](const Mesh& m, const Coords& coords) {
+      const Tensor t =
+          ctl.fetch_shard(m.call("test.mesh_sizes", static_cast<std::int64_t>(m.sizes().size())), coords).get();
+      return std::vector<std::int64_t>(t.span<std::int64_t>().begin(), t.span<std::int64_t>().end());
+    };
+    for (const auto& [coords, rank] : coordinates(mesh)) EXPECT_EQ(sizes_at(mesh, coords), mesh.sizes()) << rank;
+    // A slice, a split and a flattened mesh: the sizes of the mesh the call runs on.
+    const Mesh row = mesh.slice("host", 0);
+    EXPECT_EQ(sizes_at(row, {{"gpu", row.sizes()[0] - 1}}), row.sizes());
+    const Mesh flat = mesh.flatten("all");
+    const Mesh split = flat.split("all", {{"a", 1}, {"b", ctl.world_size()}});
+    EXPECT_EQ(sizes_at(split, {{"a", 0}, {"b", ctl.world_size() - 1}}),
+              (std::vector<std::int64_t>{1, ctl.world_size()}));
+  });
+}
+
 TEST(Runtime, FailureOnOneRankPoisonsOnlyItsDependents) {
   session([](Controller& ctl) {
     Mesh mesh = make_mesh(ctl);

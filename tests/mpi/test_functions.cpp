@@ -52,6 +52,21 @@ std::vector<Tensor> bump_kernel(CallContext&, Args& args) {
   return {x.clone()};
 }
 
+// test.mesh_sizes(ndim): the mesh's size along each of its `ndim` dimensions, as the
+// kernel sees them (CallContext::sizes and size(dim)), int64 [ndim].
+Signature mesh_sizes_shape(const ArgMetas& args) {
+  args.expect_count(1, 1);
+  return {{TensorMeta({args.integer(0)}, DType::Int64, args.device())}, {}};
+}
+std::vector<Tensor> mesh_sizes_kernel(CallContext& ctx, Args&) {
+  Tensor t = Tensor::empty(TensorMeta({static_cast<std::int64_t>(ctx.sizes().size())}, DType::Int64));
+  for (std::size_t d = 0; d < ctx.sizes().size(); ++d) {
+    if (ctx.size(ctx.dim_names()[d]) != ctx.sizes()[d]) throw std::logic_error("size(dim) disagrees with sizes()");
+    t.data<std::int64_t>()[d] = ctx.size(ctx.dim_names()[d]);
+  }
+  return {on_device(std::move(t), ctx)};
+}
+
 // test.sleep(seconds, ranks): sleeps on the listed ranks; returns a float32 scalar.
 Signature sleep_shape(const ArgMetas& args) {
   args.expect_count(2, 2);
@@ -118,3 +133,4 @@ MESHRT_REGISTER_FUNCTION("test.usr1", usr1_kernel, one_scalar_shape);
 MESHRT_REGISTER_FUNCTION("test.pattern", pattern_kernel, pattern_shape);
 MESHRT_REGISTER_FUNCTION("test.bump_and_copy_", bump_kernel, bump_shape);
 MESHRT_REGISTER_FUNCTION("test.sleep", sleep_kernel, sleep_shape);
+MESHRT_REGISTER_FUNCTION("test.mesh_sizes", mesh_sizes_kernel, mesh_sizes_shape);
