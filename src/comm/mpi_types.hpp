@@ -18,8 +18,8 @@ MPI_Datatype mpi_datatype(DType dtype);
 // make no sense (check_reduction); stack has no op.
 MPI_Op mpi_op(Reduction reduction, DType dtype);
 
-// avg: divides every element of `data` by `n` in place (integers: truncating division,
-// as NCCL's ncclAvg does; float16/bfloat16: through float).
+// avg: divides every element of `data` by `n` in place (float16/bfloat16: through
+// float). Integer avg is refused by reduction_rule; here it would truncate.
 void divide_in_place(void* data, std::int64_t numel, DType dtype, std::int64_t n);
 
 }  // namespace meshrt::detail

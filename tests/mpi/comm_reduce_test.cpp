@@ -40,6 +40,7 @@ bool refused(Reduction red, DType dtype, bool scatter, bool inplace) {
   if (is_bitwise(red) && is_floating(dtype)) return true;
   if (dtype == DType::Bool && (red == Reduction::Sum || red == Reduction::Avg || red == Reduction::Product))
     return true;
+  if (red == Reduction::Avg && !is_floating(dtype)) return true;  // it would truncate
   if (stack && !scatter && inplace) return true;
   if (!stack && scatter && inplace) return true;
   return false;

@@ -85,6 +85,7 @@ std::vector<int> line_of(const NDSlice& ranks, std::size_t dim) {
 bool refused(Reduction red, DType dtype, bool scatter, bool inplace) {
   if (dtype == DType::Bool && (red == Reduction::Sum || red == Reduction::Avg || red == Reduction::Product))
     return true;
+  if (red == Reduction::Avg && !is_floating(dtype)) return true;  // it would truncate
   if (red == Reduction::Stack && !scatter && inplace) return true;
   if (red != Reduction::Stack && scatter && inplace) return true;
   return false;

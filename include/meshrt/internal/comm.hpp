@@ -167,10 +167,10 @@ inline constexpr std::size_t kThreadMinBytes = std::size_t{256} << 10;
 //
 // Dtypes: bitwise reductions (band, bor, bxor) need an integer or bool dtype. bool
 // supports stack, min (all), max (any), band, bor and bxor; sum, avg and product are
-// refused (their result is not a bool). avg on integers is the sum, then a division
-// truncating toward zero, like NCCL's ncclAvg (a sum that overflows the dtype wraps
-// before the division). float16 and bfloat16 reduce through MPI user-defined operations
-// that compute each step in float and round to nearest even, as NCCL does on the GPU.
+// refused (their result is not a bool). avg needs a floating-point dtype: on integers
+// it would truncate, so it is refused like torch's mean(). float16 and bfloat16 reduce
+// through MPI user-defined operations that compute each step in float and round to
+// nearest even, as NCCL does on the GPU.
 [[nodiscard]] std::unique_ptr<Pending> start_reduce(WorkerMesh& mesh, std::string_view dim, Reduction reduction,
                                                     bool scatter, bool inplace, Input input, const TensorMeta& factory,
                                                     Completion completion = Completion::Auto);
