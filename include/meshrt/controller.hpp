@@ -15,6 +15,7 @@
 #pragma once
 
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <exception>
 #include <initializer_list>
@@ -253,6 +254,13 @@ class Mesh {
   DTensor call(FunctionName fn, Arg a, Arg b, Arg c, Arg d, Arg e, Arg f) const {
     return one(
         call_n(std::move(fn), {std::move(a), std::move(b), std::move(c), std::move(d), std::move(e), std::move(f)}));
+  }
+  // Any number of arguments, each converting to an Arg. A braced list such as {3, 4}
+  // cannot be deduced as a template argument: the overloads above take it (up to six
+  // arguments); in longer calls a shape names its type, std::vector<std::int64_t>{3, 4}.
+  template <std::convertible_to<Arg>... A>
+  DTensor call(FunctionName fn, A&&... args) const {
+    return one(call_n(std::move(fn), std::vector<Arg>{Arg(std::forward<A>(args))...}));
   }
   // Any number of arguments and outputs.
   std::vector<DTensor> call_n(FunctionName fn, std::vector<Arg> args) const;

@@ -232,6 +232,21 @@ TEST(Runtime, KernelsSeeTheMeshSizes) {
   });
 }
 
+TEST(Runtime, CallTakesAnyNumberOfArguments) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    const Coords at = coordinates(mesh).back().first;
+    // 8 arguments of mixed types, then 12: each reaches the kernel in its place.
+    const DTensor eight = mesh.call("test.weighted_sum", 1, 2.0, 3.0F, 4L, 5LL, 6U, 7UL, 8);
+    EXPECT_EQ(ctl.fetch_shard(eight, at).get().item(), 204.0);  // sum of i * i, i = 1..8
+    const DTensor twelve = mesh.call("test.weighted_sum", 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1);
+    EXPECT_EQ(ctl.fetch_shard(twelve, at).get().item(), 78.0);  // 1 + 2 + ... + 12
+    // Six go through the overloads that also take braced lists.
+    const DTensor six = mesh.call("test.weighted_sum", 1, 0, 0, 0, 0, 2);
+    EXPECT_EQ(ctl.fetch_shard(six, at).get().item(), 13.0);
+  });
+}
+
 TEST(Runtime, FailureOnOneRankPoisonsOnlyItsDependents) {
   session([](Controller& ctl) {
     Mesh mesh = make_mesh(ctl);

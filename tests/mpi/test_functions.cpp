@@ -67,6 +67,19 @@ std::vector<Tensor> mesh_sizes_kernel(CallContext& ctx, Args&) {
   return {on_device(std::move(t), ctx)};
 }
 
+// test.weighted_sum(a0, a1, ...): sum of (i + 1) * a_i over any number of numbers, float64
+// 0-d: a call with many arguments, in order.
+Signature weighted_sum_shape(const ArgMetas& args) {
+  args.expect_count(1, 64);
+  for (std::size_t i = 0; i < args.size(); ++i) (void)args.number(i);
+  return {{TensorMeta({}, DType::Float64, args.device())}, {}};
+}
+std::vector<Tensor> weighted_sum_kernel(CallContext& ctx, Args& args) {
+  double sum = 0;
+  for (std::size_t i = 0; i < args.size(); ++i) sum += static_cast<double>(i + 1) * args.number(i);
+  return {on_device(Tensor::from<double>({}, {sum}), ctx)};
+}
+
 // test.sleep(seconds, ranks): sleeps on the listed ranks; returns a float32 scalar.
 Signature sleep_shape(const ArgMetas& args) {
   args.expect_count(2, 2);
@@ -134,3 +147,4 @@ MESHRT_REGISTER_FUNCTION("test.pattern", pattern_kernel, pattern_shape);
 MESHRT_REGISTER_FUNCTION("test.bump_and_copy_", bump_kernel, bump_shape);
 MESHRT_REGISTER_FUNCTION("test.sleep", sleep_kernel, sleep_shape);
 MESHRT_REGISTER_FUNCTION("test.mesh_sizes", mesh_sizes_kernel, mesh_sizes_shape);
+MESHRT_REGISTER_FUNCTION("test.weighted_sum", weighted_sum_kernel, weighted_sum_shape);
