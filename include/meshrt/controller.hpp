@@ -350,6 +350,11 @@ class Controller {
   // raises UsageError).
   void restart_workers();
 
+  // Frees the memory every worker keeps cached for reuse (the CPU data plane's output
+  // pool, the accelerator's memory pool; tensors still alive keep theirs), after the work
+  // issued so far, and waits; returns the bytes freed on all workers together.
+  std::uint64_t release_cached_memory();
+
   // Every worker writes its flight recorder (its last MESHRT_FLIGHT_RECORDER commands,
   // with state and times) to its log; returns them, rank by rank.
   std::string dump_flight_recorder();

@@ -37,8 +37,9 @@ constexpr std::array kSettings{
             "How a worker runs CPU collectives and sends below the status tree: auto (the blocking MPI call when this "
             "node has a core per rank, else non-blocking with back-off so a waiting rank leaves the core to its "
             "peers), 1 (always blocking), 0 (never)"},
-    Setting{"MESHRT_COMM_POOL_BYTES", "1073741824",
-            "Bytes of freed CPU collective outputs (256 KiB and up) each rank keeps warm for reuse (0 = none)"},
+    Setting{"MESHRT_COMM_POOL_BYTES", "",
+            "Bytes of freed CPU collective outputs (256 KiB and up) each rank keeps warm for reuse (0 = none; unset: "
+            "min(1 GiB, an eighth of physical memory per core)); Controller::release_cached_memory() frees them"},
     Setting{"MESHRT_ACCELERATOR", "auto",
             "The job's accelerator: auto (cuda if built with CUDA and a device is visible, else none), cuda, emulated "
             "or none"},

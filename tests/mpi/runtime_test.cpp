@@ -247,6 +247,32 @@ TEST(Runtime, CallTakesAnyNumberOfArguments) {
   });
 }
 
+// Outputs of many sizes leave the CPU output pool holding their buffers after every
+// tensor is gone; release_cached_memory() gives them back on every worker.
+TEST(Runtime, ReleaseCachedMemoryEmptiesEveryWorkersOutputPool) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    const Mesh flat = mesh.flatten("all");
+    auto cached_per_rank = [&] {
+      const DTensor c = flat.call("test.output_pool_cached");
+      std::vector<std::int64_t> out;
+      for (std::int64_t r = 0; r < ctl.world_size(); ++r) {
+        out.push_back(static_cast<std::int64_t>(ctl.fetch_shard(c, {{"all", r}}).get().item()));
+      }
+      return out;
+    };
+    for (std::int64_t kib : {300, 520, 1100, 2300}) {  // float32 outputs from 300 KiB: pooled
+      DTensor x = flat.call("test.pattern", {kib * 256}, DType::Float32);
+      DTensor y = x.reduce("all", Reduction::Sum);
+      (void)ctl.fetch_shard(y, {{"all", 0}}, "meshrt.sum").get();
+    }
+    for (std::int64_t bytes : cached_per_rank()) EXPECT_GT(bytes, 0);
+    EXPECT_GT(ctl.release_cached_memory(), 0u);
+    for (std::int64_t bytes : cached_per_rank()) EXPECT_EQ(bytes, 0);
+    EXPECT_EQ(ctl.release_cached_memory(), 0u);
+  });
+}
+
 TEST(Runtime, FailureOnOneRankPoisonsOnlyItsDependents) {
   session([](Controller& ctl) {
     Mesh mesh = make_mesh(ctl);

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "meshrt/functions.hpp"
+#include "meshrt/internal/comm.hpp"
 
 namespace {
 
@@ -80,6 +81,17 @@ std::vector<Tensor> weighted_sum_kernel(CallContext& ctx, Args& args) {
   return {on_device(Tensor::from<double>({}, {sum}), ctx)};
 }
 
+// test.output_pool_cached(): the bytes this rank's CPU output pool holds for reuse, int64
+// 0-d.
+Signature pool_cached_shape(const ArgMetas& args) {
+  args.expect_count(0, 0);
+  return {{TensorMeta({}, DType::Int64, args.device())}, {}};
+}
+std::vector<Tensor> pool_cached_kernel(CallContext& ctx, Args&) {
+  const auto cached = static_cast<std::int64_t>(output_pool_stats().cached_bytes);
+  return {on_device(Tensor::from<std::int64_t>({}, {cached}), ctx)};
+}
+
 // test.sleep(seconds, ranks): sleeps on the listed ranks; returns a float32 scalar.
 Signature sleep_shape(const ArgMetas& args) {
   args.expect_count(2, 2);
@@ -148,3 +160,4 @@ MESHRT_REGISTER_FUNCTION("test.bump_and_copy_", bump_kernel, bump_shape);
 MESHRT_REGISTER_FUNCTION("test.sleep", sleep_kernel, sleep_shape);
 MESHRT_REGISTER_FUNCTION("test.mesh_sizes", mesh_sizes_kernel, mesh_sizes_shape);
 MESHRT_REGISTER_FUNCTION("test.weighted_sum", weighted_sum_kernel, weighted_sum_shape);
+MESHRT_REGISTER_FUNCTION("test.output_pool_cached", pool_cached_kernel, pool_cached_shape);
