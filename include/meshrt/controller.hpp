@@ -15,6 +15,7 @@
 #pragma once
 
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <exception>
 #include <initializer_list>
@@ -254,6 +255,13 @@ class Mesh {
     return one(
         call_n(std::move(fn), {std::move(a), std::move(b), std::move(c), std::move(d), std::move(e), std::move(f)}));
   }
+  // Any number of arguments, each converting to an Arg. A braced list such as {3, 4}
+  // cannot be deduced as a template argument: the overloads above take it (up to six
+  // arguments); in longer calls a shape names its type, std::vector<std::int64_t>{3, 4}.
+  template <std::convertible_to<Arg>... A>
+  DTensor call(FunctionName fn, A&&... args) const {
+    return one(call_n(std::move(fn), std::vector<Arg>{Arg(std::forward<A>(args))...}));
+  }
   // Any number of arguments and outputs.
   std::vector<DTensor> call_n(FunctionName fn, std::vector<Arg> args) const;
   // The same on an explicit stream.
@@ -341,6 +349,11 @@ class Controller {
   // and unobserved failures are gone (using an old handle, a mesh's slice() included,
   // raises UsageError).
   void restart_workers();
+
+  // Frees the memory every worker keeps cached for reuse (the CPU data plane's output
+  // pool, the accelerator's memory pool; tensors still alive keep theirs), after the work
+  // issued so far, and waits; returns the bytes freed on all workers together.
+  std::uint64_t release_cached_memory();
 
   // Every worker writes its flight recorder (its last MESHRT_FLIGHT_RECORDER commands,
   // with state and times) to its log; returns them, rank by rank.

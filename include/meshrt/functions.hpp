@@ -27,8 +27,11 @@ namespace meshrt {
 class CallContext {
  public:
   CallContext() = default;
+  // One name, coordinate and size per mesh dimension (0 <= coordinates[i] < sizes[i]);
+  // throws UsageError otherwise.
   CallContext(int rank, std::vector<std::string> dim_names, std::vector<std::int64_t> coordinates,
-              std::uint64_t stream_id = 0, Device device = Device::cpu(), void* native_stream = nullptr);
+              std::vector<std::int64_t> sizes, std::uint64_t stream_id = 0, Device device = Device::cpu(),
+              void* native_stream = nullptr);
 
   int rank() const noexcept { return rank_; }
   // The mesh's dimension names and this rank's coordinate along each.
@@ -36,6 +39,10 @@ class CallContext {
   const std::vector<std::int64_t>& coordinates() const noexcept { return coordinates_; }
   // This rank's coordinate along `dim`; throws UsageError naming the mesh's dimensions.
   std::int64_t coordinate(std::string_view dim) const;
+  // The mesh's size along each dimension, and along `dim` (throws UsageError naming the
+  // mesh's dimensions).
+  const std::vector<std::int64_t>& sizes() const noexcept { return sizes_; }
+  std::int64_t size(std::string_view dim) const;
   std::uint64_t stream_id() const noexcept { return stream_id_; }
   const Device& device() const noexcept { return device_; }
   // The cudaStream_t to launch on (nullptr: the default stream, or a CPU stream).
@@ -45,6 +52,7 @@ class CallContext {
   int rank_ = 0;
   std::vector<std::string> dim_names_;
   std::vector<std::int64_t> coordinates_;
+  std::vector<std::int64_t> sizes_;
   std::uint64_t stream_id_ = 0;
   Device device_;
   void* native_stream_ = nullptr;

@@ -52,7 +52,8 @@ struct ReductionRule {
 //   sum .. bxor      yes      reduce_scatter  [n, *R] -> R        no
 //
 // Besides: bitwise reductions need an integer or bool dtype and a CPU tensor; sum, avg
-// and product need a numeric dtype (not bool).
+// and product need a numeric dtype (not bool); avg needs a floating-point dtype (an
+// integer average would truncate).
 ReductionRule reduction_rule(const TensorMeta& in, std::int64_t n, Reduction reduction, bool scatter, bool inplace,
                              Device::Kind device);
 

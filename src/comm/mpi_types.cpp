@@ -31,12 +31,19 @@ struct Sum {
 struct Prod {
   float operator()(float a, float b) const { return a * b; }
 };
-// Comparisons propagate NaN, like torch.maximum and torch.minimum.
+// Comparisons propagate NaN, like torch.maximum and torch.minimum: a NaN on either side
+// wins, so the result does not depend on which rank holds it.
 struct Min {
-  float operator()(float a, float b) const { return (a != a || a < b) ? a : b; }
+  template <class F>
+  F operator()(F a, F b) const {
+    return (a != a || a < b) ? a : b;
+  }
 };
 struct Max {
-  float operator()(float a, float b) const { return (a != a || a > b) ? a : b; }
+  template <class F>
+  F operator()(F a, F b) const {
+    return (a != a || a > b) ? a : b;
+  }
 };
 
 template <class Op>
@@ -46,6 +53,36 @@ void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
 template <class Op>
 void bf16_op(void* in, void* inout, int* len, MPI_Datatype*) {
   combine16<BFloat16, bfloat16_to_float, float_to_bfloat16>(in, inout, len, Op{});
+}
+
+// float32/float64 min and max: MPI_MIN and MPI_MAX compare with < and >, so a NaN
+// survives only where the reduction order happens to start from it (the first rank of
+// the line). These ops propagate it from any rank.
+template <class F, class Op>
+void float_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto n = static_cast<std::size_t>(*len);
+  const F* a = static_cast<const F*>(in);
+  F* b = static_cast<F*>(inout);
+  for (std::size_t i = 0; i < n; ++i) b[i] = Op{}(a[i], b[i]);
+}
+
+struct FloatOps {
+  std::array<MPI_Op, 2> f32{};  // min, max
+  std::array<MPI_Op, 2> f64{};
+};
+
+// Created once, on first use after MPI_Init, and kept for the life of the process, like
+// types16().
+const FloatOps& float_ops() {
+  static FloatOps t;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MESHRT_MPI_CHECK(MPI_Op_create(float_op<float, Min>, 1, &t.f32[0]));
+    MESHRT_MPI_CHECK(MPI_Op_create(float_op<float, Max>, 1, &t.f32[1]));
+    MESHRT_MPI_CHECK(MPI_Op_create(float_op<double, Min>, 1, &t.f64[0]));
+    MESHRT_MPI_CHECK(MPI_Op_create(float_op<double, Max>, 1, &t.f64[1]));
+  });
+  return t;
 }
 
 struct Types16 {
@@ -114,6 +151,11 @@ MPI_Datatype mpi_datatype(DType dtype) {
 MPI_Op mpi_op(Reduction reduction, DType dtype) {
   if (dtype == DType::Float16) return types16().half[op16_index(reduction)];
   if (dtype == DType::BFloat16) return types16().bf16[op16_index(reduction)];
+  if ((dtype == DType::Float32 || dtype == DType::Float64) &&
+      (reduction == Reduction::Min || reduction == Reduction::Max)) {
+    const auto& ops = dtype == DType::Float32 ? float_ops().f32 : float_ops().f64;
+    return ops[reduction == Reduction::Min ? 0 : 1];
+  }
   switch (reduction) {
     case Reduction::Sum:
     case Reduction::Avg:

@@ -14,12 +14,13 @@ namespace meshrt::detail {
 MPI_Datatype mpi_datatype(DType dtype);
 
 // The MPI_Op of `reduction` on `dtype`: MPI_SUM for avg (the division comes after),
-// user-defined ops for float16/bfloat16. The caller has already refused the pairs that
-// make no sense (check_reduction); stack has no op.
+// user-defined ops for float16/bfloat16, and for min and max on float32/float64 (they
+// propagate NaN from any rank, which MPI_MIN and MPI_MAX do not). The caller has
+// already refused the pairs that make no sense (check_reduction); stack has no op.
 MPI_Op mpi_op(Reduction reduction, DType dtype);
 
-// avg: divides every element of `data` by `n` in place (integers: truncating division,
-// as NCCL's ncclAvg does; float16/bfloat16: through float).
+// avg: divides every element of `data` by `n` in place (float16/bfloat16: through
+// float). Integer avg is refused by reduction_rule; here it would truncate.
 void divide_in_place(void* data, std::int64_t numel, DType dtype, std::int64_t n);
 
 }  // namespace meshrt::detail

@@ -1,6 +1,10 @@
 #include "comm/output_pool.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <new>
+#include <thread>
 
 #include "meshrt/internal/comm.hpp"
 #include "meshrt/internal/settings.hpp"
@@ -67,6 +71,21 @@ void OutputPool::put(void* p, std::size_t rounded) {
   if (p) ::operator delete(p, std::align_val_t(kPage));
 }
 
+std::size_t OutputPool::release() {
+  std::map<std::size_t, std::vector<Entry>> freed;
+  std::size_t bytes = 0;
+  {
+    std::lock_guard lock(mutex_);
+    freed.swap(free_);
+    bytes = cached_;
+    cached_ = 0;
+  }
+  for (auto& [rounded, entries] : freed) {
+    for (const Entry& e : entries) ::operator delete(e.p, std::align_val_t(kPage));
+  }
+  return bytes;
+}
+
 OutputPoolStats OutputPool::stats() {
   std::lock_guard lock(mutex_);
   return {hits_, misses_, cached_};
@@ -74,19 +93,38 @@ OutputPoolStats OutputPool::stats() {
 
 namespace {
 
+std::size_t pool_cap() {
+  if (const auto bytes = settings::kCommPoolBytes.from_environment()) return static_cast<std::size_t>(*bytes);
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const std::size_t physical =
+      pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : std::size_t{0};
+  return default_pool_cap(physical, std::thread::hardware_concurrency());
+}
+
 OutputPool& pool() {
   // Never destroyed: a pooled tensor may outlive main's locals and static destructors.
-  static OutputPool* p = new OutputPool(static_cast<std::size_t>(settings::kCommPoolBytes.get()));
+  static OutputPool* p = new OutputPool(pool_cap());
   return *p;
 }
 
 }  // namespace
+
+std::size_t default_pool_cap(std::size_t physical_bytes, unsigned cores) {
+  constexpr std::size_t kMaxCap = std::size_t{1} << 30;
+  // Unknown memory (sysconf failed): the old fixed default.
+  if (physical_bytes == 0) return kMaxCap;
+  return std::min(kMaxCap, physical_bytes / 8 / std::max(1U, cores));
+}
 
 }  // namespace meshrt::detail
 
 namespace meshrt {
 OutputPoolStats output_pool_stats() {
   return detail::pool().stats();
+}
+std::size_t release_output_pool() {
+  return detail::pool().release();
 }
 }  // namespace meshrt
 

@@ -3,7 +3,8 @@
 // (the aligned ones included) with a fresh mmap, so an output allocated per operation
 // would be cold every time. Outputs of kPoolMinBytes and more come from here instead:
 // when the last handle of a pooled tensor goes, its buffer returns to the pool (up to
-// MESHRT_COMM_POOL_BYTES cached) and the next output of that size reuses it, warm.
+// MESHRT_COMM_POOL_BYTES cached, by default sized from the machine: default_pool_cap)
+// and the next output of that size reuses it, warm.
 #pragma once
 
 #include <cstddef>
@@ -39,6 +40,8 @@ class OutputPool {
   // A buffer of at least `bytes`, which returns here when its last handle goes.
   std::shared_ptr<void> get(std::size_t bytes);
   OutputPoolStats stats();
+  // Frees every cached buffer (those handed out are untouched); returns the bytes freed.
+  std::size_t release();
 
  private:
   void put(void* p, std::size_t rounded);
@@ -54,6 +57,12 @@ class OutputPool {
   std::uint64_t hits_ = 0;
   std::uint64_t misses_ = 0;
 };
+
+// The cap when MESHRT_COMM_POOL_BYTES is unset: min(1 GiB, an eighth of one core's share
+// of physical memory). A rank per core is the densest layout, so the ranks of a node
+// together keep at most an eighth of its memory warm, and a small machine does not hold
+// a gigabyte per rank for outputs nothing uses any more.
+std::size_t default_pool_cap(std::size_t physical_bytes, unsigned cores);
 
 // An uninitialised CPU tensor of `meta`: pooled at kPoolMinBytes and above, else
 // meta.empty().

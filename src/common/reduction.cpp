@@ -57,6 +57,15 @@ ReductionRule reduction_rule(const TensorMeta& in, std::int64_t n, Reduction red
         name(reduction));
     return rule;
   }
+  // An integer average would truncate (the average of 0..3 would be 1): refused as torch
+  // refuses mean() on integers, with both ways to get the intended value.
+  if (reduction == Reduction::Avg && !is_floating(dtype)) {
+    rule.error = fmt::format(
+        "reduction avg needs a floating-point dtype, found {} (an integer average would truncate); use sum and "
+        "divide, or cast to a float dtype first",
+        name(dtype));
+    return rule;
+  }
   const bool stack = reduction == Reduction::Stack;
   if (scatter && (in.ndim() == 0 || in.shape()[0] != n)) {
     rule.error = fmt::format("{} with scatter over a dimension of size {} needs an input with size(0) == {}, found {}",

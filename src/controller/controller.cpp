@@ -835,6 +835,14 @@ void Controller::synchronize(std::chrono::duration<double> timeout) {
   synchronize();
 }
 
+std::uint64_t Controller::release_cached_memory() {
+  // A CPU mesh of every worker, made for this: the call runs on each of them, and a sum
+  // brings the bytes freed to one coordinate.
+  Mesh all = world_mesh({{"worker", state_->worker_ranks().len()}});
+  const DTensor freed = all.call("meshrt.release_cached_memory").reduce("worker", Reduction::Sum);
+  return static_cast<std::uint64_t>(fetch_shard(freed, {{"worker", 0}}).get().item());
+}
+
 void Controller::restart_workers() {
   state_->restart_workers();
 }

@@ -58,10 +58,11 @@ T combine(T a, T b, Reduction r) {
         return a + b;
       case Reduction::Product:
         return a * b;
+      // A NaN on either side wins (torch.minimum, torch.maximum), whichever rank holds it.
       case Reduction::Min:
-        return b < a ? b : a;
+        return (a != a || a < b) ? a : b;
       default:
-        return a < b ? b : a;
+        return (a != a || a > b) ? a : b;
     }
   }
 }

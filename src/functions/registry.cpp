@@ -17,25 +17,43 @@ namespace meshrt {
 // ------------------------------------------------------------------ CallContext
 
 CallContext::CallContext(int rank, std::vector<std::string> dim_names, std::vector<std::int64_t> coordinates,
-                         std::uint64_t stream_id, Device device, void* native_stream)
+                         std::vector<std::int64_t> sizes, std::uint64_t stream_id, Device device, void* native_stream)
     : rank_(rank),
       dim_names_(std::move(dim_names)),
       coordinates_(std::move(coordinates)),
+      sizes_(std::move(sizes)),
       stream_id_(stream_id),
       device_(device),
       native_stream_(native_stream) {
-  if (dim_names_.size() != coordinates_.size()) {
-    throw UsageError(fmt::format("CallContext: expected one coordinate per dimension [{}], found {} coordinates",
-                                 fmt::join(dim_names_, ", "), coordinates_.size()));
+  if (dim_names_.size() != coordinates_.size() || dim_names_.size() != sizes_.size()) {
+    throw UsageError(fmt::format(
+        "CallContext: expected one coordinate and one size per dimension [{}], found {} coordinates and {} sizes",
+        fmt::join(dim_names_, ", "), coordinates_.size(), sizes_.size()));
+  }
+  for (std::size_t i = 0; i < sizes_.size(); ++i) {
+    if (coordinates_[i] < 0 || coordinates_[i] >= sizes_[i]) {
+      throw UsageError(fmt::format("CallContext: expected a coordinate in [0, {}) along '{}', found {}", sizes_[i],
+                                   dim_names_[i], coordinates_[i]));
+    }
   }
 }
 
-std::int64_t CallContext::coordinate(std::string_view dim) const {
-  for (std::size_t i = 0; i < dim_names_.size(); ++i) {
-    if (dim_names_[i] == dim) return coordinates_[i];
+namespace {
+std::size_t dim_index(const std::vector<std::string>& names, std::string_view dim, int rank) {
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == dim) return i;
   }
   throw UsageError(
-      fmt::format("rank {}: expected a mesh dimension in [{}], found '{}'", rank_, fmt::join(dim_names_, ", "), dim));
+      fmt::format("rank {}: expected a mesh dimension in [{}], found '{}'", rank, fmt::join(names, ", "), dim));
+}
+}  // namespace
+
+std::int64_t CallContext::coordinate(std::string_view dim) const {
+  return coordinates_[dim_index(dim_names_, dim, rank_)];
+}
+
+std::int64_t CallContext::size(std::string_view dim) const {
+  return sizes_[dim_index(dim_names_, dim, rank_)];
 }
 
 // ------------------------------------------------------------------ argument access

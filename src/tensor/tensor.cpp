@@ -12,6 +12,9 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 #include "meshrt/config.hpp"
 
@@ -539,9 +542,129 @@ bool Tensor::equals(const Tensor& other) const {
   return nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), nbytes()) == 0;
 }
 
+namespace {
+
+// Past this many elements a tensor prints summarised, kEdgeItems at each end of every
+// dimension longer than 2 * kEdgeItems (numpy's threshold and edgeitems).
+constexpr std::int64_t kPrintThreshold = 1000;
+constexpr std::int64_t kEdgeItems = 3;
+
+// A float's text: shortest round trip, with a point when it would look like an integer
+// ("1." as numpy prints it), so floats and integers read apart.
+std::string float_text(std::string text) {
+  if (text.find_first_of(".eEni") == std::string::npos) text += '.';
+  return text;
+}
+
+// The fewest significant digits that read back as the same 16-bit value (0.1, not the
+// 0.0999755859375 a float16 0.1 holds), as numpy prints float16.
+template <class Round>
+std::string shortest16(float value, Round round, std::uint16_t bits) {
+  for (int digits = 1; digits < 9; ++digits) {
+    std::string text = fmt::format("{:.{}g}", value, digits);
+    float parsed = 0;
+    std::from_chars(text.data(), text.data() + text.size(), parsed);  // locale-free, unlike strtof
+    if (round(parsed) == bits) return text;
+  }
+  return fmt::format("{}", value);
+}
+
+std::string element_text(const void* data, DType dtype, std::int64_t i) {
+  std::string out;
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T v = static_cast<const T*>(data)[i];
+    if constexpr (std::is_same_v<T, bool>) {
+      out = v ? "true" : "false";
+    } else if constexpr (std::is_same_v<T, Half>) {
+      out = float_text(shortest16(
+          half_to_float(v), [](float f) { return float_to_half(f).bits; }, v.bits));
+    } else if constexpr (std::is_same_v<T, BFloat16>) {
+      out = float_text(shortest16(
+          bfloat16_to_float(v), [](float f) { return float_to_bfloat16(f).bits; }, v.bits));
+    } else if constexpr (std::is_floating_point_v<T>) {
+      out = float_text(fmt::format("{}", v));
+    } else {
+      out = fmt::format("{}", +v);  // uint8 as a number
+    }
+  });
+  return out;
+}
+
+// numpy's array layout: rows of the last dimension, blocks of higher ones separated by
+// blank lines, elements right-aligned to one width, "..." where a summary skips.
+class ValuePrinter {
+ public:
+  ValuePrinter(const void* data, const TensorMeta& meta)
+      : data_(data), dtype_(meta.dtype()), shape_(meta.shape()), strides_(shape_.size(), 1) {
+    for (std::size_t d = shape_.size(); d-- > 1;) strides_[d - 1] = strides_[d] * shape_[d];
+    summarise_ = meta.numel() > kPrintThreshold;
+    if (!shape_.empty()) {
+      measuring_ = true;
+      (void)block(0, 0);
+      measuring_ = false;
+    }
+  }
+  std::string text() { return shape_.empty() ? element_text(data_, dtype_, 0) : block(0, 0); }
+
+ private:
+  // The indices shown along a dimension of size n; -1 stands for the skipped ones.
+  std::vector<std::int64_t> shown(std::int64_t n) const {
+    std::vector<std::int64_t> out;
+    if (summarise_ && n > 2 * kEdgeItems) {
+      for (std::int64_t i = 0; i < kEdgeItems; ++i) out.push_back(i);
+      out.push_back(-1);
+      for (std::int64_t i = n - kEdgeItems; i < n; ++i) out.push_back(i);
+    } else {
+      for (std::int64_t i = 0; i < n; ++i) out.push_back(i);
+    }
+    return out;
+  }
+  std::string block(std::size_t dim, std::int64_t offset) {
+    const bool last = dim + 1 == shape_.size();
+    const std::string separator =
+        last ? ", " : ",\n" + std::string(shape_.size() - dim - 2, '\n') + std::string(dim + 1, ' ');
+    std::string out = "[";
+    bool first = true;
+    for (std::int64_t i : shown(shape_[dim])) {
+      if (!first) out += separator;
+      first = false;
+      if (i < 0) {
+        out += "...";
+      } else if (last) {
+        std::string e = element_text(data_, dtype_, offset + i);
+        // Matrices and up align their columns; a vector reads best unpadded.
+        if (measuring_ && shape_.size() >= 2) width_ = std::max(width_, e.size());
+        out += std::string(width_ > e.size() ? width_ - e.size() : 0, ' ') + e;
+      } else {
+        out += block(dim + 1, offset + i * strides_[dim]);
+      }
+    }
+    return out + "]";
+  }
+
+  const void* data_;
+  DType dtype_;
+  const std::vector<std::int64_t>& shape_;
+  std::vector<std::int64_t> strides_;
+  bool summarise_ = false;
+  bool measuring_ = false;
+  std::size_t width_ = 0;
+};
+
+}  // namespace
+
 std::string Tensor::to_string() const {
   if (!defined()) return "Tensor(undefined)";
-  return fmt::format("Tensor({})", meta_.to_string());
+  // CUDA memory, and emulated memory outside a stream task, are not the host's to read
+  // here (a copy would wait for the whole device): the meta, and how to see the values.
+  if (device().is_cuda() || (device().is_emulated() && !DeviceMemoryAccess::active())) {
+    return fmt::format("Tensor({}; values in device memory, not read: .to(Device::cpu()) copies them)",
+                       meta_.to_string());
+  }
+  // Rows of a matrix or more start on lines of their own.
+  return fmt::format("Tensor({}:{}{})", meta_.to_string(), meta_.ndim() >= 2 ? "\n" : " ",
+                     ValuePrinter(raw_data(), meta_).text());
 }
 
 bool cuda_available() noexcept {

@@ -112,7 +112,7 @@ struct Worker::Impl {
     if (!stream) return stream.failed;
     // CPU kernels get no native stream: making one would create a CUDA context for a
     // CPU-only program.
-    if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, stream->id, Device::cpu(), nullptr);
+    if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, {}, stream->id, Device::cpu(), nullptr);
     const auto mesh = env.find<detail::MeshValue>(mesh_ref, "mesh");
     if (!mesh) return mesh.failed;
     // Kernels get this rank's own device of the kind the mesh is placed on.
@@ -121,7 +121,8 @@ struct Worker::Impl {
     // legacy default stream); CPU meshes get none (no CUDA context for CPU work), emulated
     // ones enqueue through the device layer.
     void* native = where.is_cuda() ? stream->handle.device(Device::Kind::Cuda).native() : nullptr;
-    return CallContext(opt.rank, mesh->mesh->names(), mesh->mesh->coordinates(), stream->id, where, native);
+    return CallContext(opt.rank, mesh->mesh->names(), mesh->mesh->coordinates(), mesh->mesh->ranks().sizes(),
+                       stream->id, where, native);
   }
 
   // ------------------------------------------------------------------ commands

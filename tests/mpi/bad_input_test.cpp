@@ -193,6 +193,13 @@ TEST(BadInput, ReductionRulesAtTheCallSiteWithTheLine) {
       expect_parts(in_place,
                    {"reduce_ " + std::string(name(r)) + " over 'host': ", rule, site + std::to_string(line_) + " "});
     }
+    // Avg on an integer dtype would truncate: refused at the call, naming the dtype, what
+    // to do instead and the line.
+    DTensor counts = mesh.call("test.pattern", {3}, DType::Int64);
+    const int avg_line = __LINE__ + 1;
+    const std::string avg = error_of<UsageError>([&] { counts.reduce("gpu", Reduction::Avg); });
+    expect_parts(avg, {"reduce avg over 'gpu': ", "reduction avg needs a floating-point dtype, found int64",
+                       "use sum and divide, or cast to a float dtype", site + std::to_string(avg_line) + " "});
     // In place: stack without scatter (all_gather) and sum with scatter (reduce_scatter).
     DTensor x = mesh.call("test.pattern", {2, 3}, DType::Float32);
     expect_parts(error_of<UsageError>([&] { x.reduce_("gpu", Reduction::Stack); }),

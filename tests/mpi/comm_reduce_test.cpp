@@ -40,6 +40,7 @@ bool refused(Reduction red, DType dtype, bool scatter, bool inplace) {
   if (is_bitwise(red) && is_floating(dtype)) return true;
   if (dtype == DType::Bool && (red == Reduction::Sum || red == Reduction::Avg || red == Reduction::Product))
     return true;
+  if (red == Reduction::Avg && !is_floating(dtype)) return true;  // it would truncate
   if (stack && !scatter && inplace) return true;
   if (!stack && scatter && inplace) return true;
   return false;
@@ -400,6 +401,26 @@ TEST(CommReduce, EmptyAndZeroDimensionalTensors) {
       reduce(mesh, "x", Reduction::Sum, false, false, make_input(scalar, Reduction::Sum, world_rank()), scalar);
   EXPECT_EQ(compare(out.tensor, expected_output(Reduction::Sum, scalar, false, line_of(mesh.ranks(), 0), world_rank())),
             "");
+}
+
+TEST(CommReduce, MaxAndMinPropagateNaNFromAnyRank) {
+  World world;
+  WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
+  const int n = world_size();
+  for (DType dtype : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+    for (Reduction red : {Reduction::Max, Reduction::Min}) {
+      for (bool scatter : {false, true}) {
+        for (int holder = 0; holder < n; ++holder) {
+          SCOPED_TRACE(fmt::format("{} {} scatter={}: NaN on rank {}", name(red), name(dtype), scatter, holder));
+          const Tensor in = nan_input(dtype, scatter ? n : 0, holder);
+          auto p = start_reduce(mesh, "x", red, scatter, false, Input(in), in.meta());
+          const Outcome out = wait(*p);
+          ASSERT_FALSE(out.broken.has_value());
+          EXPECT_EQ(nan_result(out.tensor, red == Reduction::Max ? n : 1), "");
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -135,6 +135,40 @@ T reduce_values(Reduction red, const std::vector<double>& values) {
   return out;
 }
 
+// Max and min propagate NaN (torch.maximum, numpy.maximum) whichever rank holds it: each
+// rank of the line in turn holds a NaN at element 0 (of every block when scattered);
+// element 1 holds rank + 1 everywhere.
+inline Tensor nan_input(DType dtype, std::int64_t blocks, int holder) {
+  const TensorMeta meta = blocks == 0 ? TensorMeta({2}, dtype) : TensorMeta({blocks, 2}, dtype);
+  Tensor t = meta.empty();
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, bool>) {
+      T* p = t.data<T>();
+      for (std::int64_t i = 0; i < meta.numel(); i += 2) {
+        p[i] = from_double<T>(world_rank() == holder ? std::nan("") : world_rank() + 1.0);
+        p[i + 1] = from_double<T>(world_rank() + 1.0);
+      }
+    }
+  });
+  return t;
+}
+
+// "" when `out` (host) holds NaN at element 0 and `want` at element 1.
+inline std::string nan_result(const Tensor& out, double want) {
+  std::string problem;
+  dispatch_dtype(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, bool>) {
+      const double a = to_double<T>(out.data<T>()[0]);
+      const double b = to_double<T>(out.data<T>()[1]);
+      if (!std::isnan(a)) problem += fmt::format("element 0: expected nan, found {}; ", a);
+      if (b != want) problem += fmt::format("element 1: expected {}, found {}", want, b);
+    }
+  });
+  return problem;
+}
+
 // Compares `actual` with `expected` element by element; returns "" or the first mismatch.
 inline std::string compare(const Tensor& actual, const Tensor& expected) {
   if (actual.meta() != expected.meta()) {

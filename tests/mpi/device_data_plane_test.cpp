@@ -85,6 +85,7 @@ std::vector<int> line_of(const NDSlice& ranks, std::size_t dim) {
 bool refused(Reduction red, DType dtype, bool scatter, bool inplace) {
   if (dtype == DType::Bool && (red == Reduction::Sum || red == Reduction::Avg || red == Reduction::Product))
     return true;
+  if (red == Reduction::Avg && !is_floating(dtype)) return true;  // it would truncate
   if (red == Reduction::Stack && !scatter && inplace) return true;
   if (red != Reduction::Stack && scatter && inplace) return true;
   return false;
@@ -262,6 +263,28 @@ TEST(DeviceDataPlane, SendsBetweenSubMeshesOverExactlyTheirRanks) {
   if (n >= 3) {
     check_send(NDSlice(0, {n - 1}, {1}), NDSlice(1, {n - 1}, {1}), world.comm());
     check_send(NDSlice(1, {n - 1}, {1}), NDSlice(0, {n - 1}, {1}), world.comm());
+  }
+  EXPECT_FALSE(stream().error());
+}
+
+TEST(DeviceDataPlane, MaxAndMinPropagateNaNFromAnyRank) {
+  World world;
+  WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
+  const int n = world_size();
+  for (DType dtype : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+    for (Reduction red : {Reduction::Max, Reduction::Min}) {
+      for (bool scatter : {false, true}) {
+        for (int holder = 0; holder < n; ++holder) {
+          SCOPED_TRACE(fmt::format("{} {} scatter={}: NaN on rank {}", name(red), name(dtype), scatter, holder));
+          const Tensor in = nan_input(dtype, scatter ? n : 0, holder);
+          auto p =
+              start_reduce_device(mesh, "x", red, scatter, false, to_here(in), factory(in.shape(), dtype), kStream);
+          const Outcome out = finish(*p);
+          ASSERT_FALSE(out.broken.has_value());
+          EXPECT_EQ(nan_result(fetched(out.tensor), red == Reduction::Max ? n : 1), "");
+        }
+      }
+    }
   }
   EXPECT_FALSE(stream().error());
 }

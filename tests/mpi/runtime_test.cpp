@@ -206,6 +206,66 @@ TEST(Runtime, MeshRankRenameSplitFlatten) {
   });
 }
 
+TEST(Runtime, KernelsSeeTheMeshSizes) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    auto sizes_at = [&](const Mesh& m, const Coords& coords) {
+      const Tensor t =
+          ctl.fetch_shard(m.call("test.mesh_sizes", static_cast<std::int64_t>(m.sizes().size())), coords).get();
+      return std::vector<std::int64_t>(t.span<std::int64_t>().begin(), t.span<std::int64_t>().end());
+    };
+    for (const auto& [coords, rank] : coordinates(mesh)) EXPECT_EQ(sizes_at(mesh, coords), mesh.sizes()) << rank;
+    // A slice, a split and a flattened mesh: the sizes of the mesh the call runs on.
+    const Mesh row = mesh.slice("host", 0);
+    EXPECT_EQ(sizes_at(row, {{"gpu", row.sizes()[0] - 1}}), row.sizes());
+    const Mesh flat = mesh.flatten("all");
+    const Mesh split = flat.split("all", {{"a", 1}, {"b", ctl.world_size()}});
+    EXPECT_EQ(sizes_at(split, {{"a", 0}, {"b", ctl.world_size() - 1}}),
+              (std::vector<std::int64_t>{1, ctl.world_size()}));
+  });
+}
+
+TEST(Runtime, CallTakesAnyNumberOfArguments) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    const Coords at = coordinates(mesh).back().first;
+    // 8 arguments of mixed types, then 12: each reaches the kernel in its place.
+    const DTensor eight = mesh.call("test.weighted_sum", 1, 2.0, 3.0F, 4L, 5LL, 6U, 7UL, 8);
+    EXPECT_EQ(ctl.fetch_shard(eight, at).get().item(), 204.0);  // sum of i * i, i = 1..8
+    const DTensor twelve = mesh.call("test.weighted_sum", 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1);
+    EXPECT_EQ(ctl.fetch_shard(twelve, at).get().item(), 78.0);  // 1 + 2 + ... + 12
+    // Six go through the overloads that also take braced lists.
+    const DTensor six = mesh.call("test.weighted_sum", 1, 0, 0, 0, 0, 2);
+    EXPECT_EQ(ctl.fetch_shard(six, at).get().item(), 13.0);
+  });
+}
+
+// Outputs of many sizes leave the CPU output pool holding their buffers after every
+// tensor is gone; release_cached_memory() gives them back on every worker.
+TEST(Runtime, ReleaseCachedMemoryEmptiesEveryWorkersOutputPool) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    const Mesh flat = mesh.flatten("all");
+    auto cached_per_rank = [&] {
+      const DTensor c = flat.call("test.output_pool_cached");
+      std::vector<std::int64_t> out;
+      for (std::int64_t r = 0; r < ctl.world_size(); ++r) {
+        out.push_back(static_cast<std::int64_t>(ctl.fetch_shard(c, {{"all", r}}).get().item()));
+      }
+      return out;
+    };
+    for (std::int64_t kib : {300, 520, 1100, 2300}) {  // float32 outputs from 300 KiB: pooled
+      DTensor x = flat.call("test.pattern", {kib * 256}, DType::Float32);
+      DTensor y = x.reduce("all", Reduction::Sum);
+      (void)ctl.fetch_shard(y, {{"all", 0}}, "meshrt.sum").get();
+    }
+    for (std::int64_t bytes : cached_per_rank()) EXPECT_GT(bytes, 0);
+    EXPECT_GT(ctl.release_cached_memory(), 0u);
+    for (std::int64_t bytes : cached_per_rank()) EXPECT_EQ(bytes, 0);
+    EXPECT_EQ(ctl.release_cached_memory(), 0u);
+  });
+}
+
 TEST(Runtime, FailureOnOneRankPoisonsOnlyItsDependents) {
   session([](Controller& ctl) {
     Mesh mesh = make_mesh(ctl);

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "meshrt/functions.hpp"
+#include "meshrt/internal/comm.hpp"
 
 namespace {
 
@@ -50,6 +51,45 @@ std::vector<Tensor> bump_kernel(CallContext&, Args& args) {
   Tensor& x = args.tensor(0);
   for (double& v : x.span<double>()) v += 1;
   return {x.clone()};
+}
+
+// test.mesh_sizes(ndim): the mesh's size along each of its `ndim` dimensions, as the
+// kernel sees them (CallContext::sizes and size(dim)), int64 [ndim].
+Signature mesh_sizes_shape(const ArgMetas& args) {
+  args.expect_count(1, 1);
+  return {{TensorMeta({args.integer(0)}, DType::Int64, args.device())}, {}};
+}
+std::vector<Tensor> mesh_sizes_kernel(CallContext& ctx, Args&) {
+  Tensor t = Tensor::empty(TensorMeta({static_cast<std::int64_t>(ctx.sizes().size())}, DType::Int64));
+  for (std::size_t d = 0; d < ctx.sizes().size(); ++d) {
+    if (ctx.size(ctx.dim_names()[d]) != ctx.sizes()[d]) throw std::logic_error("size(dim) disagrees with sizes()");
+    t.data<std::int64_t>()[d] = ctx.size(ctx.dim_names()[d]);
+  }
+  return {on_device(std::move(t), ctx)};
+}
+
+// test.weighted_sum(a0, a1, ...): sum of (i + 1) * a_i over any number of numbers, float64
+// 0-d: a call with many arguments, in order.
+Signature weighted_sum_shape(const ArgMetas& args) {
+  args.expect_count(1, 64);
+  for (std::size_t i = 0; i < args.size(); ++i) (void)args.number(i);
+  return {{TensorMeta({}, DType::Float64, args.device())}, {}};
+}
+std::vector<Tensor> weighted_sum_kernel(CallContext& ctx, Args& args) {
+  double sum = 0;
+  for (std::size_t i = 0; i < args.size(); ++i) sum += static_cast<double>(i + 1) * args.number(i);
+  return {on_device(Tensor::from<double>({}, {sum}), ctx)};
+}
+
+// test.output_pool_cached(): the bytes this rank's CPU output pool holds for reuse, int64
+// 0-d.
+Signature pool_cached_shape(const ArgMetas& args) {
+  args.expect_count(0, 0);
+  return {{TensorMeta({}, DType::Int64, args.device())}, {}};
+}
+std::vector<Tensor> pool_cached_kernel(CallContext& ctx, Args&) {
+  const auto cached = static_cast<std::int64_t>(output_pool_stats().cached_bytes);
+  return {on_device(Tensor::from<std::int64_t>({}, {cached}), ctx)};
 }
 
 // test.sleep(seconds, ranks): sleeps on the listed ranks; returns a float32 scalar.
@@ -118,3 +158,6 @@ MESHRT_REGISTER_FUNCTION("test.usr1", usr1_kernel, one_scalar_shape);
 MESHRT_REGISTER_FUNCTION("test.pattern", pattern_kernel, pattern_shape);
 MESHRT_REGISTER_FUNCTION("test.bump_and_copy_", bump_kernel, bump_shape);
 MESHRT_REGISTER_FUNCTION("test.sleep", sleep_kernel, sleep_shape);
+MESHRT_REGISTER_FUNCTION("test.mesh_sizes", mesh_sizes_kernel, mesh_sizes_shape);
+MESHRT_REGISTER_FUNCTION("test.weighted_sum", weighted_sum_kernel, weighted_sum_shape);
+MESHRT_REGISTER_FUNCTION("test.output_pool_cached", pool_cached_kernel, pool_cached_shape);

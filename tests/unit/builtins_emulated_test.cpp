@@ -15,7 +15,7 @@ namespace {
 constexpr std::uint64_t kStream = 41;
 
 std::vector<Tensor> call(const std::string& fn, std::vector<Value> args, const Device& where) {
-  CallContext ctx(0, {}, {}, kStream, where);
+  CallContext ctx(0, {}, {}, {}, kStream, where);
   Args a(fn, std::move(args));
   return functions::lookup(fn).kernel(ctx, a);
 }

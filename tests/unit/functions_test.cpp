@@ -20,7 +20,7 @@ std::vector<Tensor> call(const std::string& name, std::vector<Value> args, int r
   for (const Value& a : args)
     metas.push_back(a.map([](const Value& v) { return v.is_tensor() ? Value(v.as_tensor().meta()) : v; }));
   const Signature sig = functions::infer(f, ArgMetas(name, std::move(metas)));
-  CallContext ctx(rank, {"x"}, {rank});
+  CallContext ctx(rank, {"x"}, {rank}, {rank + 1});
   Args a(name, std::move(args));
   std::vector<Tensor> out = f.kernel(ctx, a);
   EXPECT_EQ(out.size(), sig.outputs.size()) << name;
@@ -125,10 +125,25 @@ TEST(Args, AccessorsNameTheFunctionAndPosition) {
   EXPECT_EQ(usage_error([&] { (void)a.value(9); }), "my.fn: expected an argument 9, found only 5 arguments");
   expect_contains(usage_error([&] { (void)a.dtype(0); }), "my.fn argument 0: expected string, found int 1");
   EXPECT_EQ(usage_error([&] { a.expect_count(2, 2); }), "my.fn: expected 2 arguments, found 5");
-  CallContext ctx(3, {"host", "gpu"}, {1, 0});
+  CallContext ctx(3, {"host", "gpu"}, {1, 0}, {2, 4});
   EXPECT_EQ(ctx.coordinate("gpu"), 0);
   EXPECT_EQ(usage_error([&] { (void)ctx.coordinate("x"); }),
             "rank 3: expected a mesh dimension in [host, gpu], found 'x'");
+}
+
+TEST(CallContext, SizesAlongEachDimension) {
+  CallContext ctx(3, {"host", "gpu"}, {1, 0}, {2, 4});
+  EXPECT_EQ(ctx.size("host"), 2);
+  EXPECT_EQ(ctx.size("gpu"), 4);
+  EXPECT_EQ(ctx.sizes(), (std::vector<std::int64_t>{2, 4}));
+  EXPECT_EQ(usage_error([&] { (void)ctx.size("x"); }), "rank 3: expected a mesh dimension in [host, gpu], found 'x'");
+  // A CPU context of no mesh (a fetch's preprocess) has no dimensions.
+  EXPECT_EQ(usage_error([] { (void)CallContext(0, {}, {}, {}).size("x"); }),
+            "rank 0: expected a mesh dimension in [], found 'x'");
+  expect_contains(usage_error([] { CallContext(0, {"x"}, {0}, {}); }),
+                  "expected one coordinate and one size per dimension [x], found 1 coordinates and 0 sizes");
+  EXPECT_EQ(usage_error([] { CallContext(0, {"x"}, {2}, {2}); }),
+            "CallContext: expected a coordinate in [0, 2) along 'x', found 2");
 }
 
 // ------------------------------------------------------------------ built-ins
@@ -324,7 +339,7 @@ TEST(Builtins, CudaKernelsMatchTheCpu) {
   if (!cuda_available()) MESHRT_SKIP_WITHOUT_GPU("no CUDA device visible");
   const Tensor a = Tensor::from<float>({3}, {1, 2, 3});
   const Tensor b = Tensor::from<float>({3}, {4, 5, 6});
-  CallContext ctx(0, {}, {}, 0, Device::cuda(0));
+  CallContext ctx(0, {}, {}, {}, 0, Device::cuda(0));
   Args args("meshrt.add", {Value(a.to(Device::cuda(0))), Value(b.to(Device::cuda(0)))});
   const auto out = functions::lookup("meshrt.add").kernel(ctx, args);
   EXPECT_TRUE(out.at(0).to(Device::cpu()).equals(Tensor::from<float>({3}, {5, 7, 9})));

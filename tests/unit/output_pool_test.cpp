@@ -54,5 +54,26 @@ TEST(OutputPool, ABufferLargerThanTheCapIsNeverCached) {
   EXPECT_EQ(none.stats().cached_bytes, 0u);
 }
 
+TEST(OutputPool, ReleaseFreesEveryCachedBufferAndLeavesHandedOutOnes) {
+  OutputPool pool(16 * kMiB);
+  auto held = pool.get(kMiB);
+  for (std::size_t mib = 1; mib <= 4; ++mib) (void)pool.get(mib * kMiB);  // each returns at once
+  EXPECT_EQ(pool.stats().cached_bytes, 10 * kMiB);
+  EXPECT_EQ(pool.release(), 10 * kMiB);
+  EXPECT_EQ(pool.stats().cached_bytes, 0u);
+  held.reset();  // a buffer handed out before the release still returns
+  EXPECT_EQ(pool.stats().cached_bytes, kMiB);
+  EXPECT_EQ(pool.release(), kMiB);
+  EXPECT_EQ(pool.release(), 0u);
+}
+
+TEST(OutputPool, TheDefaultCapIsAnEighthOfACoresShareOfMemoryAtMostOneGiB) {
+  constexpr std::size_t kGiB = std::size_t{1} << 30;
+  EXPECT_EQ(default_pool_cap(64 * kGiB, 2), kGiB);        // 4 GiB an eighth of a core's share
+  EXPECT_EQ(default_pool_cap(16 * kGiB, 8), 256 * kMiB);  // 2 GiB per core
+  EXPECT_EQ(default_pool_cap(8 * kGiB, 0), kGiB);         // cores unknown: one
+  EXPECT_EQ(default_pool_cap(0, 8), kGiB);                // memory unknown: the old default
+}
+
 }  // namespace
 }  // namespace meshrt::detail

@@ -18,9 +18,14 @@ constexpr Device::Kind kCuda = Device::Kind::Cuda;
 const std::vector<Reduction> kElementwise{Reduction::Sum, Reduction::Avg,  Reduction::Product, Reduction::Min,
                                           Reduction::Max, Reduction::Band, Reduction::Bor,     Reduction::Bxor};
 
-// An integer input [kN, 3]: every elementwise reduction accepts it.
+// An integer input [kN, 3]: every elementwise reduction but avg accepts it.
 TensorMeta input(std::vector<std::int64_t> shape = {kN, 3}, DType dtype = DType::Int32) {
   return TensorMeta(std::move(shape), dtype);
+}
+// The dtype every rule accepts for `r`: avg needs a floating-point one, the bitwise
+// reductions an integer one.
+DType accepted_dtype(Reduction r) {
+  return r == Reduction::Avg ? DType::Float32 : DType::Int32;
 }
 
 void expect_allowed(const ReductionRule& rule, const std::string& collective, const TensorMeta& in,
@@ -61,7 +66,7 @@ TEST(ReductionRule, StackWithScatterIsAllToAll) {
 TEST(ReductionRule, ElementwiseIsAllReduce) {
   for (Reduction r : kElementwise) {
     for (const auto& shape : std::vector<std::vector<std::int64_t>>{{}, {7}, {kN, 3}}) {
-      const TensorMeta in = input(shape);
+      const TensorMeta in = input(shape, accepted_dtype(r));
       for (bool inplace : {false, true}) {
         const ReductionRule rule = reduction_rule(in, kN, r, false, inplace, kCpu);
         expect_allowed(rule, "all_reduce", in, in);
@@ -74,15 +79,15 @@ TEST(ReductionRule, ElementwiseIsAllReduce) {
 // Row 4: every other reduction with scatter -> reduce_scatter, [N, *R] -> R, not in place.
 TEST(ReductionRule, ElementwiseWithScatterIsReduceScatter) {
   for (Reduction r : kElementwise) {
-    const TensorMeta in = input({kN, 3, 2});
+    const TensorMeta in = input({kN, 3, 2}, accepted_dtype(r));
     expect_allowed(reduction_rule(in, kN, r, true, false, kCpu), "reduce_scatter", in, in.with_shape({3, 2}));
-    const TensorMeta vector = input({kN});
+    const TensorMeta vector = input({kN}, accepted_dtype(r));
     expect_allowed(reduction_rule(vector, kN, r, true, false, kCpu), "reduce_scatter", vector, vector.with_shape({}));
     const ReductionRule inplace = reduction_rule(in, kN, r, true, true, kCpu);
     EXPECT_FALSE(inplace.allowed());
-    EXPECT_EQ(inplace.error, std::string(name(r)) +
-                                 " with scatter (reduce_scatter) cannot run in place: its output int32[3, 2] on cpu "
-                                 "is smaller than its input int32[4, 3, 2] on cpu");
+    const std::string dtype(name(accepted_dtype(r)));
+    EXPECT_EQ(inplace.error, std::string(name(r)) + " with scatter (reduce_scatter) cannot run in place: its output " +
+                                 dtype + "[3, 2] on cpu is smaller than its input " + dtype + "[4, 3, 2] on cpu");
   }
 }
 
@@ -119,6 +124,27 @@ TEST(ReductionRule, BoolRefusesSumAvgProduct) {
   for (Reduction r :
        {Reduction::Stack, Reduction::Min, Reduction::Max, Reduction::Band, Reduction::Bor, Reduction::Bxor}) {
     EXPECT_TRUE(reduction_rule(in, kN, r, false, false, kCpu).allowed()) << name(r);
+  }
+}
+
+// Avg on an integer dtype would truncate (the average of 0..3 would be 1): refused on
+// every device, scattered or not, in place or not, saying what to do instead.
+TEST(ReductionRule, AvgRefusesIntegerDtypes) {
+  for (DType dtype : {DType::UInt8, DType::Int32, DType::Int64}) {
+    for (bool scatter : {false, true}) {
+      for (Device::Kind device : {kCpu, kCuda, Device::Kind::Emulated}) {
+        const ReductionRule rule = reduction_rule(input({kN}, dtype), kN, Reduction::Avg, scatter, false, device);
+        EXPECT_EQ(rule.error, "reduction avg needs a floating-point dtype, found " + std::string(name(dtype)) +
+                                  " (an integer average would truncate); use sum and divide, or cast to a float "
+                                  "dtype first");
+        EXPECT_STREQ(rule.collective, "");
+      }
+    }
+    EXPECT_TRUE(reduction_rule(input({kN}, dtype), kN, Reduction::Sum, false, true, kCpu).allowed()) << name(dtype);
+  }
+  for (DType dtype : {DType::Float16, DType::BFloat16, DType::Float32, DType::Float64}) {
+    EXPECT_TRUE(reduction_rule(input({kN}, dtype), kN, Reduction::Avg, true, false, kCpu).allowed()) << name(dtype);
+    EXPECT_TRUE(reduction_rule(input({kN}, dtype), kN, Reduction::Avg, false, true, kCuda).allowed()) << name(dtype);
   }
 }
 

@@ -125,7 +125,74 @@ TEST(Tensor, TypedAccessChecksTheDType) {
   EXPECT_EQ(Tensor::from<double>({}, {2.5}).item(), 2.5);
   EXPECT_EQ(Tensor::from<bool>({1}, {true}).item(), 1.0);
   expect_contains(usage_error([&] { (void)t.item(); }), "expected one element, found int32[2, 2] on cpu");
-  EXPECT_EQ(t.to_string(), "Tensor(int32[2, 2] on cpu)");
+  EXPECT_EQ(t.to_string(), "Tensor(int32[2, 2] on cpu:\n[[1, 2],\n [3, 4]])");
+}
+
+// to_string prints values as numpy does: floats with a point, matrices in aligned rows,
+// blocks of higher dimensions apart, and past 1000 elements the first and last 3 of each
+// dimension around "...".
+TEST(Tensor, ToStringPrintsValues) {
+  EXPECT_EQ(Tensor().to_string(), "Tensor(undefined)");
+  EXPECT_EQ(Tensor::from<float>({3}, {1.0F, 2.5F, 3.0F}).to_string(), "Tensor(float32[3] on cpu: [1., 2.5, 3.])");
+  EXPECT_EQ(Tensor::from<double>({}, {0.1}).to_string(), "Tensor(float64[] on cpu: 0.1)");
+  EXPECT_EQ(Tensor::from<float>({0}, std::span<const float>()).to_string(), "Tensor(float32[0] on cpu: [])");
+  EXPECT_EQ(Tensor::from<std::int32_t>({2, 3}, {1, 2, 3, 40, 50, 600}).to_string(),
+            "Tensor(int32[2, 3] on cpu:\n[[  1,   2,   3],\n [ 40,  50, 600]])");
+  EXPECT_EQ(Tensor::from<std::int64_t>({2, 2, 2}, {0, 1, 2, 3, 4, 5, 6, 7}).to_string(),
+            "Tensor(int64[2, 2, 2] on cpu:\n[[[0, 1],\n  [2, 3]],\n\n [[4, 5],\n  [6, 7]]])");
+  EXPECT_EQ(Tensor::from<std::uint8_t>({2}, {7, 255}).to_string(), "Tensor(uint8[2] on cpu: [7, 255])");
+  EXPECT_EQ(Tensor::from<bool>({2}, {true, false}).to_string(), "Tensor(bool[2] on cpu: [true, false])");
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(Tensor::from<float>({3}, {std::nanf(""), -inf, -0.5F}).to_string(),
+            "Tensor(float32[3] on cpu: [nan, -inf, -0.5])");
+  // float16 and bfloat16 in their own shortest digits, not the float they widen to.
+  EXPECT_EQ(Tensor::from<Half>({3}, {float_to_half(0.1F), float_to_half(1.0F), float_to_half(-2.5F)}).to_string(),
+            "Tensor(float16[3] on cpu: [0.1, 1., -2.5])");
+  EXPECT_EQ(Tensor::from<BFloat16>({2}, {float_to_bfloat16(0.1F), float_to_bfloat16(3.0F)}).to_string(),
+            "Tensor(bfloat16[2] on cpu: [0.1, 3.])");
+  // Exactly 1000 elements print whole.
+  std::vector<std::int64_t> values(1000);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<std::int64_t>(i);
+  const std::string whole = Tensor::from<std::int64_t>({1000}, std::span<const std::int64_t>(values)).to_string();
+  EXPECT_EQ(whole.find("..."), std::string::npos);
+  EXPECT_NE(whole.find("[0, 1, 2, 3, "), std::string::npos);
+  EXPECT_NE(whole.find(", 997, 998, 999])"), std::string::npos);
+}
+
+TEST(Tensor, ToStringSummarisesLargeTensors) {
+  std::vector<std::int64_t> values(2000);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<std::int64_t>(i);
+  EXPECT_EQ(Tensor::from<std::int64_t>({2000}, std::span<const std::int64_t>(values)).to_string(),
+            "Tensor(int64[2000] on cpu: [0, 1, 2, ..., 1997, 1998, 1999])");
+  std::vector<std::int32_t> matrix(40 * 30);
+  for (std::size_t i = 0; i < matrix.size(); ++i) matrix[i] = static_cast<std::int32_t>(i);
+  EXPECT_EQ(Tensor::from<std::int32_t>({40, 30}, std::span<const std::int32_t>(matrix)).to_string(),
+            "Tensor(int32[40, 30] on cpu:\n"
+            "[[   0,    1,    2, ...,   27,   28,   29],\n"
+            " [  30,   31,   32, ...,   57,   58,   59],\n"
+            " [  60,   61,   62, ...,   87,   88,   89],\n"
+            " ...,\n"
+            " [1110, 1111, 1112, ..., 1137, 1138, 1139],\n"
+            " [1140, 1141, 1142, ..., 1167, 1168, 1169],\n"
+            " [1170, 1171, 1172, ..., 1197, 1198, 1199]])");
+  // A short dimension of a large tensor prints whole.
+  const std::string tall = Tensor::zeros(TensorMeta({1001, 2}, DType::Float32)).to_string();
+  EXPECT_NE(tall.find("[[0., 0.],\n [0., 0.],\n [0., 0.],\n ...,\n [0., 0.],"), std::string::npos) << tall;
+}
+
+// Device memory the host may not read prints the meta and says so.
+TEST(Tensor, ToStringOfDeviceMemory) {
+  const Tensor e = Tensor::from<float>({2}, {1.0F, 2.0F}).to(Device::emulated(0));
+  EXPECT_EQ(e.to_string(),
+            "Tensor(float32[2] on emulated:0; values in device memory, not read: .to(Device::cpu()) copies them)");
+  {
+    const DeviceMemoryAccess inside_a_stream_task;
+    EXPECT_EQ(e.to_string(), "Tensor(float32[2] on emulated:0: [1., 2.])");
+  }
+  if (cuda_available()) {
+    EXPECT_EQ(Tensor::from<float>({2}, {1.0F, 2.0F}).to(Device::cuda(0)).to_string(),
+              "Tensor(float32[2] on cuda:0; values in device memory, not read: .to(Device::cpu()) copies them)");
+  }
 }
 
 TEST(Tensor, CudaWithoutAGpuIsAClearError) {

@@ -167,10 +167,10 @@ inline constexpr std::size_t kThreadMinBytes = std::size_t{256} << 10;
 //
 // Dtypes: bitwise reductions (band, bor, bxor) need an integer or bool dtype. bool
 // supports stack, min (all), max (any), band, bor and bxor; sum, avg and product are
-// refused (their result is not a bool). avg on integers is the sum, then a division
-// truncating toward zero, like NCCL's ncclAvg (a sum that overflows the dtype wraps
-// before the division). float16 and bfloat16 reduce through MPI user-defined operations
-// that compute each step in float and round to nearest even, as NCCL does on the GPU.
+// refused (their result is not a bool). avg needs a floating-point dtype: on integers
+// it would truncate, so it is refused like torch's mean(). float16 and bfloat16 reduce
+// through MPI user-defined operations that compute each step in float and round to
+// nearest even, as NCCL does on the GPU.
 [[nodiscard]] std::unique_ptr<Pending> start_reduce(WorkerMesh& mesh, std::string_view dim, Reduction reduction,
                                                     bool scatter, bool inplace, Input input, const TensorMeta& factory,
                                                     Completion completion = Completion::Auto);
@@ -202,13 +202,17 @@ Outcome send_tensor(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks, const 
 
 // CPU outputs of 256 KiB and more come from a pool of warm buffers (first touch of fresh
 // memory costs far more than a copy into a warm page): a buffer returns to it when the
-// last handle of its tensor goes, up to MESHRT_COMM_POOL_BYTES per rank.
+// last handle of its tensor goes, up to MESHRT_COMM_POOL_BYTES per rank (by default
+// min(1 GiB, an eighth of one core's share of physical memory)).
 struct OutputPoolStats {
   std::uint64_t hits = 0;    // outputs served by a cached buffer
   std::uint64_t misses = 0;  // outputs that needed a fresh one
   std::size_t cached_bytes = 0;
 };
 OutputPoolStats output_pool_stats();
+// Frees every buffer the pool holds for reuse (Controller::release_cached_memory runs it
+// on every worker); returns the bytes freed.
+std::size_t release_output_pool();
 
 // As start_reduce / start_send_tensor, for accelerator tensors (cuda or emulated), over
 // the device layer's communicators, on the device stream of meshrt stream `stream_id`

@@ -102,7 +102,8 @@ class Communicator {
   virtual int size() const noexcept = 0;
   virtual int device() const noexcept = 0;
 
-  // Sum, Avg (sum, then a division: integer ones truncate toward zero), Product, Min, Max.
+  // Sum, Avg (sum, then a division; on integers it would truncate toward zero, and
+  // reduction_rule refuses it before it gets here), Product, Min, Max.
   // Bitwise reductions and Stack are refused with UsageError, as NCCL has no such ops.
   virtual void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, Reduction reduction,
                           const Stream& stream) = 0;

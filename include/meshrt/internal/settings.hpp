@@ -106,8 +106,10 @@ inline constexpr Setting<std::string> kWorkerBlocking{{
                    "the core to its peers), 1 (always blocking), 0 (never)",
     .kind = Kind::Choice, .choices = "auto|1|0|true|false|yes|no|on|off"}};
 inline constexpr Setting<std::int64_t> kCommPoolBytes{{
-    .name = "MESHRT_COMM_POOL_BYTES", .default_value = "1073741824",
-    .description = "Bytes of freed CPU collective outputs (256 KiB and up) each rank keeps warm for reuse (0 = none)",
+    .name = "MESHRT_COMM_POOL_BYTES", .default_value = "",
+    .description = "Bytes of freed CPU collective outputs (256 KiB and up) each rank keeps warm for reuse (0 = none; "
+                   "unset: min(1 GiB, an eighth of physical memory per core)); Controller::release_cached_memory() "
+                   "frees them",
     .kind = Kind::Integer, .min = 0}};
 inline constexpr Setting<std::string> kAccelerator{{
     .name = "MESHRT_ACCELERATOR", .default_value = "auto",
