@@ -24,6 +24,10 @@
 // on every rank and the group stays usable. The price: a broadcast's root waits for one
 // small message from each member (MPI_Bcast's root does not wait).
 //
+// MPI must be running: inside meshrt::run, or after the program's own MPI_Init_thread
+// (MPI_THREAD_MULTIPLE) and before its MPI_Finalize. A group never initialises MPI; a
+// call without it raises UsageError saying so (docs/guide.md, "Who initialises MPI").
+//
 // Every call waits with a deadline (the group's timeout, MESHRT_GROUP_TIMEOUT, or the
 // call's own) and raises meshrt::TimeoutError naming the operation and the ranks that
 // did not arrive. A timeout that leaves messages in flight (a send, a broadcast, an

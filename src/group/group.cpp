@@ -769,6 +769,28 @@ std::size_t option_chunk(const GroupOptions& o) {
   return static_cast<std::size_t>(c);
 }
 
+// Groups never initialise MPI themselves: the program owns MPI_Init_thread and
+// MPI_Finalize (or meshrt::run does), as with any MPI library; calling MPI before it is
+// initialised (or after MPI_Finalize) aborts the job with no meshrt context.
+void require_mpi(const char* op) {
+  int initialized = 0, finalized = 0;
+  MESHRT_MPI_CHECK(MPI_Initialized(&initialized));
+  MESHRT_MPI_CHECK(MPI_Finalized(&finalized));
+  if (finalized) {
+    throw UsageError(
+        fmt::format("StatelessGroup::{}: expected MPI to be running, found it finalised (MPI_Finalize "
+                    "was called); create groups before MPI_Finalize",
+                    op));
+  }
+  if (!initialized) {
+    throw UsageError(
+        fmt::format("StatelessGroup::{}: expected MPI to be initialised, found MPI_Init not called yet; call "
+                    "MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) first (and MPI_Finalize "
+                    "at the end), or create the group inside meshrt::run, which initialises MPI",
+                    op));
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<StatelessGroup::Impl> StatelessGroup::make_impl(MPI_Comm comm, std::vector<int> parent_ranks,
@@ -785,6 +807,7 @@ std::unique_ptr<StatelessGroup::Impl> StatelessGroup::make_impl(MPI_Comm comm, s
 }
 
 StatelessGroup StatelessGroup::create(const std::vector<int>& members, MPI_Comm parent, const GroupOptions& options) {
+  require_mpi("create");
   int parent_rank = 0, parent_size = 0;
   MESHRT_MPI_CHECK(MPI_Comm_rank(parent, &parent_rank));
   MESHRT_MPI_CHECK(MPI_Comm_size(parent, &parent_size));
@@ -816,6 +839,7 @@ StatelessGroup StatelessGroup::create(const std::vector<int>& members, MPI_Comm 
 }
 
 StatelessGroup StatelessGroup::from_comm(MPI_Comm comm, const GroupOptions& options) {
+  require_mpi("from_comm");
   int inter = 0;
   MESHRT_MPI_CHECK(MPI_Comm_test_inter(comm, &inter));
   if (inter) {
@@ -890,6 +914,7 @@ StatelessGroup StatelessGroup::connect(const std::string& where, MPI_Comm local,
 StatelessGroup StatelessGroup::join(bool accepting, const std::string& where, MPI_Comm local,
                                     const GroupOptions& options) {
   const char* op = accepting ? "StatelessGroup::accept" : "StatelessGroup::connect";
+  require_mpi(accepting ? "accept" : "connect");
   MPI_Comm ldup = MPI_COMM_NULL;  // the caller's communicator is never used directly
   MESHRT_MPI_CHECK(MPI_Comm_dup(local, &ldup));
   detail::set_error_policy(ldup);
