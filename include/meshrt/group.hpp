@@ -33,7 +33,9 @@
 // did not arrive. create and from_comm too: the members first agree with small
 // non-blocking messages on the parent communicator (tag GroupOptions::create_tag), so a
 // member that never calls is named (as a parent rank) instead of leaving the others in
-// MPI_Comm_create_group.
+// MPI_Comm_create_group. A rank creates one communicator at a time (a group's or a
+// mesh's, from any thread), so a group made on rank 0's controller thread during a
+// meshrt::run session cannot deadlock with the worker's mesh creation.
 //
 // A timeout that leaves messages in flight (a send, a broadcast, an all_gather, a
 // barrier, a half-received chunked message) makes the group unusable: later calls raise

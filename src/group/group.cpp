@@ -41,6 +41,7 @@
 
 #include "common/backoff.hpp"
 #include "common/checks.hpp"
+#include "common/comm_creation.hpp"
 #include "meshrt/internal/settings.hpp"
 
 namespace meshrt {
@@ -843,8 +844,9 @@ class CreationAgreement {
     }
   }
 
-  // Returns when every member has agreed to create; raises (on every member alike) if not.
-  void run() {
+  // Returns when every member has agreed to create, holding this rank's communicator
+  // creation lock for the creation; raises (on every member alike) if not.
+  [[nodiscard]] std::unique_lock<std::timed_mutex> run() {
     // Step 1: HELLO.
     send_all(Handshake::Hello);
     post_recvs();
@@ -869,6 +871,17 @@ class CreationAgreement {
                       op_, timeout_.count(), me_, missing.size() == 1 ? "" : "s", int_list(missing), int_list(members_),
                       tag_),
           missing));
+    }
+    // This rank's communicator creations are serialised (common/comm_creation.hpp): the
+    // lock is taken before COMMIT, so every member holds its own when it enters the
+    // creation, and nothing else on a member can interleave with it.
+    std::unique_lock lock(detail::comm_creation_mutex(), std::defer_lock);
+    if (!lock.try_lock_until(deadline_after(timeout_))) {
+      fail_with(TimeoutError(fmt::format("{} timed out after {} s on parent rank {}: every member of {} joined, but "
+                                         "another communicator creation on this rank (a mesh's, or a group's on "
+                                         "another thread) did not finish within the timeout",
+                                         op_, timeout_.count(), me_, int_list(members_)),
+                             std::vector<int>{me_}));
     }
     // Step 2: COMMIT, and every other member's COMMIT or ABORT.
     send_all(Handshake::Commit);
@@ -897,6 +910,7 @@ class CreationAgreement {
     MESHRT_MPI_CHECK(MPI_Waitall(static_cast<int>(sends_.size()), sends_.data(), MPI_STATUSES_IGNORE));
     sends_.clear();
     sends_done_ = true;
+    return lock;
   }
 
  private:
@@ -1030,8 +1044,9 @@ StatelessGroup StatelessGroup::create(const std::vector<int>& members, MPI_Comm 
     throw UsageError(fmt::format("StatelessGroup::create on parent rank {}: expected a create_tag >= 0, found {}",
                                  parent_rank, options.create_tag));
   }
-  CreationAgreement("StatelessGroup::create", parent, parent_rank, members, options.create_tag, option_timeout(options))
-      .run();
+  auto creation_lock = CreationAgreement("StatelessGroup::create", parent, parent_rank, members, options.create_tag,
+                                         option_timeout(options))
+                           .run();
   MPI_Group parent_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
   MESHRT_MPI_CHECK(MPI_Comm_group(parent, &parent_group));
   const int rc = MPI_Group_incl(parent_group, static_cast<int>(members.size()), members.data(), &group);
@@ -1039,6 +1054,7 @@ StatelessGroup StatelessGroup::create(const std::vector<int>& members, MPI_Comm 
   MESHRT_MPI_CHECK(rc);
   MPI_Comm comm = MPI_COMM_NULL;
   const int rc2 = MPI_Comm_create_group(parent, group, options.create_tag, &comm);
+  creation_lock.unlock();
   MESHRT_MPI_IGNORE(MPI_Group_free(&group));
   MESHRT_MPI_CHECK(rc2);
   return StatelessGroup(make_impl(comm, members, options));
@@ -1058,9 +1074,13 @@ StatelessGroup StatelessGroup::from_comm(MPI_Comm comm, const GroupOptions& opti
   MESHRT_MPI_CHECK(MPI_Comm_rank(comm, &me));
   std::vector<int> parent(static_cast<std::size_t>(size));
   for (int i = 0; i < size; ++i) parent[static_cast<std::size_t>(i)] = i;
-  CreationAgreement("StatelessGroup::from_comm", comm, me, parent, options.create_tag, option_timeout(options)).run();
   MPI_Comm dup = MPI_COMM_NULL;
-  MESHRT_MPI_CHECK(MPI_Comm_dup(comm, &dup));
+  {
+    const auto creation_lock =
+        CreationAgreement("StatelessGroup::from_comm", comm, me, parent, options.create_tag, option_timeout(options))
+            .run();
+    MESHRT_MPI_CHECK(MPI_Comm_dup(comm, &dup));
+  }
   return StatelessGroup(make_impl(dup, std::move(parent), options));
 }
 
