@@ -1,22 +1,27 @@
 # Exports meshrt as a CMake package, usable from the build tree and from an install
-# prefix: find_package(meshrt CONFIG) gives meshrt::meshrt, meshrt::gtest_main and
-# meshrt_add_mpi_test().
+# prefix: find_package(meshrt CONFIG) gives meshrt::meshrt; the testing component adds
+# meshrt::gtest_main and meshrt_add_mpi_test(), the cuda component meshrt::cuda
+# (cmake/meshrtConfig.cmake.in).
 include(CMakePackageConfigHelpers)
 include(GNUInstallDirs)
 
 set(MESHRT_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/meshrt)
 
-install(TARGETS meshrt meshrt_gtest_main EXPORT meshrtTargets
+install(TARGETS meshrt EXPORT meshrtTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The test main (it needs GTest) in its own export set: only the testing component loads it.
+install(TARGETS meshrt_gtest_main EXPORT meshrtTestingTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 # include/meshrt/internal/ (the wire protocol, the transport, the worker, the device
 # runtime, settings) is the library's own: not installed.
 install(DIRECTORY include/meshrt DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} PATTERN internal EXCLUDE)
 install(FILES ${PROJECT_BINARY_DIR}/include/meshrt/config.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/meshrt)
 install(EXPORT meshrtTargets NAMESPACE meshrt:: DESTINATION ${MESHRT_INSTALL_CMAKEDIR})
 export(EXPORT meshrtTargets NAMESPACE meshrt:: FILE ${PROJECT_BINARY_DIR}/meshrtTargets.cmake)
+install(EXPORT meshrtTestingTargets NAMESPACE meshrt:: DESTINATION ${MESHRT_INSTALL_CMAKEDIR})
+export(EXPORT meshrtTestingTargets NAMESPACE meshrt:: FILE ${PROJECT_BINARY_DIR}/meshrtTestingTargets.cmake)
 
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/meshrtConfigVersion.cmake
                                  COMPATIBILITY SameMinorVersion)

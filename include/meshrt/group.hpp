@@ -24,11 +24,22 @@
 // on every rank and the group stays usable. The price: a broadcast's root waits for one
 // small message from each member (MPI_Bcast's root does not wait).
 //
+// MPI must be running: inside meshrt::run, or after the program's own MPI_Init_thread
+// (MPI_THREAD_MULTIPLE) and before its MPI_Finalize. A group never initialises MPI; a
+// call without it raises UsageError saying so (docs/guide.md, "Who initialises MPI").
+//
 // Every call waits with a deadline (the group's timeout, MESHRT_GROUP_TIMEOUT, or the
 // call's own) and raises meshrt::TimeoutError naming the operation and the ranks that
-// did not arrive. A timeout that leaves messages in flight (a send, a broadcast, an
-// all_gather, a barrier, a half-received chunked message) makes the group unusable:
-// later calls raise UsageError. A recv that timed out before anything arrived leaves it
+// did not arrive. create and from_comm too: the members first agree with small
+// non-blocking messages on the parent communicator (tag GroupOptions::create_tag), so a
+// member that never calls is named (as a parent rank) instead of leaving the others in
+// MPI_Comm_create_group. A rank creates one communicator at a time (a group's or a
+// mesh's, from any thread), so a group made on rank 0's controller thread during a
+// meshrt::run session cannot deadlock with the worker's mesh creation.
+//
+// A timeout that leaves messages in flight (a send, a broadcast, an all_gather, a
+// barrier, a half-received chunked message) makes the group unusable: later calls raise
+// UsageError. A recv that timed out before anything arrived leaves it
 // usable (a late message is then delivered to the next recv from that source).
 //
 // A group is not thread-safe: one operation at a time per group (like any MPI
@@ -87,8 +98,9 @@ struct GroupOptions {
   // Largest single MPI message; nullopt: MESHRT_GROUP_CHUNK_BYTES. Tests set it small to
   // exercise chunking with a few KiB.
   std::optional<std::size_t> chunk_bytes;
-  // Tag of MPI_Comm_create_group: groups created concurrently by overlapping ranks
-  // need different tags.
+  // Tag of MPI_Comm_create_group and of the members' agreement before it (point-to-point
+  // messages on the parent communicator: keep the program's own messages off it). Groups
+  // created concurrently by overlapping ranks need different tags.
   int create_tag = 0x6d72;
 };
 
@@ -228,7 +240,8 @@ class StatelessGroup {
  public:
   // Only the members call it (MPI_Comm_create_group). `members` are ranks of `parent`, in
   // the group's rank order: members[i] becomes group rank i. Every member must pass the
-  // same list.
+  // same list (a different one is a UsageError on every member). A member that does not
+  // call it within the timeout is named in a TimeoutError (missing_ranks(): parent ranks).
   static StatelessGroup create(const std::vector<int>& members, MPI_Comm parent = MPI_COMM_WORLD,
                                const GroupOptions& options = {});
   // A group over all ranks of `comm`, on a duplicate of it (`comm` itself is never used).

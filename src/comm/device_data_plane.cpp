@@ -18,6 +18,7 @@
 
 #include "comm/plan.hpp"
 #include "common/checks.hpp"
+#include "common/comm_creation.hpp"
 #include "meshrt/internal/comm.hpp"
 #include "meshrt/internal/device.hpp"
 #include "meshrt/internal/settings.hpp"
@@ -317,7 +318,10 @@ std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, con
     MPI_Comm sub = MPI_COMM_NULL;
     MESHRT_MPI_CHECK(MPI_Comm_group(p2p, &all));
     MESHRT_MPI_CHECK(MPI_Group_incl(all, static_cast<int>(members.size()), members.data(), &some));
-    MESHRT_MPI_CHECK(MPI_Comm_create_group(p2p, some, /*tag=*/0x6d65, &sub));
+    {
+      std::lock_guard creation(meshrt::detail::comm_creation_mutex());  // one creation at a time per rank
+      MESHRT_MPI_CHECK(MPI_Comm_create_group(p2p, some, /*tag=*/0x6d65, &sub));
+    }
     MPI_Group_free(&some);
     MPI_Group_free(&all);
     try {

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <set>
 
 #include "comm/mesh_impl.hpp"
 #include "common/checks.hpp"
+#include "common/comm_creation.hpp"
 #include "meshrt/internal/comm.hpp"
 
 namespace meshrt {
@@ -82,7 +84,12 @@ WorkerMesh::WorkerMesh(std::vector<std::string> names, NDSlice ranks, MPI_Comm w
   MPI_Group mesh_group = MPI_GROUP_NULL;
   MESHRT_MPI_CHECK(MPI_Comm_group(world, &world_group));
   MESHRT_MPI_CHECK(MPI_Group_incl(world_group, static_cast<int>(group_ranks.size()), group_ranks.data(), &mesh_group));
-  const int rc = MPI_Comm_create_group(world, mesh_group, kCreateGroupTag, &m.comm);
+  int rc = MPI_SUCCESS;
+  {
+    // One creation at a time on this rank (a StatelessGroup may be made on another thread).
+    std::lock_guard creation(meshrt::detail::comm_creation_mutex());
+    rc = MPI_Comm_create_group(world, mesh_group, kCreateGroupTag, &m.comm);
+  }
   // Freed whatever the outcome; the creation's code is the one to report.
   MESHRT_MPI_IGNORE(MPI_Group_free(&mesh_group));
   MESHRT_MPI_IGNORE(MPI_Group_free(&world_group));
@@ -158,8 +165,11 @@ MPI_Comm WorkerMesh::dim_comm(std::size_t dim) {
     for (std::size_t d = 0; d < ndim(); ++d) {
       if (d != dim) color = color * m.ranks.sizes()[d] + m.coords[d];
     }
-    MESHRT_MPI_CHECK(
-        MPI_Comm_split(m.comm, static_cast<int>(color), static_cast<int>(m.coords[dim]), &m.dim_comms[dim]));
+    {
+      std::lock_guard creation(meshrt::detail::comm_creation_mutex());
+      MESHRT_MPI_CHECK(
+          MPI_Comm_split(m.comm, static_cast<int>(color), static_cast<int>(m.coords[dim]), &m.dim_comms[dim]));
+    }
     if (m.dim_comms[dim] != MPI_COMM_NULL) g_live_communicators++;
     detail::set_error_policy(m.dim_comms[dim]);
   }

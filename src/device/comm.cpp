@@ -4,11 +4,13 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/checks.hpp"
+#include "common/comm_creation.hpp"
 #include "common/hash.hpp"
 #include "device/backend.hpp"
 #include "device/emulated_comm.hpp"
@@ -55,7 +57,10 @@ namespace {
 // This rank's place on its node: {index, ranks on the node}.
 std::pair<int, int> on_node(MPI_Comm world) {
   MPI_Comm node = MPI_COMM_NULL;
-  MESHRT_MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  {
+    std::lock_guard creation(meshrt::detail::comm_creation_mutex());  // one creation at a time per rank
+    MESHRT_MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  }
   int rank = 0, size = 1;
   MESHRT_MPI_CHECK(MPI_Comm_rank(node, &rank));
   MESHRT_MPI_CHECK(MPI_Comm_size(node, &size));

@@ -1,5 +1,6 @@
 // StatelessGroup timeouts over 3 ranks: rank 2 never calls. Each case uses a fresh
-// group, so one that becomes unusable does not affect the next.
+// group, so one that becomes unusable does not affect the next; the create cases make
+// no group of rank 2 at all.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -42,6 +43,12 @@ std::optional<TimeoutError> expect_timeout(F f) {
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
+}
+
+int g_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
 }
 
 }  // namespace
@@ -136,6 +143,40 @@ TEST(GroupTimeout, DefaultComesFromTheSetting) {
       ADD_FAILURE() << "recv returned";
     } catch (const TimeoutError& e) {
       EXPECT_TRUE(contains(e.what(), "after 0.25 s")) << e.what();
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(GroupTimeout, CreateWithAnAbsentMemberNamesIt) {
+  // Ranks 0 and 1 create a group of all three; rank 2 never calls create. Before the
+  // members' agreement, both waited in MPI_Comm_create_group for ever.
+  meshrt::GroupOptions opt;
+  opt.timeout = kShort;
+  if (g_rank() != 2) {
+    auto e = expect_timeout([&] { (void)StatelessGroup::create({0, 1, 2}, MPI_COMM_WORLD, opt); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->missing_ranks(), std::vector<int>{2});
+    EXPECT_TRUE(contains(e->what(), "StatelessGroup::create timed out after 0.3 s on parent rank")) << e->what();
+    EXPECT_TRUE(contains(e->what(), "parent rank [2] did not join the group [0, 1, 2]")) << e->what();
+    // The members that did come can still make a group of themselves (the handshake's
+    // leftover messages are skipped).
+    auto pair = StatelessGroup::create({0, 1}, MPI_COMM_WORLD, opt);
+    EXPECT_EQ(pair.all_gather_obj(pair.rank(), 10s), (std::vector<int>{0, 1}));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(GroupTimeout, CreateWithDifferentMemberListsIsAUsageError) {
+  // Ranks 0 and 1 disagree on the third member: both are told, neither hangs.
+  if (g_rank() != 2) {
+    try {
+      (void)StatelessGroup::create(g_rank() == 0 ? std::vector<int>{0, 1} : std::vector<int>{1, 0}, MPI_COMM_WORLD);
+      ADD_FAILURE() << "create with different member lists returned";
+    } catch (const meshrt::UsageError& e) {
+      EXPECT_TRUE(contains(e.what(), "called it with a different member list")) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "expected a UsageError, got: " << e.what();
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);

@@ -10,7 +10,8 @@
 //    ncclUniqueId and makes an NCCL communicator (skipped, with a message, without NCCL
 //    or a GPU).
 // This program does not use meshrt::run: it initialises MPI itself, like any MPI program
-// that wants groups beside its own communicators. Every rank checks what it received;
+// that wants groups beside its own communicators (groups never initialise MPI: a create
+// before MPI_Init_thread raises a UsageError saying so). Every rank checks what it received;
 // the exit code is non-zero if any check failed on any rank.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
