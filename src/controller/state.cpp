@@ -301,14 +301,15 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
     const auto waited = std::chrono::steady_clock::now() - start;
     request_status(ident, waited > kAskIdleAfter);
     if (timeout && waited > *timeout) {
-      const std::vector<int> missing = tracker_.missing(ident);
-      const std::string head = fmt::format("{} did not complete within {:.3g} s: rank{} {} {} not reached it:{}", what,
-                                           timeout->count(), missing.size() == 1 ? "" : "s", fmt::join(missing, ", "),
-                                           missing.size() == 1 ? "has" : "have", tracker_.lagging_report(ident));
-      const std::string report = diagnostics_.desync_report(head);
-      MESHRT_LOG(warning) << head << "\n" << report;
-      if (settings::get("MESHRT_TIMEOUT_ACTION") == "abort") abort_job(head + "\n" + report);
-      throw TimeoutError(head + "\n" + report, missing);
+      // Who is behind comes from the workers' own answers: a worker blocked in a
+      // collective, or a status tree node busy in a command, cannot report what it has
+      // finished, so the controller's own record names too many ranks.
+      const std::string expired = fmt::format("{} did not complete within {:.3g} s", what, timeout->count());
+      const DesyncReport report = diagnostics_.desync_report(ident, expired);
+      const std::string head = expired + ": " + report.summary;
+      MESHRT_LOG(warning) << head << "\n" << report.table;
+      if (settings::get("MESHRT_TIMEOUT_ACTION") == "abort") abort_job(head + "\n" + report.table);
+      throw TimeoutError(head + "\n" + report.table, report.behind);
     }
     if (bell && tracker_.owes(control::kControllerRank, ident))
       bell_backoff.pause([&](std::chrono::microseconds d) { batcher_.wait_reply_ring(rung, d); });
