@@ -171,8 +171,9 @@ DesyncReport Diagnostics::desync_report(protocol::Ident ident, const std::string
     wait = settings::get_seconds("MESHRT_STATE_QUERY_TIMEOUT");
   } catch (const std::exception&) {
   }
-  // Each worker writes the end of its flight recorder to its log; then the state table.
-  query({.op = protocol::QueryOp::Dump, .limit = 20, .reason = what}, wait);
+  // The end of every worker's flight recorder (the caller decides where it goes); then
+  // the state table.
+  const auto dumps = query({.op = protocol::QueryOp::Dump, .limit = 20, .reason = what}, wait);
   std::map<int, nlohmann::json> states;
   for (auto& [rank, answer] : query({.op = protocol::QueryOp::State}, wait)) {
     try {
@@ -270,6 +271,7 @@ DesyncReport Diagnostics::desync_report(protocol::Ident ident, const std::string
                          waiting_inner.size() == 1 ? "" : "s", waiting_inner.size() == 1 ? "its" : "their");
     }
   }
+  for (const auto& [rank, answer] : dumps) report.dumps += answer.error.empty() ? answer.payload : answer.error + "\n";
   summarize(tracker_, ident, facts, wait.count(), report);
   return report;
 }
@@ -297,10 +299,15 @@ std::string Diagnostics::dump_flight_recorder() {
 }
 
 void Diagnostics::abort_job(const std::string& reason) {
+  // Once on stderr: the log's console sink writes fatal records there unless it is off.
   MESHRT_LOG(fatal) << "aborting the job: " << reason;
-  std::fprintf(stderr, "meshrt: aborting the job: %s\n", reason.c_str());
-  std::fflush(stderr);
-  query({.op = protocol::QueryOp::Abort, .reason = reason}, std::chrono::milliseconds(500));
+  if (!log::enabled(log::Level::fatal)) {
+    std::fprintf(stderr, "meshrt: aborting the job: %s\n", reason.c_str());
+    std::fflush(stderr);
+  }
+  // The workers log the first line only: the rest (a desync report) is the controller's.
+  query({.op = protocol::QueryOp::Abort, .reason = reason.substr(0, reason.find('\n'))},
+        std::chrono::milliseconds(500));
   // The return code is ignored on purpose: MPI_Abort does not return on success, and
   // std::abort below ends this process if it does.
   MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));

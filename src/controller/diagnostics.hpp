@@ -31,6 +31,7 @@ struct DesyncReport {
   std::string summary;
   std::vector<int> behind;  // TimeoutError::missing_ranks()
   std::string table;        // what every worker is doing now, one row per rank
+  std::string dumps;        // the end of every worker's flight recorder, in rank order
 };
 
 class Diagnostics {

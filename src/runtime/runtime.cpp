@@ -191,6 +191,10 @@ void Runtime::session(const std::function<void(Controller&)>& fn) {
     } catch (...) {
       if (!error) error = std::current_exception();
     }
+    // Nobody handled the timeout: its flight recorders go to stderr, once, at the end.
+    if (const std::string dumps = state->unhandled_dumps(error); !dumps.empty()) {
+      std::fprintf(stderr, "meshrt: the workers' flight recorders at the timeout:\n%s", dumps.c_str());
+    }
   }
   if (worker0.joinable()) worker0.join();
   if (error) std::rethrow_exception(error);

@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
       if (uncaught) throw;
       const std::string what = e.what();
       const std::string head = what.substr(0, what.find('\n'));
-      std::printf("TimeoutError headline: %s\nmissing_ranks(): [%s]\n", head.c_str(),
+      std::printf("TimeoutError: %s\nmissing_ranks(): [%s]\n", what.c_str(),
                   fmt::format("{}", fmt::join(e.missing_ranks(), ", ")).c_str());
       expect(e.missing_ranks() == std::vector<int>{slow}, fmt::format("missing_ranks() is [{}]", slow));
       expect(head.find(fmt::format("rank {} is behind: running blame.block (invocation", slow)) != std::string::npos,
