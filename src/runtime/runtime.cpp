@@ -204,6 +204,8 @@ int run(int argc, char** argv, const std::function<void(Controller&)>& fn, Runti
   std::optional<Runtime> runtime;
   try {
     runtime.emplace(argc, argv, options);
+  } catch (const control::StartupError&) {
+    return 1;  // every rank has the same verdict, and rank 0 has printed it
   } catch (const std::exception& e) {
     std::fprintf(stderr, "meshrt: %s\n", e.what());
     return 1;
