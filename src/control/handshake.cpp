@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -88,11 +89,18 @@ void handshake(MPI_Comm control, int provided, bool dedicated_controller) {
       }
     }
   }
+  // Printed once per job, by rank 0, before the others hear of it: a launcher that ends
+  // the job when the first rank exits must not lose the only copy.
+  const std::string message = "meshrt start-up failed: the ranks disagree:";
+  if (!verdict.empty()) {
+    std::fprintf(stderr, "%s%s\n", message.c_str(), verdict.c_str());
+    std::fflush(stderr);
+  }
   int n = static_cast<int>(verdict.size());
   MESHRT_MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT, 0, control));
   verdict.resize(static_cast<std::size_t>(n));
   MESHRT_MPI_CHECK(MPI_Bcast(verdict.data(), n, MPI_CHAR, 0, control));
-  if (!verdict.empty()) throw Error("meshrt start-up failed: the ranks disagree:" + verdict);
+  if (!verdict.empty()) throw StartupError(message + verdict);
 }
 
 }  // namespace meshrt::control

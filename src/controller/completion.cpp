@@ -97,6 +97,16 @@ bool CompletionTracker::owes(int rank, Ident ident) const {
   return it != workers_.end() && it->second.owes(ident);
 }
 
+Ident CompletionTracker::newest_owed(int rank, Ident ident) const {
+  auto it = workers_.find(rank);
+  if (it == workers_.end()) return 0;
+  Ident newest = 0;
+  for (Ident i : it->second.outstanding) {
+    if (i <= ident) newest = std::max(newest, i);
+  }
+  return newest;
+}
+
 std::string CompletionTracker::lagging_report(Ident ident) const {
   std::string out;
   for (const auto& [rank, w] : workers_) {

@@ -52,6 +52,9 @@ class CompletionTracker {
   std::vector<int> missing(Ident ident) const;
   // Whether `rank` has yet to report `ident` done (false for a rank with no worker).
   bool owes(int rank, Ident ident) const;
+  // The newest ident at or below `ident` sent to `rank` and not reported complete (0 if
+  // none): a worker whose own first uncompleted ident is past it has finished `ident`'s share.
+  Ident newest_owed(int rank, Ident ident) const;
   // One line per lagging worker: the ident it has not reported and what that runs.
   std::string lagging_report(Ident ident) const;
   // Forgets the descriptions of complete idents (a long program keeps only what runs).

@@ -47,10 +47,129 @@ std::map<int, protocol::QueryAnswer> Diagnostics::query(protocol::Query query, s
   return answers;
 }
 
-std::string Diagnostics::desync_report(const std::string& what) {
+namespace {
+
+// What one worker's answer to the state query says, for the summary of a timeout.
+struct RankFacts {
+  enum class Kind { Silent, Idle, Own, Waiting } kind = Kind::Silent;
+  std::string command;  // short: "my.slow (invocation 5)"
+  double seconds = 0;
+  std::vector<int> waiting_for;  // peers of its collective that have not joined
+  std::uint64_t first_uncompleted = 0;
+};
+
+std::string rank_list(const std::vector<int>& ranks) {
+  return fmt::format("rank{} {}", ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "));
+}
+
+// The summary line of a timeout of `ident`, and the ranks it names behind.
+void summarize(const CompletionTracker& tracker, protocol::Ident ident, const std::map<int, RankFacts>& facts,
+               double wait, DesyncReport& report) {
+  using Kind = RankFacts::Kind;
+  // Only the ranks the controller has not heard past `ident` from can hold it up. Of
+  // those, a rank whose own answer says it has finished its share is only late to report
+  // (a Status cannot leave a worker blocked in a collective, nor a status tree node busy
+  // in a command); a rank inside a collective that waits for peers to join is waiting;
+  // the rest are behind: inside a command of their own, silent, or idle without it.
+  std::vector<int> behind, idle, late;
+  std::map<std::pair<std::string, std::vector<int>>, std::vector<int>> waiting;  // (command, for whom) -> ranks
+  for (int rank : tracker.missing(ident)) {
+    auto it = facts.find(rank);
+    if (it == facts.end()) continue;
+    const RankFacts& f = it->second;
+    if (f.kind != Kind::Silent && f.first_uncompleted > tracker.newest_owed(rank, ident)) {
+      late.push_back(rank);
+    } else if (f.kind == Kind::Waiting) {
+      waiting[{f.command, f.waiting_for}].push_back(rank);
+    } else {
+      (f.kind == Kind::Idle ? idle : behind).push_back(rank);
+    }
+  }
+  // The peers a waiting rank waits for are behind when busy on their own or silent; idle
+  // ones have not received the collective yet, like the idle ranks above.
+  for (const auto& [key, ranks] : waiting) {
+    for (int p : key.second) {
+      auto it = facts.find(p);
+      if (it == facts.end() || it->second.kind == Kind::Waiting) continue;
+      std::vector<int>& into = it->second.kind == Kind::Idle ? idle : behind;
+      if (std::find(into.begin(), into.end(), p) == into.end()) into.push_back(p);
+    }
+  }
+  // An idle rank that still owes `ident` has not received it: behind, unless a rank
+  // behind already explains it (a fan-out node that relays nothing while stuck).
+  if (behind.empty()) behind = idle;
+  std::sort(behind.begin(), behind.end());
+  // What a rank behind is doing; ranks in the same state share a clause.
+  auto state_of = [&](int rank) {
+    const RankFacts& f = facts.at(rank);
+    switch (f.kind) {
+      case Kind::Silent:
+        return fmt::format("no answer within {:.3g} s (the process may be stopped or gone)", wait);
+      case Kind::Idle:
+        return fmt::format("idle, invocation {} has not reached it", tracker.newest_owed(rank, ident));
+      case Kind::Own:
+      case Kind::Waiting:
+        break;
+    }
+    return "running " + f.command;
+  };
+  std::string& s = report.summary;
+  if (!behind.empty()) {
+    report.behind = behind;
+    std::vector<std::pair<std::string, std::vector<int>>> clauses;
+    for (int rank : behind) {
+      const std::string state = state_of(rank);
+      auto c = std::find_if(clauses.begin(), clauses.end(), [&](const auto& e) { return e.first == state; });
+      if (c == clauses.end()) {
+        clauses.push_back({state, {rank}});
+      } else {
+        c->second.push_back(rank);
+      }
+    }
+    auto text = [&](const std::pair<std::string, std::vector<int>>& clause) {
+      double longest = 0;
+      for (int r : clause.second) longest = std::max(longest, facts.at(r).seconds);
+      return clause.first.starts_with("running ") ? fmt::format("{} for {:.3g} s", clause.first, longest)
+                                                  : clause.first;
+    };
+    s = fmt::format("{} {} behind: ", rank_list(behind), behind.size() == 1 ? "is" : "are");
+    if (clauses.size() == 1) {
+      s += text(clauses.front());
+    } else {
+      for (std::size_t i = 0; i < clauses.size(); ++i)
+        s += fmt::format("{}{} {}", i ? ", " : "", rank_list(clauses[i].second), text(clauses[i]));
+    }
+    for (const auto& [key, ranks] : waiting) {
+      const std::string whom = key.second == behind ? (behind.size() == 1 ? "it" : "them") : rank_list(key.second);
+      s += fmt::format("; {} {} waiting for {} in {}", rank_list(ranks), ranks.size() == 1 ? "is" : "are", whom,
+                       key.first);
+    }
+  } else if (!waiting.empty()) {
+    // Every rank that holds it up waits for another: collectives entered in different orders.
+    s = "the ranks wait for one another";
+    for (const auto& [key, ranks] : waiting) {
+      s += fmt::format("; {} in {} {} waiting for {}", rank_list(ranks), key.first, ranks.size() == 1 ? "is" : "are",
+                       rank_list(key.second));
+      report.behind.insert(report.behind.end(), ranks.begin(), ranks.end());
+    }
+    std::sort(report.behind.begin(), report.behind.end());
+  } else if (!late.empty()) {
+    s = fmt::format("{} {} finished it, but {} report{} not reached the controller", rank_list(late),
+                    late.size() == 1 ? "has" : "have", late.size() == 1 ? "its" : "their",
+                    late.size() == 1 ? " has" : "s have");
+    report.behind = late;
+  } else {
+    s = "every rank has reported it done";
+  }
+}
+
+}  // namespace
+
+DesyncReport Diagnostics::desync_report(protocol::Ident ident, const std::string& what) {
   const settings::Seconds wait = settings::kStateQueryTimeout.get();
-  // Each worker writes the end of its flight recorder to its log; then the state table.
-  query({.op = protocol::QueryOp::Dump, .limit = 20, .reason = what.substr(0, what.find(':'))}, wait);
+  // The end of every worker's flight recorder (the caller decides where it goes); then
+  // the state table.
+  const auto dumps = query({.op = protocol::QueryOp::Dump, .limit = 20, .reason = what}, wait);
   std::map<int, nlohmann::json> states;
   for (auto& [rank, answer] : query({.op = protocol::QueryOp::State}, wait)) {
     try {
@@ -69,11 +188,15 @@ std::string Diagnostics::desync_report(const std::string& what) {
     const auto f = st.value("first_uncompleted", 0ull);
     return f == 0 ? std::string("-") : std::to_string(f);
   };
-  std::string out = "desync report: what every worker is doing now\n";
+  DesyncReport report;
+  std::map<int, RankFacts> facts;
+  std::string& out = report.table;
+  out = "desync report: what every worker is doing now\n";
   std::vector<int> stuck;          // ranks inside a command of their own, or not answering
   std::vector<int> waiting_inner;  // ranks in a collective, waiting for others to join
   out += fmt::format("  {:>5}  {:>11}  {:>9}  {}\n", "rank", "done before", "for", "current command");
   for (int rank : workers_) {
+    RankFacts& fact = facts[rank];
     auto it = states.find(rank);
     if (it == states.end()) {
       out +=
@@ -82,20 +205,29 @@ std::string Diagnostics::desync_report(const std::string& what) {
       continue;
     }
     nlohmann::json& st = it->second;
+    fact.first_uncompleted = st.value("first_uncompleted", std::uint64_t{0});
     const nlohmann::json& cur = st["current"];
     if (cur.is_null()) {
+      fact.kind = RankFacts::Kind::Idle;
       out += fmt::format("  {:>5}  {:>11}  {:>9}  idle ({} queued)\n", rank, done_before(st), "",
                          st.value("queued", 0ull));
       continue;
     }
     std::string cmd = cur.value("kind", std::string("?"));
+    std::string plain = cmd;  // the worker's own words, for commands the controller did not describe
+    if (const auto n = cur.value("name", std::string()); !n.empty()) plain += " " + n;
     const auto ident_of = cur.value("ident", 0ull);
+    const std::string what_of = ident_of ? tracker_.what_of(ident_of) : std::string();
     if (ident_of && tracker_.described(ident_of)) {
       cmd += fmt::format(" {} (invocation {})", tracker_.describe_ident(ident_of), ident_of);
     } else {
-      if (const auto n = cur.value("name", std::string()); !n.empty()) cmd += " " + n;
+      cmd = plain;
       if (ident_of) cmd += fmt::format(" (invocation {})", ident_of);
     }
+    // The summary names the command as the program wrote it ("my.slow", "reduce sum over 'x'").
+    fact.command = what_of.empty() ? plain : what_of;
+    if (ident_of) fact.command += fmt::format(" (invocation {})", ident_of);
+    fact.seconds = cur.value("seconds", 0.0);
     const std::uint64_t result = cur.value("result", std::uint64_t{0});
     std::vector<int> waiting;
     if (cur.contains("peers") && result != 0) {
@@ -105,8 +237,11 @@ std::string Diagnostics::desync_report(const std::string& what) {
     }
     if (!waiting.empty())
       cmd += fmt::format("; waiting for rank{} {} to join", waiting.size() == 1 ? "" : "s", fmt::join(waiting, ", "));
+    fact.kind = waiting.empty() ? RankFacts::Kind::Own : RankFacts::Kind::Waiting;
+    fact.waiting_for = waiting;
+    std::sort(fact.waiting_for.begin(), fact.waiting_for.end());
     (waiting.empty() ? stuck : waiting_inner).push_back(rank);
-    out += fmt::format("  {:>5}  {:>11}  {:>7.3f} s  {}\n", rank, done_before(st), cur.value("seconds", 0.0), cmd);
+    out += fmt::format("  {:>5}  {:>11}  {:>7.3f} s  {}\n", rank, done_before(st), fact.seconds, cmd);
   }
   // A worker forwards batches and its children's status reports only between commands:
   // while one is stuck, its subtree hears nothing through it and reports nothing past
@@ -132,7 +267,9 @@ std::string Diagnostics::desync_report(const std::string& what) {
                          waiting_inner.size() == 1 ? "" : "s", waiting_inner.size() == 1 ? "its" : "their");
     }
   }
-  return out;
+  for (const auto& [rank, answer] : dumps) report.dumps += answer.error.empty() ? answer.payload : answer.error + "\n";
+  summarize(tracker_, ident, facts, wait.count(), report);
+  return report;
 }
 
 std::string Diagnostics::dump_flight_recorder() {
@@ -153,10 +290,15 @@ std::string Diagnostics::dump_flight_recorder() {
 }
 
 void Diagnostics::abort_job(const std::string& reason) {
+  // Once on stderr: the log's console sink writes fatal records there unless it is off.
   MESHRT_LOG(fatal) << "aborting the job: " << reason;
-  std::fprintf(stderr, "meshrt: aborting the job: %s\n", reason.c_str());
-  std::fflush(stderr);
-  query({.op = protocol::QueryOp::Abort, .reason = reason}, std::chrono::milliseconds(500));
+  if (!log::enabled(log::Level::fatal)) {
+    std::fprintf(stderr, "meshrt: aborting the job: %s\n", reason.c_str());
+    std::fflush(stderr);
+  }
+  // The workers log the first line only: the rest (a desync report) is the controller's.
+  query({.op = protocol::QueryOp::Abort, .reason = reason.substr(0, reason.find('\n'))},
+        std::chrono::milliseconds(500));
   // The return code is ignored on purpose: MPI_Abort does not return on success, and
   // std::abort below ends this process if it does.
   MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));

@@ -22,6 +22,18 @@ namespace meshrt::detail {
 class Batcher;
 class CompletionTracker;
 
+// A timeout's desync report, and what it says about the invocation that did not complete:
+// the ranks behind it (inside a command of their own, silent, or without it yet) and the
+// ranks only waiting for them in a collective, from the workers' own answers.
+struct DesyncReport {
+  // "rank 2 is behind: running my.slow (invocation 5) for 3 s; ranks 0, 1, 3 are waiting
+  // for it in reduce sum over 'x' (invocation 6)"
+  std::string summary;
+  std::vector<int> behind;  // TimeoutError::missing_ranks()
+  std::string table;        // what every worker is doing now, one row per rank
+  std::string dumps;        // the end of every worker's flight recorder, in rank order
+};
+
 class Diagnostics {
  public:
   Diagnostics(Batcher& batcher, const CompletionTracker& tracker, std::vector<int> workers);
@@ -29,8 +41,9 @@ class Diagnostics {
   // Asks every worker; the answers by rank. Ranks that do not answer within `timeout`
   // are missing; answers to older queries are dropped.
   std::map<int, protocol::QueryAnswer> query(protocol::Query query, std::chrono::duration<double> timeout);
-  // The table of what every worker is doing, for a timeout.
-  std::string desync_report(const std::string& what);
+  // For a timeout of `ident` (`what`: "fetch (invocation 7) did not complete within 3 s"):
+  // asks every worker for its state and says who is behind and who waits for whom.
+  DesyncReport desync_report(protocol::Ident ident, const std::string& what);
   // Every worker's flight recorder, in rank order (Controller::dump_flight_recorder).
   std::string dump_flight_recorder();
   [[noreturn]] void abort_job(const std::string& reason);

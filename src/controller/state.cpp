@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 
 #include "common/backoff.hpp"
 #include "meshrt/internal/settings.hpp"
@@ -301,20 +303,53 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
     const auto waited = std::chrono::steady_clock::now() - start;
     request_status(ident, waited > kAskIdleAfter);
     if (timeout && waited > *timeout) {
-      const std::vector<int> missing = tracker_.missing(ident);
-      const std::string head = fmt::format("{} did not complete within {:.3g} s: rank{} {} {} not reached it:{}", what,
-                                           timeout->count(), missing.size() == 1 ? "" : "s", fmt::join(missing, ", "),
-                                           missing.size() == 1 ? "has" : "have", tracker_.lagging_report(ident));
-      const std::string report = diagnostics_.desync_report(head);
-      MESHRT_LOG(warning) << head << "\n" << report;
-      if (settings::kTimeoutAction.get() == "abort") abort_job(head + "\n" + report);
-      throw TimeoutError(head + "\n" + report, missing);
+      // Who is behind comes from the workers' own answers: a worker blocked in a
+      // collective, or a status tree node busy in a command, cannot report what it has
+      // finished, so the controller's own record names too many ranks.
+      const std::string expired = fmt::format("{} did not complete within {:.3g} s", what, timeout->count());
+      const DesyncReport report = diagnostics_.desync_report(ident, expired);
+      const std::string head = expired + ": " + report.summary;
+      // Reported once: the error's text carries the report, the log one line, and the
+      // flight recorders go to the log directory, or to stderr if nobody handles it.
+      MESHRT_LOG(info) << head;
+      std::string text = head + "\n" + report.table;
+      if (auto dir = settings::kLogDir.from_environment(); dir && !dir->empty()) {
+        const auto path = std::filesystem::path(*dir) / "meshrt.flight-recorders.log";
+        std::error_code ec;
+        std::filesystem::create_directories(*dir, ec);
+        if (std::ofstream file(path, std::ios::app); file << "== " << head << "\n" << report.dumps << std::flush) {
+          text += fmt::format("  flight recorders: {}\n", path.string());
+        } else {
+          MESHRT_LOG(warning) << "cannot write the flight recorders to " << path.string();
+        }
+        timeout_dumps_.clear();
+      } else {
+        timeout_dumps_ = report.dumps;
+      }
+      if (settings::kTimeoutAction.get() == "abort") {
+        if (!timeout_dumps_.empty())
+          std::fprintf(stderr, "meshrt: the workers' flight recorders at the timeout:\n%s", timeout_dumps_.c_str());
+        abort_job(text);
+      }
+      timeout_what_ = text;
+      throw TimeoutError(text, report.behind);
     }
     if (bell && tracker_.owes(control::kControllerRank, ident))
       bell_backoff.pause([&](std::chrono::microseconds d) { batcher_.wait_reply_ring(rung, d); });
     else
       backoff.pause();
   }
+}
+
+std::string ControllerState::unhandled_dumps(const std::exception_ptr& error) const {
+  if (timeout_dumps_.empty() || !error) return {};
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError& e) {
+    if (e.what() == timeout_what_) return timeout_dumps_;
+  } catch (...) {
+  }
+  return {};
 }
 
 void ControllerState::restart_workers() {

@@ -186,6 +186,10 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   std::uint64_t flusher_wakeups() { return batcher_.flusher_wakeups(); }
   std::string dump_flight_recorder() { return diagnostics_.dump_flight_recorder(); }
   [[noreturn]] void abort_job(const std::string& reason) { diagnostics_.abort_job(reason); }
+  // The flight recorders the timeout that raised `error` gathered, when they went to no
+  // log directory; empty for any other error. Runtime::session prints them once when the
+  // error escapes the controller function: a program that handles it sees only its text.
+  std::string unhandled_dumps(const std::exception_ptr& error) const;
 
   // Ends the workers' event loops and starts fresh ones; nothing made before survives.
   void restart_workers();
@@ -194,6 +198,8 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   void shutdown(std::chrono::duration<double> timeout);
 
  private:
+  // The text of the last TimeoutError and the flight recorders gathered for it.
+  std::string timeout_what_, timeout_dumps_;
   const int world_size_;
   const NDSlice worker_ranks_;
   const std::vector<int> workers_;

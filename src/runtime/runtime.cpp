@@ -190,6 +190,10 @@ void Runtime::session(const std::function<void(Controller&)>& fn) {
     } catch (...) {
       if (!error) error = std::current_exception();
     }
+    // Nobody handled the timeout: its flight recorders go to stderr, once, at the end.
+    if (const std::string dumps = state->unhandled_dumps(error); !dumps.empty()) {
+      std::fprintf(stderr, "meshrt: the workers' flight recorders at the timeout:\n%s", dumps.c_str());
+    }
   }
   if (worker0.joinable()) worker0.join();
   if (error) std::rethrow_exception(error);
@@ -199,6 +203,8 @@ int run(int argc, char** argv, const std::function<void(Controller&)>& fn, Runti
   std::optional<Runtime> runtime;
   try {
     runtime.emplace(argc, argv, options);
+  } catch (const control::StartupError&) {
+    return 1;  // every rank has the same verdict, and rank 0 has printed it
   } catch (const std::exception& e) {
     std::fprintf(stderr, "meshrt: %s\n", e.what());
     return 1;

@@ -116,9 +116,11 @@ void Watch::loop() {
         } break;
         case protocol::QueryOp::Dump: {
           answer.payload = monitor_.dump(static_cast<std::size_t>(std::min<std::uint64_t>(query.limit, SIZE_MAX)));
-          MESHRT_LOG(warning) << "flight recorder requested by the controller"
-                              << (query.reason.empty() ? "" : " (" + query.reason + ")") << ":\n"
-                              << answer.payload;
+          // At info: the controller has the dump and decides where it goes (the log
+          // directory, or stderr once if nobody handles the timeout that asked for it).
+          MESHRT_LOG(info) << "flight recorder requested by the controller"
+                           << (query.reason.empty() ? "" : " (" + query.reason + ")") << ":\n"
+                           << answer.payload;
           break;
         }
         case protocol::QueryOp::Abort:

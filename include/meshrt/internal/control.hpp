@@ -19,9 +19,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "meshrt/error.hpp"
 #include "meshrt/traffic.hpp"
 
 namespace meshrt::control {
@@ -158,10 +160,19 @@ std::shared_ptr<Transport> mpi_transport(MPI_Comm comm);
 // protocol::Handshake (or why it cannot run); rank 0 compares them and broadcasts the
 // verdict, so all ranks fail the start together, naming the culprits. Collective: every
 // rank of `control` calls it.
-// Throws meshrt::Error on every rank when a rank cannot run or the ranks run different
-// builds (meshrt version, protocol version or function table). `provided` is the MPI
-// thread level granted; `dedicated_controller`: rank 0 runs no worker.
+// When a rank cannot run or the ranks run different builds (meshrt version, protocol
+// version or function table), prints the verdict on rank 0 and throws StartupError on
+// every rank. `provided` is the MPI thread level granted; `dedicated_controller`: rank 0
+// runs no worker.
 void handshake(MPI_Comm control, int provided, bool dedicated_controller);
+
+// A start-up failure every rank raises with the same text (the handshake's verdict,
+// decided on rank 0, printed there once for the job, then broadcast): run() does not
+// print it again.
+class StartupError : public Error {
+ public:
+  using Error::Error;
+};
 
 // The transport inside one process, for tests: a MemoryNetwork holds one mailbox per
 // (rank, tag), and each endpoint() is the transport of one rank. A controller and a
