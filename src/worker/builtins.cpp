@@ -19,4 +19,8 @@ Signature mesh_coordinate_shape(const ArgMetas& args) {
 }  // namespace
 }  // namespace meshrt
 
-MESHRT_REGISTER_FUNCTION("meshrt.mesh_coordinate", meshrt::mesh_coordinate, meshrt::mesh_coordinate_shape);
+MESHRT_REGISTER_FUNCTION("meshrt.mesh_coordinate", meshrt::mesh_coordinate, meshrt::mesh_coordinate_shape,
+                         meshrt::functions::Description{.params = {{"dim", "str"}},
+                                                        .returns = "tensor",
+                                                        .doc = "This rank's coordinate along `dim` as an int64 0-d "
+                                                               "tensor (mesh.rank(dim))."});

@@ -40,6 +40,10 @@ Signature my_shape(const ArgMetas&) {
   return {};
 }
 MESHRT_REGISTER_FUNCTION("test.registered_by_macro", my_kernel, my_shape);
+MESHRT_REGISTER_FUNCTION("test.described_by_macro", my_kernel, my_shape,
+                         {.params = {{"x", "tensor"}, {"n", "int"}},
+                          .returns = "tensor",
+                          .doc = "A test function with a description."});
 
 TEST(Registry, BuiltinsAndMacroRegistrations) {
   const auto names = functions::names();
@@ -120,15 +124,51 @@ TEST(Args, AccessorsNameTheFunctionAndPosition) {
   EXPECT_EQ(a.dtype(1), DType::Float32);
   EXPECT_EQ(a.shape(2), (std::vector<std::int64_t>{2, 3}));
   EXPECT_EQ(a.number(3), 2.5);
-  EXPECT_EQ(usage_error([&] { (void)a.integer(3); }), "my.fn argument 3: expected int, found double 2.5");
-  EXPECT_EQ(usage_error([&] { (void)a.tensor(4); }), "my.fn argument 4: expected a tensor, found ref ref(1)");
+  EXPECT_EQ(usage_error([&] { (void)a.integer(3); }), "my.fn: argument 3: expected int, found double 2.5");
+  EXPECT_EQ(usage_error([&] { (void)a.tensor(4); }), "my.fn: argument 4: expected a tensor, found ref ref(1)");
   EXPECT_EQ(usage_error([&] { (void)a.value(9); }), "my.fn: expected an argument 9, found only 5 arguments");
-  expect_contains(usage_error([&] { (void)a.dtype(0); }), "my.fn argument 0: expected string, found int 1");
+  EXPECT_EQ(usage_error([&] { (void)a.dtype(0); }),
+            "my.fn: argument 0: expected a dtype such as \"float32\", found int 1");
   EXPECT_EQ(usage_error([&] { a.expect_count(2, 2); }), "my.fn: expected 2 arguments, found 5");
   CallContext ctx(3, {"host", "gpu"}, {1, 0});
   EXPECT_EQ(ctx.coordinate("gpu"), 0);
   EXPECT_EQ(usage_error([&] { (void)ctx.coordinate("x"); }),
             "rank 3: expected a mesh dimension in [host, gpu], found 'x'");
+}
+
+// The registry's descriptions: every built-in has one, errors print its parameters, and
+// a function registered without one still gets the argument's position.
+TEST(Args, ErrorsPrintTheSignature) {
+  for (const std::string& n : functions::names()) {
+    if (!n.starts_with("meshrt.")) continue;
+    const functions::Function& f = functions::lookup(n);
+    EXPECT_FALSE(f.description.empty()) << n << " has no description";
+    EXPECT_FALSE(f.description.doc.empty()) << n;
+  }
+  EXPECT_EQ(functions::lookup("meshrt.rand").signature(),
+            "meshrt.rand(shape: list[int], dtype: dtype, seed: int) -> tensor");
+  EXPECT_EQ(functions::lookup("meshrt.rand").short_signature(), "meshrt.rand(shape, dtype, seed)");
+  EXPECT_EQ(functions::lookup("test.registered_by_macro").signature(), "test.registered_by_macro");
+  EXPECT_EQ(shape_error("meshrt.rand", {Value{2}, Value("float32")}),
+            "meshrt.rand(shape, dtype, seed): expected 3 arguments, found 2");
+  EXPECT_EQ(shape_error("meshrt.full", {Value{2}, Value(2.0), Value(1)}),
+            "meshrt.full(shape, dtype, value): argument 1 (dtype): expected a dtype such as \"float32\", found "
+            "double 2");
+  EXPECT_EQ(shape_error("meshrt.copy", {Value(1)}), "meshrt.copy(x): argument 0 (x): expected a tensor, found int 1");
+  ArgMetas plain("test.registered_by_macro", {Value(1)});
+  EXPECT_EQ(usage_error([&] { (void)plain.dtype(0); }),
+            "test.registered_by_macro: argument 0: expected a dtype such as \"float32\", found int 1");
+}
+
+TEST(Registry, DescriptionByMacro) {
+  const auto& f = functions::lookup("test.described_by_macro");
+  EXPECT_EQ(f.signature(), "test.described_by_macro(x: tensor, n: int) -> tensor");
+  EXPECT_EQ(f.description.doc, "A test function with a description.");
+  EXPECT_EQ(usage_error([] {
+              ArgMetas a("test.described_by_macro", {Value(1), Value("two")});
+              (void)a.integer(1);
+            }),
+            "test.described_by_macro(x, n): argument 1 (n): expected int, found string 'two'");
 }
 
 // ------------------------------------------------------------------ built-ins
@@ -165,17 +205,22 @@ TEST(Builtins, Creation) {
 }
 
 TEST(Builtins, CreationErrors) {
-  expect_contains(shape_error("meshrt.full", {Value{2, -1}, Value("float32"), Value(1)}),
-                  "meshrt.full argument 0: expected a shape of sizes >= 0, found -1 at dimension 1");
-  expect_contains(shape_error("meshrt.full", {Value{2}, Value("float"), Value(1)}),
-                  "meshrt.full argument 1: dtype: expected one of");
-  expect_contains(shape_error("meshrt.full", {Value{2}, Value("uint8"), Value(300)}),
-                  "meshrt.full: argument 2: expected an int in [0, 255] for dtype uint8, found 300");
+  expect_contains(
+      shape_error("meshrt.full", {Value{2, -1}, Value("float32"), Value(1)}),
+      "meshrt.full(shape, dtype, value): argument 0 (shape): expected a shape of sizes >= 0, found -1 at dimension 1");
+  expect_contains(
+      shape_error("meshrt.full", {Value{2}, Value("float"), Value(1)}),
+      "meshrt.full(shape, dtype, value): argument 1 (dtype): expected a dtype, one of bool, uint8, int32, int64, "
+      "float16, bfloat16, float32, float64, found 'float'");
+  expect_contains(
+      shape_error("meshrt.full", {Value{2}, Value("uint8"), Value(300)}),
+      "meshrt.full(shape, dtype, value): argument 2 (value): expected an int in [0, 255] for dtype uint8, found 300");
   expect_contains(shape_error("meshrt.full", {Value{2}, Value("int32"), Value(1.5)}),
                   "expected an int in [-2147483648, 2147483647]");
   expect_contains(shape_error("meshrt.full", {Value{2}, Value("bool"), Value(2)}),
                   "expected a bool (or 0/1) for dtype bool, found 2");
-  expect_contains(shape_error("meshrt.full", {Value{2}}), "meshrt.full: expected 3 arguments, found 1");
+  expect_contains(shape_error("meshrt.full", {Value{2}}),
+                  "meshrt.full(shape, dtype, value): expected 3 arguments, found 1");
   expect_contains(shape_error("meshrt.arange", {Value(-1), Value("int32")}), "expected a length >= 0, found -1");
   expect_contains(shape_error("meshrt.arange", {Value(3), Value("bool")}), "expected a numeric dtype, found bool");
   expect_contains(shape_error("meshrt.rand", {Value{2}, Value("int32"), Value(1)}), "expected a floating dtype");
@@ -242,22 +287,23 @@ TEST(Builtins, IntegersWrapAndBoolsAreLogical) {
   EXPECT_EQ(s.dtype(), DType::Int64);
   EXPECT_EQ(s.item(), 2.0);
   expect_contains(shape_error("meshrt.sub", {Value(p.meta()), Value(q.meta())}),
-                  "meshrt.sub: expected a numeric dtype, found bool");
+                  "meshrt.sub(a, b): expected a numeric dtype, found bool");
 }
 
 TEST(Builtins, ElementwiseErrors) {
   expect_contains(
       shape_error("meshrt.add", {Value(TensorMeta({2, 3}, DType::Float32)), Value(TensorMeta({3}, DType::Float32))}),
-      "meshrt.add: expected arguments 0 and 1 of one shape, dtype and device, found float32[2, 3] on cpu and "
+      "meshrt.add(a, b): expected arguments 0 and 1 of one shape, dtype and device, found float32[2, 3] on cpu and "
       "float32[3] on cpu");
   expect_contains(
       shape_error("meshrt.mul", {Value(TensorMeta({2}, DType::Float32)), Value(TensorMeta({2}, DType::Float64))}),
       "found float32[2] on cpu and float64[2] on cpu");
   expect_contains(shape_error("meshrt.add", {Value(TensorMeta({2}, DType::Float32)), Value(1)}),
-                  "meshrt.add argument 1: expected a tensor, found int 1");
-  expect_contains(shape_error("meshrt.scale", {Value(TensorMeta({2}, DType::Int32)), Value(2)}),
-                  "meshrt.scale: argument 0: expected a floating dtype (float16, bfloat16, float32, float64), found "
-                  "int32[2] on cpu");
+                  "meshrt.add(a, b): argument 1 (b): expected a tensor, found int 1");
+  expect_contains(
+      shape_error("meshrt.scale", {Value(TensorMeta({2}, DType::Int32)), Value(2)}),
+      "meshrt.scale(x, factor): argument 0 (x): expected a floating dtype (float16, bfloat16, float32, float64), found "
+      "int32[2] on cpu");
   expect_contains(shape_error("meshrt.fill_", {Value(TensorMeta({2}, DType::UInt8)), Value(-1)}),
                   "expected an int in [0, 255]");
 }
@@ -302,7 +348,7 @@ TEST(Builtins, MatmulMatchesANaiveLoop) {
   expect_contains(
       shape_error("meshrt.matmul",
                   {Value(TensorMeta({2, 3}, DType::Float32)), Value(TensorMeta({2, 3}, DType::Float32))}),
-      "meshrt.matmul: expected [m, k] and [k, n] matrices, found float32[2, 3] on cpu and float32[2, 3] on cpu");
+      "meshrt.matmul(a, b): expected [m, k] and [k, n] matrices, found float32[2, 3] on cpu and float32[2, 3] on cpu");
   expect_contains(
       shape_error("meshrt.matmul", {Value(TensorMeta({2, 2}, DType::Int32)), Value(TensorMeta({2, 2}, DType::Int32))}),
       "expected two float32 or two float64 matrices");
