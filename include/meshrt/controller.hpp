@@ -316,7 +316,8 @@ class Controller {
   // The mesh of every worker rank; the product of the sizes must equal their number.
   // `kind` places it (docs/ARCHITECTURE.md section 7): its calls make tensors on each rank's own
   // device of that kind, and its slices keep it.
-  Mesh world_mesh(std::vector<std::pair<std::string, std::int64_t>> dims, DeviceKind kind = DeviceKind::Cpu);
+  Mesh world_mesh(std::vector<std::pair<std::string, std::int64_t>> dims, DeviceKind kind = DeviceKind::Cpu,
+                  std::source_location where = std::source_location::current());
   // The job's accelerator (MESHRT_ACCELERATOR; cpu when there is none), to place meshes on.
   DeviceKind accelerator() const;
   // The stream `name` (created on first use); "default" is where work runs by default.

@@ -713,7 +713,8 @@ Tensor value_to_tensor(const Value& v) {
 Controller::Controller(std::shared_ptr<ControllerState> state) : state_(std::move(state)) {}
 Controller::~Controller() = default;
 
-Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> dims, DeviceKind kind) {
+Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> dims, DeviceKind kind,
+                            std::source_location where) {
   std::vector<std::string> names;
   std::vector<std::int64_t> sizes;
   std::int64_t product = 1;
@@ -724,8 +725,9 @@ Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> di
   }
   const NDSlice& w = state_->worker_ranks();
   if (product != w.len()) {
-    throw UsageError(fmt::format("world_mesh: the sizes [{}] hold {} ranks, expected the {} worker ranks",
-                                 fmt::join(sizes, ", "), product, w.len()));
+    throw UsageError(
+        fmt::format("world_mesh: expected sizes that hold the {} worker ranks, found [{}] ({} ranks) (at {})", w.len(),
+                    fmt::join(sizes, ", "), product, detail::describe(where)));
   }
   return Mesh(make_mesh(*state_, kind, std::move(names), NDSlice::row_major(std::move(sizes), w.offset())));
 }

@@ -186,6 +186,26 @@ std::string where(const char* file, int line, const std::string& library) {
   return library.empty() ? fmt::format("{}:{}", file, line) : fmt::format("{}:{} in {}", file, line, library);
 }
 
+// The kernel, with a typed read of a tensor argument as the wrong element type reported
+// as that argument: "f(x, y): argument 1 (y): tensor data: expected data<double>() for a
+// float64[2] on cpu tensor, found data<float>()".
+Kernel named_access(Kernel kernel) {
+  return [kernel = std::move(kernel)](CallContext& ctx, Args& args) -> std::vector<Tensor> {
+    (void)meshrt::detail::take_refused_access();
+    try {
+      return kernel(ctx, args);
+    } catch (const UsageError& e) {
+      const void* refused = meshrt::detail::take_refused_access();
+      if (refused == nullptr) throw;
+      for (std::size_t i = 0; i < args.size(); ++i) {
+        const Value& v = args.value(i);
+        if (v.is_tensor() && v.as_tensor().raw_data() == refused) args.fail_arg(i, e.what());
+      }
+      throw;
+    }
+  };
+}
+
 // Caller holds the lock.
 void add_locked(Table& t, std::string name, Kernel kernel, ShapeFunction shape, const char* file, int line,
                 Description description) {
@@ -199,7 +219,7 @@ void add_locked(Table& t, std::string name, Kernel kernel, ShapeFunction shape, 
     throw UsageError(fmt::format("remote function '{}' registered twice: first at {}, again at {}; rename one", name,
                                  it->second.where(), where(file, line, t.loading)));
   }
-  Function f{name, std::move(kernel), std::move(shape), file, line, t.loading, std::move(description)};
+  Function f{name, named_access(std::move(kernel)), std::move(shape), file, line, t.loading, std::move(description)};
   t.functions.emplace(std::move(name), std::move(f));
   t.version.fetch_add(1, std::memory_order_release);
 }

@@ -136,7 +136,8 @@ TEST(BadInput, ShapeFunctionErrorsNameTheFunctionAndBothShapes) {
   });
 }
 
-// Argument errors print the function's parameters and name the argument (issue 24).
+// Argument errors print the function's parameters and name the argument; a world_mesh of
+// the wrong size names the line that asked for it (issue 24).
 TEST(BadInput, ArgumentAndWorldMeshErrorsSayWhereAndWhat) {
   session([](Controller& ctl) {
     Mesh mesh = make_mesh(ctl);
@@ -145,6 +146,10 @@ TEST(BadInput, ArgumentAndWorldMeshErrorsSayWhereAndWhat) {
     expect_parts(error_of<UsageError>([&] { mesh.call("meshrt.full", {2}, 2.0, 1.0); }),
                  {"meshrt.full(shape, dtype, value): argument 1 (dtype): expected a dtype such as \"float32\", found "
                   "double 2"});
+    const int line = __LINE__ + 1;
+    const std::string e = error_of<UsageError>([&] { ctl.world_mesh({{"host", 3}}); });
+    expect_parts(e, {"world_mesh: expected sizes that hold the 4 worker ranks, found [3] (3 ranks)",
+                     "(at bad_input_test.cpp:" + std::to_string(line) + " (TestBody))"});
     expect_session_works(ctl, mesh);
   });
 }

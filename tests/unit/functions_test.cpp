@@ -56,6 +56,12 @@ TEST(Registry, BuiltinsAndMacroRegistrations) {
   const auto& f = functions::lookup("test.registered_by_macro");
   expect_contains(f.where(), "functions_test.cpp:");
   EXPECT_TRUE(f.library.empty());
+  // Relative to the source root, not the build machine's absolute path (meshrt's build
+  // maps __FILE__'s prefix away; a ccache hit from before that flag may keep "../").
+  EXPECT_FALSE(f.where().starts_with("/")) << f.where();
+  expect_contains(f.where(), "tests/unit/functions_test.cpp:");
+  EXPECT_FALSE(functions::lookup("meshrt.add").where().starts_with("/"));
+  expect_contains(functions::lookup("meshrt.add").where(), "src/functions/builtins.cpp:");
 }
 
 TEST(Registry, UnknownNamesSuggestOrList) {
@@ -158,6 +164,25 @@ TEST(Args, ErrorsPrintTheSignature) {
   ArgMetas plain("test.registered_by_macro", {Value(1)});
   EXPECT_EQ(usage_error([&] { (void)plain.dtype(0); }),
             "test.registered_by_macro: argument 0: expected a dtype such as \"float32\", found int 1");
+}
+
+std::vector<Tensor> reads_float_kernel(CallContext&, Args& args) {
+  (void)args.tensor(0).data<float>();
+  (void)args.tensor(1).data<float>();
+  return {};
+}
+MESHRT_REGISTER_FUNCTION("test.reads_float", reads_float_kernel, my_shape,
+                         {.params = {{"x", "tensor"}, {"y", "tensor"}}, .returns = "none", .doc = "Reads floats."});
+
+// A kernel's typed read of the wrong element type names the argument, and reads forwards.
+TEST(Args, WrongElementTypeNamesTheArgument) {
+  const auto& f = functions::lookup("test.reads_float");
+  CallContext ctx(0, {"x"}, {0});
+  Args args("test.reads_float", {Value(Tensor::zeros(TensorMeta({2}, DType::Float32))),
+                                 Value(Tensor::zeros(TensorMeta({2}, DType::Float64)))});
+  EXPECT_EQ(usage_error([&] { (void)f.kernel(ctx, args); }),
+            "test.reads_float(x, y): argument 1 (y): tensor data: expected data<double>() for a float64[2] on cpu "
+            "tensor, found data<float>()");
 }
 
 TEST(Registry, DescriptionByMacro) {
