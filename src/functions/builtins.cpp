@@ -381,6 +381,60 @@ std::vector<Tensor> copy_kernel(CallContext& ctx, Args& args) {
   return {out};
 }
 
+// ------------------------------------------------------------------ host data
+
+// The controller's host tensor (sent in the command) as this rank's own tensor on the
+// mesh's device: a copy, so the command's bytes (shared with the controller on rank 0)
+// are never the output.
+Signature from_host_shape(const ArgMetas& args) {
+  args.expect_count(1, 1);
+  const TensorMeta x = args.tensor(0);
+  if (!x.device().is_cpu()) args.fail_arg(0, fmt::format("expected a host (cpu) tensor, found {}", x.to_string()));
+  return {.outputs = {x.with_device(args.device())}, .mutates = {}};
+}
+std::vector<Tensor> from_host_kernel(CallContext& ctx, Args& args) {
+  const Tensor& x = args.tensor(0);
+  if (ctx.device().is_cpu()) return {x.clone()};
+  return {device::to_device(x, ctx.device(), device::stream_for(ctx.stream_id(), ctx.device()))};
+}
+
+// Shard coordinate(dim) of x split along its first axis into `parts` equal shards
+// (Mesh::scatter passes the mesh's size of `dim`).
+Signature shard_shape(const ArgMetas& args) {
+  args.expect_count(3, 3);
+  const TensorMeta x = args.tensor(0);
+  (void)args.string(1);
+  const std::int64_t parts = args.integer(2);
+  if (parts < 1) args.fail_arg(2, fmt::format("expected a number of shards >= 1, found {}", parts));
+  if (!x.device().is_cpu()) args.fail_arg(0, fmt::format("expected a host (cpu) tensor, found {}", x.to_string()));
+  if (x.ndim() == 0 || x.shape()[0] % parts != 0) {
+    args.fail_arg(
+        0, fmt::format("expected a first axis that splits into {} equal shards, found {}", parts, x.to_string()));
+  }
+  std::vector<std::int64_t> shape = x.shape();
+  shape[0] /= parts;
+  return {.outputs = {TensorMeta(std::move(shape), x.dtype(), args.device())}, .mutates = {}};
+}
+std::vector<Tensor> shard_kernel(CallContext& ctx, Args& args) {
+  const Tensor& x = args.tensor(0);
+  const std::int64_t parts = args.integer(2);
+  const std::int64_t index = ctx.coordinate(args.string(1));
+  if (index >= parts) {
+    args.fail(fmt::format("rank {}: expected a coordinate below the {} shards along '{}', found {}", ctx.rank(), parts,
+                          args.string(1), index));
+  }
+  std::vector<std::int64_t> shape = x.shape();
+  shape[0] /= parts;
+  const std::size_t shard_bytes = x.nbytes() / static_cast<std::size_t>(parts);
+  Tensor shard = Tensor::empty(TensorMeta(std::move(shape), x.dtype()));
+  if (shard_bytes > 0) {
+    std::memcpy(shard.raw_data(),
+                static_cast<const std::byte*>(x.raw_data()) + static_cast<std::size_t>(index) * shard_bytes,
+                shard_bytes);
+  }
+  return {on_device(ctx.stream_id(), shard, ctx.device())};
+}
+
 // ------------------------------------------------------------------ matmul, sum
 
 void init_blas_threads() {
@@ -582,6 +636,16 @@ MESHRT_REGISTER_FUNCTION("meshrt.matmul", matmul_kernel, matmul_shape,
 MESHRT_REGISTER_FUNCTION("meshrt.copy", copy_kernel, copy_shape,
                          Description{
                              .params = {{"x", "tensor"}}, .returns = "tensor", .doc = "A copy of x, on x's device."});
+MESHRT_REGISTER_FUNCTION("meshrt.from_host", from_host_kernel, from_host_shape,
+                         Description{.params = {{"x", "host tensor"}},
+                                     .returns = "tensor",
+                                     .doc = "A copy of the controller's tensor x on every rank, on the mesh's device "
+                                            "(mesh.from_host(x))."});
+MESHRT_REGISTER_FUNCTION("meshrt.shard", shard_kernel, shard_shape,
+                         Description{.params = {{"x", "host tensor"}, {"dim", "str"}, {"parts", "int"}},
+                                     .returns = "tensor",
+                                     .doc = "Shard coordinate(dim) of x split along its first axis into `parts` equal "
+                                            "shards (mesh.scatter(dim, x))."});
 MESHRT_REGISTER_FUNCTION("meshrt.sum", sum_kernel, sum_shape,
                          Description{
                              .params = {{"x", "tensor"}},

@@ -137,18 +137,35 @@ std::vector<std::int64_t> ArgAccess::shape(std::size_t i) const {
 
 }  // namespace detail
 
+namespace {
+// "expected a tensor, found ..."; for a list of numbers (a std::vector given as an
+// argument) also the form that passes host numbers as a tensor.
+std::string not_a_tensor(const Value& v) {
+  std::string out = fmt::format("expected a tensor, found {} {}", Value::kind_name(v.kind()), v.to_string());
+  bool numbers = v.is_list() && !v.as_list().empty();
+  if (numbers) {
+    for (const Value& e : v.as_list()) numbers = numbers && e.is_number();
+  }
+  if (numbers) {
+    out += fmt::format(
+        "; host numbers go as a meshrt::Tensor, e.g. meshrt::Tensor::from<float>({{{}}}, values) (sent to every "
+        "rank), or through mesh.from_host(t) and mesh.scatter(dim, t)",
+        v.as_list().size());
+  }
+  return out;
+}
+}  // namespace
+
 Tensor& Args::tensor(std::size_t i) {
   (void)value(i);  // throws naming the function if i is out of range
   Value& v = values_[i];
-  if (!v.is_tensor())
-    fail_arg(i, fmt::format("expected a tensor, found {} {}", Value::kind_name(v.kind()), v.to_string()));
+  if (!v.is_tensor()) fail_arg(i, not_a_tensor(v));
   return v.as_tensor();
 }
 
 const Tensor& Args::tensor(std::size_t i) const {
   const Value& v = value(i);
-  if (!v.is_tensor())
-    fail_arg(i, fmt::format("expected a tensor, found {} {}", Value::kind_name(v.kind()), v.to_string()));
+  if (!v.is_tensor()) fail_arg(i, not_a_tensor(v));
   return v.as_tensor();
 }
 
@@ -156,7 +173,7 @@ TensorMeta ArgMetas::tensor(std::size_t i) const {
   const Value& v = value(i);
   if (v.is_meta()) return v.as_meta();
   if (v.is_tensor()) return v.as_tensor().meta();
-  fail_arg(i, fmt::format("expected a tensor, found {} {}", Value::kind_name(v.kind()), v.to_string()));
+  fail_arg(i, not_a_tensor(v));
 }
 
 // ------------------------------------------------------------------ registry
