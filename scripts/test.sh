@@ -22,6 +22,9 @@ configure_and_build -DMESHRT_WERROR=ON
 echo "== settings check"
 "$MESHRT_ROOT/scripts/settings-check.sh" "$MESHRT_BUILD_DIR"
 mpi_local_environment
+# The built-in functions' reference against the registry it is generated from.
+echo "== builtins check"
+"$MESHRT_ROOT/scripts/builtins-check.sh" "$MESHRT_BUILD_DIR"
 
 skip=()
 [ "${MESHRT_TEST_LARGE:-0}" = 1 ] || skip+=(large)

@@ -105,6 +105,9 @@ class Arg {
   Arg(const char* s) : value_(s) {}
   Arg(std::string s) : value_(std::move(s)) {}
   Arg(const std::vector<std::int64_t>& shape) : value_(shape) {}
+  // A host tensor: a copy, sent to every rank of the mesh in the call's command (see
+  // Mesh::from_host). The command leaves later; the copy keeps what the call saw.
+  Arg(const Tensor& t) : value_(t.clone()) {}
   Arg(std::initializer_list<Arg> items);
 
   const Value& value() const noexcept { return value_; }
@@ -264,6 +267,16 @@ class Mesh {
   }
   // Any number of arguments and outputs.
   std::vector<DTensor> call_n(FunctionName fn, std::vector<Arg> args) const;
+
+  // Host data onto the mesh (docs/guide.md, "Host data onto a mesh"). Both send `t` in the
+  // command, to every rank of the mesh: fine for parameters and small inputs; load large
+  // data on the workers instead (a registered function that reads the file).
+  // The controller's tensor `t`, copied to every rank (on the mesh's device).
+  DTensor from_host(const Tensor& t, std::source_location where = std::source_location::current()) const;
+  // `t` split along its first axis into size(dim) equal shards: the ranks at coordinate i
+  // along `dim` hold shard i (the same shard along the other dimensions).
+  DTensor scatter(std::string_view dim, const Tensor& t,
+                  std::source_location where = std::source_location::current()) const;
   // The same on an explicit stream.
   std::vector<DTensor> call_on(const Stream& stream, FunctionName fn, std::vector<Arg> args) const;
 
@@ -324,7 +337,8 @@ class Controller {
   // The mesh of every worker rank; the product of the sizes must equal their number.
   // `kind` places it (docs/ARCHITECTURE.md section 7): its calls make tensors on each rank's own
   // device of that kind, and its slices keep it.
-  Mesh world_mesh(std::vector<std::pair<std::string, std::int64_t>> dims, DeviceKind kind = DeviceKind::Cpu);
+  Mesh world_mesh(std::vector<std::pair<std::string, std::int64_t>> dims, DeviceKind kind = DeviceKind::Cpu,
+                  std::source_location where = std::source_location::current());
   // The job's accelerator (MESHRT_ACCELERATOR; cpu when there is none), to place meshes on.
   DeviceKind accelerator() const;
   // The stream `name` (created on first use); "default" is where work runs by default.

@@ -5,6 +5,12 @@
 //   meshrt::Signature scale_shape(const meshrt::ArgMetas& args);
 //   MESHRT_REGISTER_FUNCTION("example.scale", scale_kernel, scale_shape);
 //
+// An optional description names the arguments, so that argument errors print the
+// signature and docs can list the function:
+//   MESHRT_REGISTER_FUNCTION("example.scale", scale_kernel, scale_shape,
+//                            {.params = {{"x", "tensor"}, {"factor", "float"}},
+//                             .returns = "tensor", .doc = "x times factor."});
+//
 // Registration happens in static initialisers, in libmeshrt, the program, or a library
 // loaded with functions::load_library(). Only names registered that way can be called:
 // a name arriving on the wire never loads code. Two registrations of one name are refused;
@@ -77,13 +83,18 @@ class ArgAccess {
   const std::string& string(std::size_t i) const;
   DType dtype(std::size_t i) const;                      // a dtype name such as "float32"
   std::vector<std::int64_t> shape(std::size_t i) const;  // a list of ints >= 0 (or one int)
-  // Throws UsageError "<function>: <message>".
+  // Throws UsageError "<function>(<params>): <message>" (the parameter names when the
+  // function was registered with a description, else just the function's name).
   [[noreturn]] void fail(std::string_view message) const;
+  // Throws UsageError "<function>(<params>): argument <i> (<name>): <message>".
+  [[noreturn]] void fail_arg(std::size_t i, std::string_view message) const;
   // Throws unless size() is in [min, max].
   void expect_count(std::size_t min, std::size_t max) const;
 
  protected:
-  [[noreturn]] void fail_arg(std::size_t i, std::string_view message) const;
+  // "meshrt.rand(shape, dtype, seed)" or "my.fn"; and " (seed)" for argument i.
+  std::string who() const;
+  std::string param_name(std::size_t i) const;
   std::string function_;
   std::vector<Value> values_;
 };
@@ -125,6 +136,22 @@ using ShapeFunction = std::function<Signature(const ArgMetas&)>;
 
 namespace functions {
 
+// One argument of a function: its name and kind, e.g. {"shape", "list[int]"}. Kinds read
+// like Python annotations: tensor, int, float, bool, str, dtype, list[int], or "a | b".
+struct Param {
+  std::string name;
+  std::string kind;
+};
+
+// What a function takes and does, for argument errors and the generated reference
+// (docs/builtins.md). Empty for functions registered without one.
+struct Description {
+  std::vector<Param> params;
+  std::string returns;  // "tensor", "none (writes x in place)"
+  std::string doc;      // one line
+  bool empty() const noexcept { return params.empty() && returns.empty() && doc.empty(); }
+};
+
 struct Function {
   std::string name;
   Kernel kernel;
@@ -132,12 +159,19 @@ struct Function {
   std::string file;  // where it was registered
   int line = 0;
   std::string library;  // the library path given to load_library, or "" for the program and libmeshrt
+  Description description;
 
   std::string where() const;  // "file:line" (and " in <library>")
+  // "meshrt.rand(shape: list[int], dtype: dtype, seed: int) -> tensor"; the bare name
+  // when there is no description.
+  std::string signature() const;
+  // "meshrt.rand(shape, dtype, seed)": the parameter names only.
+  std::string short_signature() const;
 };
 
 // Adds a function; throws UsageError if the name is taken (naming both places) or empty.
-void register_function(std::string name, Kernel kernel, ShapeFunction shape, const char* file, int line);
+void register_function(std::string name, Kernel kernel, ShapeFunction shape, const char* file, int line,
+                       Description description = {});
 
 // The function `name`; throws UsageError "unknown function 'x'; did you mean ...".
 const Function& lookup(std::string_view name);
@@ -164,7 +198,8 @@ namespace detail {
 struct Registrar {
   // Never throws (a throw from a static initialiser would terminate the program with no
   // message): a refused registration is recorded for check_table().
-  Registrar(const char* name, Kernel kernel, ShapeFunction shape, const char* file, int line) noexcept;
+  Registrar(const char* name, Kernel kernel, ShapeFunction shape, const char* file, int line,
+            Description description = {}) noexcept;
 };
 }  // namespace detail
 
@@ -173,7 +208,9 @@ struct Registrar {
 
 #define MESHRT_CONCAT_INNER_(a, b) a##b
 #define MESHRT_CONCAT_(a, b) MESHRT_CONCAT_INNER_(a, b)
-// At namespace scope: registers `kernel` and `shape_fn` as the remote function `name`.
-#define MESHRT_REGISTER_FUNCTION(name, kernel, shape_fn)                               \
+// At namespace scope: registers `kernel` and `shape_fn` as the remote function `name`,
+// with an optional functions::Description after them.
+#define MESHRT_REGISTER_FUNCTION(name, kernel, shape_fn, ...)                          \
   [[maybe_unused]] static const ::meshrt::functions::detail::Registrar MESHRT_CONCAT_( \
-      meshrt_function_registrar_, __COUNTER__)((name), (kernel), (shape_fn), __FILE__, __LINE__)
+      meshrt_function_registrar_, __COUNTER__)((name), (kernel), (shape_fn), __FILE__, \
+                                               __LINE__ __VA_OPT__(, ) __VA_ARGS__)

@@ -112,11 +112,16 @@ struct TypeTag {
   std::uint64_t hash;
 };
 std::uint64_t fnv1a(std::string_view text);
+// A demangled type name as code writes it: default template arguments (allocators, char
+// traits, comparators, hashes) dropped, "std::__cxx11::" read as "std::", and
+// std::basic_string<char> as std::string: "std::vector<std::string>", not the
+// libstdc++ spelling five times as long.
+std::string readable_type_name(std::string name);
 
 template <class T>
 const TypeTag& type_tag() {
   static const TypeTag tag = [] {
-    std::string name = boost::core::demangle(typeid(T).name());
+    std::string name = readable_type_name(boost::core::demangle(typeid(T).name()));
     const std::uint64_t h = fnv1a(name);
     return TypeTag{std::move(name), h};
   }();

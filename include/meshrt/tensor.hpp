@@ -142,6 +142,10 @@ class DeviceMemoryAccess {
 };
 
 namespace detail {
+// The storage of the last tensor whose typed host access (data<T>, span<T>) was refused
+// for its element type on this thread, and clears it: the registry's kernel wrapper names
+// the argument that tensor was.
+const void* take_refused_access() noexcept;
 // Where Tensor::empty gets emulated device memory: the device layer installs its pool here
 // at load time (it sits above tensor in the module order, so tensor cannot call it).
 using DeviceAllocator = std::shared_ptr<void> (*)(const Device& device, std::size_t bytes);

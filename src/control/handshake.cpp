@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,23 @@
 #include "meshrt/version.hpp"
 
 namespace meshrt::control {
+namespace {
+
+// "functions on rank 2 only: my.extra; functions on rank 0 only: my.other" (sorted names).
+std::string table_difference(const std::vector<std::string>& rank0, const std::vector<std::string>& other, int r) {
+  std::vector<std::string> only_other, only_rank0;
+  std::set_difference(other.begin(), other.end(), rank0.begin(), rank0.end(), std::back_inserter(only_other));
+  std::set_difference(rank0.begin(), rank0.end(), other.begin(), other.end(), std::back_inserter(only_rank0));
+  std::vector<std::string> parts;
+  if (!only_other.empty())
+    parts.push_back(fmt::format("functions on rank {} only: {}", r, fmt::join(only_other, ", ")));
+  if (!only_rank0.empty()) parts.push_back(fmt::format("functions on rank 0 only: {}", fmt::join(only_rank0, ", ")));
+  if (parts.empty()) parts.emplace_back("the same function names, hashed differently");
+  return fmt::format("{} (register them on every rank: the same program and load_library calls)",
+                     fmt::join(parts, "; "));
+}
+
+}  // namespace
 
 void handshake(MPI_Comm control, int provided, bool dedicated_controller) {
   int rank = 0, size = 1;
@@ -58,6 +77,38 @@ void handshake(MPI_Comm control, int provided, bool dedicated_controller) {
   };
   const auto handshakes = gather(bytes.data(), static_cast<int>(bytes.size()));
   const auto errors = gather(local_error.data(), static_cast<int>(local_error.size()));
+  // Function tables that differ are named function by function: only then (rank 0 says so)
+  // does every rank send its names, one per line.
+  int tables_differ = 0;
+  if (rank == 0) {
+    for (int r = 1; r < size; ++r) {
+      try {
+        const protocol::Handshake h = protocol::decode_handshake(handshakes[static_cast<std::size_t>(r)]);
+        if (h.function_table_hash != mine.function_table_hash) tables_differ = 1;
+      } catch (const std::exception&) {
+        // Reported below as a handshake that does not decode.
+      }
+    }
+  }
+  MESHRT_MPI_CHECK(MPI_Bcast(&tables_differ, 1, MPI_INT, 0, control));
+  std::vector<std::vector<std::string>> tables;
+  if (tables_differ != 0) {
+    std::string listed;
+    try {
+      for (const std::string& n : functions::names()) listed += n + "\n";
+    } catch (const std::exception&) {
+      // A broken table is already this rank's local error.
+    }
+    for (const auto& part : gather(listed.data(), static_cast<int>(listed.size()))) {
+      std::vector<std::string> names;
+      std::string text(reinterpret_cast<const char*>(part.data()), part.size());
+      for (std::size_t at = 0, end; at < text.size(); at = end + 1) {
+        end = text.find('\n', at);
+        names.push_back(text.substr(at, end - at));
+      }
+      tables.push_back(std::move(names));
+    }
+  }
   std::string verdict;
   if (rank == 0) {
     for (int r = 0; r < size; ++r) {
@@ -77,12 +128,12 @@ void handshake(MPI_Comm control, int provided, bool dedicated_controller) {
           diffs.push_back(fmt::format("protocol {} (rank 0: {})", h.protocol_version, mine.protocol_version));
         }
         if (h.function_table_hash != mine.function_table_hash) {
-          diffs.push_back(fmt::format("function table {:016x} (rank 0: {:016x}): a different program or library set",
-                                      h.function_table_hash, mine.function_table_hash));
+          diffs.push_back(fmt::format("function table {:016x} (rank 0: {:016x}): {}", h.function_table_hash,
+                                      mine.function_table_hash,
+                                      table_difference(tables.at(0), tables.at(static_cast<std::size_t>(r)), r)));
         }
         if (!diffs.empty()) {
-          verdict +=
-              fmt::format("\n  rank {} (host {}) runs a different binary: {}", r, h.host, fmt::join(diffs, "; "));
+          verdict += fmt::format("\n  rank {} (host {}) differs from rank 0: {}", r, h.host, fmt::join(diffs, "; "));
         }
       } catch (const std::exception& e) {
         verdict += fmt::format("\n  rank {}: its handshake does not decode ({}): a different meshrt", r, e.what());

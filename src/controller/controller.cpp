@@ -581,6 +581,25 @@ std::vector<DTensor> Mesh::call_n(FunctionName fn, std::vector<Arg> args) const 
   return at_site(where, [&] { return call_n_impl(std::move(fn), std::move(args)); });
 }
 
+DTensor Mesh::from_host(const Tensor& t, std::source_location where) const {
+  return at_site(where, [&] {
+    if (!t.defined()) throw UsageError("from_host: expected a defined tensor, found an undefined one");
+    return one(call_n_impl(FunctionName("meshrt.from_host", where), {Arg(t)}));  // Arg copies t
+  });
+}
+
+DTensor Mesh::scatter(std::string_view dim, const Tensor& t, std::source_location where) const {
+  return at_site(where, [&] {
+    const std::int64_t parts = size(dim);  // names the mesh's dimensions when `dim` is not one
+    if (!t.defined() || t.shape().empty() || t.shape()[0] % parts != 0) {
+      throw UsageError(
+          fmt::format("scatter over '{}': expected a tensor whose first axis splits into {} equal shards, found {}",
+                      dim, parts, t.defined() ? t.meta().to_string() : std::string("an undefined tensor")));
+    }
+    return one(call_n_impl(FunctionName("meshrt.shard", where), {Arg(t), Arg(std::string(dim)), Arg(parts)}));
+  });
+}
+
 std::vector<DTensor> Mesh::call_n_impl(FunctionName fn, std::vector<Arg> args) const {
   auto ctl = lock(state_->controller);
   // The stream is the one the tensor arguments are on.
@@ -713,7 +732,8 @@ Tensor value_to_tensor(const Value& v) {
 Controller::Controller(std::shared_ptr<ControllerState> state) : state_(std::move(state)) {}
 Controller::~Controller() = default;
 
-Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> dims, DeviceKind kind) {
+Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> dims, DeviceKind kind,
+                            std::source_location where) {
   std::vector<std::string> names;
   std::vector<std::int64_t> sizes;
   std::int64_t product = 1;
@@ -724,8 +744,9 @@ Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> di
   }
   const NDSlice& w = state_->worker_ranks();
   if (product != w.len()) {
-    throw UsageError(fmt::format("world_mesh: the sizes [{}] hold {} ranks, expected the {} worker ranks",
-                                 fmt::join(sizes, ", "), product, w.len()));
+    throw UsageError(
+        fmt::format("world_mesh: expected sizes that hold the {} worker ranks, found [{}] ({} ranks) (at {})", w.len(),
+                    fmt::join(sizes, ", "), product, detail::describe(where)));
   }
   return Mesh(make_mesh(*state_, kind, std::move(names), NDSlice::row_major(std::move(sizes), w.offset())));
 }

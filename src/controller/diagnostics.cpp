@@ -5,6 +5,8 @@
 #include <fmt/ranges.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 
@@ -18,6 +20,16 @@
 #include "meshrt/log.hpp"
 
 namespace meshrt::detail {
+
+std::string command_words(std::string_view kind, std::string_view description) {
+  std::string_view first = description.substr(0, description.find_first_of(" ,"));
+  if (first.ends_with('_')) first.remove_suffix(1);  // "reduce_": the in-place form
+  const bool repeats =
+      first.size() == kind.size() && std::equal(first.begin(), first.end(), kind.begin(), [](char a, char b) {
+        return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+      });
+  return repeats ? std::string(description) : fmt::format("{} {}", kind, description);
+}
 
 Diagnostics::Diagnostics(Batcher& batcher, const CompletionTracker& tracker, std::vector<int> workers)
     : batcher_(batcher), tracker_(tracker), workers_(std::move(workers)) {}
@@ -219,7 +231,7 @@ DesyncReport Diagnostics::desync_report(protocol::Ident ident, const std::string
     const auto ident_of = cur.value("ident", 0ull);
     const std::string what_of = ident_of ? tracker_.what_of(ident_of) : std::string();
     if (ident_of && tracker_.described(ident_of)) {
-      cmd += fmt::format(" {} (invocation {})", tracker_.describe_ident(ident_of), ident_of);
+      cmd = fmt::format("{} (invocation {})", command_words(cmd, tracker_.describe_ident(ident_of)), ident_of);
     } else {
       cmd = plain;
       if (ident_of) cmd += fmt::format(" (invocation {})", ident_of);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "meshrt/internal/protocol.hpp"
@@ -33,6 +34,11 @@ struct DesyncReport {
   std::string table;        // what every worker is doing now, one row per rank
   std::string dumps;        // the end of every worker's flight recorder, in rank order
 };
+
+// A desync table's "current command": the command's kind and the controller's description
+// of its invocation, the kind left out when the description starts with it in other case
+// ("Reduce" + "reduce sum over 'x'" -> "reduce sum over 'x'").
+std::string command_words(std::string_view kind, std::string_view description);
 
 class Diagnostics {
  public:

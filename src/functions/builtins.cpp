@@ -130,8 +130,7 @@ struct Scalar {
 Scalar fill_value(const detail::ArgAccess& args, std::size_t index, DType dtype) {
   const Value& v = args.value(index);
   const auto refuse = [&](std::string_view expected) {
-    args.fail(
-        fmt::format("argument {}: expected {} for dtype {}, found {}", index, expected, name(dtype), v.to_string()));
+    args.fail_arg(index, fmt::format("expected {} for dtype {}, found {}", expected, name(dtype), v.to_string()));
   };
   if (dtype == DType::Bool) {
     if (v.is_bool()) return {v.as_bool() ? 1.0 : 0.0, v.as_bool() ? 1 : 0};
@@ -209,8 +208,8 @@ void same_meta(const ArgMetas& args, const TensorMeta& a, const TensorMeta& b) {
 
 void require_floating(const ArgMetas& args, std::size_t i, const TensorMeta& m) {
   if (!is_floating(m.dtype())) {
-    args.fail(fmt::format("argument {}: expected a floating dtype (float16, bfloat16, float32, float64), found {}", i,
-                          m.to_string()));
+    args.fail_arg(
+        i, fmt::format("expected a floating dtype (float16, bfloat16, float32, float64), found {}", m.to_string()));
   }
 }
 
@@ -240,11 +239,11 @@ Signature arange_shape(const ArgMetas& args) {
   args.expect_count(2, 2);
   const std::int64_t n = args.integer(0);
   const DType dtype = args.dtype(1);
-  if (n < 0) args.fail(fmt::format("argument 0: expected a length >= 0, found {}", n));
-  if (dtype == DType::Bool) args.fail("argument 1: expected a numeric dtype, found bool");
-  if (dtype == DType::UInt8 && n > 256) args.fail(fmt::format("expected n <= 256 for uint8, found {}", n));
+  if (n < 0) args.fail_arg(0, fmt::format("expected a length >= 0, found {}", n));
+  if (dtype == DType::Bool) args.fail_arg(1, "expected a numeric dtype, found bool");
+  if (dtype == DType::UInt8 && n > 256) args.fail_arg(0, fmt::format("expected n <= 256 for uint8, found {}", n));
   if (dtype == DType::Int32 && n > std::int64_t{1} << 31)
-    args.fail(fmt::format("expected n <= 2^31 for int32, found {}", n));
+    args.fail_arg(0, fmt::format("expected n <= 2^31 for int32, found {}", n));
   return {.outputs = {TensorMeta({n}, dtype, args.device())}, .mutates = {}};
 }
 // Host-computed creations: straight into the output on the CPU and on the emulated
@@ -378,6 +377,60 @@ std::vector<Tensor> copy_kernel(CallContext& ctx, Args& args) {
   Tensor out = new_tensor(ctx, x.meta());
   device::copy(out, x, device::stream_for(ctx.stream_id(), x.device()));
   return {out};
+}
+
+// ------------------------------------------------------------------ host data
+
+// The controller's host tensor (sent in the command) as this rank's own tensor on the
+// mesh's device: a copy, so the command's bytes (shared with the controller on rank 0)
+// are never the output.
+Signature from_host_shape(const ArgMetas& args) {
+  args.expect_count(1, 1);
+  const TensorMeta x = args.tensor(0);
+  if (!x.device().is_cpu()) args.fail_arg(0, fmt::format("expected a host (cpu) tensor, found {}", x.to_string()));
+  return {.outputs = {x.with_device(args.device())}, .mutates = {}};
+}
+std::vector<Tensor> from_host_kernel(CallContext& ctx, Args& args) {
+  const Tensor& x = args.tensor(0);
+  if (ctx.device().is_cpu()) return {x.clone()};
+  return {device::to_device(x, ctx.device(), device::stream_for(ctx.stream_id(), ctx.device()))};
+}
+
+// Shard coordinate(dim) of x split along its first axis into `parts` equal shards
+// (Mesh::scatter passes the mesh's size of `dim`).
+Signature shard_shape(const ArgMetas& args) {
+  args.expect_count(3, 3);
+  const TensorMeta x = args.tensor(0);
+  (void)args.string(1);
+  const std::int64_t parts = args.integer(2);
+  if (parts < 1) args.fail_arg(2, fmt::format("expected a number of shards >= 1, found {}", parts));
+  if (!x.device().is_cpu()) args.fail_arg(0, fmt::format("expected a host (cpu) tensor, found {}", x.to_string()));
+  if (x.ndim() == 0 || x.shape()[0] % parts != 0) {
+    args.fail_arg(
+        0, fmt::format("expected a first axis that splits into {} equal shards, found {}", parts, x.to_string()));
+  }
+  std::vector<std::int64_t> shape = x.shape();
+  shape[0] /= parts;
+  return {.outputs = {TensorMeta(std::move(shape), x.dtype(), args.device())}, .mutates = {}};
+}
+std::vector<Tensor> shard_kernel(CallContext& ctx, Args& args) {
+  const Tensor& x = args.tensor(0);
+  const std::int64_t parts = args.integer(2);
+  const std::int64_t index = ctx.coordinate(args.string(1));
+  if (index >= parts) {
+    args.fail(fmt::format("rank {}: expected a coordinate below the {} shards along '{}', found {}", ctx.rank(), parts,
+                          args.string(1), index));
+  }
+  std::vector<std::int64_t> shape = x.shape();
+  shape[0] /= parts;
+  const std::size_t shard_bytes = x.nbytes() / static_cast<std::size_t>(parts);
+  Tensor shard = Tensor::empty(TensorMeta(std::move(shape), x.dtype()));
+  if (shard_bytes > 0) {
+    std::memcpy(shard.raw_data(),
+                static_cast<const std::byte*>(x.raw_data()) + static_cast<std::size_t>(index) * shard_bytes,
+                shard_bytes);
+  }
+  return {on_device(ctx.stream_id(), shard, ctx.device())};
 }
 
 // ------------------------------------------------------------------ matmul, sum
@@ -519,7 +572,7 @@ Signature fail_shape(const ArgMetas& args) {
   (void)args.string(0);
   for (const Value& r : args.value(1).as_list()) {
     if (!r.is_int())
-      args.fail(fmt::format("argument 1: expected a list of ranks (ints), found {}", args.value(1).to_string()));
+      args.fail_arg(1, fmt::format("expected a list of ranks (ints), found {}", args.value(1).to_string()));
   }
   return {.outputs = {TensorMeta({}, DType::Float32, args.device())}, .mutates = {}};
 }
@@ -534,22 +587,80 @@ std::vector<Tensor> fail_kernel(CallContext& ctx, Args& args) {
 
 }  // namespace
 
-MESHRT_REGISTER_FUNCTION("meshrt.full", full_kernel, full_shape);
-MESHRT_REGISTER_FUNCTION("meshrt.zeros", zeros_kernel, zeros_shape);
-MESHRT_REGISTER_FUNCTION("meshrt.arange", arange_kernel, arange_shape);
-MESHRT_REGISTER_FUNCTION("meshrt.rand", rand_kernel, rand_shape);
-MESHRT_REGISTER_FUNCTION("meshrt.add", binary_kernel<BinaryOp::Add>,
-                         [](const ArgMetas& a) { return binary_shape(a, true); });
-MESHRT_REGISTER_FUNCTION("meshrt.sub", binary_kernel<BinaryOp::Sub>,
-                         [](const ArgMetas& a) { return binary_shape(a, false); });
-MESHRT_REGISTER_FUNCTION("meshrt.mul", binary_kernel<BinaryOp::Mul>,
-                         [](const ArgMetas& a) { return binary_shape(a, true); });
-MESHRT_REGISTER_FUNCTION("meshrt.scale", scale_kernel, scale_shape);
-MESHRT_REGISTER_FUNCTION("meshrt.matmul", matmul_kernel, matmul_shape);
-MESHRT_REGISTER_FUNCTION("meshrt.copy", copy_kernel, copy_shape);
-MESHRT_REGISTER_FUNCTION("meshrt.sum", sum_kernel, sum_shape);
-MESHRT_REGISTER_FUNCTION("meshrt.fill_", fill__kernel, fill__shape);
-MESHRT_REGISTER_FUNCTION("meshrt.add_", add__kernel, add__shape);
-MESHRT_REGISTER_FUNCTION("meshrt.fail", fail_kernel, fail_shape);
+// The descriptions below are the reference: docs/builtins.md is generated from them
+// (meshrt-info --builtins-markdown; scripts/builtins-check.sh keeps the two equal).
+using functions::Description;
+MESHRT_REGISTER_FUNCTION("meshrt.full", full_kernel, full_shape,
+                         Description{
+                             .params = {{"shape", "list[int]"}, {"dtype", "dtype"}, {"value", "int | float | bool"}},
+                             .returns = "tensor",
+                             .doc = "A tensor of `shape` filled with `value` (checked against `dtype`'s range)."});
+MESHRT_REGISTER_FUNCTION("meshrt.zeros", zeros_kernel, zeros_shape,
+                         Description{.params = {{"shape", "list[int]"}, {"dtype", "dtype"}},
+                                     .returns = "tensor",
+                                     .doc = "A tensor of `shape` filled with zeros."});
+MESHRT_REGISTER_FUNCTION("meshrt.arange", arange_kernel, arange_shape,
+                         Description{.params = {{"n", "int"}, {"dtype", "dtype"}},
+                                     .returns = "tensor",
+                                     .doc = "0, 1, ..., n-1 as a 1-D tensor of a numeric dtype."});
+MESHRT_REGISTER_FUNCTION("meshrt.rand", rand_kernel, rand_shape,
+                         Description{.params = {{"shape", "list[int]"}, {"dtype", "dtype"}, {"seed", "int"}},
+                                     .returns = "tensor",
+                                     .doc = "Uniform numbers in [0, 1) of a floating dtype; a function of (seed, rank, "
+                                            "element), so each rank draws its own."});
+MESHRT_REGISTER_FUNCTION(
+    "meshrt.add", binary_kernel<BinaryOp::Add>, [](const ArgMetas& a) { return binary_shape(a, true); },
+    Description{.params = {{"a", "tensor"}, {"b", "tensor"}},
+                .returns = "tensor",
+                .doc = "a + b elementwise (one shape, dtype and device; or for bool)."});
+MESHRT_REGISTER_FUNCTION(
+    "meshrt.sub", binary_kernel<BinaryOp::Sub>, [](const ArgMetas& a) { return binary_shape(a, false); },
+    Description{.params = {{"a", "tensor"}, {"b", "tensor"}},
+                .returns = "tensor",
+                .doc = "a - b elementwise (one shape, dtype and device; not bool)."});
+MESHRT_REGISTER_FUNCTION(
+    "meshrt.mul", binary_kernel<BinaryOp::Mul>, [](const ArgMetas& a) { return binary_shape(a, true); },
+    Description{.params = {{"a", "tensor"}, {"b", "tensor"}},
+                .returns = "tensor",
+                .doc = "a * b elementwise (one shape, dtype and device; and for bool)."});
+MESHRT_REGISTER_FUNCTION("meshrt.scale", scale_kernel, scale_shape,
+                         Description{.params = {{"x", "tensor"}, {"factor", "float"}},
+                                     .returns = "tensor",
+                                     .doc = "x * factor for a tensor of a floating dtype."});
+MESHRT_REGISTER_FUNCTION("meshrt.matmul", matmul_kernel, matmul_shape,
+                         Description{.params = {{"a", "tensor"}, {"b", "tensor"}},
+                                     .returns = "tensor",
+                                     .doc = "The matrix product of [m, k] and [k, n] float32 or float64 matrices."});
+MESHRT_REGISTER_FUNCTION("meshrt.copy", copy_kernel, copy_shape,
+                         Description{
+                             .params = {{"x", "tensor"}}, .returns = "tensor", .doc = "A copy of x, on x's device."});
+MESHRT_REGISTER_FUNCTION("meshrt.from_host", from_host_kernel, from_host_shape,
+                         Description{.params = {{"x", "host tensor"}},
+                                     .returns = "tensor",
+                                     .doc = "A copy of the controller's tensor x on every rank, on the mesh's device "
+                                            "(mesh.from_host(x))."});
+MESHRT_REGISTER_FUNCTION("meshrt.shard", shard_kernel, shard_shape,
+                         Description{.params = {{"x", "host tensor"}, {"dim", "str"}, {"parts", "int"}},
+                                     .returns = "tensor",
+                                     .doc = "Shard coordinate(dim) of x split along its first axis into `parts` equal "
+                                            "shards (mesh.scatter(dim, x))."});
+MESHRT_REGISTER_FUNCTION("meshrt.sum", sum_kernel, sum_shape,
+                         Description{
+                             .params = {{"x", "tensor"}},
+                             .returns = "tensor",
+                             .doc = "The sum of every element as a 0-d tensor (int64 for bool; integers wrap)."});
+MESHRT_REGISTER_FUNCTION("meshrt.fill_", fill__kernel, fill__shape,
+                         Description{.params = {{"x", "tensor"}, {"value", "int | float | bool"}},
+                                     .returns = "none (writes x in place)",
+                                     .doc = "Sets every element of x to `value`."});
+MESHRT_REGISTER_FUNCTION("meshrt.add_", add__kernel, add__shape,
+                         Description{.params = {{"x", "tensor"}, {"y", "tensor"}},
+                                     .returns = "none (writes x in place)",
+                                     .doc = "x += y elementwise (one shape, dtype and device)."});
+MESHRT_REGISTER_FUNCTION("meshrt.fail", fail_kernel, fail_shape,
+                         Description{.params = {{"message", "str"}, {"ranks", "list[int]"}},
+                                     .returns = "tensor",
+                                     .doc = "Raises `message` on the listed ranks (every rank when empty); for tests "
+                                            "of the error paths."});
 
 }  // namespace meshrt

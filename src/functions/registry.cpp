@@ -60,17 +60,37 @@ std::int64_t CallContext::size(std::string_view dim) const {
 
 namespace detail {
 
+std::string ArgAccess::who() const {
+  // Only on the error path: the registry's description gives the parameter names.
+  try {
+    if (const functions::Function* f = functions::find(function_)) return f->short_signature();
+  } catch (const UsageError&) {
+    // A broken table is reported elsewhere; the bare name still says which function.
+  }
+  return function_;
+}
+
+std::string ArgAccess::param_name(std::size_t i) const {
+  try {
+    if (const functions::Function* f = functions::find(function_)) {
+      if (i < f->description.params.size()) return fmt::format(" ({})", f->description.params[i].name);
+    }
+  } catch (const UsageError&) {
+  }
+  return "";
+}
+
 void ArgAccess::fail(std::string_view message) const {
-  throw UsageError(fmt::format("{}: {}", function_, message));
+  throw UsageError(fmt::format("{}: {}", who(), message));
 }
 
 void ArgAccess::fail_arg(std::size_t i, std::string_view message) const {
-  throw UsageError(fmt::format("{} argument {}: {}", function_, i, message));
+  throw UsageError(fmt::format("{}: argument {}{}: {}", who(), i, param_name(i), message));
 }
 
 void ArgAccess::expect_count(std::size_t min, std::size_t max) const {
   if (values_.size() < min || values_.size() > max) {
-    fail(min == max ? fmt::format("expected {} arguments, found {}", min, values_.size())
+    fail(min == max ? fmt::format("expected {} argument{}, found {}", min, min == 1 ? "" : "s", values_.size())
                     : fmt::format("expected {} to {} arguments, found {}", min, max, values_.size()));
   }
 }
@@ -95,10 +115,24 @@ double ArgAccess::number(std::size_t i) const {
 bool ArgAccess::boolean(std::size_t i) const {
   MESHRT_ARG_(i, value(i).as_bool())
 }
-const std::string& ArgAccess::string(std::size_t i) const {
-    MESHRT_ARG_(i, value(i).as_string())} DType ArgAccess::dtype(std::size_t i) const {
-    MESHRT_ARG_(i, parse_dtype(value(i).as_string()))}
+const std::string& ArgAccess::string(std::size_t i) const {MESHRT_ARG_(i, value(i).as_string())}
 #undef MESHRT_ARG_
+
+DType ArgAccess::dtype(std::size_t i) const {
+  const Value& v = value(i);
+  if (v.is_string()) {
+    for (int d = 0; d < kNumDTypes; ++d) {
+      if (name(static_cast<DType>(d)) == v.as_string()) return static_cast<DType>(d);
+    }
+  }
+  if (!v.is_string()) {
+    fail_arg(
+        i, fmt::format("expected a dtype such as \"float32\", found {} {}", Value::kind_name(v.kind()), v.to_string()));
+  }
+  std::vector<std::string_view> names;  // a misspelt name: say which exist
+  for (int d = 0; d < kNumDTypes; ++d) names.push_back(name(static_cast<DType>(d)));
+  fail_arg(i, fmt::format("expected a dtype, one of {}, found {}", fmt::join(names, ", "), v.to_string()));
+}
 
 std::vector<std::int64_t> ArgAccess::shape(std::size_t i) const {
   const Value& v = value(i);
@@ -122,18 +156,35 @@ std::vector<std::int64_t> ArgAccess::shape(std::size_t i) const {
 
 }  // namespace detail
 
+namespace {
+// "expected a tensor, found ..."; for a list of numbers (a std::vector given as an
+// argument) also the form that passes host numbers as a tensor.
+std::string not_a_tensor(const Value& v) {
+  std::string out = fmt::format("expected a tensor, found {} {}", Value::kind_name(v.kind()), v.to_string());
+  bool numbers = v.is_list() && !v.as_list().empty();
+  if (numbers) {
+    for (const Value& e : v.as_list()) numbers = numbers && e.is_number();
+  }
+  if (numbers) {
+    out += fmt::format(
+        "; host numbers go as a meshrt::Tensor, e.g. meshrt::Tensor::from<float>({{{}}}, values) (sent to every "
+        "rank), or through mesh.from_host(t) and mesh.scatter(dim, t)",
+        v.as_list().size());
+  }
+  return out;
+}
+}  // namespace
+
 Tensor& Args::tensor(std::size_t i) {
   (void)value(i);  // throws naming the function if i is out of range
   Value& v = values_[i];
-  if (!v.is_tensor())
-    fail_arg(i, fmt::format("expected a tensor, found {} {}", Value::kind_name(v.kind()), v.to_string()));
+  if (!v.is_tensor()) fail_arg(i, not_a_tensor(v));
   return v.as_tensor();
 }
 
 const Tensor& Args::tensor(std::size_t i) const {
   const Value& v = value(i);
-  if (!v.is_tensor())
-    fail_arg(i, fmt::format("expected a tensor, found {} {}", Value::kind_name(v.kind()), v.to_string()));
+  if (!v.is_tensor()) fail_arg(i, not_a_tensor(v));
   return v.as_tensor();
 }
 
@@ -141,7 +192,7 @@ TensorMeta ArgMetas::tensor(std::size_t i) const {
   const Value& v = value(i);
   if (v.is_meta()) return v.as_meta();
   if (v.is_tensor()) return v.as_tensor().meta();
-  fail_arg(i, fmt::format("expected a tensor, found {} {}", Value::kind_name(v.kind()), v.to_string()));
+  fail_arg(i, not_a_tensor(v));
 }
 
 // ------------------------------------------------------------------ registry
@@ -171,8 +222,29 @@ std::string where(const char* file, int line, const std::string& library) {
   return library.empty() ? fmt::format("{}:{}", file, line) : fmt::format("{}:{} in {}", file, line, library);
 }
 
+// The kernel, with a typed read of a tensor argument as the wrong element type reported
+// as that argument: "f(x, y): argument 1 (y): tensor data: expected data<double>() for a
+// float64[2] on cpu tensor, found data<float>()".
+Kernel named_access(Kernel kernel) {
+  return [kernel = std::move(kernel)](CallContext& ctx, Args& args) -> std::vector<Tensor> {
+    (void)meshrt::detail::take_refused_access();
+    try {
+      return kernel(ctx, args);
+    } catch (const UsageError& e) {
+      const void* refused = meshrt::detail::take_refused_access();
+      if (refused == nullptr) throw;
+      for (std::size_t i = 0; i < args.size(); ++i) {
+        const Value& v = args.value(i);
+        if (v.is_tensor() && v.as_tensor().raw_data() == refused) args.fail_arg(i, e.what());
+      }
+      throw;
+    }
+  };
+}
+
 // Caller holds the lock.
-void add_locked(Table& t, std::string name, Kernel kernel, ShapeFunction shape, const char* file, int line) {
+void add_locked(Table& t, std::string name, Kernel kernel, ShapeFunction shape, const char* file, int line,
+                Description description) {
   if (name.empty())
     throw UsageError(fmt::format("register_function at {}:{}: expected a non-empty name, found ''", file, line));
   if (!kernel || !shape) {
@@ -183,7 +255,7 @@ void add_locked(Table& t, std::string name, Kernel kernel, ShapeFunction shape, 
     throw UsageError(fmt::format("remote function '{}' registered twice: first at {}, again at {}; rename one", name,
                                  it->second.where(), where(file, line, t.loading)));
   }
-  Function f{name, std::move(kernel), std::move(shape), file, line, t.loading};
+  Function f{name, named_access(std::move(kernel)), std::move(shape), file, line, t.loading, std::move(description)};
   t.functions.emplace(std::move(name), std::move(f));
   t.version.fetch_add(1, std::memory_order_release);
 }
@@ -215,19 +287,35 @@ std::string Function::where() const {
   return functions::where(file.c_str(), line, library);
 }
 
-void register_function(std::string name, Kernel kernel, ShapeFunction shape, const char* file, int line) {
-  Table& t = table();
-  std::lock_guard lock(t.mutex);
-  add_locked(t, std::move(name), std::move(kernel), std::move(shape), file, line);
+std::string Function::signature() const {
+  if (description.empty()) return name;
+  std::vector<std::string> params;
+  for (const Param& p : description.params) params.push_back(fmt::format("{}: {}", p.name, p.kind));
+  return fmt::format("{}({}) -> {}", name, fmt::join(params, ", "),
+                     description.returns.empty() ? "none" : description.returns);
 }
 
-detail::Registrar::Registrar(const char* name, Kernel kernel, ShapeFunction shape, const char* file,
-                             int line) noexcept {
+std::string Function::short_signature() const {
+  if (description.empty()) return name;
+  std::vector<std::string> params;
+  for (const Param& p : description.params) params.push_back(p.name);
+  return fmt::format("{}({})", name, fmt::join(params, ", "));
+}
+
+void register_function(std::string name, Kernel kernel, ShapeFunction shape, const char* file, int line,
+                       Description description) {
+  Table& t = table();
+  std::lock_guard lock(t.mutex);
+  add_locked(t, std::move(name), std::move(kernel), std::move(shape), file, line, std::move(description));
+}
+
+detail::Registrar::Registrar(const char* name, Kernel kernel, ShapeFunction shape, const char* file, int line,
+                             Description description) noexcept {
   try {
     Table& t = table();
     std::lock_guard lock(t.mutex);
     try {
-      add_locked(t, name ? name : "", std::move(kernel), std::move(shape), file, line);
+      add_locked(t, name ? name : "", std::move(kernel), std::move(shape), file, line, std::move(description));
     } catch (const UsageError& e) {
       t.refused.emplace_back(e.what());
       t.version.fetch_add(1, std::memory_order_release);

@@ -14,6 +14,7 @@
 #include <new>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "meshrt/config.hpp"
@@ -470,12 +471,29 @@ const void* Tensor::raw_data() const noexcept {
   return storage_ ? storage_->ptr : nullptr;
 }
 
+namespace {
+// The C++ type of a dtype's elements, as a kernel names it in data<T>().
+std::string_view element_type_name(DType dtype) noexcept {
+  constexpr std::array<std::string_view, kNumDTypes> kTypes = {
+      "bool", "std::uint8_t", "std::int32_t", "std::int64_t", "meshrt::Half", "meshrt::BFloat16", "float", "double"};
+  return kTypes[static_cast<std::size_t>(dtype)];
+}
+thread_local const void* refused_access = nullptr;
+}  // namespace
+
+const void* detail::take_refused_access() noexcept {
+  return std::exchange(refused_access, nullptr);
+}
+
 void Tensor::check_access(DType requested, bool is_element) const {
   if (!defined())
     throw UsageError("tensor data: expected a defined tensor, found an undefined (default-constructed) one");
   if (!is_element || requested != dtype()) {
-    throw UsageError(fmt::format("tensor data: expected element type {} for a {} tensor, found a request for {}",
-                                 name(dtype()), name(dtype()), is_element ? name(requested) : "a non-element type"));
+    refused_access = storage_ ? storage_->ptr : nullptr;
+    throw UsageError(fmt::format("tensor data: expected data<{}>() for a {} tensor, found {}",
+                                 element_type_name(dtype()), meta_.to_string(),
+                                 is_element ? fmt::format("data<{}>()", element_type_name(requested))
+                                            : std::string("a type that is no dtype's element type")));
   }
   if (device().is_cuda()) {
     throw UsageError(fmt::format("tensor data: expected a CPU tensor for host access, found {}; use to(Device::cpu())",

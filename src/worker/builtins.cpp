@@ -42,6 +42,16 @@ Signature release_cached_memory_shape(const ArgMetas& args) {
 }  // namespace
 }  // namespace meshrt
 
-MESHRT_REGISTER_FUNCTION("meshrt.mesh_coordinate", meshrt::mesh_coordinate, meshrt::mesh_coordinate_shape);
+MESHRT_REGISTER_FUNCTION("meshrt.mesh_coordinate", meshrt::mesh_coordinate, meshrt::mesh_coordinate_shape,
+                         meshrt::functions::Description{.params = {{"dim", "str"}},
+                                                        .returns = "tensor",
+                                                        .doc = "This rank's coordinate along `dim` as an int64 0-d "
+                                                               "tensor (mesh.rank(dim))."});
 MESHRT_REGISTER_FUNCTION("meshrt.release_cached_memory", meshrt::release_cached_memory,
-                         meshrt::release_cached_memory_shape);
+                         meshrt::release_cached_memory_shape,
+                         meshrt::functions::Description{
+                             .params = {},
+                             .returns = "tensor",
+                             .doc = "Empties this rank's cache of CPU collective outputs "
+                                    "and its device pool; returns the bytes freed as an "
+                                    "int64 0-d tensor (Controller::release_cached_memory)."});

@@ -129,9 +129,27 @@ TEST(BadInput, ShapeFunctionErrorsNameTheFunctionAndBothShapes) {
                  {"meshrt.matmul", "expected [m, k] and [k, n] matrices", "found", "float32[2, 3]", "float32[4, 5]"});
     // Wrong argument count and kind name the function and the argument's position.
     expect_parts(error_of<UsageError>([&] { mesh.call("meshrt.matmul", m23); }),
-                 {"meshrt.matmul", "expected 2 arguments, found 1"});
+                 {"meshrt.matmul(a, b)", "expected 2 arguments, found 1"});
     expect_parts(error_of<UsageError>([&] { mesh.call("meshrt.matmul", m23, 1.5); }),
-                 {"meshrt.matmul argument 1", "expected a tensor, found"});
+                 {"meshrt.matmul(a, b): argument 1 (b)", "expected a tensor, found"});
+    expect_session_works(ctl, mesh);
+  });
+}
+
+// Argument errors print the function's parameters and name the argument; a world_mesh of
+// the wrong size names the line that asked for it (issue 24).
+TEST(BadInput, ArgumentAndWorldMeshErrorsSayWhereAndWhat) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    expect_parts(error_of<UsageError>([&] { mesh.call("meshrt.rand", {2}, DType::Float32); }),
+                 {"meshrt.rand(shape, dtype, seed): expected 3 arguments, found 2", "(at bad_input_test.cpp:"});
+    expect_parts(error_of<UsageError>([&] { mesh.call("meshrt.full", {2}, 2.0, 1.0); }),
+                 {"meshrt.full(shape, dtype, value): argument 1 (dtype): expected a dtype such as \"float32\", found "
+                  "double 2"});
+    const int line = __LINE__ + 1;
+    const std::string e = error_of<UsageError>([&] { ctl.world_mesh({{"host", 3}}); });
+    expect_parts(e, {"world_mesh: expected sizes that hold the 4 worker ranks, found [3] (3 ranks)",
+                     "(at bad_input_test.cpp:" + std::to_string(line) + " (TestBody))"});
     expect_session_works(ctl, mesh);
   });
 }

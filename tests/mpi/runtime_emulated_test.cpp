@@ -192,6 +192,29 @@ TEST(RuntimeEmulated, AMeshPlacedOnTheAcceleratorRunsTheBuiltinsThere) {
   });
 }
 
+// Host data onto an accelerator mesh: from_host and scatter give device tensors with the
+// controller's values (issue 24).
+TEST(RuntimeEmulated, HostDataOntoAnAcceleratorMesh) {
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}}, test_kind());
+    const Tensor host = Tensor::from<float>({4}, {1, 2, 3, 4});
+    DTensor all = mesh.from_host(host);
+    DTensor halves = mesh.scatter("gpu", host);
+    EXPECT_EQ(all.meta(), TensorMeta({4}, DType::Float32, Device::of(test_kind(), 0)));
+    EXPECT_EQ(halves.meta(), TensorMeta({2}, DType::Float32, Device::of(test_kind(), 0)));
+    DTensor summed = halves.reduce("host", Reduction::Sum);
+    for (std::int64_t h = 0; h < 2; ++h) {
+      for (std::int64_t g = 0; g < 2; ++g) {
+        const std::vector<std::pair<std::string, std::int64_t>> at = {{"host", h}, {"gpu", g}};
+        EXPECT_TRUE(ctl.fetch_shard(all, at).get().equals(host)) << h << g;
+        const float v = static_cast<float>(2 * g + 1);
+        EXPECT_TRUE(ctl.fetch_shard(halves, at).get().equals(Tensor::from<float>({2}, {v, v + 1}))) << h << g;
+        EXPECT_TRUE(ctl.fetch_shard(summed, at).get().equals(Tensor::from<float>({2}, {2 * v, 2 * v + 2}))) << h << g;
+      }
+    }
+  });
+}
+
 // A device fault on one rank of four: every value that depends on it raises RemoteError at
 // its fetch (the faulted rank still takes part in the reduction, so no peer waits), work on
 // another stream computes right, and synchronize() returns or raises.

@@ -10,6 +10,8 @@
 #include <thread>
 
 #include "../support/expect_error.hpp"
+#include "controller/diagnostics.hpp"
+#include "controller/site.hpp"
 #include "controller/state.hpp"
 #include "meshrt/internal/control.hpp"
 
@@ -438,6 +440,34 @@ TEST(ControllerState, ATimeoutSaysWhoLagsAndWhatEveryWorkerRuns) {
   EXPECT_GE(watches.answered(), 4);  // a dump and a state query, each to both ranks
   const std::string dump = s.ctl->dump_flight_recorder();
   expect_contains(dump, "flight recorder of rank 1\nflight recorder of rank 2\n");
+}
+
+// The desync table names a reduce once ("reduce sum over 'x'", not "Reduce reduce ...").
+TEST(ControllerState, DesyncCommandWordsDoNotRepeatTheKind) {
+  EXPECT_EQ(detail::command_words("Reduce", "reduce sum over 'x', issued at a.cpp:3 (f)"),
+            "reduce sum over 'x', issued at a.cpp:3 (f)");
+  EXPECT_EQ(detail::command_words("Reduce", "reduce_ sum over 'x'"), "reduce_ sum over 'x'");
+  EXPECT_EQ(detail::command_words("CallFunction", "meshrt.sleep, issued at a.cpp:3 (f)"),
+            "CallFunction meshrt.sleep, issued at a.cpp:3 (f)");
+}
+
+namespace {
+std::source_location site_in_a_lambda() {
+  return [] { return std::source_location::current(); }();
+}
+}  // namespace
+
+// Call sites read "file:line (function)": no return type, namespace, parameters or lambda.
+TEST(ControllerState, CallSitesNameTheFunctionPlainly) {
+  EXPECT_EQ(detail::short_function_name("void {anonymous}::train(meshrt::Controller&)::<lambda()>"), "train");
+  EXPECT_EQ(detail::short_function_name("int main(int, char**)::<lambda(meshrt::Controller&)>"), "main");
+  EXPECT_EQ(detail::short_function_name("void {anonymous}::errors(meshrt::Controller&)"), "errors");
+  EXPECT_EQ(detail::short_function_name("T ns::Trainer<T>::step(std::vector<int>) [with T = float]"), "step");
+  EXPECT_EQ(detail::short_function_name("std::map<int, int> ns::load<std::map<int, int> >(const char*)"), "load");
+  EXPECT_EQ(detail::short_function_name("void ns::S::operator()(int) const"), "operator()");
+  const std::string site = detail::describe(site_in_a_lambda());
+  EXPECT_TRUE(site.starts_with("controller_state_test.cpp:")) << site;
+  EXPECT_TRUE(site.ends_with(" (site_in_a_lambda)")) << site;
 }
 
 TEST(ControllerState, RestartWaitsForEveryWorkerAndForgetsTheOldSession) {

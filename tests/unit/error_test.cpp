@@ -2,9 +2,12 @@
 // MESHRT_ASSERT and MESHRT_INTERNAL raise, and that it names the file and line.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
+#include <vector>
 
 #include "common/assert.hpp"
+#include "meshrt/group.hpp"
 
 namespace meshrt::test {
 namespace {
@@ -47,6 +50,15 @@ TEST(InternalError, UnreachablePathIsAnErrorButNotAUsageError) {
   } catch (const Error&) {
   }
   EXPECT_FALSE(usage);
+}
+
+// Type names in group messages read as code writes them.
+TEST(TypeNames, ReadAsCodeWritesThem) {
+  EXPECT_EQ(detail::type_tag<std::string>().name, "std::string");
+  EXPECT_EQ(detail::type_tag<std::vector<std::string>>().name, "std::vector<std::string>");
+  using Map = std::map<std::string, std::vector<int>>;
+  EXPECT_EQ(detail::type_tag<Map>().name, "std::map<std::string, std::vector<int>>");
+  EXPECT_EQ(detail::readable_type_name("std::unique_ptr<int, std::default_delete<int> >"), "std::unique_ptr<int>");
 }
 
 }  // namespace

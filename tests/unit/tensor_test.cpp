@@ -115,8 +115,8 @@ TEST(Tensor, TypedAccessChecksTheDType) {
   Tensor t = Tensor::from<std::int32_t>({2, 2}, {1, 2, 3, 4});
   EXPECT_EQ(t.dtype(), DType::Int32);
   EXPECT_EQ(t.span<std::int32_t>()[3], 4);
-  expect_contains(usage_error([&] { (void)t.data<float>(); }),
-                  "expected element type int32 for a int32 tensor, found a request for float32");
+  EXPECT_EQ(usage_error([&] { (void)t.data<float>(); }),
+            "tensor data: expected data<std::int32_t>() for a int32[2, 2] on cpu tensor, found data<float>()");
   expect_contains(usage_error([] { (void)Tensor().data<float>(); }), "expected a defined tensor");
   expect_contains(usage_error([] {
                     (void)Tensor::from<float>({3}, {1.0f, 2.0f});
