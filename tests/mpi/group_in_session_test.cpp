@@ -14,7 +14,7 @@
 #include "runtime_support.hpp"
 
 using namespace meshrt;
-using meshrt::testing::session;
+using meshrt::test::session;
 using namespace std::chrono_literals;
 
 MESHRT_RUNTIME_TEST_ENVIRONMENT();

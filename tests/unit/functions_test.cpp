@@ -155,268 +155,270 @@ TEST(CallContext, SizesAlongEachDimension) {
                   "expected one coordinate and one size per dimension [x], found 1 coordinates and 0 sizes");
   EXPECT_EQ(usage_error([] { CallContext(0, {"x"}, {2}, {2}); }),
             "CallContext: expected a coordinate in [0, 2) along 'x', found 2");
-  // The registry's descriptions: every built-in has one, errors print its parameters, and
-  // a function registered without one still gets the argument's position.
-  TEST(Args, ErrorsPrintTheSignature) {
-    for (const std::string& n : functions::names()) {
-      if (!n.starts_with("meshrt.")) continue;
-      const functions::Function& f = functions::lookup(n);
-      EXPECT_FALSE(f.description.empty()) << n << " has no description";
-      EXPECT_FALSE(f.description.doc.empty()) << n;
+}
+
+// The registry's descriptions: every built-in has one, errors print its parameters, and
+// a function registered without one still gets the argument's position.
+TEST(Args, ErrorsPrintTheSignature) {
+  for (const std::string& n : functions::names()) {
+    if (!n.starts_with("meshrt.")) continue;
+    const functions::Function& f = functions::lookup(n);
+    EXPECT_FALSE(f.description.empty()) << n << " has no description";
+    EXPECT_FALSE(f.description.doc.empty()) << n;
+  }
+  EXPECT_EQ(functions::lookup("meshrt.rand").signature(),
+            "meshrt.rand(shape: list[int], dtype: dtype, seed: int) -> tensor");
+  EXPECT_EQ(functions::lookup("meshrt.rand").short_signature(), "meshrt.rand(shape, dtype, seed)");
+  EXPECT_EQ(functions::lookup("test.registered_by_macro").signature(), "test.registered_by_macro");
+  EXPECT_EQ(shape_error("meshrt.rand", {Value{2}, Value("float32")}),
+            "meshrt.rand(shape, dtype, seed): expected 3 arguments, found 2");
+  EXPECT_EQ(shape_error("meshrt.full", {Value{2}, Value(2.0), Value(1)}),
+            "meshrt.full(shape, dtype, value): argument 1 (dtype): expected a dtype such as \"float32\", found "
+            "double 2");
+  EXPECT_EQ(shape_error("meshrt.copy", {Value(1)}), "meshrt.copy(x): argument 0 (x): expected a tensor, found int 1");
+  ArgMetas plain("test.registered_by_macro", {Value(1)});
+  EXPECT_EQ(usage_error([&] { (void)plain.dtype(0); }),
+            "test.registered_by_macro: argument 0: expected a dtype such as \"float32\", found int 1");
+}
+
+std::vector<Tensor> reads_float_kernel(CallContext&, Args& args) {
+  (void)args.tensor(0).data<float>();
+  (void)args.tensor(1).data<float>();
+  return {};
+}
+MESHRT_REGISTER_FUNCTION("test.reads_float", reads_float_kernel, my_shape,
+                         {.params = {{"x", "tensor"}, {"y", "tensor"}}, .returns = "none", .doc = "Reads floats."});
+
+// A kernel's typed read of the wrong element type names the argument, and reads forwards.
+TEST(Args, WrongElementTypeNamesTheArgument) {
+  const auto& f = functions::lookup("test.reads_float");
+  CallContext ctx(0, {"x"}, {0}, {1});
+  Args args("test.reads_float", {Value(Tensor::zeros(TensorMeta({2}, DType::Float32))),
+                                 Value(Tensor::zeros(TensorMeta({2}, DType::Float64)))});
+  EXPECT_EQ(usage_error([&] { (void)f.kernel(ctx, args); }),
+            "test.reads_float(x, y): argument 1 (y): tensor data: expected data<double>() for a float64[2] on cpu "
+            "tensor, found data<float>()");
+}
+
+TEST(Registry, DescriptionByMacro) {
+  const auto& f = functions::lookup("test.described_by_macro");
+  EXPECT_EQ(f.signature(), "test.described_by_macro(x: tensor, n: int) -> tensor");
+  EXPECT_EQ(f.description.doc, "A test function with a description.");
+  EXPECT_EQ(usage_error([] {
+              ArgMetas a("test.described_by_macro", {Value(1), Value("two")});
+              (void)a.integer(1);
+            }),
+            "test.described_by_macro(x, n): argument 1 (n): expected int, found string 'two'");
+}
+
+// ------------------------------------------------------------------ built-ins
+
+TEST(Builtins, Creation) {
+  auto t = call("meshrt.full", {Value{2, 3}, Value("int32"), Value(7)}).at(0);
+  EXPECT_EQ(t.shape(), (std::vector<std::int64_t>{2, 3}));
+  for (auto v : t.span<std::int32_t>()) EXPECT_EQ(v, 7);
+  t = call("meshrt.full", {Value{2}, Value("bfloat16"), Value(1.5)}).at(0);
+  EXPECT_EQ(t.data<BFloat16>()[1], float_to_bfloat16(1.5f));
+  t = call("meshrt.full", {Value{2}, Value("bool"), Value(true)}).at(0);
+  EXPECT_TRUE(t.data<bool>()[0]);
+  t = call("meshrt.zeros", {Value{4}, Value("float64")}).at(0);
+  for (auto v : t.span<double>()) EXPECT_EQ(v, 0.0);
+  t = call("meshrt.arange", {Value(5), Value("int64")}).at(0);
+  EXPECT_TRUE(t.equals(Tensor::from<std::int64_t>({5}, {0, 1, 2, 3, 4})));
+  t = call("meshrt.arange", {Value(3), Value("float16")}).at(0);
+  EXPECT_EQ(half_to_float(t.data<Half>()[2]), 2.0f);
+
+  const auto r0 = call("meshrt.rand", {Value{100}, Value("float32"), Value(42)}, 0).at(0);
+  const auto r0_again = call("meshrt.rand", {Value{100}, Value("float32"), Value(42)}, 0).at(0);
+  const auto r1 = call("meshrt.rand", {Value{100}, Value("float32"), Value(42)}, 1).at(0);
+  const auto r0_seed = call("meshrt.rand", {Value{100}, Value("float32"), Value(43)}, 0).at(0);
+  EXPECT_TRUE(r0.equals(r0_again));
+  EXPECT_FALSE(r0.equals(r1));  // one stream per rank
+  EXPECT_FALSE(r0.equals(r0_seed));
+  double mean = 0;
+  for (float v : r0.span<float>()) {
+    EXPECT_GE(v, 0.0f);
+    EXPECT_LT(v, 1.0f);
+    mean += v / 100.0;
+  }
+  EXPECT_NEAR(mean, 0.5, 0.15);
+}
+
+TEST(Builtins, CreationErrors) {
+  expect_contains(shape_error("meshrt.full", {Value{2, -1}, Value("float32"), Value(1)}),
+                  "meshrt.full(shape, dtype, value): argument 0 (shape): expected a shape of sizes >= 0, found -1 at "
+                  "dimension 1");
+  expect_contains(
+      shape_error("meshrt.full", {Value{2}, Value("float"), Value(1)}),
+      "meshrt.full(shape, dtype, value): argument 1 (dtype): expected a dtype, one of bool, uint8, int32, int64, "
+      "float16, bfloat16, float32, float64, found 'float'");
+  expect_contains(
+      shape_error("meshrt.full", {Value{2}, Value("uint8"), Value(300)}),
+      "meshrt.full(shape, dtype, value): argument 2 (value): expected an int in [0, 255] for dtype uint8, found 300");
+  expect_contains(shape_error("meshrt.full", {Value{2}, Value("int32"), Value(1.5)}),
+                  "expected an int in [-2147483648, 2147483647]");
+  expect_contains(shape_error("meshrt.full", {Value{2}, Value("bool"), Value(2)}),
+                  "expected a bool (or 0/1) for dtype bool, found 2");
+  expect_contains(shape_error("meshrt.full", {Value{2}}),
+                  "meshrt.full(shape, dtype, value): expected 3 arguments, found 1");
+  expect_contains(shape_error("meshrt.arange", {Value(-1), Value("int32")}), "expected a length >= 0, found -1");
+  expect_contains(shape_error("meshrt.arange", {Value(3), Value("bool")}), "expected a numeric dtype, found bool");
+  expect_contains(shape_error("meshrt.rand", {Value{2}, Value("int32"), Value(1)}), "expected a floating dtype");
+}
+
+template <class T>
+Tensor filled(std::vector<std::int64_t> shape, std::initializer_list<double> values) {
+  std::vector<T> v;
+  for (double x : values) {
+    if constexpr (std::is_same_v<T, Half>)
+      v.push_back(float_to_half(static_cast<float>(x)));
+    else if constexpr (std::is_same_v<T, BFloat16>)
+      v.push_back(float_to_bfloat16(static_cast<float>(x)));
+    else
+      v.push_back(static_cast<T>(x));
+  }
+  return Tensor::from<T>(std::move(shape), std::span<const T>(v));
+}
+
+template <class T>
+class Elementwise : public ::testing::Test {};
+using NumericTypes = ::testing::Types<std::uint8_t, std::int32_t, std::int64_t, Half, BFloat16, float, double>;
+TYPED_TEST_SUITE(Elementwise, NumericTypes);
+
+TYPED_TEST(Elementwise, AddSubMulCopySum) {
+  using T = TypeParam;
+  const Tensor a = filled<T>({2, 2}, {1, 2, 3, 4});
+  const Tensor b = filled<T>({2, 2}, {5, 6, 7, 8});
+  EXPECT_TRUE(call("meshrt.add", {Value(a), Value(b)}).at(0).equals(filled<T>({2, 2}, {6, 8, 10, 12})));
+  EXPECT_TRUE(call("meshrt.sub", {Value(b), Value(a)}).at(0).equals(filled<T>({2, 2}, {4, 4, 4, 4})));
+  EXPECT_TRUE(call("meshrt.mul", {Value(a), Value(b)}).at(0).equals(filled<T>({2, 2}, {5, 12, 21, 32})));
+  const Tensor c = call("meshrt.copy", {Value(a)}).at(0);
+  EXPECT_TRUE(c.equals(a));
+  EXPECT_FALSE(c.same_storage(a));
+  EXPECT_TRUE(call("meshrt.sum", {Value(b)}).at(0).equals(filled<T>({}, {26})));
+  // In place: the argument itself changes and nothing is returned.
+  Tensor x = a.clone();
+  Args args("meshrt.add_", {Value(x), Value(b)});
+  CallContext ctx;
+  EXPECT_TRUE(functions::lookup("meshrt.add_").kernel(ctx, args).empty());
+  EXPECT_TRUE(x.equals(filled<T>({2, 2}, {6, 8, 10, 12})));
+  Args fill_args("meshrt.fill_", {Value(x), Value(3)});
+  EXPECT_TRUE(functions::lookup("meshrt.fill_").kernel(ctx, fill_args).empty());
+  EXPECT_TRUE(x.equals(filled<T>({2, 2}, {3, 3, 3, 3})));
+  const Signature sig =
+      functions::infer(functions::lookup("meshrt.add_"), ArgMetas("meshrt.add_", {Value(x.meta()), Value(b.meta())}));
+  EXPECT_EQ(sig.mutates, std::vector<std::size_t>{0});
+  EXPECT_TRUE(sig.outputs.empty());
+}
+
+TEST(Builtins, IntegersWrapAndBoolsAreLogical) {
+  const auto i32 = [](std::int32_t v) { return Tensor::from<std::int32_t>({1}, {v}); };
+  EXPECT_EQ(call("meshrt.add", {Value(i32(INT32_MAX)), Value(i32(1))}).at(0).item(), INT32_MIN);
+  EXPECT_EQ(call("meshrt.mul", {Value(i32(INT32_MIN)), Value(i32(-1))}).at(0).item(), INT32_MIN);
+  const auto u8 = Tensor::from<std::uint8_t>({1}, {250});
+  EXPECT_EQ(call("meshrt.add", {Value(u8), Value(u8)}).at(0).item(), 244);
+  const Tensor p = Tensor::from<bool>({4}, {false, false, true, true});
+  const Tensor q = Tensor::from<bool>({4}, {false, true, false, true});
+  EXPECT_TRUE(
+      call("meshrt.add", {Value(p), Value(q)}).at(0).equals(Tensor::from<bool>({4}, {false, true, true, true})));
+  EXPECT_TRUE(
+      call("meshrt.mul", {Value(p), Value(q)}).at(0).equals(Tensor::from<bool>({4}, {false, false, false, true})));
+  const Tensor s = call("meshrt.sum", {Value(q)}).at(0);
+  EXPECT_EQ(s.dtype(), DType::Int64);
+  EXPECT_EQ(s.item(), 2.0);
+  expect_contains(shape_error("meshrt.sub", {Value(p.meta()), Value(q.meta())}),
+                  "meshrt.sub(a, b): expected a numeric dtype, found bool");
+}
+
+TEST(Builtins, ElementwiseErrors) {
+  expect_contains(
+      shape_error("meshrt.add", {Value(TensorMeta({2, 3}, DType::Float32)), Value(TensorMeta({3}, DType::Float32))}),
+      "meshrt.add(a, b): expected arguments 0 and 1 of one shape, dtype and device, found float32[2, 3] on cpu and "
+      "float32[3] on cpu");
+  expect_contains(
+      shape_error("meshrt.mul", {Value(TensorMeta({2}, DType::Float32)), Value(TensorMeta({2}, DType::Float64))}),
+      "found float32[2] on cpu and float64[2] on cpu");
+  expect_contains(shape_error("meshrt.add", {Value(TensorMeta({2}, DType::Float32)), Value(1)}),
+                  "meshrt.add(a, b): argument 1 (b): expected a tensor, found int 1");
+  expect_contains(shape_error("meshrt.scale", {Value(TensorMeta({2}, DType::Int32)), Value(2)}),
+                  "meshrt.scale(x, factor): argument 0 (x): expected a floating dtype (float16, bfloat16, float32, "
+                  "float64), found "
+                  "int32[2] on cpu");
+  expect_contains(shape_error("meshrt.fill_", {Value(TensorMeta({2}, DType::UInt8)), Value(-1)}),
+                  "expected an int in [0, 255]");
+}
+
+TEST(Builtins, Scale) {
+  const Tensor x = Tensor::from<float>({3}, {1, -2, 4});
+  EXPECT_TRUE(call("meshrt.scale", {Value(x), Value(0.5)}).at(0).equals(Tensor::from<float>({3}, {0.5f, -1, 2})));
+  const Tensor h = filled<Half>({2}, {3, 5});
+  EXPECT_TRUE(call("meshrt.scale", {Value(h), Value(2)}).at(0).equals(filled<Half>({2}, {6, 10})));
+}
+
+template <class T>
+void check_matmul(std::int64_t m, std::int64_t k, std::int64_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<T> dist(-1, 1);
+  std::vector<T> av(static_cast<std::size_t>(m * k)), bv(static_cast<std::size_t>(k * n));
+  for (auto& v : av) v = dist(rng);
+  for (auto& v : bv) v = dist(rng);
+  const Tensor a = Tensor::from<T>({m, k}, std::span<const T>(av));
+  const Tensor b = Tensor::from<T>({k, n}, std::span<const T>(bv));
+  const Tensor c = call("meshrt.matmul", {Value(a), Value(b)}).at(0);
+  const double tolerance = std::is_same_v<T, float> ? 1e-4 : 1e-12;
+  ASSERT_EQ(c.shape(), (std::vector<std::int64_t>{m, n}));
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      double ref = 0;
+      for (std::int64_t l = 0; l < k; ++l) ref += static_cast<double>(av[i * k + l]) * bv[l * n + j];
+      EXPECT_NEAR(c.data<T>()[i * n + j], ref, tolerance) << i << "," << j;
     }
-    EXPECT_EQ(functions::lookup("meshrt.rand").signature(),
-              "meshrt.rand(shape: list[int], dtype: dtype, seed: int) -> tensor");
-    EXPECT_EQ(functions::lookup("meshrt.rand").short_signature(), "meshrt.rand(shape, dtype, seed)");
-    EXPECT_EQ(functions::lookup("test.registered_by_macro").signature(), "test.registered_by_macro");
-    EXPECT_EQ(shape_error("meshrt.rand", {Value{2}, Value("float32")}),
-              "meshrt.rand(shape, dtype, seed): expected 3 arguments, found 2");
-    EXPECT_EQ(shape_error("meshrt.full", {Value{2}, Value(2.0), Value(1)}),
-              "meshrt.full(shape, dtype, value): argument 1 (dtype): expected a dtype such as \"float32\", found "
-              "double 2");
-    EXPECT_EQ(shape_error("meshrt.copy", {Value(1)}), "meshrt.copy(x): argument 0 (x): expected a tensor, found int 1");
-    ArgMetas plain("test.registered_by_macro", {Value(1)});
-    EXPECT_EQ(usage_error([&] { (void)plain.dtype(0); }),
-              "test.registered_by_macro: argument 0: expected a dtype such as \"float32\", found int 1");
   }
+}
 
-  std::vector<Tensor> reads_float_kernel(CallContext&, Args & args) {
-    (void)args.tensor(0).data<float>();
-    (void)args.tensor(1).data<float>();
-    return {};
+TEST(Builtins, MatmulMatchesANaiveLoop) {
+  std::mt19937 rng(7);
+  check_matmul<float>(3, 5, 4, rng);
+  check_matmul<float>(1, 1, 1, rng);
+  check_matmul<double>(7, 2, 9, rng);
+  check_matmul<double>(16, 16, 16, rng);
+  const Tensor z = call("meshrt.matmul", {Value(Tensor::zeros(TensorMeta({2, 0}, DType::Float32))),
+                                          Value(Tensor::zeros(TensorMeta({0, 3}, DType::Float32)))})
+                       .at(0);
+  for (float v : z.span<float>()) EXPECT_EQ(v, 0.0f);
+  expect_contains(shape_error("meshrt.matmul",
+                              {Value(TensorMeta({2, 3}, DType::Float32)), Value(TensorMeta({2, 3}, DType::Float32))}),
+                  "meshrt.matmul(a, b): expected [m, k] and [k, n] matrices, found float32[2, 3] on cpu and "
+                  "float32[2, 3] on cpu");
+  expect_contains(
+      shape_error("meshrt.matmul", {Value(TensorMeta({2, 2}, DType::Int32)), Value(TensorMeta({2, 2}, DType::Int32))}),
+      "expected two float32 or two float64 matrices");
+}
+
+TEST(Builtins, FailThrowsOnTheChosenRanks) {
+  const auto run = [](int rank) { return call("meshrt.fail", {Value("boom"), Value{1, 3}}, rank); };
+  EXPECT_EQ(run(0).at(0).item(), 0.0);
+  try {
+    run(3);
+    ADD_FAILURE() << "expected std::runtime_error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "boom");
   }
-  MESHRT_REGISTER_FUNCTION("test.reads_float", reads_float_kernel, my_shape,
-                           {.params = {{"x", "tensor"}, {"y", "tensor"}}, .returns = "none", .doc = "Reads floats."});
+  EXPECT_THROW(call("meshrt.fail", {Value("all"), Value::list()}, 5), std::runtime_error);
+}
 
-  // A kernel's typed read of the wrong element type names the argument, and reads forwards.
-  TEST(Args, WrongElementTypeNamesTheArgument) {
-    const auto& f = functions::lookup("test.reads_float");
-    CallContext ctx(0, {"x"}, {0}, {1});
-    Args args("test.reads_float", {Value(Tensor::zeros(TensorMeta({2}, DType::Float32))),
-                                   Value(Tensor::zeros(TensorMeta({2}, DType::Float64)))});
-    EXPECT_EQ(usage_error([&] { (void)f.kernel(ctx, args); }),
-              "test.reads_float(x, y): argument 1 (y): tensor data: expected data<double>() for a float64[2] on cpu "
-              "tensor, found data<float>()");
-  }
-
-  TEST(Registry, DescriptionByMacro) {
-    const auto& f = functions::lookup("test.described_by_macro");
-    EXPECT_EQ(f.signature(), "test.described_by_macro(x: tensor, n: int) -> tensor");
-    EXPECT_EQ(f.description.doc, "A test function with a description.");
-    EXPECT_EQ(usage_error([] {
-                ArgMetas a("test.described_by_macro", {Value(1), Value("two")});
-                (void)a.integer(1);
-              }),
-              "test.described_by_macro(x, n): argument 1 (n): expected int, found string 'two'");
-  }
-
-  // ------------------------------------------------------------------ built-ins
-
-  TEST(Builtins, Creation) {
-    auto t = call("meshrt.full", {Value{2, 3}, Value("int32"), Value(7)}).at(0);
-    EXPECT_EQ(t.shape(), (std::vector<std::int64_t>{2, 3}));
-    for (auto v : t.span<std::int32_t>()) EXPECT_EQ(v, 7);
-    t = call("meshrt.full", {Value{2}, Value("bfloat16"), Value(1.5)}).at(0);
-    EXPECT_EQ(t.data<BFloat16>()[1], float_to_bfloat16(1.5f));
-    t = call("meshrt.full", {Value{2}, Value("bool"), Value(true)}).at(0);
-    EXPECT_TRUE(t.data<bool>()[0]);
-    t = call("meshrt.zeros", {Value{4}, Value("float64")}).at(0);
-    for (auto v : t.span<double>()) EXPECT_EQ(v, 0.0);
-    t = call("meshrt.arange", {Value(5), Value("int64")}).at(0);
-    EXPECT_TRUE(t.equals(Tensor::from<std::int64_t>({5}, {0, 1, 2, 3, 4})));
-    t = call("meshrt.arange", {Value(3), Value("float16")}).at(0);
-    EXPECT_EQ(half_to_float(t.data<Half>()[2]), 2.0f);
-
-    const auto r0 = call("meshrt.rand", {Value{100}, Value("float32"), Value(42)}, 0).at(0);
-    const auto r0_again = call("meshrt.rand", {Value{100}, Value("float32"), Value(42)}, 0).at(0);
-    const auto r1 = call("meshrt.rand", {Value{100}, Value("float32"), Value(42)}, 1).at(0);
-    const auto r0_seed = call("meshrt.rand", {Value{100}, Value("float32"), Value(43)}, 0).at(0);
-    EXPECT_TRUE(r0.equals(r0_again));
-    EXPECT_FALSE(r0.equals(r1));  // one stream per rank
-    EXPECT_FALSE(r0.equals(r0_seed));
-    double mean = 0;
-    for (float v : r0.span<float>()) {
-      EXPECT_GE(v, 0.0f);
-      EXPECT_LT(v, 1.0f);
-      mean += v / 100.0;
-    }
-    EXPECT_NEAR(mean, 0.5, 0.15);
-  }
-
-  TEST(Builtins, CreationErrors) {
-    expect_contains(shape_error("meshrt.full", {Value{2, -1}, Value("float32"), Value(1)}),
-                    "meshrt.full(shape, dtype, value): argument 0 (shape): expected a shape of sizes >= 0, found -1 at "
-                    "dimension 1");
-    expect_contains(
-        shape_error("meshrt.full", {Value{2}, Value("float"), Value(1)}),
-        "meshrt.full(shape, dtype, value): argument 1 (dtype): expected a dtype, one of bool, uint8, int32, int64, "
-        "float16, bfloat16, float32, float64, found 'float'");
-    expect_contains(
-        shape_error("meshrt.full", {Value{2}, Value("uint8"), Value(300)}),
-        "meshrt.full(shape, dtype, value): argument 2 (value): expected an int in [0, 255] for dtype uint8, found 300");
-    expect_contains(shape_error("meshrt.full", {Value{2}, Value("int32"), Value(1.5)}),
-                    "expected an int in [-2147483648, 2147483647]");
-    expect_contains(shape_error("meshrt.full", {Value{2}, Value("bool"), Value(2)}),
-                    "expected a bool (or 0/1) for dtype bool, found 2");
-    expect_contains(shape_error("meshrt.full", {Value{2}}),
-                    "meshrt.full(shape, dtype, value): expected 3 arguments, found 1");
-    expect_contains(shape_error("meshrt.arange", {Value(-1), Value("int32")}), "expected a length >= 0, found -1");
-    expect_contains(shape_error("meshrt.arange", {Value(3), Value("bool")}), "expected a numeric dtype, found bool");
-    expect_contains(shape_error("meshrt.rand", {Value{2}, Value("int32"), Value(1)}), "expected a floating dtype");
-  }
-
-  template <class T>
-  Tensor filled(std::vector<std::int64_t> shape, std::initializer_list<double> values) {
-    std::vector<T> v;
-    for (double x : values) {
-      if constexpr (std::is_same_v<T, Half>)
-        v.push_back(float_to_half(static_cast<float>(x)));
-      else if constexpr (std::is_same_v<T, BFloat16>)
-        v.push_back(float_to_bfloat16(static_cast<float>(x)));
-      else
-        v.push_back(static_cast<T>(x));
-    }
-    return Tensor::from<T>(std::move(shape), std::span<const T>(v));
-  }
-
-  template <class T>
-  class Elementwise : public ::testing::Test {};
-  using NumericTypes = ::testing::Types<std::uint8_t, std::int32_t, std::int64_t, Half, BFloat16, float, double>;
-  TYPED_TEST_SUITE(Elementwise, NumericTypes);
-
-  TYPED_TEST(Elementwise, AddSubMulCopySum) {
-    using T = TypeParam;
-    const Tensor a = filled<T>({2, 2}, {1, 2, 3, 4});
-    const Tensor b = filled<T>({2, 2}, {5, 6, 7, 8});
-    EXPECT_TRUE(call("meshrt.add", {Value(a), Value(b)}).at(0).equals(filled<T>({2, 2}, {6, 8, 10, 12})));
-    EXPECT_TRUE(call("meshrt.sub", {Value(b), Value(a)}).at(0).equals(filled<T>({2, 2}, {4, 4, 4, 4})));
-    EXPECT_TRUE(call("meshrt.mul", {Value(a), Value(b)}).at(0).equals(filled<T>({2, 2}, {5, 12, 21, 32})));
-    const Tensor c = call("meshrt.copy", {Value(a)}).at(0);
-    EXPECT_TRUE(c.equals(a));
-    EXPECT_FALSE(c.same_storage(a));
-    EXPECT_TRUE(call("meshrt.sum", {Value(b)}).at(0).equals(filled<T>({}, {26})));
-    // In place: the argument itself changes and nothing is returned.
-    Tensor x = a.clone();
-    Args args("meshrt.add_", {Value(x), Value(b)});
-    CallContext ctx;
-    EXPECT_TRUE(functions::lookup("meshrt.add_").kernel(ctx, args).empty());
-    EXPECT_TRUE(x.equals(filled<T>({2, 2}, {6, 8, 10, 12})));
-    Args fill_args("meshrt.fill_", {Value(x), Value(3)});
-    EXPECT_TRUE(functions::lookup("meshrt.fill_").kernel(ctx, fill_args).empty());
-    EXPECT_TRUE(x.equals(filled<T>({2, 2}, {3, 3, 3, 3})));
-    const Signature sig =
-        functions::infer(functions::lookup("meshrt.add_"), ArgMetas("meshrt.add_", {Value(x.meta()), Value(b.meta())}));
-    EXPECT_EQ(sig.mutates, std::vector<std::size_t>{0});
-    EXPECT_TRUE(sig.outputs.empty());
-  }
-
-  TEST(Builtins, IntegersWrapAndBoolsAreLogical) {
-    const auto i32 = [](std::int32_t v) { return Tensor::from<std::int32_t>({1}, {v}); };
-    EXPECT_EQ(call("meshrt.add", {Value(i32(INT32_MAX)), Value(i32(1))}).at(0).item(), INT32_MIN);
-    EXPECT_EQ(call("meshrt.mul", {Value(i32(INT32_MIN)), Value(i32(-1))}).at(0).item(), INT32_MIN);
-    const auto u8 = Tensor::from<std::uint8_t>({1}, {250});
-    EXPECT_EQ(call("meshrt.add", {Value(u8), Value(u8)}).at(0).item(), 244);
-    const Tensor p = Tensor::from<bool>({4}, {false, false, true, true});
-    const Tensor q = Tensor::from<bool>({4}, {false, true, false, true});
-    EXPECT_TRUE(
-        call("meshrt.add", {Value(p), Value(q)}).at(0).equals(Tensor::from<bool>({4}, {false, true, true, true})));
-    EXPECT_TRUE(
-        call("meshrt.mul", {Value(p), Value(q)}).at(0).equals(Tensor::from<bool>({4}, {false, false, false, true})));
-    const Tensor s = call("meshrt.sum", {Value(q)}).at(0);
-    EXPECT_EQ(s.dtype(), DType::Int64);
-    EXPECT_EQ(s.item(), 2.0);
-    expect_contains(shape_error("meshrt.sub", {Value(p.meta()), Value(q.meta())}),
-                    "meshrt.sub(a, b): expected a numeric dtype, found bool");
-  }
-
-  TEST(Builtins, ElementwiseErrors) {
-    expect_contains(
-        shape_error("meshrt.add", {Value(TensorMeta({2, 3}, DType::Float32)), Value(TensorMeta({3}, DType::Float32))}),
-        "meshrt.add(a, b): expected arguments 0 and 1 of one shape, dtype and device, found float32[2, 3] on cpu and "
-        "float32[3] on cpu");
-    expect_contains(
-        shape_error("meshrt.mul", {Value(TensorMeta({2}, DType::Float32)), Value(TensorMeta({2}, DType::Float64))}),
-        "found float32[2] on cpu and float64[2] on cpu");
-    expect_contains(shape_error("meshrt.add", {Value(TensorMeta({2}, DType::Float32)), Value(1)}),
-                    "meshrt.add(a, b): argument 1 (b): expected a tensor, found int 1");
-    expect_contains(shape_error("meshrt.scale", {Value(TensorMeta({2}, DType::Int32)), Value(2)}),
-                    "meshrt.scale(x, factor): argument 0 (x): expected a floating dtype (float16, bfloat16, float32, "
-                    "float64), found "
-                    "int32[2] on cpu");
-    expect_contains(shape_error("meshrt.fill_", {Value(TensorMeta({2}, DType::UInt8)), Value(-1)}),
-                    "expected an int in [0, 255]");
-  }
-
-  TEST(Builtins, Scale) {
-    const Tensor x = Tensor::from<float>({3}, {1, -2, 4});
-    EXPECT_TRUE(call("meshrt.scale", {Value(x), Value(0.5)}).at(0).equals(Tensor::from<float>({3}, {0.5f, -1, 2})));
-    const Tensor h = filled<Half>({2}, {3, 5});
-    EXPECT_TRUE(call("meshrt.scale", {Value(h), Value(2)}).at(0).equals(filled<Half>({2}, {6, 10})));
-  }
-
-  template <class T>
-  void check_matmul(std::int64_t m, std::int64_t k, std::int64_t n, std::mt19937 & rng) {
-    std::uniform_real_distribution<T> dist(-1, 1);
-    std::vector<T> av(static_cast<std::size_t>(m * k)), bv(static_cast<std::size_t>(k * n));
-    for (auto& v : av) v = dist(rng);
-    for (auto& v : bv) v = dist(rng);
-    const Tensor a = Tensor::from<T>({m, k}, std::span<const T>(av));
-    const Tensor b = Tensor::from<T>({k, n}, std::span<const T>(bv));
-    const Tensor c = call("meshrt.matmul", {Value(a), Value(b)}).at(0);
-    const double tolerance = std::is_same_v<T, float> ? 1e-4 : 1e-12;
-    ASSERT_EQ(c.shape(), (std::vector<std::int64_t>{m, n}));
-    for (std::int64_t i = 0; i < m; ++i) {
-      for (std::int64_t j = 0; j < n; ++j) {
-        double ref = 0;
-        for (std::int64_t l = 0; l < k; ++l) ref += static_cast<double>(av[i * k + l]) * bv[l * n + j];
-        EXPECT_NEAR(c.data<T>()[i * n + j], ref, tolerance) << i << "," << j;
-      }
-    }
-  }
-
-  TEST(Builtins, MatmulMatchesANaiveLoop) {
-    std::mt19937 rng(7);
-    check_matmul<float>(3, 5, 4, rng);
-    check_matmul<float>(1, 1, 1, rng);
-    check_matmul<double>(7, 2, 9, rng);
-    check_matmul<double>(16, 16, 16, rng);
-    const Tensor z = call("meshrt.matmul", {Value(Tensor::zeros(TensorMeta({2, 0}, DType::Float32))),
-                                            Value(Tensor::zeros(TensorMeta({0, 3}, DType::Float32)))})
-                         .at(0);
-    for (float v : z.span<float>()) EXPECT_EQ(v, 0.0f);
-    expect_contains(shape_error("meshrt.matmul",
-                                {Value(TensorMeta({2, 3}, DType::Float32)), Value(TensorMeta({2, 3}, DType::Float32))}),
-                    "meshrt.matmul(a, b): expected [m, k] and [k, n] matrices, found float32[2, 3] on cpu and "
-                    "float32[2, 3] on cpu");
-    expect_contains(shape_error("meshrt.matmul",
-                                {Value(TensorMeta({2, 2}, DType::Int32)), Value(TensorMeta({2, 2}, DType::Int32))}),
-                    "expected two float32 or two float64 matrices");
-  }
-
-  TEST(Builtins, FailThrowsOnTheChosenRanks) {
-    const auto run = [](int rank) { return call("meshrt.fail", {Value("boom"), Value{1, 3}}, rank); };
-    EXPECT_EQ(run(0).at(0).item(), 0.0);
-    try {
-      run(3);
-      ADD_FAILURE() << "expected std::runtime_error";
-    } catch (const std::runtime_error& e) {
-      EXPECT_STREQ(e.what(), "boom");
-    }
-    EXPECT_THROW(call("meshrt.fail", {Value("all"), Value::list()}, 5), std::runtime_error);
-  }
-
-  TEST(Builtins, CudaKernelsMatchTheCpu) {
-    if (!cuda_available()) MESHRT_SKIP_WITHOUT_GPU("no CUDA device visible");
-    const Tensor a = Tensor::from<float>({3}, {1, 2, 3});
-    const Tensor b = Tensor::from<float>({3}, {4, 5, 6});
-    CallContext ctx(0, {}, {}, {}, 0, Device::cuda(0));
-    Args args("meshrt.add", {Value(a.to(Device::cuda(0))), Value(b.to(Device::cuda(0)))});
-    const auto out = functions::lookup("meshrt.add").kernel(ctx, args);
-    EXPECT_TRUE(out.at(0).to(Device::cpu()).equals(Tensor::from<float>({3}, {5, 7, 9})));
-    Args full("meshrt.full", {Value{2}, Value("float16"), Value(2.5)});
-    const auto f = functions::lookup("meshrt.full").kernel(ctx, full).at(0);
-    EXPECT_TRUE(f.device().is_cuda());
-    EXPECT_TRUE(f.to(Device::cpu()).equals(filled<Half>({2}, {2.5, 2.5})));
-  }
+TEST(Builtins, CudaKernelsMatchTheCpu) {
+  if (!cuda_available()) MESHRT_SKIP_WITHOUT_GPU("no CUDA device visible");
+  const Tensor a = Tensor::from<float>({3}, {1, 2, 3});
+  const Tensor b = Tensor::from<float>({3}, {4, 5, 6});
+  CallContext ctx(0, {}, {}, {}, 0, Device::cuda(0));
+  Args args("meshrt.add", {Value(a.to(Device::cuda(0))), Value(b.to(Device::cuda(0)))});
+  const auto out = functions::lookup("meshrt.add").kernel(ctx, args);
+  EXPECT_TRUE(out.at(0).to(Device::cpu()).equals(Tensor::from<float>({3}, {5, 7, 9})));
+  Args full("meshrt.full", {Value{2}, Value("float16"), Value(2.5)});
+  const auto f = functions::lookup("meshrt.full").kernel(ctx, full).at(0);
+  EXPECT_TRUE(f.device().is_cuda());
+  EXPECT_TRUE(f.to(Device::cpu()).equals(filled<Half>({2}, {2.5, 2.5})));
+}
 
 }  // namespace
 }  // namespace meshrt
