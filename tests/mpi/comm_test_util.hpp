@@ -169,6 +169,24 @@ inline std::string nan_result(const Tensor& out, double want) {
   return problem;
 }
 
+// Runs every NaN case of max and min over a line of `ranks`: each float dtype, all_reduce
+// and reduce_scatter, the NaN on each rank in turn. `reduce(reduction, scatter, input)`
+// runs the collective and returns its output on the host.
+template <class Reduce>
+void expect_nan_propagates(int ranks, Reduce reduce) {
+  for (DType dtype : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+    for (Reduction red : {Reduction::Max, Reduction::Min}) {
+      for (bool scatter : {false, true}) {
+        for (int holder = 0; holder < ranks; ++holder) {
+          SCOPED_TRACE(fmt::format("{} {} scatter={}: NaN on rank {}", name(red), name(dtype), scatter, holder));
+          const Tensor out = reduce(red, scatter, nan_input(dtype, scatter ? ranks : 0, holder));
+          EXPECT_EQ(nan_result(out, red == Reduction::Max ? ranks : 1), "");
+        }
+      }
+    }
+  }
+}
+
 // Compares `actual` with `expected` element by element; returns "" or the first mismatch.
 inline std::string compare(const Tensor& actual, const Tensor& expected) {
   if (actual.meta() != expected.meta()) {

@@ -270,22 +270,12 @@ TEST(DeviceDataPlane, SendsBetweenSubMeshesOverExactlyTheirRanks) {
 TEST(DeviceDataPlane, MaxAndMinPropagateNaNFromAnyRank) {
   World world;
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
-  const int n = world_size();
-  for (DType dtype : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
-    for (Reduction red : {Reduction::Max, Reduction::Min}) {
-      for (bool scatter : {false, true}) {
-        for (int holder = 0; holder < n; ++holder) {
-          SCOPED_TRACE(fmt::format("{} {} scatter={}: NaN on rank {}", name(red), name(dtype), scatter, holder));
-          const Tensor in = nan_input(dtype, scatter ? n : 0, holder);
-          auto p =
-              start_reduce_device(mesh, "x", red, scatter, false, to_here(in), factory(in.shape(), dtype), kStream);
-          const Outcome out = finish(*p);
-          ASSERT_FALSE(out.broken.has_value());
-          EXPECT_EQ(nan_result(fetched(out.tensor), red == Reduction::Max ? n : 1), "");
-        }
-      }
-    }
-  }
+  expect_nan_propagates(world_size(), [&](Reduction red, bool scatter, const Tensor& in) {
+    const Outcome out = finish(
+        *start_reduce_device(mesh, "x", red, scatter, false, to_here(in), factory(in.shape(), in.dtype()), kStream));
+    EXPECT_FALSE(out.broken.has_value());
+    return fetched(out.tensor);
+  });
   EXPECT_FALSE(stream().error());
 }
 
