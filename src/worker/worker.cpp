@@ -284,6 +284,19 @@ struct Worker::Impl {
 
   void run(Exit& c) { exit = c.restart ? WorkerExit::Restart : WorkerExit::Shutdown; }
 
+  // A command that failed outside an invocation's body: its result is the marker, and the
+  // controller hears of it (ident 0, tied to no invocation, is raised at the next synchronize).
+  void fail_command(const Command& command, std::string_view message, std::string type) {
+    poison_result(command, DependentOnError{ident_of(command)});
+    MESHRT_LOG(error) << "rank " << opt.rank << ": " << name(command) << " failed: " << message;
+    reporter.reply(RemoteFunctionFailed{.ident = ident_of(command),
+                                        .error = fmt::format("{} failed: {}", name(command), message),
+                                        .rank = opt.rank,
+                                        .function = std::string(name(command)),
+                                        .exception_type = std::move(type)});
+    current.failed = true;
+  }
+
   // Runs one command. A failure outside an invocation's body (a collective that cannot
   // start, a bad ref) is logged and reported with the command's ident (Reduce,
   // SendTensor: the controller names its call site) or 0, so it is never silent.
@@ -296,25 +309,9 @@ struct Worker::Impl {
       execute(command);
       if (in_flight.active()) return;  // it completes, or fails, in the loop's polls
     } catch (const std::exception& e) {
-      poison_result(command, DependentOnError{ident_of(command)});
-      MESHRT_LOG(error) << "rank " << opt.rank << ": " << name(command) << " failed: " << e.what();
-      // Ident 0 (tied to no invocation) is raised at the next synchronize.
-      reporter.reply(RemoteFunctionFailed{.ident = ident_of(command),
-                                          .error = fmt::format("{} failed: {}", name(command), e.what()),
-                                          .rank = opt.rank,
-                                          .function = std::string(name(command)),
-                                          .exception_type = boost::core::demangle(typeid(e).name())});
-      current.failed = true;
+      fail_command(command, e.what(), boost::core::demangle(typeid(e).name()));
     } catch (...) {
-      MESHRT_LOG(error) << "rank " << opt.rank << ": " << name(command) << " failed with a non-std::exception";
-      poison_result(command, DependentOnError{ident_of(command)});
-      reporter.reply(RemoteFunctionFailed{
-          .ident = ident_of(command),
-          .error = fmt::format("{} failed: an exception not derived from std::exception", name(command)),
-          .rank = opt.rank,
-          .function = std::string(name(command)),
-          .exception_type = "unknown"});
-      current.failed = true;
+      fail_command(command, "an exception not derived from std::exception", "unknown");
     }
     complete(ident_of(command));
     if (q.seq) monitor().finished(q.seq, current.failed);
