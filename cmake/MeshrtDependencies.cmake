@@ -5,6 +5,13 @@ find_package(fmt REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 find_package(Threads REQUIRED)
+# DLPack is one header (Debian: libdlpack-dev), used inside libmeshrt only: the installed
+# tensor.hpp forward-declares DLManagedTensor.
+find_path(DLPACK_INCLUDE_DIR dlpack/dlpack.h)
+if(NOT DLPACK_INCLUDE_DIR)
+  message(FATAL_ERROR "meshrt needs dlpack/dlpack.h (Debian: apt-get install libdlpack-dev), found none; "
+                      "set DLPACK_INCLUDE_DIR to the folder that holds dlpack/dlpack.h")
+endif()
 # Always: libmeshrt ships meshrt::gtest_main for users' MPI tests, even when meshrt's own
 # tests are off (MESHRT_BUILD_TESTS=OFF, as in the fuzz build).
 find_package(GTest REQUIRED)

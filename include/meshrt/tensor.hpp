@@ -1,8 +1,10 @@
 // Tensors: DType, Device, TensorMeta (which is also the TensorFactory) and Tensor.
 //
 // A Tensor is contiguous, row-major and shares its storage: copying a Tensor copies a
-// handle (like torch.Tensor), clone() copies the data. CPU storage is 64-byte aligned so
-// that kernels and MPI see cache-line aligned buffers. CUDA storage exists only when
+// handle (like torch.Tensor), clone() copies the data. CPU storage that meshrt allocates is
+// 64-byte aligned (cache lines for kernels and MPI); nothing relies on more than element
+// alignment, so that memory adopted from others (a numpy array is 16-byte aligned, a
+// slice of one may be less) works in place. CUDA storage exists only when
 // meshrt was built with CUDA; no CUDA header is included here. Emulated-accelerator
 // storage (docs/ARCHITECTURE.md section 7) is host memory that host code may not read, except inside
 // a task running on one of the emulated accelerator's streams (DeviceMemoryAccess).
@@ -18,6 +20,9 @@
 #include <vector>
 
 #include "meshrt/error.hpp"
+
+// DLPack's tensor (dlpack/dlpack.h, which users include themselves where they need it).
+struct DLManagedTensor;
 
 namespace meshrt {
 
@@ -208,12 +213,31 @@ class Tensor {
   static Tensor empty(const TensorMeta& meta);
   static Tensor zeros(const TensorMeta& meta);
   // A CPU tensor over host memory that the caller owns: `buffer` must hold at least
-  // meta.nbytes() bytes, 64-byte aligned; its deleter runs when the last handle goes. This
-  // is how buffer pools (the comm data plane's output pool) hand out warm memory.
+  // meta.nbytes() bytes, aligned to the element size (UsageError otherwise); its deleter
+  // runs when the last handle goes. This is how buffer pools (the comm data plane's output
+  // pool) hand out warm memory.
   static Tensor adopt_host(const TensorMeta& meta, std::shared_ptr<void> buffer);
   // The same for device memory of meta.device() (cuda or emulated), which is how the device
   // layer's stream-ordered pool hands out its blocks.
   static Tensor adopt_device(const TensorMeta& meta, std::shared_ptr<void> buffer);
+
+  // DLPack, zero-copy both ways. Devices: cpu <-> kDLCPU (kDLCUDAHost is accepted too),
+  // cuda:N <-> kDLCUDA N, emulated:N <-> kDLExtDev N, which no host library reads (the
+  // emulated accelerator's memory stays unreadable from the host). Dtypes: every meshrt
+  // dtype, bfloat16 as kDLBfloat; bool is exported as kDLUInt 8 (the one-byte 0/1 it is:
+  // numpy 1.24 and torch 1.13 accept no kDLBool) and imported from kDLBool 8 too.
+  //
+  // to_dlpack: a DLManagedTensor viewing this tensor's storage with explicit row-major
+  // strides and byte_offset 0; it holds a handle, so the storage lives until the consumer
+  // calls its deleter (exactly once). Throws UsageError for an undefined tensor.
+  DLManagedTensor* to_dlpack() const;
+  // from_dlpack: a tensor viewing `managed`'s memory (data + byte_offset), which must be
+  // compact row-major (null strides, or any stride on a dimension of size 1) with one lane
+  // of a meshrt dtype, aligned to the element size. On success the tensor owns `managed`
+  // and calls its deleter when the last handle goes; one of meshrt's own (to_dlpack) comes
+  // back as the tensor it was, bool included. A refusal throws UsageError naming what it
+  // found and leaves `managed` to the caller.
+  static Tensor from_dlpack(DLManagedTensor* managed);
   // A CPU tensor holding a copy of `values` with the given shape.
   template <class T>
   static Tensor from(std::vector<std::int64_t> shape, std::span<const T> values);

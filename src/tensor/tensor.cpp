@@ -406,6 +406,15 @@ void copy_bytes(void* dst, const Device& dst_device, const void* src, const Devi
   copy(dst, dst_device, src, src_device, n);
 }
 
+// Adopted memory (a pool's, a numpy array's through DLPack) need not be cache-line aligned:
+// every kernel, copy and MPI datatype works at element alignment, which is what C++ and
+// MPI require.
+void require_element_alignment(const TensorMeta& meta, const void* p, const char* what) {
+  if (reinterpret_cast<std::uintptr_t>(p) % element_size(meta.dtype()) == 0) return;
+  throw UsageError(fmt::format("{}: expected a buffer aligned to the {}-byte elements of {}, found address {}", what,
+                               element_size(meta.dtype()), meta.to_string(), p));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------- Tensor
@@ -427,6 +436,7 @@ Tensor Tensor::adopt_host(const TensorMeta& meta, std::shared_ptr<void> buffer) 
   }
   if (!buffer)
     throw UsageError(fmt::format("Tensor::adopt_host: expected a buffer for {}, found null", meta.to_string()));
+  require_element_alignment(meta, buffer.get(), "Tensor::adopt_host");
   return Tensor(meta, std::make_shared<Storage>(std::move(buffer), meta.nbytes()));
 }
 
@@ -436,6 +446,7 @@ Tensor Tensor::adopt_device(const TensorMeta& meta, std::shared_ptr<void> buffer
   }
   if (!buffer)
     throw UsageError(fmt::format("Tensor::adopt_device: expected a buffer for {}, found null", meta.to_string()));
+  require_element_alignment(meta, buffer.get(), "Tensor::adopt_device");
   auto storage = std::make_shared<Storage>(std::move(buffer), meta.nbytes());
   storage->device = meta.device();
   return Tensor(meta, std::move(storage));

@@ -9,7 +9,10 @@
 
 #include <array>
 #include <chrono>
+#include <cstdint>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "comm_test_util.hpp"
 
@@ -87,8 +90,23 @@ Tensor expected_output(Reduction red, const TensorMeta& in_meta, bool scatter, c
   return out;
 }
 
+// Where the inputs live: meshrt's own (64-byte aligned) storage, or memory adopted from
+// another library (a numpy array through DLPack) at element alignment only.
+enum class Memory { Own, Foreign };
+
+// `t` copied into foreign memory 16 bytes plus one element past a cache line: an int64 at
+// an address that is 8- but not 16-aligned, a uint8 at an odd one.
+Tensor in_foreign_memory(const Tensor& t) {
+  auto block = std::make_shared<std::vector<std::byte>>(t.nbytes() + 128);
+  const auto base = reinterpret_cast<std::uintptr_t>(block->data());
+  const std::uintptr_t at = (base + 63) / 64 * 64 + 16 + element_size(t.dtype());
+  Tensor out = Tensor::adopt_host(t.meta(), std::shared_ptr<void>(block, reinterpret_cast<void*>(at)));
+  out.copy_from(t);
+  return out;
+}
+
 // Runs the whole sweep over one dimension of `mesh`; returns how many combinations ran.
-int sweep(WorkerMesh& mesh, std::size_t dim, Completion completion) {
+int sweep(WorkerMesh& mesh, std::size_t dim, Completion completion, Memory memory = Memory::Own) {
   const std::string& dim_name = mesh.names()[dim];
   const std::vector<int> line = line_of(mesh.ranks(), dim);
   const std::int64_t n = mesh.size(dim);
@@ -105,7 +123,8 @@ int sweep(WorkerMesh& mesh, std::size_t dim, Completion completion) {
                                    : completion == Completion::Auto   ? "auto"
                                                                       : "non-blocking"));
           const TensorMeta meta(scatter ? std::vector<std::int64_t>{n, 3} : std::vector<std::int64_t>{2, 3}, dtype);
-          const Tensor input = make_input(meta, red, world_rank());
+          const Tensor own = make_input(meta, red, world_rank());
+          const Tensor input = memory == Memory::Own ? own : in_foreign_memory(own);
           const Tensor pristine = input.clone();
           std::unique_ptr<Pending> p;
           bool threw = false;
@@ -150,6 +169,15 @@ TEST(CommReduce, WorldMeshEveryCompletion) {
   EXPECT_EQ(sweep(mesh, 0, Completion::Blocking), expected_runs());
   EXPECT_EQ(sweep(mesh, 0, Completion::Thread), expected_runs());
   EXPECT_EQ(sweep(mesh, 0, Completion::Auto), expected_runs());
+}
+
+// Every kernel, copy and MPI datatype works at element alignment: memory adopted from
+// numpy or torch runs in place, without a copy to realign it.
+TEST(CommReduce, ForeignMemoryAtElementAlignment) {
+  World world;
+  WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
+  EXPECT_EQ(sweep(mesh, 0, Completion::NonBlocking, Memory::Foreign), expected_runs());
+  EXPECT_EQ(sweep(mesh, 0, Completion::Thread, Memory::Foreign), expected_runs());
 }
 
 TEST(CommReduce, TwoDimensionalMesh) {
