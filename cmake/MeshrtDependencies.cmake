@@ -47,3 +47,26 @@ if(NOT _meshrt_cuda STREQUAL "OFF")
     message(STATUS "meshrt: no CUDA compiler; building without the CUDA side")
   endif()
 endif()
+
+# The Python package (python/, DESIGN section 11): Debian's own Python 3 (the interpreter its
+# python3-* packages install into, /usr/bin/python3), never the first python3 on PATH, and
+# Debian's pybind11. AUTO builds it when both are found.
+set(MESHRT_HAVE_PYTHON OFF)
+string(TOUPPER "${MESHRT_PYTHON}" _meshrt_python)
+if(NOT _meshrt_python STREQUAL "OFF")
+  if(NOT DEFINED Python3_EXECUTABLE AND EXISTS /usr/bin/python3)
+    set(Python3_EXECUTABLE /usr/bin/python3 CACHE FILEPATH "The Python the meshrt package is built for")
+  endif()
+  find_package(Python3 3.9 COMPONENTS Interpreter Development.Module)
+  if(Python3_FOUND)
+    find_package(pybind11 2.6 CONFIG)
+  endif()
+  if(Python3_FOUND AND pybind11_FOUND)
+    set(MESHRT_HAVE_PYTHON ON)
+  elseif(_meshrt_python STREQUAL "ON")
+    message(FATAL_ERROR "MESHRT_PYTHON=ON but Python 3 development files or pybind11 were not found "
+                        "(Debian: apt-get install python3-dev pybind11-dev)")
+  else()
+    message(STATUS "meshrt: Python 3 development files or pybind11 not found; building without the Python package")
+  endif()
+endif()
