@@ -1,139 +1,341 @@
 #!/usr/bin/env bash
-# One command, no questions: checks that meshrt's CUDA backend works on this GPU node.
-#   scripts/gpu-check.sh            (from the repository root or anywhere)
-# Steps: the driver and GPUs nvidia-smi sees; a build with -DMESHRT_WITH_CUDA=ON into
-# build-gpu; the driver against the CUDA runtime the build uses (meshrt-info); the device
-# suite on CUDA (MESHRT_ACCELERATOR=cuda MESHRT_REQUIRE_GPU=1, one rank per GPU, so with
-# one GPU every NCCL line has one rank); meshrt-bench device-collectives against the same
-# NCCL call made by hand. Ends with a one-screen verdict; exits 0 only if every step passed.
-# Without a GPU it says "no GPU: nothing verified" and exits 1.
-# Settings: MESHRT_JOBS (build jobs, default: cores), MESHRT_GPU_CHECK_DIR (default build-gpu).
+# One command, no questions, nothing installed: checks meshrt's CUDA backend on this GPU
+# machine from the bundle scripts/gpu-bundle.sh made (docs/gpu.md):
+#   bash scripts/gpu-check.sh
+# Steps, each under its own timeout and all within MESHRT_GPU_CHECK_BUDGET seconds (450):
+# the bundle unpacked; the GPU (nvidia-smi); the libraries (glibc's version, NCCL found,
+# every program and component of the bundle resolving its libraries); the driver against
+# the bundled CUDA runtime (meshrt-info); Open MPI at 2 ranks; the device suites on CUDA
+# with MESHRT_REQUIRE_GPU=1 (one rank per GPU: with one GPU every NCCL line has one rank);
+# meshrt-bench device-collectives against the same NCCL calls by hand; meshrt-demo on the
+# CPUs. Each step's line is printed as it ends, a failing step's log tail with it, and the
+# verdict at the end; exits 0 only if every step passed.
+# Everything it writes goes under $OUT (the device tool's folder that comes back; default
+# gpu-check-logs): verdict.txt (rewritten after every step), steps.log (each step's log,
+# appended as it ends), device-collectives.json, logs.tar.gz (every log, whole).
+# Settings: MESHRT_GPU_BUNDLE (the bundle: .tar.gz or an unpacked folder; default
+# gpu-bundle/meshrt-gpu-bundle.tar.gz), MESHRT_NCCL_LIB_DIR (the folder holding
+# libnccl.so.2; default: looked for, the machine's pip nvidia-nccl-cu13 first),
+# MESHRT_GPU_CHECK_BUDGET. scripts/gpu-bundle-rehearse.sh sets MESHRT_GPU_CHECK_REHEARSAL=1
+# (no GPU: the suites on the emulated accelerator), MESHRT_GPU_CHECK_WRAP (a command put
+# before every bundle program: its chroot) and MESHRT_GPU_CHECK_SYSROOT (where NCCL is
+# looked for).
+# A new device test program goes into TESTS in scripts/gpu-bundle.sh and a run line below.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BUILD=${MESHRT_GPU_CHECK_DIR:-$ROOT/build-gpu}
-LOG=$BUILD/gpu-check-logs
+BUDGET=${MESHRT_GPU_CHECK_BUDGET:-450}
+REHEARSAL=${MESHRT_GPU_CHECK_REHEARSAL:-0}
+read -r -a WRAP <<<"${MESHRT_GPU_CHECK_WRAP:-}"
+SYSROOT=${MESHRT_GPU_CHECK_SYSROOT:-}
+OUT_DIR=${OUT:-$ROOT/gpu-check-logs}
+mkdir -p "$OUT_DIR"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/meshrt-gpu-check.XXXXXX")
+LOG=$WORK/logs
+mkdir -p "$LOG"
+rm -f "$OUT_DIR/steps.log" "$OUT_DIR/verdict.txt" "$OUT_DIR/logs.tar.gz" "$OUT_DIR/device-collectives.json"
+
 STEPS=()
 FAILED=0
 FIGURES=""
+HEADLINE="not finished: the check stopped before its end"
+GPU_NAME="this machine"
 
-step() {  # step NAME PASS|FAIL DETAIL
-  STEPS+=("$(printf '%-4s %-22s %s' "$2" "$1" "$3")")
-  [ "$2" = PASS ] || FAILED=1
+elapsed() { echo $((SECONDS)); }
+
+write_verdict() {
+  {
+    echo "================ meshrt GPU check: verdict ================"
+    for s in "${STEPS[@]}"; do echo "$s"; done
+    if [ -n "$FIGURES" ]; then
+      echo "-- device collectives: meshrt / NCCL by hand, time ratio (1 MiB and up)"
+      echo "$FIGURES"
+    fi
+    echo "-- $HEADLINE ($(elapsed) s)"
+    echo "   logs: $OUT_DIR (verdict.txt, steps.log, logs.tar.gz)"
+  } >"$OUT_DIR/verdict.txt"
 }
 
-verdict() {
+finish() {  # finish EXIT_CODE
+  write_verdict
+  tar -C "$LOG" -czf "$OUT_DIR/logs.tar.gz" . 2>/dev/null
+  [ -f "$LOG/device-collectives.json" ] && cp "$LOG/device-collectives.json" "$OUT_DIR/"
   echo
-  echo "================ meshrt GPU check: verdict ================"
-  for s in "${STEPS[@]}"; do echo "$s"; done
-  if [ -n "$FIGURES" ]; then
-    echo "-- device collectives vs NCCL by hand (time ratio, 1 MiB and up):"
-    echo "$FIGURES"
+  cat "$OUT_DIR/verdict.txt"
+  rm -rf "$WORK"
+  exit "$1"
+}
+trap 'HEADLINE="stopped by a signal: NOT verified"; STEPS+=("FAIL  (the check was stopped by a signal)"); finish 1' INT TERM HUP
+
+# record NAME PASS|FAIL|SKIP SECONDS DETAIL [LOGFILE]: one verdict line, printed now; a
+# failure's log tail with it; the log appended to steps.log.
+record() {
+  local line
+  line=$(printf '%-4s  %-26s %4ss  %s' "$2" "$1" "$3" "$4")
+  STEPS+=("$line")
+  echo "$line"
+  [ "$2" = FAIL ] && FAILED=1
+  if [ -n "${5:-}" ] && [ -f "$5" ]; then
+    if [ "$2" = FAIL ]; then
+      echo "      -- last 40 lines of $(basename "$5"):"
+      tail -n 40 "$5" | sed 's/^/      | /'
+    fi
+    {
+      echo "######## $1: $2 ($3 s) ########"
+      if [ "$(wc -l <"$5")" -gt 3000 ]; then
+        head -n 500 "$5"
+        echo "[... $(($(wc -l <"$5") - 2500)) lines left out: logs.tar.gz has them ...]"
+        tail -n 2000 "$5"
+      else
+        cat "$5"
+      fi
+    } >>"$OUT_DIR/steps.log"
   fi
-  echo "-- $1"
-  echo "   logs: $LOG"
+  write_verdict
 }
 
-mkdir -p "$LOG"
+# The seconds a step may take: its own limit, or what is left of the budget.
+limit() {
+  local left=$((BUDGET - $(elapsed) - 5))
+  [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
 
-# 1. nvidia-smi: is there a GPU and a driver at all?
-if ! command -v nvidia-smi >/dev/null 2>&1; then
-  step nvidia-smi FAIL "nvidia-smi not found (no NVIDIA driver installed)"
-  verdict "no GPU: nothing verified"
-  exit 1
-fi
-if ! nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$LOG/nvidia-smi.txt" 2>&1 ||
-  ! grep -q . "$LOG/nvidia-smi.txt"; then
-  step nvidia-smi FAIL "nvidia-smi lists no GPU: $(head -c 200 "$LOG/nvidia-smi.txt" | tr '\n' ' ')"
-  verdict "no GPU: nothing verified"
-  exit 1
-fi
-NGPU=$(wc -l <"$LOG/nvidia-smi.txt")
-GPU_NAME=$(head -1 "$LOG/nvidia-smi.txt" | cut -d, -f1 | sed 's/ *$//')
-DRIVER=$(head -1 "$LOG/nvidia-smi.txt" | cut -d, -f2 | tr -d ' ')
-step nvidia-smi PASS "$NGPU x $GPU_NAME, driver $DRIVER"
+# gtest's counts from a log: "N passed, M skipped, K failed: names".
+gtest_counts() {
+  local passed skipped failed
+  passed=$(grep -oE '^\[  PASSED  \] [0-9]+ test' "$1" | grep -oE '[0-9]+' | sort -n | tail -1)
+  skipped=$(grep -oE '^\[  SKIPPED \] [0-9]+ test' "$1" | grep -oE '[0-9]+' | sort -n | tail -1)
+  failed=$(grep -oE '^\[  FAILED  \] [A-Za-z0-9_]+\.[A-Za-z0-9_/]+' "$1" | awk '{print $4}' | sort -u |
+    awk '{ n++; if (n <= 4) printf "%s ", $0 } END { if (n > 4) printf "and %d more", n - 4 }')
+  printf '%s passed, %s skipped' "${passed:-0}" "${skipped:-0}"
+  [ -n "$failed" ] && printf ', failed: %s' "$failed"
+}
 
-# 2. Build with CUDA.
-if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDACXX=/usr/local/cuda/bin/nvcc; fi
-if (export MESHRT_BUILD_DIR="$BUILD" && cd "$ROOT" &&
-  bash -c 'source scripts/common.sh; configure_and_build -DMESHRT_WITH_CUDA=ON') >"$LOG/build.txt" 2>&1; then
-  step build PASS "-DMESHRT_WITH_CUDA=ON into $BUILD"
-else
-  step build FAIL "see $LOG/build.txt: $(grep -m1 -i 'error' "$LOG/build.txt" | head -c 150)"
-  verdict "CUDA backend NOT verified on $GPU_NAME: the build failed"
-  exit 1
-fi
-
-# 3. The driver against the CUDA runtime the build links.
-# shellcheck source=/dev/null
-source "$ROOT/scripts/common.sh"
-set +e
-MESHRT_BUILD_DIR=$BUILD
-mpi_local_environment
-MPIEXEC=$(sed -n 's/^MPIEXEC_EXECUTABLE:[A-Z]*=//p' "$BUILD/CMakeCache.txt")
-MPIEXEC=${MPIEXEC:-mpiexec}
-"$BUILD/apps/meshrt-info" >"$LOG/meshrt-info.txt" 2>&1
-CUDA_LINE=$(grep -m1 '^  CUDA  *runtime' "$LOG/meshrt-info.txt" | sed 's/^  CUDA *//')
-if grep -q '^  CUDA .*runtime [0-9.]*, driver [0-9.]*; [0-9]* device' "$LOG/meshrt-info.txt"; then
-  step "driver vs runtime" PASS "$CUDA_LINE"
-else
-  step "driver vs runtime" FAIL "${CUDA_LINE:-meshrt-info printed no CUDA line} (a driver older than the runtime gives cudaErrorInsufficientDriver)"
-fi
-
-# 4. The device suite on CUDA, every GPU skip a failure. NCCL refuses two ranks of one
-# communicator on one device: runtime_cuda sizes its NCCL lines to the GPU count (one rank
-# each with one GPU) and runs at up to 4 ranks; the NCCL bootstrap needs one
-# GPU per rank, so it runs at min(GPUs, 8) ranks; runtime_emulated's program on cuda
-# needs 4 ranks on 4 GPUs (its 2x2 mesh) and runs only where there are 4; device_comm and
-# device_data_plane (written for 2 and 4 ranks) run at 2 or 4 ranks where there are 2 GPUs.
-NP=$((NGPU < 8 ? NGPU : 8))
-export MESHRT_ACCELERATOR=cuda MESHRT_REQUIRE_GPU=1
-suite_failed=()
-suite_ran=()
-run_test() {  # run_test NAME NP [gtest args]
-  local t=$1 np=$2 bin
-  shift 2
-  bin=$(find "$BUILD/tests" -type f -name "$t" -perm -u+x | head -1)
-  if [ -z "$bin" ]; then
-    suite_failed+=("$t(not built)")
-    return
+# run NAME LIMIT CHECK COMMAND...: COMMAND (a bundle program, with its arguments) under
+# `timeout`, its output in $LOG/NAME.txt. CHECK is gtest (counts in the detail) or a
+# string the output must hold.
+run() {
+  local name=$1 lim check=$3 t0 rc detail f=$LOG/$1.txt
+  lim=$(limit "$2")
+  shift 3
+  if [ "$lim" -lt 10 ]; then
+    record "$name" FAIL 0 "not run: the budget of $BUDGET s is spent"
+    return 1
   fi
-  if [ "$np" = 0 ]; then
-    timeout 120 "$bin" "$@" >"$LOG/$t.txt" 2>&1 || suite_failed+=("$t")
+  local program=$1
+  [ "$program" = mpiexec ] && program=$4
+  if [ ! -x "$BUNDLE/bin/$program" ]; then
+    if [ "$REHEARSAL" = 1 ]; then
+      record "$name" SKIP 0 "$program is not in this bundle (a build without CUDA)"
+      return 0
+    fi
+    record "$name" FAIL 0 "expected $program in the bundle, found none"
+    return 1
+  fi
+  t0=$SECONDS
+  echo "\$ $*" >"$f"
+  timeout -k 10 "$lim" "${WRAP[@]}" "$@" >>"$f" 2>&1
+  rc=$?
+  if [ "$check" = gtest ]; then detail=$(gtest_counts "$f"); else detail=""; fi
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    record "$name" FAIL $((SECONDS - t0)) "timed out after $lim s ${detail:+($detail)}" "$f"
+    return 1
+  elif [ $rc -ne 0 ]; then
+    record "$name" FAIL $((SECONDS - t0)) "exit code $rc ${detail:+($detail)}" "$f"
+    return 1
+  elif [ "$check" != gtest ] && ! grep -q -- "$check" "$f"; then
+    record "$name" FAIL $((SECONDS - t0)) "expected '$check' in its output, found none" "$f"
+    return 1
+  fi
+  record "$name" PASS $((SECONDS - t0)) "${detail:-ok}" "$f"
+}
+
+# 1. The bundle: unpacked under $WORK (a tarball keeps its modes through any copy).
+BUNDLE_SRC=${MESHRT_GPU_BUNDLE:-$ROOT/gpu-bundle/meshrt-gpu-bundle.tar.gz}
+if [ -d "$BUNDLE_SRC" ] && [ -f "$BUNDLE_SRC/env.sh" ]; then
+  BUNDLE=$(cd "$BUNDLE_SRC" && pwd)
+elif [ -f "$BUNDLE_SRC" ]; then
+  BUNDLE=$WORK/bundle
+  mkdir -p "$BUNDLE"
+  if ! tar -C "$BUNDLE" -xzf "$BUNDLE_SRC" 2>"$LOG/bundle.txt"; then
+    record bundle FAIL 0 "could not unpack $BUNDLE_SRC: $(head -c 200 "$LOG/bundle.txt")" "$LOG/bundle.txt"
+    HEADLINE="nothing verified: the bundle did not unpack"
+    finish 1
+  fi
+else
+  record bundle FAIL 0 "expected the bundle at $BUNDLE_SRC (scripts/gpu-bundle.sh makes it; carry gpu-bundle), found none"
+  HEADLINE="nothing verified: no bundle"
+  finish 1
+fi
+cp "$BUNDLE/MANIFEST.txt" "$LOG/MANIFEST.txt" 2>/dev/null
+manifest() { sed -n "s/^$1: *//p" "$BUNDLE/MANIFEST.txt" | head -1; }
+record bundle PASS "$(elapsed)" "source $(manifest source); cuda $(manifest cuda | cut -d, -f1); NCCL built $(manifest nccl-built | cut -d' ' -f1)"
+
+# 2. The GPU.
+NGPU=1
+if [ "$REHEARSAL" = 1 ]; then
+  record gpu SKIP 0 "rehearsal: no GPU, the suites run on the emulated accelerator with one device"
+else
+  SMI=$(command -v nvidia-smi || ls /usr/local/nvidia/bin/nvidia-smi 2>/dev/null)
+  if [ -z "$SMI" ]; then
+    record gpu FAIL 0 "nvidia-smi not found (no NVIDIA driver)"
+    HEADLINE="no GPU: nothing verified"
+    finish 1
+  fi
+  if ! timeout 30 "$SMI" --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader \
+    >"$LOG/gpu.txt" 2>&1 || ! grep -q , "$LOG/gpu.txt"; then
+    record gpu FAIL 0 "nvidia-smi lists no GPU: $(head -c 200 "$LOG/gpu.txt" | tr '\n' ' ')" "$LOG/gpu.txt"
+    HEADLINE="no GPU: nothing verified"
+    finish 1
+  fi
+  NGPU=$(grep -c , "$LOG/gpu.txt")
+  IFS=, read -r GPU_NAME DRIVER MEM MODE <"$LOG/gpu.txt"
+  GPU_NAME=$(echo "$GPU_NAME" | xargs)
+  MODE=$(echo "$MODE" | xargs)
+  if [ "$MODE" != Default ]; then
+    # Under Exclusive_Process a second process on the GPU fails at its first CUDA call.
+    record gpu FAIL 0 "$NGPU x $GPU_NAME, compute mode $MODE: expected Default (several ranks share one GPU)" "$LOG/gpu.txt"
   else
-    timeout 180 "$MPIEXEC" -n "$np" "$bin" "$@" >"$LOG/$t.txt" 2>&1 || suite_failed+=("$t@$np")
+    record gpu PASS 0 "$NGPU x $GPU_NAME,$MEM, driver$DRIVER" "$LOG/gpu.txt"
   fi
-  suite_ran+=("$t")
-}
-run_test unit_functions 0 --gtest_filter='*Cuda*'
-run_test runtime_cuda $((NGPU >= 4 ? 4 : 2))
-run_test mpi_group_nccl "$NP"
-if [ "$NGPU" -ge 4 ]; then run_test runtime_emulated 4; fi
-if [ "$NGPU" -ge 2 ]; then
-  run_test device_comm $((NGPU >= 4 ? 4 : 2))
-  run_test device_data_plane $((NGPU >= 4 ? 4 : 2))
-fi
-if [ ${#suite_failed[@]} -eq 0 ]; then
-  step "device suite on CUDA" PASS "${suite_ran[*]} (mpi_group_nccl at $NP rank(s), one per GPU)"
-else
-  step "device suite on CUDA" FAIL "failed: ${suite_failed[*]} (logs in $LOG)"
 fi
 
-# 5. Device collectives through meshrt against NCCL by hand.
-if timeout 300 "$MPIEXEC" -n "$NP" "$BUILD/apps/meshrt-bench" device-collectives \
-  --json "$LOG/device-collectives.json" >"$LOG/device-collectives.txt" 2>&1; then
-  step "device collectives" PASS "$NP rank(s) vs NCCL by hand"
-  # The table rows (op, bytes, ..., ratio) at 1 MiB and up; ratio = meshrt time / NCCL's.
+# 3. The libraries: glibc, NCCL, and every bundle file resolving its libraries.
+find_nccl() {
+  local d
+  if [ -n "${MESHRT_NCCL_LIB_DIR:-}" ]; then echo "$MESHRT_NCCL_LIB_DIR"; return; fi
+  if [ -z "$SYSROOT" ] && command -v python3 >/dev/null; then
+    d=$(timeout 30 python3 -c 'import os, nvidia.nccl; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+    [ -f "$d/libnccl.so.2" ] && { echo "$d"; return; }
+  fi
+  for d in "$SYSROOT"/opt/*/.venv/lib/python3*/site-packages/nvidia/nccl/lib \
+    "$SYSROOT"/{opt/*,usr/local,usr}/lib/python3*/{site,dist}-packages/nvidia/nccl/lib \
+    "$SYSROOT"/usr/local/cuda*/lib{,64} "$SYSROOT"/usr/lib/x86_64-linux-gnu; do
+    [ -f "$d/libnccl.so.2" ] && { echo "${d#"$SYSROOT"}"; return; }
+  done
+  d=$(timeout 30 find "$SYSROOT"/opt "$SYSROOT"/usr "$SYSROOT"/root -name libnccl.so.2 -print -quit 2>/dev/null)
+  [ -n "$d" ] && dirname "${d#"$SYSROOT"}"
+}
+libs_ok=1
+libs_detail=""
+GLIBC_HERE=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+GLIBC_NEEDED=$(manifest glibc | cut -d' ' -f1)
+if [ -n "$GLIBC_NEEDED" ] && [ -n "$GLIBC_HERE" ] &&
+  [ "$(printf '%s\n%s\n' "$GLIBC_NEEDED" "$GLIBC_HERE" | sort -V | head -1)" != "$GLIBC_NEEDED" ]; then
+  libs_ok=0
+  libs_detail="glibc $GLIBC_HERE here, the bundle needs $GLIBC_NEEDED (make it on an older system); "
+fi
+if grep -q '^cuda: *[0-9]' "$BUNDLE/MANIFEST.txt"; then
+  NCCL_DIR=$(find_nccl)
+  if [ -z "$NCCL_DIR" ]; then
+    libs_ok=0
+    libs_detail+="libnccl.so.2 not found (set MESHRT_NCCL_LIB_DIR to its folder); "
+  else
+    export MESHRT_NCCL_LIB_DIR=$NCCL_DIR
+    libs_detail+="NCCL from $NCCL_DIR; "
+  fi
+fi
+# shellcheck source=/dev/null
+source "$BUNDLE/env.sh"
+: >"$LOG/libraries.txt"
+unresolved=0
+traced=0
+while read -r f; do
+  # (read through SYSROOT: in the rehearsal NCCL's stand-in is inside the chroot only)
+  [ "$(head -c 4 "${SYSROOT}$f" | tr -d '\0')" = $'\x7fELF' ] || continue
+  traced=$((traced + 1))
+  # What ld.so loads for it (ldd's way, which needs no shell inside a chroot): it stops
+  # at a missing library with "error while loading shared libraries: NAME: ...".
+  if ! timeout 20 "${WRAP[@]}" /lib64/ld-linux-x86-64.so.2 --list "$f" >"$WORK/trace.txt" 2>&1 ||
+    grep -q 'not found' "$WORK/trace.txt"; then
+    unresolved=$((unresolved + 1))
+    echo "${f#"$BUNDLE"/}:" >>"$LOG/libraries.txt"
+    grep -v '=> /' "$WORK/trace.txt" | sed 's/^/  /' >>"$LOG/libraries.txt"
+  fi
+done < <(find "$BUNDLE/bin" "$BUNDLE/lib" -type f | sort
+  # the machine's NCCL, with the bundle's libstdc++ before its own
+  [ -n "${MESHRT_NCCL_LIB_DIR:-}" ] && echo "$MESHRT_NCCL_LIB_DIR/libnccl.so.2")
+if [ "$unresolved" -gt 0 ]; then
+  libs_ok=0
+  libs_detail+="$unresolved of $traced programs and libraries with a library not found: $(sed -n -e 's/.*[[:space:]]\([^[:space:]]*\) => not found.*/\1/p' \
+    -e 's/.*error while loading shared libraries: \([^:]*\):.*/\1/p' "$LOG/libraries.txt" | sort -u | tr '\n' ' ')"
+else
+  libs_detail+="all $traced programs and libraries resolve theirs"
+fi
+echo "$libs_detail" >>"$LOG/libraries.txt"
+if [ $libs_ok = 1 ]; then record libraries PASS "$(elapsed)" "$libs_detail" "$LOG/libraries.txt"; else
+  record libraries FAIL "$(elapsed)" "$libs_detail" "$LOG/libraries.txt"
+fi
+
+# 4. The driver against the bundled CUDA runtime, and the NCCL loaded (meshrt-info, one
+# process: Open MPI's singleton start, which runs the bundle's orted).
+if [ "$REHEARSAL" = 1 ]; then
+  run meshrt-info 60 "world size 1" meshrt-info
+else
+  if run meshrt-info 60 "world size 1" meshrt-info; then
+    CUDA_LINE=$(grep -m1 '^  CUDA  *runtime' "$LOG/meshrt-info.txt" | sed 's/^  CUDA *//')
+    NCCL_LINE=$(grep -m1 '^  NCCL ' "$LOG/meshrt-info.txt" | sed 's/^  NCCL *//')
+    if grep -q '^  CUDA .*runtime [0-9.]*, driver [0-9.]*; [1-9][0-9]* device' "$LOG/meshrt-info.txt"; then
+      record "driver vs runtime" PASS 0 "$CUDA_LINE; NCCL $NCCL_LINE loaded"
+    else
+      record "driver vs runtime" FAIL 0 "${CUDA_LINE:-meshrt-info printed no CUDA line} (a driver older than the runtime gives cudaErrorInsufficientDriver)"
+    fi
+  fi
+fi
+
+# 5. Open MPI from the bundle at 2 ranks.
+run mpi@2 60 "world size 2" mpiexec -n 2 meshrt-info
+
+# 6. The device suites. NCCL refuses two ranks of one communicator on one device (before
+# 2.30), so the MPI suites run at one rank per GPU, up to 4; runtime_cuda sizes its NCCL
+# lines to the GPU count, so it also runs at 2 and 4 ranks on one GPU (lines of one rank).
+# Until every test that needs a second rank says so and skips (issue 29), the three that
+# fail at one rank are left out there by name.
+if [ "$REHEARSAL" = 1 ]; then
+  export MESHRT_ACCELERATOR=emulated MESHRT_REQUIRE_GPU=0
+else
+  export MESHRT_ACCELERATOR=cuda MESHRT_REQUIRE_GPU=1
+fi
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN} MESHRT_TEST_WATCHDOG=${MESHRT_TEST_WATCHDOG:-80} GTEST_COLOR=no
+NP=$((NGPU < 4 ? NGPU : 4))
+one_rank_filter=()
+if [ "$NP" = 1 ]; then
+  one_rank_filter=(--gtest_filter='-DeviceComm.RefusesTwoRanksOnOneDeviceOnEveryRank:DeviceComm.AFaultOnOneRankNeverLeavesItsPeersWaiting:DeviceDataPlane.SendsBetweenSubMeshesOverExactlyTheirRanks')
+fi
+# unit_functions' plugin test loads a library by its path in the build folder.
+run unit_functions 60 gtest unit_functions --gtest_filter='-Registry.LoadLibraryAddsItsFunctions'
+run unit_tensor 60 gtest unit_tensor
+run unit_device 60 gtest unit_device
+run "device_comm@$NP" 90 gtest mpiexec -n "$NP" device_comm "${one_rank_filter[@]}"
+run "device_data_plane@$NP" 90 gtest mpiexec -n "$NP" device_data_plane "${one_rank_filter[@]}"
+# (On emulated, as a one-GPU node: one device, so its lines shrink to one rank.)
+MESHRT_EMULATED_DEVICES=1 run runtime_cuda@2 90 gtest mpiexec -n 2 runtime_cuda
+MESHRT_EMULATED_DEVICES=1 run runtime_cuda@4 90 gtest mpiexec -n 4 runtime_cuda
+run "mpi_group_nccl@$NP" 60 gtest mpiexec -n "$NP" mpi_group_nccl
+
+# 7. Device collectives through meshrt against NCCL by hand (at one rank a copy: the
+# figures are the per-call overhead only; transports need two GPUs or more).
+bench_args=(device-collectives --json "$LOG/device-collectives.json" --benchmark_color=false)
+[ "$REHEARSAL" = 1 ] && bench_args+=(--quick "--benchmark_filter=/(8|1048576)/")
+if run "device-collectives@$NP" 150 "device-collectives on" mpiexec -n "$NP" meshrt-bench "${bench_args[@]}"; then
   FIGURES=$(awk '$1 ~ /^(all_reduce|all_gather|reduce_scatter|all_to_all|send)$/ && $2 >= 1048576 {
     printf "  %-15s %10s B  meshrt %9s us  nccl %9s us  ratio %s\n", $1, $2, $3, $4, $NF }' \
-    "$LOG/device-collectives.txt" | head -30)
-else
-  step "device collectives" FAIL "see $LOG/device-collectives.txt"
+    "$LOG/device-collectives@$NP.txt" | head -24)
+  [ "$NP" = 1 ] && [ -n "$FIGURES" ] && FIGURES="  (1 rank: NCCL copies locally, so this is overhead only)
+$FIGURES"
 fi
 
-if [ $FAILED -eq 0 ]; then
-  verdict "CUDA backend verified on $GPU_NAME ($NGPU GPU(s), driver $DRIVER)"
-  exit 0
+# 8. The CPU side on this machine's processor (OpenBLAS picks its kernels at run time):
+# the demo on CPU meshes (on one GPU its 2x2 mesh would put two ranks of a line on it).
+MESHRT_ACCELERATOR=none run meshrt-demo@4 60 PASS mpiexec -n 4 meshrt-demo --mesh 2x2 --steps 30 --hidden 64 --log-every 10
+
+if [ "$FAILED" = 0 ]; then
+  if [ "$REHEARSAL" = 1 ]; then
+    HEADLINE="rehearsal passed: the bundle runs with only glibc beside it (CUDA itself NOT verified here)"
+  else
+    HEADLINE="CUDA backend verified on $GPU_NAME ($NGPU GPU(s)); what needs 2+ GPUs is not"
+  fi
+  finish 0
 fi
-verdict "CUDA backend NOT verified on $GPU_NAME: see the FAIL lines above"
-exit 1
+HEADLINE="NOT verified on $GPU_NAME: see the FAIL lines"
+finish 1

@@ -7,6 +7,7 @@
 #   MESHRT_TEST_SLURM=0   skip the Slurm templates
 #   MESHRT_TEST_SANITIZERS=1  also run the suite under ASan+UBSan (scripts/test-sanitizers.sh;
 #                         a second full build in build-asan: off by default, see its timing)
+#   MESHRT_TEST_GPU_BUNDLE=0  skip the GPU machine's bundle and its rehearsal
 source "$(dirname "$0")/common.sh"
 # The source checks first: a second each, so a formatting slip, an include across the
 # module lines or a comment or doc naming a missing path fails before the build
@@ -52,5 +53,17 @@ if [ "${MESHRT_TEST_SLURM:-1}" = 1 ]; then
     "$MESHRT_ROOT/tests/slurm/run_slurm_tests.sh" "$MESHRT_BUILD_DIR"
   else
     echo "== slurm templates: skipped (needs root; MESHRT_TEST_SLURM=0 hides this)"
+  fi
+fi
+
+# The GPU machine's bundle packed from this build and rehearsed with only glibc beside its
+# programs (scripts/gpu-bundle.sh, scripts/gpu-bundle-rehearse.sh; docs/gpu.md; needs root).
+if [ "${MESHRT_TEST_GPU_BUNDLE:-1}" = 1 ]; then
+  if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
+    echo "== GPU bundle rehearsal"
+    "$MESHRT_ROOT/scripts/gpu-bundle.sh" --from "$MESHRT_BUILD_DIR" --out "$MESHRT_BUILD_DIR/gpu-bundle"
+    "$MESHRT_ROOT/scripts/gpu-bundle-rehearse.sh" "$MESHRT_BUILD_DIR/gpu-bundle/meshrt-gpu-bundle.tar.gz"
+  else
+    echo "== GPU bundle rehearsal: skipped (needs root and mount namespaces; MESHRT_TEST_GPU_BUNDLE=0 hides this)"
   fi
 fi
