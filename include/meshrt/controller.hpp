@@ -109,6 +109,8 @@ class Arg {
   // Mesh::from_host). The command leaves later; the copy keeps what the call saw.
   Arg(const Tensor& t) : value_(t.clone()) {}
   Arg(std::initializer_list<Arg> items);
+  // A list of any length, built at run time (a braced list is the literal form).
+  static Arg list(std::vector<Arg> items);
 
   const Value& value() const noexcept { return value_; }
   const std::vector<DTensor>& tensors() const noexcept { return tensors_; }

@@ -175,6 +175,18 @@ Arg::Arg(std::initializer_list<Arg> items) {
   value_ = Value(std::move(list));
 }
 
+Arg Arg::list(std::vector<Arg> items) {
+  Value::List values;
+  values.reserve(items.size());
+  Arg out(Value{});
+  for (Arg& a : items) {
+    values.push_back(std::move(a.value_));
+    out.tensors_.insert(out.tensors_.end(), a.tensors_.begin(), a.tensors_.end());
+  }
+  out.value_ = Value(std::move(values));
+  return out;
+}
+
 // ------------------------------------------------------------------ Stream
 
 const std::string& Stream::name() const {

@@ -8,15 +8,25 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "common/backoff.hpp"
+#include "meshrt/internal/controller.hpp"
 #include "meshrt/internal/settings.hpp"
 #include "meshrt/log.hpp"
 
 namespace meshrt::detail {
+
+namespace {
+std::atomic<WaitCheck> wait_check{nullptr};
+}  // namespace
+
+void set_wait_check(WaitCheck check) noexcept {
+  wait_check.store(check, std::memory_order_relaxed);
+}
 
 std::vector<int> to_dests(const NDSlice& slice) {
   std::vector<int> out;
@@ -291,6 +301,7 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
   // Not with the status tree, where worker 0's report may travel through a parent.
   const bool bell = !tree_ && batcher_.has_reply_doorbell();
   Backoff bell_backoff(detail::kReplyBell);
+  auto next_check = start + kWaitCheckInterval;
   for (;;) {
     const std::uint64_t rung = bell ? batcher_.reply_rings() : 0;
     poll_replies();
@@ -333,6 +344,11 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
       }
       timeout_what_ = text;
       throw TimeoutError(text, report.behind);
+    }
+    // The embedding program's check (a Ctrl-C in Python), which may end the wait.
+    if (const WaitCheck check = wait_check.load(std::memory_order_relaxed); check && start + waited >= next_check) {
+      next_check = start + waited + kWaitCheckInterval;
+      check();
     }
     if (bell && tracker_.owes(control::kControllerRank, ident))
       bell_backoff.pause([&](std::chrono::microseconds d) { batcher_.wait_reply_ring(rung, d); });

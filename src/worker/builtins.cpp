@@ -1,4 +1,5 @@
 // Built-in functions that need the worker's view of the mesh.
+#include "meshrt/device.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/internal/comm.hpp"
 #include "meshrt/internal/device.hpp"
@@ -7,9 +8,10 @@ namespace meshrt {
 namespace {
 
 std::vector<Tensor> mesh_coordinate(CallContext& ctx, Args& args) {
-  Tensor t = Tensor::empty(TensorMeta({}, DType::Int64));
-  t.data<std::int64_t>()[0] = ctx.coordinate(args.string(0));
-  return {t};
+  Tensor t = Tensor::from<std::int64_t>({}, {ctx.coordinate(args.string(0))});
+  // On an accelerator mesh the output is on the rank's device, as the shape function says.
+  if (ctx.device().is_cpu()) return {t};
+  return {device::to_device(t, ctx.device(), device::stream_for(ctx.stream_id(), ctx.device()))};
 }
 
 Signature mesh_coordinate_shape(const ArgMetas& args) {

@@ -1,0 +1,494 @@
+"""The controller API from Python (4 ranks): meshes, calls and their arguments, reductions,
+sends, streams and borrows, fetches and futures, the controller's own methods, on the CPU
+and on the emulated accelerator; and the unhappy paths: call sites named by the Python
+line, timeouts, remote failures, dropped and stale handles, Ctrl-C during a wait.
+
+Every test calls meshrt.run once on every rank; the assertions about the run are made in
+main, on rank 0 (an assertion error there is re-raised by run on rank 0)."""
+import ctypes
+import os
+import pathlib
+import re
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+# Before meshrt starts: the emulated accelerator, so that both kinds of mesh are tested.
+os.environ.setdefault("MESHRT_ACCELERATOR", "emulated")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import meshrt  # noqa: E402
+
+# test.block and test.sigint (tests/python/blocking_functions.cpp), registered on every rank
+# before the start-up handshake compares the function tables.
+_FUNCTIONS = os.environ.get("MESHRT_PYTHON_TEST_FUNCTIONS") or str(
+    pathlib.Path(meshrt._core.__file__).parents[2] / "tests" / "python" / "libmeshrt_python_test_functions.so")
+ctypes.CDLL(_FUNCTIONS)
+
+KINDS = ["cpu", "emulated"]
+HERE = os.path.basename(__file__)
+
+
+def here():
+    """The caller's line number."""
+    return sys._getframe(1).f_lineno
+
+
+def site(line, function="main"):
+    return f"{HERE}:{line} ({function})"
+
+
+def value(ctl, t, **coords):
+    return ctl.fetch_shard(t, **coords).result(timeout=60).numpy()
+
+
+def release_path():
+    return os.path.join(tempfile.gettempdir(), f"meshrt-pytest-{uuid.uuid4().hex}")
+
+
+def interrupt_when_on(line):
+    """Ctrl-C (SIGINT to this process) once the main thread is on `line`."""
+    main_thread = threading.main_thread().ident
+
+    def interrupt():
+        while sys._current_frames()[main_thread].f_lineno != line:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+
+
+def test_caller_site_reads_back_through_source_location():
+    line = here() + 1
+    file, function, at = meshrt._core._caller_site()
+    assert (os.path.basename(file), function, at) == (HERE, "test_caller_site_reads_back_through_source_location",
+                                                       line)
+    # The same line again is the same interned site.
+    sites = [meshrt._core._caller_site() for _ in range(3)]
+    assert sites[0] == sites[1] == sites[2]
+
+
+def test_rank_and_world_size():
+    assert meshrt.world_size() == 4
+    rank = meshrt.rank()
+
+    def main(ctl):
+        assert ctl.world_size == 4
+        assert ctl.worker_ranks == [0, 1, 2, 3]
+        assert ctl.accelerator == meshrt.DeviceKind.EMULATED
+        assert str(ctl.accelerator) == "emulated"
+        return rank
+
+    assert meshrt.run(main) == (0 if rank == 0 else None)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_mesh(kind):
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind=kind)
+        assert mesh == ctl.world_mesh([("dp", 2), ("tp", 2)], kind=kind)
+        assert mesh.names == ["dp", "tp"]
+        assert mesh.sizes == [2, 2]
+        assert mesh.ranks == [0, 1, 2, 3]
+        assert mesh.size("tp") == 2
+        assert repr(mesh) == "meshrt.Mesh({'dp': 2, 'tp': 2}, ranks [0, 1, 2, 3])"
+        row = mesh.slice("dp", 1)
+        assert (row.names, row.ranks) == (["tp"], [2, 3])
+        col = mesh.slice("tp", 1, 2)
+        assert (col.names, col.sizes, col.ranks) == (["dp", "tp"], [2, 1], [1, 3])
+        every_other = ctl.world_mesh({"x": 4}, kind=kind).slice("x", 0, 4, 2)
+        assert every_other.ranks == [0, 2]
+        renamed = mesh.rename("tp", "model")
+        assert renamed.names == ["dp", "model"]
+        assert mesh.flatten("all").names == ["all"]
+        assert mesh.flatten("all").ranks == [0, 1, 2, 3]
+        split = ctl.world_mesh({"x": 4}, kind=kind).split("x", {"a": 2, "b": 2})
+        assert (split.names, split.sizes) == (["a", "b"], [2, 2])
+        assert ctl.world_mesh({"x": 4}, kind=kind).split("x", [("a", 2), ("b", 2)]) == split
+        # rank(dim): each rank's coordinate, as an int64 0-d tensor.
+        r = mesh.rank("tp")
+        assert r.meta.shape == () and r.meta.dtype == meshrt.int64
+        assert r.meta.device.type == kind
+        assert r.mesh == mesh
+        assert [int(value(ctl, r, dp=d, tp=t)) for d in range(2) for t in range(2)] == [0, 1, 0, 1]
+
+    meshrt.run(main)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_call_arguments(kind):
+    def main(ctl):
+        mesh = ctl.world_mesh({"x": 4}, kind=kind)
+        # Shapes as tuples or lists; dtypes of meshrt, numpy and torch, or names.
+        for dtype, expected in [(meshrt.float32, meshrt.float32), (np.float64, meshrt.float64),
+                                (np.dtype("int32"), meshrt.int32), (torch.int64, meshrt.int64),
+                                ("float16", meshrt.float16)]:
+            t = mesh.call("meshrt.full", (2, 3), dtype, 1)
+            assert t.meta.shape == (2, 3) and t.meta.dtype == expected
+        t = mesh.call("meshrt.full", [4], meshrt.float32, np.float32(2.5))  # a numpy scalar is a number
+        np.testing.assert_array_equal(value(ctl, t, x=1), np.full(4, 2.5, np.float32))
+        assert mesh.call("meshrt.full", (), meshrt.bool_, True).meta.dtype == meshrt.bool_
+        # Host tensors as arguments: numpy, torch, meshrt.Tensor, sent to every rank.
+        a = np.arange(6, dtype=np.float32).reshape(2, 3)
+        np.testing.assert_array_equal(value(ctl, mesh.call("meshrt.from_host", a), x=3), a)
+        np.testing.assert_array_equal(value(ctl, mesh.call("meshrt.from_host", torch.arange(4.0)), x=2),
+                                      np.arange(4, dtype=np.float32))
+        fetched = ctl.fetch_shard(mesh.call("meshrt.arange", 5, meshrt.int64), x=0).result(timeout=60)
+        np.testing.assert_array_equal(value(ctl, mesh.call("meshrt.from_host", fetched), x=1), np.arange(5))
+        np.testing.assert_array_equal(value(ctl, mesh.from_host(a), x=2), a)
+        np.testing.assert_array_equal(value(ctl, mesh.scatter("x", np.arange(8).reshape(4, 2)), x=3), [[6, 7]])
+        # A DTensor inside a list reaches the shape function as its meta.
+        x = mesh.call("meshrt.full", (3,), meshrt.float32, 1.0)
+        with pytest.raises(meshrt.UsageError, match="float32"):
+            mesh.call("meshrt.fail", "never runs", [x])
+        # One output, several (call_n), none (a function that only mutates).
+        assert mesh.call("meshrt.fill_", x, 7.0) is None
+        np.testing.assert_array_equal(value(ctl, x, x=0), [7, 7, 7])
+        outs = mesh.call_n("meshrt.add", x, x)
+        assert isinstance(outs, list) and len(outs) == 1
+        np.testing.assert_array_equal(value(ctl, outs[0], x=2), [14, 14, 14])
+        # A fetch through a function on the worker.
+        assert float(ctl.fetch_shard(x, preprocess="meshrt.sum", x=1).result(timeout=60).numpy()) == 21.0
+
+    meshrt.run(main)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reductions_and_sends(kind):
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind=kind)
+        x = mesh.call("meshrt.full", (4,), meshrt.float32, 1.0)
+        np.testing.assert_array_equal(value(ctl, x.reduce("tp", "sum"), dp=1, tp=0), [2, 2, 2, 2])
+        np.testing.assert_array_equal(value(ctl, x.reduce("dp", meshrt.Reduction.AVG), dp=0, tp=1), [1, 1, 1, 1])
+        rows = mesh.call("meshrt.full", (2, 3), meshrt.float32, 1.0)
+        scattered = rows.reduce("tp", "SUM", scatter=True)  # reduce_scatter: one row each
+        assert scattered.meta.shape == (3,)
+        np.testing.assert_array_equal(value(ctl, scattered, dp=0, tp=1), [2, 2, 2])
+        r = mesh.rank("tp")
+        g = r.reduce("tp", meshrt.Reduction.STACK)
+        assert g.meta.shape == (2,)
+        np.testing.assert_array_equal(value(ctl, g, dp=0, tp=0), [0, 1])
+        # In place: the same handle, its value changed.
+        y = mesh.call("meshrt.full", (2,), meshrt.float32, 3.0)
+        assert y.reduce_("tp", "sum") is y
+        np.testing.assert_array_equal(value(ctl, y, dp=0, tp=0), [6, 6])
+        # Sends: positional, to a slice, and in a permutation's order.
+        z = y.slice_mesh("dp", 0).to_mesh(mesh.slice("dp", 1))
+        assert z.mesh == mesh.slice("dp", 1)
+        np.testing.assert_array_equal(value(ctl, z, tp=1), [6, 6])
+        ring = ctl.world_mesh({"x": 4}, kind=kind)
+        c = ring.rank("x")
+        assert [int(value(ctl, c.rotate("x", 1), x=i)) for i in range(4)] == [3, 0, 1, 2]
+        rotated = c.to_mesh(ring, meshrt.MeshPermutation.rotate("x", -1))
+        assert [int(value(ctl, rotated, x=i)) for i in range(4)] == [1, 2, 3, 0]
+        mapped = c.to_mesh(ring, permutation=meshrt.MeshPermutation.mapping([1, 0, 3, 2]))
+        assert [int(value(ctl, mapped, x=i)) for i in range(4)] == [1, 0, 3, 2]
+        grid = ctl.world_mesh({"row": 2, "col": 2}, kind=kind)
+        rows = grid.rank("row")
+        flat = grid.call("meshrt.add", grid.call("meshrt.add", rows, rows), grid.rank("col"))  # 2 * row + col
+        t = flat.to_mesh(grid, meshrt.MeshPermutation.transpose("row", "col"))
+        assert [int(value(ctl, t, row=i, col=j)) for i in range(2) for j in range(2)] == [0, 2, 1, 3]
+        p = meshrt.MeshPermutation.transpose("row", "col")
+        assert str(p) == "transpose 'row' and 'col'"
+        assert p.resolve(["row", "col"], [2, 2]) == [0, 2, 1, 3]
+
+    meshrt.run(main)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_streams_and_borrows(kind):
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind=kind)
+        comms = ctl.stream("comms")
+        assert comms.name == "comms" and ctl.stream("comms") == comms
+        assert ctl.default_stream.name == "default" and ctl.default_stream != comms
+        y = mesh.call("meshrt.full", (4,), meshrt.float32, 1.0)
+        assert y.stream == ctl.default_stream
+        b = comms.borrow(y, mutable=True)
+        assert b.stream == comms and repr(comms) == "meshrt.Stream('comms')"
+        b.reduce_("tp", "sum")
+        with pytest.raises(meshrt.UsageError, match="borrowed mutably by stream 'comms'"):
+            y.reduce("tp", "sum")
+        b.drop()
+        with pytest.raises(meshrt.UsageError, match="was dropped"):
+            b.reduce("tp", "sum")
+        with pytest.raises(meshrt.UsageError, match="already dropped"):
+            b.drop()
+        np.testing.assert_array_equal(value(ctl, y, dp=0, tp=1), [2, 2, 2, 2])  # what the borrower wrote
+        on_comms = mesh.call_on(comms, "meshrt.full", (4,), meshrt.float32, 5.0)
+        assert len(on_comms) == 1 and on_comms[0].stream == comms
+        with pytest.raises(meshrt.UsageError, match="borrow them onto one stream"):
+            mesh.call("meshrt.add", on_comms[0], y)
+        ro = comms.borrow(y)
+        np.testing.assert_array_equal(value(ctl, mesh.call("meshrt.add", ro, on_comms[0]), dp=1, tp=1), [7, 7, 7, 7])
+        ro.drop()
+
+    meshrt.run(main)
+
+
+def test_controller_methods():
+    def main(ctl):
+        mesh = ctl.world_mesh({"x": 4})
+        x = mesh.call("meshrt.full", (1024,), meshrt.float32, 1.0).reduce("x", "sum")
+        f = ctl.fetch_shard(x, x=0)
+        ctl.synchronize(timeout=60)
+        assert f.done()
+        assert f.exception() is None
+        ctl.synchronize()
+        assert ctl.live_values(0) >= 1
+        assert isinstance(ctl.release_cached_memory(), int)
+        dump = ctl.dump_flight_recorder()
+        assert isinstance(dump, str) and "meshrt.full" in dump
+        traffic = ctl.control_traffic()
+        assert traffic["sent"]["Command"]["messages"] > 0
+        assert "DTensor(float32[1024]" in repr(x)
+
+    meshrt.run(main)
+
+
+def test_controller_busy_in_python_while_work_runs():
+    def main(ctl):
+        mesh = ctl.world_mesh({"x": 4})
+        x = mesh.call("meshrt.rand", (128, 128), meshrt.float32, 7)
+        for _ in range(8):
+            x = mesh.call("meshrt.scale", mesh.call("meshrt.matmul", x, x), 1.0 / 128)
+        f = ctl.fetch_shard(x.reduce("x", "sum"), x=0)
+        # The controller holds the GIL in pure Python: the workers, rank 0's included,
+        # go on without it.
+        end = time.monotonic() + 1.0
+        spins = 0
+        while time.monotonic() < end:
+            spins += 1
+        assert f.result(timeout=60).shape == (128, 128)
+
+    meshrt.run(main)
+
+
+def test_handles_dropped_by_another_thread_while_the_controller_waits():
+    def main(ctl):
+        mesh = ctl.world_mesh({"x": 4})
+        mesh.call("meshrt.full", (), meshrt.float32, 0.0)  # the mesh and the stream, made on the workers
+        ctl.synchronize()
+        before = ctl.live_values(1)
+        doomed = [mesh.call("meshrt.full", (1 << 15,), meshrt.float32, 1.0) for _ in range(4)]
+        release = release_path()
+        f = ctl.fetch_shard(mesh.call("test.block", release, [1]), x=1)
+        main_thread = threading.main_thread().ident
+
+        def drop():
+            # While the main thread waits in result() (holding the controller): the
+            # handles are destroyed later, by the next call, and nothing deadlocks.
+            while sys._current_frames()[main_thread].f_lineno != line:
+                time.sleep(0.01)
+            time.sleep(0.1)
+            doomed.clear()
+            pathlib.Path(release).touch()
+
+        dropper = threading.Thread(target=drop)
+        line = here() + 2
+        dropper.start()
+        assert float(f.result(timeout=60).numpy()) == 1.0
+        dropper.join()
+        os.unlink(release)
+        ctl.synchronize()
+        assert ctl.live_values(1) == before
+
+    meshrt.run(main)
+
+
+# ---------------------------------------------------------------- unhappy paths
+
+
+def test_usage_errors_name_the_python_line():
+    def main(ctl):
+        mesh = ctl.world_mesh({"x": 4})
+        x = mesh.call("meshrt.full", (4,), meshrt.float32, 1.0)
+        line = here() + 2
+        with pytest.raises(meshrt.UsageError) as e:
+            x.reduce("nope", "sum")
+        assert "unknown mesh dimension 'nope'" in str(e.value)
+        assert f"(at {site(line)})" in str(e.value)
+        line = here() + 2
+        with pytest.raises(meshrt.UsageError, match=r"unknown mesh dimension 'y'.*\(at " + re.escape(site(line))):
+            mesh.size("y")
+        line = here() + 3
+        with pytest.raises(meshrt.UsageError,
+                           match=r"expected sizes that hold the 4 worker ranks.*" + re.escape(site(line))):
+            ctl.world_mesh({"x": 3})
+        with pytest.raises(meshrt.UsageError, match="world_mesh: the size of 'x': expected an int, found str '4'"):
+            ctl.world_mesh({"x": "4"})
+        with pytest.raises(meshrt.UsageError, match="expected kind .* found str 'tpu'"):
+            ctl.world_mesh({"x": 4}, kind="tpu")
+        line = here() + 2
+        with pytest.raises(meshrt.UsageError) as e:
+            mesh.call("meshrt.full", (3, 4), meshrt.float32, {1})
+        assert "meshrt.full: argument 2: expected a DTensor" in str(e.value)
+        assert "found set {1}" in str(e.value) and site(line) in str(e.value)
+        with pytest.raises(meshrt.UsageError, match=r"argument 0\[1\]: .*found object"):
+            mesh.call("meshrt.full", (3, object()), meshrt.float32, 1.0)
+        with pytest.raises(meshrt.UsageError, match="expected a meshrt.Reduction or its name"):
+            x.reduce("x", 3)
+        with pytest.raises(meshrt.UsageError, match="stack"):  # the names it takes
+            x.reduce("x", "total")
+        line = here() + 2
+        with pytest.raises(meshrt.UsageError, match=r"meshrt.full.*" + re.escape(site(line))):
+            mesh.call("meshrt.full", (3, 4), "not-a-dtype", 1.0)
+        with pytest.raises(meshrt.UsageError, match="registered function's name"):
+            mesh.call(42)
+        with pytest.raises(meshrt.UsageError, match="fetch_shard: no coordinate for dimension 'x'"):
+            ctl.fetch_shard(x)
+
+    meshrt.run(main)
+
+
+def test_remote_error_names_the_python_line():
+    def main(ctl):
+        mesh = ctl.world_mesh({"x": 4})
+        line = here() + 1
+        bad = mesh.call("meshrt.fail", "broken on purpose", [2])
+        f = ctl.fetch_shard(bad, x=2)
+        err = f.exception()
+        assert isinstance(err, meshrt.RemoteError) and f.done()
+        assert err.function == "meshrt.fail" and err.ranks == [2]
+        assert "broken on purpose" in err.worker_message
+        assert err.issued_at == site(line)
+        with pytest.raises(meshrt.RemoteError) as e:
+            f.result()
+        assert e.value.issued_at == site(line)
+        assert site(line) in str(e.value)
+        # A failure nobody fetched: synchronize raises it.
+        line = here() + 1
+        mesh.call("meshrt.fail", "unobserved", [1])
+        with pytest.raises(meshrt.RemoteError) as e:
+            ctl.synchronize()
+        assert e.value.issued_at == site(line) and "unobserved" in e.value.worker_message
+        ctl.synchronize()  # reported once
+
+    meshrt.run(main)
+
+
+def test_timeout_names_the_missing_rank():
+    def main(ctl):
+        release = release_path()
+        try:
+            mesh = ctl.world_mesh({"x": 4})
+            line = here() + 1
+            blocked = mesh.call("test.block", release, [3])
+            f = ctl.fetch_shard(blocked, x=3)
+            with pytest.raises(meshrt.TimeoutError) as e:
+                f.result(timeout=0.5)
+            assert isinstance(e.value, TimeoutError)
+            assert e.value.missing_ranks == [3]
+            assert "test.block" in str(e.value) and "within 0.5 s" in str(e.value)
+            assert site(line) in str(e.value)
+            assert not f.done()
+        finally:
+            pathlib.Path(release).touch()
+        assert float(f.result(timeout=60).numpy()) == 1.0
+        os.unlink(release)
+
+    meshrt.run(main)
+
+
+def test_dropped_and_stale_handles():
+    saved = []
+
+    def main(ctl):
+        saved.append(ctl)
+        mesh = ctl.world_mesh({"x": 4})
+        x = mesh.call("meshrt.full", (2,), meshrt.float32, 1.0)
+        b = ctl.stream("side").borrow(x)
+        b.drop()
+        with pytest.raises(meshrt.UsageError, match="dropped; it cannot be used any more"):
+            ctl.fetch_shard(b, x=0)
+        f = ctl.fetch_shard(x, x=0)
+        ctl.restart_workers()
+        for stale in (lambda: x.reduce("x", "sum"), lambda: mesh.slice("x", 0), lambda: mesh.call("meshrt.copy", x),
+                      lambda: ctl.stream("side").borrow(x)):
+            with pytest.raises(meshrt.UsageError, match=r"made before restart_workers\(\)"):
+                stale()
+        del f  # a future from before the restart may be dropped unread
+        fresh = ctl.world_mesh({"x": 4})
+        np.testing.assert_array_equal(value(ctl, fresh.call("meshrt.full", (2,), meshrt.float32, 4.0), x=3), [4, 4])
+        return "ok"
+
+    result = meshrt.run(main)
+    if meshrt.rank() == 0:
+        assert result == "ok"
+        with pytest.raises(meshrt.UsageError, match="session has ended"):
+            saved[0].world_mesh({"x": 4})
+
+
+def test_main_exception_is_reraised_unchanged():
+    class Boom(Exception):
+        pass
+
+    raised = []
+
+    def main(ctl):
+        ctl.world_mesh({"x": 4}).call("meshrt.full", (2,), meshrt.float32, 1.0)
+        raised.append(Boom("from main"))
+        raise raised[0]
+
+    if meshrt.rank() == 0:
+        with pytest.raises(Boom) as e:
+            meshrt.run(main)
+        assert e.value is raised[0]
+        codes = []
+        tb = e.value.__traceback__
+        while tb is not None:
+            codes.append(tb.tb_frame.f_code)
+            tb = tb.tb_next
+        assert codes[-1] is main.__code__
+    else:
+        assert meshrt.run(main) is None
+
+
+def test_runtime_options_are_the_first_runs():
+    with pytest.raises(meshrt.UsageError, match="expected dedicated_controller=False"):
+        meshrt.run(lambda ctl: None, dedicated_controller=True)
+
+
+def test_ctrl_c_interrupts_a_wait_on_rank_0():
+    def main(ctl):
+        release = release_path()
+        try:
+            mesh = ctl.world_mesh({"x": 4})
+            f = ctl.fetch_shard(mesh.call("test.block", release, [1]), x=1)
+            # The kernel blocks until the file exists: result() can end only by the interrupt.
+            line = here() + 3
+            interrupt_when_on(line)
+            with pytest.raises(KeyboardInterrupt) as e:
+                f.result()
+            assert e.traceback[-1].lineno + 1 == line
+            assert not f.done()
+        finally:
+            pathlib.Path(release).touch()
+        # The session goes on: the same future, waited on again.
+        assert float(f.result(timeout=60).numpy()) == 1.0
+        os.unlink(release)
+        return "ok"
+
+    assert meshrt.run(main) == ("ok" if meshrt.rank() == 0 else None)
+
+
+def test_ctrl_c_on_a_worker_rank_is_raised_when_the_session_ends():
+    def main(ctl):
+        mesh = ctl.world_mesh({"x": 4})
+        mesh.call("test.sigint", [1, 2, 3])
+        # The interrupted workers serve on until the controller ends the session.
+        s = mesh.call("meshrt.full", (2,), meshrt.float32, 1.0).reduce("x", "sum")
+        np.testing.assert_array_equal(value(ctl, s, x=3), [4, 4])
+        return "ok"
+
+    if meshrt.rank() == 0:
+        assert meshrt.run(main) == "ok"
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            meshrt.run(main)
