@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common/backoff.hpp"
@@ -126,6 +127,10 @@ class Buffers {
 
 // A member's part ended by an abort (ncclCommAbort ends the kernels in flight).
 struct Aborted {};
+
+// set_enqueue_fault_for_testing: the message the next enqueue on this process fails with.
+std::mutex g_enqueue_fault_mutex;
+std::optional<std::string> g_enqueue_fault;
 
 struct CommState {
   MPI_Comm comm = MPI_COMM_NULL;
@@ -349,6 +354,13 @@ class EmulatedCommunicator final : public Communicator {
                                    s.to_string()));
     }
     {
+      std::lock_guard lock(g_enqueue_fault_mutex);
+      if (g_enqueue_fault) {
+        const std::string message = std::exchange(g_enqueue_fault, std::nullopt).value();
+        throw SystemError(fmt::format("{} on {}: {}", what, describe(), message));
+      }
+    }
+    {
       std::lock_guard lock(state_->mutex);
       if (state_->destroyed) {
         throw UsageError(fmt::format("{}: expected a live communicator, found {} destroyed", what, describe()));
@@ -422,6 +434,11 @@ class EmulatedCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+void set_enqueue_fault_for_testing(std::string message) {
+  std::lock_guard lock(g_enqueue_fault_mutex);
+  g_enqueue_fault = std::move(message);
+}
 
 std::unique_ptr<Communicator> create_emulated_communicator(MPI_Comm members, int device,
                                                            std::chrono::duration<double> timeout) {

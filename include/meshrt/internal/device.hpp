@@ -91,6 +91,10 @@ void release_stream(std::uint64_t stream_id);
 // instead of after the stream's queued work, as if a fetch used another stream without
 // waiting. The emulated accelerator shows the wrong value this gives.
 void set_unordered_fetch_for_testing(bool on) noexcept;
+// The test-only fault of an enqueue: the next operation this process gives an emulated
+// communicator throws SystemError("<op> on <communicator>: <message>") at the call, before
+// anything is posted, as an NCCL call can return an error (fatal to its communicator).
+void set_enqueue_fault_for_testing(std::string message);
 
 // The device communicator (NCCL's ncclComm_t, or the emulated one): made collectively
 // over its members (src/device/comm.hpp); every operation is enqueued on a stream and
