@@ -159,6 +159,12 @@ class CudaBackend final : public Backend {
     touch(index);  // cudaSetDevice creates the primary context (CUDA 12 and up)
     MESHRT_CUDA_CHECK(cudaSetDevice(index));
   }
+  std::string physical_device(int index) const override {
+    check(index, "physical_device");
+    char bus[32] = {};
+    MESHRT_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, static_cast<int>(sizeof bus), index));
+    return fmt::format("the GPU at PCI bus id {}", bus);
+  }
   Stream create_stream(int device) override {
     check(device, "create_stream");
     touch(device);

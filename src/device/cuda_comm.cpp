@@ -8,7 +8,6 @@
 #include "common/backoff.hpp"
 #include "common/mpi_wait.hpp"
 #include "device/backend.hpp"
-#include "device/comm.hpp"
 #include "device/cuda.hpp"
 #include "device/cuda_kernels.hpp"
 
@@ -218,7 +217,7 @@ std::unique_ptr<Communicator> create_nccl_communicator(MPI_Comm members, int dev
   MESHRT_MPI_CHECK(MPI_Comm_rank(members, &rank));
   MESHRT_MPI_CHECK(MPI_Comm_size(members, &size));
   // Before NCCL sees it: NCCL's own "Duplicate GPU detected" names no MPI rank.
-  check_distinct_devices(members, Accelerator::Cuda, device);
+  check_distinct_devices(members, Accelerator::Cuda, device, deadline);
   ncclUniqueId id{};
   if (rank == 0) MESHRT_NCCL_CHECK(ncclGetUniqueId(&id));
   MPI_Request request = MPI_REQUEST_NULL;

@@ -9,6 +9,8 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -69,8 +71,9 @@ class EmulatedBackend final : public Backend {
  public:
   EmulatedBackend();
   Accelerator accelerator() const noexcept override { return Accelerator::Emulated; }
-  int device_count() const override { return devices_; }
+  int device_count() const override { return static_cast<int>(visible_.size()); }
   void make_current(int index) override;
+  std::string physical_device(int index) const override;
   Stream create_stream(int device) override;
   Event create_event(int device) override;
   Tensor empty(const TensorMeta& meta, const Stream& stream) override;
@@ -96,7 +99,9 @@ class EmulatedBackend final : public Backend {
   static int current();
 
  private:
-  int devices_;
+  int node_devices_;                         // MESHRT_EMULATED_DEVICES
+  std::optional<std::string> visible_text_;  // MESHRT_EMULATED_VISIBLE_DEVICES
+  std::vector<int> visible_;                 // device i is the node's visible_[i]
   mutable std::mutex contexts_mutex_;
   std::vector<bool> has_context_;
   std::chrono::microseconds delay_;

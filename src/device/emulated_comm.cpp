@@ -20,7 +20,6 @@
 #include "common/backoff.hpp"
 #include "common/checks.hpp"
 #include "common/mpi_wait.hpp"
-#include "device/comm.hpp"
 #include "device/emulated.hpp"
 
 namespace meshrt::device {
@@ -465,7 +464,7 @@ std::unique_ptr<Communicator> create_emulated_communicator(MPI_Comm members, int
   MPI_Request request = MPI_REQUEST_NULL;
   MESHRT_MPI_CHECK(MPI_Ibcast(id.data(), static_cast<int>(sizeof id), MPI_BYTE, 0, members, &request));
   detail::wait_request(request, deadline, "emulated communicator init", "the unique id's broadcast");
-  check_distinct_devices(members, Accelerator::Emulated, device);
+  check_distinct_devices(members, Accelerator::Emulated, device, deadline);
   MPI_Comm own = MPI_COMM_NULL;
   MESHRT_MPI_CHECK(MPI_Comm_idup(members, &own, &request));
   detail::wait_request(request, deadline, "emulated communicator init", "the communicator's duplication");

@@ -244,6 +244,32 @@ TEST(DeviceBackend, RefusesDevicesOutOfRange) {
   expect_contains(usage_error([&] { emulated().make_current(-1); }), "found -1");
 }
 
+// MESHRT_EMULATED_VISIBLE_DEVICES picks and orders the node's devices this process sees,
+// as CUDA_VISIBLE_DEVICES does GPUs: index i is the i-th listed, named by its place on the
+// node (what tells two ranks on one node apart).
+TEST(DeviceBackend, VisibleDevicesMapIndicesToTheNodesDevices) {
+  const auto with_visible = [](const char* text) {
+    setenv("MESHRT_EMULATED_VISIBLE_DEVICES", text, 1);
+    auto b = std::make_unique<device::EmulatedBackend>();
+    unsetenv("MESHRT_EMULATED_VISIBLE_DEVICES");
+    return b;
+  };
+  auto b = with_visible("5,2");
+  EXPECT_EQ(b->device_count(), 2);
+  EXPECT_EQ(b->physical_device(0), "emulated device 5 of the node");
+  EXPECT_EQ(b->physical_device(1), "emulated device 2 of the node");
+  expect_contains(
+      usage_error([&] { (void)b->create_stream(2); }),
+      "expected an emulated device in 0..1 (MESHRT_EMULATED_DEVICES=8, MESHRT_EMULATED_VISIBLE_DEVICES=5,2)");
+  EXPECT_EQ(emulated().physical_device(3), "emulated device 3 of the node");  // unset: all, in order
+  for (const char* bad : {"8", "1,1", "0,,1", "-1", "x", "0,"}) {
+    expect_contains(usage_error([&] { (void)with_visible(bad); }),
+                    "setting MESHRT_EMULATED_VISIBLE_DEVICES: expected a comma-separated list of distinct emulated "
+                    "devices in 0..7 (MESHRT_EMULATED_DEVICES=8), found \"" +
+                        std::string(bad) + "\"");
+  }
+}
+
 // Tensor's own copies of accelerator memory (to, clone, zeros, copy_from) name no stream:
 // they run as tasks on the device layer's stream after the work already enqueued on the
 // device's streams (a plain host read there is refused, so these are stream tasks), and

@@ -31,11 +31,17 @@ class Backend {
   virtual ~Backend() = default;
   virtual Accelerator accelerator() const noexcept = 0;
   Device::Kind kind() const noexcept { return device_kind(accelerator()); }
-  // Devices visible to this process (emulated: MESHRT_EMULATED_DEVICES per node).
+  // Devices visible to this process (emulated: MESHRT_EMULATED_DEVICES per node, or those
+  // MESHRT_EMULATED_VISIBLE_DEVICES lists).
   virtual int device_count() const = 0;
   // Makes `index` the calling thread's current device (cudaSetDevice; the current
   // device is per thread). Throws UsageError for an index out of range.
   virtual void make_current(int index) = 0;
+  // The physical device behind `index`, named as every process of the node names it,
+  // whichever devices each one sees (cuda: its PCI bus id, as NCCL tells GPUs apart;
+  // emulated: its place among the node's MESHRT_EMULATED_DEVICES, through
+  // MESHRT_EMULATED_VISIBLE_DEVICES). Throws UsageError for an index out of range.
+  virtual std::string physical_device(int index) const = 0;
 
   virtual Stream create_stream(int device) = 0;
   virtual Event create_event(int device) = 0;
@@ -68,7 +74,7 @@ Backend& backend(Accelerator accelerator);
 Backend& backend(Device::Kind kind);
 
 // This rank's device (docs/ARCHITECTURE.md section 7: one device per rank, chosen once at start from
-// the local rank, MESHRT_DEVICE overriding; src/device/comm.hpp select_device). The
+// the local rank, MESHRT_DEVICE overriding; select_device below). The
 // runtime sets it; until then it is device 0 of no accelerator.
 struct Placement {
   Accelerator accelerator = Accelerator::None;
@@ -97,7 +103,7 @@ void set_unordered_fetch_for_testing(bool on) noexcept;
 void set_enqueue_fault_for_testing(std::string message);
 
 // The device communicator (NCCL's ncclComm_t, or the emulated one): made collectively
-// over its members (src/device/comm.hpp); every operation is enqueued on a stream and
+// over its members (create_communicator below); every operation is enqueued on a stream and
 // completes in that stream's order. Counts are in elements of `dtype`.
 class Communicator {
  public:
@@ -148,6 +154,14 @@ class Communicator {
 // not finish within `timeout`.
 std::unique_ptr<Communicator> create_communicator(Accelerator accelerator, MPI_Comm members, int device,
                                                   std::chrono::duration<double> timeout);
+
+// What create_communicator checks first: members' (node, physical device) pairs must
+// differ (Backend::physical_device: ranks that each see one GPU all call theirs device
+// 0). Throws UsageError naming both ranks and the device otherwise, on every member
+// alike. Collective over `members`, non-blocking: TimeoutError when a member has not
+// joined by `deadline`.
+void check_distinct_devices(MPI_Comm members, Accelerator accelerator, int device,
+                            std::chrono::steady_clock::time_point deadline);
 
 // This rank's index among the ranks of its node (MPI_Comm_split_type SHARED), and how
 // many ranks the node runs; each collective over `world`.
