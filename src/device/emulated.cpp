@@ -223,7 +223,13 @@ EmulatedBackend::EmulatedBackend()
       visible_text_(settings::kEmulatedVisibleDevices.from_environment()),
       visible_(visible_devices(node_devices_, visible_text_)),
       delay_(settings::kEmulatedDelayUs.get()),
-      pool_(host_allocate, host_free, static_cast<std::size_t>(settings::kDevicePoolBytes.get())),
+      pool_(
+          host_allocate,
+          [this](void* p) {
+            synchronize_streams();
+            host_free(p);
+          },
+          static_cast<std::size_t>(settings::kDevicePoolBytes.get())),
       pinned_(host_allocate, host_free, SIZE_MAX) {
   has_context_.assign(visible_.size(), false);  // the settings take >= 1 devices, >= 0 us
 }
@@ -264,7 +270,24 @@ int EmulatedBackend::current() {
 Stream EmulatedBackend::create_stream(int device) {
   check_device(device, "create_stream");
   touch(device);
-  return Stream(std::make_shared<EmulatedStream>(device, next_stream_++, delay_, pool_));
+  auto stream = std::make_shared<EmulatedStream>(device, next_stream_++, delay_, pool_);
+  std::lock_guard lock(streams_mutex_);
+  std::erase_if(streams_, [](const std::weak_ptr<EmulatedStream>& s) { return s.expired(); });
+  streams_.push_back(stream);
+  return Stream(std::move(stream));
+}
+
+void EmulatedBackend::synchronize_streams() {
+  std::vector<std::shared_ptr<EmulatedStream>> live;
+  {
+    std::lock_guard lock(streams_mutex_);
+    for (const auto& weak : streams_) {
+      if (auto s = weak.lock()) live.push_back(std::move(s));
+    }
+  }
+  for (const auto& s : live) {
+    if (!s->on_own_thread()) s->synchronize();
+  }
 }
 
 Event EmulatedBackend::create_event(int device) {

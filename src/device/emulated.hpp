@@ -40,6 +40,8 @@ class EmulatedStream final : public Stream::Impl {
   std::optional<std::string> error() override;
   std::string to_string() const override;
 
+  // Whether the calling thread is this stream's own (one of its tasks runs now).
+  bool on_own_thread() const noexcept { return thread_.get_id() == std::this_thread::get_id(); }
   // Operations enqueued so far / run so far (an event records the first).
   std::uint64_t enqueued();
   void wait_until(std::uint64_t count);
@@ -97,6 +99,10 @@ class EmulatedBackend final : public Backend {
   void touch(int device);
   // The calling thread's current device (make_current), 0 by default.
   static int current();
+  // Waits until every live stream of this backend has run what was enqueued on it so far
+  // (but the calling thread's own stream, inside one of its tasks): what cudaFree does
+  // before it frees, so a block is never freed under work still queued on it.
+  void synchronize_streams();
 
  private:
   int node_devices_;                         // MESHRT_EMULATED_DEVICES
@@ -105,6 +111,9 @@ class EmulatedBackend final : public Backend {
   mutable std::mutex contexts_mutex_;
   std::vector<bool> has_context_;
   std::chrono::microseconds delay_;
+  // Before the pools, whose frees use them (members go in reverse order).
+  std::mutex streams_mutex_;
+  std::vector<std::weak_ptr<EmulatedStream>> streams_;  // every stream made, live or gone
   CachingPool pool_;
   CachingPool pinned_;
   std::atomic<std::uint64_t> next_stream_{1};

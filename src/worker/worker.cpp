@@ -334,6 +334,7 @@ struct Worker::Impl {
       if (reporter.receive_tree()) worked = true;
       if (reporter.holding() && reporter.poll(env)) worked = true;
       if (in_flight.active() && in_flight.poll(env, reporter)) worked = true;
+      device::release_completed();
       while (!in_flight.active() && !inbox.empty() && !exit) {
         step(inbox.pop());
         worked = true;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <future>
 #include <thread>
@@ -207,6 +208,55 @@ TEST(DeviceMemory, ToDeviceZerosCopyAndFetchRoundTrip) {
   EXPECT_TRUE(fd.host.equals(host));
   const device::PoolStats stats = emulated().pool_stats();
   EXPECT_GE(stats.live_bytes, 2u * CachingPool::kGranule);
+}
+
+// The device layer's copies hold their source until an event after the copy completes,
+// not with a host task on the stream (a CUDA host function may make no CUDA call, yet a
+// release can free into the pool, and each one holds up the stream's later work).
+TEST(DeviceMemory, ACopysSourceIsHeldUntilTheCopyRanNotByAHostTask) {
+  Stream s = emulated().create_stream(1);
+  auto& impl = static_cast<device::EmulatedStream&>(*s.impl());
+  Tensor src = device::to_device(Tensor::from<std::int32_t>({2}, {3, 4}), Device::emulated(1), s);
+  Tensor dst = emulated().empty(src.meta(), s);
+  s.synchronize();
+  const std::uint64_t before = impl.enqueued();
+  s.enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });  // a slow kernel
+  device::copy(dst, src, s);
+  EXPECT_EQ(impl.enqueued(), before + 2) << "a host task was enqueued beside the copy";
+  src = Tensor();  // the last handle here: the device layer holds the block until the copy ran
+  device::Fetch f = device::fetch(dst, s);
+  f.done.synchronize();
+  EXPECT_TRUE(f.host.equals(Tensor::from<std::int32_t>({2}, {3, 4})));
+  EXPECT_EQ(impl.enqueued(), before + 3);  // and the fetch's copy, alone
+  device::release_completed();
+}
+
+// Under memory pressure the pool frees what went over its limit at the next allocation;
+// the emulated free first waits for the streams' queued work, as cudaFree may, and that
+// work can release a block into the pool (a task holding a tensor's last handle). The
+// pool frees outside its lock, so this finishes (issue 29, N4: it deadlocked).
+TEST(DevicePool, FreesUnderPressureWhileAStreamTaskReleasesIntoIt) {
+  setenv("MESHRT_DEVICE_POOL_BYTES", "0", 1);  // nothing cached: every release waits to be freed
+  auto b = delayed_backend(1000);
+  unsetenv("MESHRT_DEVICE_POOL_BYTES");
+  Stream s = b->create_stream(0);
+  const TensorMeta meta({256}, DType::Float32, Device::emulated(0));
+  Tensor a = b->empty(meta, s);
+  // Over the limit when it goes: freed by the next allocation.
+  { Tensor spare = b->empty(meta, s); }
+  s.enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(100)); });  // a slow kernel
+  s.enqueue([keep = a] {});  // the stream releases a's block when it gets here
+  a = Tensor();
+  auto next = std::async(std::launch::async, [&] { return b->empty(meta, s); });
+  if (next.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    std::fprintf(stderr,
+                 "FAILED: the allocation did not return in 20 s (the pool's lock held across a free that "
+                 "waits for a stream whose task waits for that lock)\n");
+    std::_Exit(1);  // a thread is stuck in the pool for good: end the test here
+  }
+  EXPECT_TRUE(next.get().defined());
+  s.synchronize();
+  EXPECT_EQ(b->pool_stats().cached_bytes, 0u);
 }
 
 TEST(DeviceStream, AThrowingTaskPutsTheStreamInErrorAndLaterWorkIsSkipped) {

@@ -89,6 +89,13 @@ Placement placement() noexcept;
 // a CPU-only program must create none.
 void enter_worker_thread() noexcept;
 
+// Releases what the device layer holds for device work that has completed: a copy's
+// source, a fetch's device tensor, a staging block. They are held until an event recorded
+// after their use completes, never by a host function on the stream (it may make no CUDA
+// call, and its release may free into the pool); the worker calls this every turn, and
+// the device layer's own calls do too. Never blocks.
+void release_completed();
+
 // That stream if it exists already, else an undefined one: creates nothing (no context).
 Stream existing_stream(std::uint64_t stream_id, const Device& device);
 void release_stream(std::uint64_t stream_id);
