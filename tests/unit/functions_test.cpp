@@ -1,6 +1,7 @@
 #include "meshrt/functions.hpp"
 #include "../support/expect_error.hpp"
 #include "../support/gpu.hpp"
+#include "meshrt/device.hpp"
 
 #include <gtest/gtest.h>
 
@@ -155,6 +156,17 @@ TEST(CallContext, SizesAlongEachDimension) {
                   "expected one coordinate and one size per dimension [x], found 1 coordinates and 0 sizes");
   EXPECT_EQ(usage_error([] { CallContext(0, {"x"}, {2}, {2}); }),
             "CallContext: expected a coordinate in [0, 2) along 'x', found 2");
+}
+
+// A kernel on a CUDA device launches on the CUDA stream its context names: a context with
+// none is refused, since its kernels would run on the legacy default stream (issue 29, N3).
+// The CPU and the emulated accelerator have no native stream.
+TEST(CallContext, RefusesACudaDeviceWithoutItsNativeStream) {
+  EXPECT_EQ(usage_error([] { CallContext(0, {}, {}, {}, 5, Device::cuda(1)); }),
+            "CallContext on cuda:1: expected the CUDA stream of meshrt stream 5 (device::stream_for(...).native()), "
+            "found none (its kernels would run on the legacy default stream)");
+  EXPECT_EQ(CallContext(0, {}, {}, {}, 5, Device::emulated(0)).native_stream(), nullptr);
+  EXPECT_EQ(CallContext(0, {}, {}, {}, 5).native_stream(), nullptr);
 }
 
 // The registry's descriptions: every built-in has one, errors print its parameters, and
@@ -410,7 +422,8 @@ TEST(Builtins, CudaKernelsMatchTheCpu) {
   if (!cuda_available()) MESHRT_SKIP_WITHOUT_GPU("no CUDA device visible");
   const Tensor a = Tensor::from<float>({3}, {1, 2, 3});
   const Tensor b = Tensor::from<float>({3}, {4, 5, 6});
-  CallContext ctx(0, {}, {}, {}, 0, Device::cuda(0));
+  constexpr std::uint64_t kStream = 31;
+  CallContext ctx(0, {}, {}, {}, kStream, Device::cuda(0), device::stream_for(kStream, Device::cuda(0)).native());
   Args args("meshrt.add", {Value(a.to(Device::cuda(0))), Value(b.to(Device::cuda(0)))});
   const auto out = functions::lookup("meshrt.add").kernel(ctx, args);
   EXPECT_TRUE(out.at(0).to(Device::cpu()).equals(Tensor::from<float>({3}, {5, 7, 9})));
