@@ -10,6 +10,8 @@
 #include "device/backend.hpp"
 #include "device/cuda.hpp"
 #include "device/cuda_kernels.hpp"
+#include "device/nan_rule.hpp"
+#include "meshrt/internal/settings.hpp"
 
 namespace meshrt::device {
 namespace {
@@ -76,7 +78,15 @@ class NcclCommunicator final : public Communicator {
     const ncclRedOp_t op = nccl_op(reduction, where("all_reduce"));
     cudaStream_t s = native(stream, "all_reduce");
     CudaDeviceGuard guard(device_);
+    const NanMasks masks = nan_masks(send, count, count, dtype, reduction, stream);
+    check(ncclGroupStart(), "ncclGroupStart");
     check(ncclAllReduce(send, recv, count, nccl_datatype(dtype), op, comm_, s), "ncclAllReduce");
+    if (masks) {
+      check(ncclAllReduce(masks.send, masks.recv, count, ncclUint8, ncclMax, comm_, s), "ncclAllReduce (NaN mask)");
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd");
+    if (masks)
+      cuda_kernels::apply_nan_mask(static_cast<int>(dtype), recv, masks.recv, static_cast<std::int64_t>(count), s);
     if (reduction == Reduction::Avg) divide(recv, count, dtype, s);
   }
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
@@ -89,7 +99,16 @@ class NcclCommunicator final : public Communicator {
     const ncclRedOp_t op = nccl_op(reduction, where("reduce_scatter"));
     cudaStream_t s = native(stream, "reduce_scatter");
     CudaDeviceGuard guard(device_);
+    const NanMasks masks = nan_masks(send, count * static_cast<std::size_t>(size_), count, dtype, reduction, stream);
+    check(ncclGroupStart(), "ncclGroupStart");
     check(ncclReduceScatter(send, recv, count, nccl_datatype(dtype), op, comm_, s), "ncclReduceScatter");
+    if (masks) {
+      check(ncclReduceScatter(masks.send, masks.recv, count, ncclUint8, ncclMax, comm_, s),
+            "ncclReduceScatter (NaN mask)");
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd");
+    if (masks)
+      cuda_kernels::apply_nan_mask(static_cast<int>(dtype), recv, masks.recv, static_cast<std::int64_t>(count), s);
     if (reduction == Reduction::Avg) divide(recv, count, dtype, s);
   }
   void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
@@ -195,6 +214,36 @@ class NcclCommunicator final : public Communicator {
     if (rc != ncclSuccess) {
       throw SystemError(fmt::format("{}: {} failed: {}", describe(), call, nccl_message(comm_, rc)));
     }
+  }
+
+  // The NaN rule of max and min (device/nan_rule.hpp): NCCL's may drop a NaN, so beside
+  // the data goes an any-NaN mask, reduced with max, and NaN is written where it is set.
+  // The masks come from the pool on the call's stream and go back to it when this
+  // returns: only later work on that stream can reuse them.
+  struct NanMasks {
+    Tensor send_mask;
+    Tensor recv_mask;
+    void* send = nullptr;
+    void* recv = nullptr;
+    explicit operator bool() const noexcept { return send != nullptr; }
+  };
+  NanMasks nan_masks(const void* send, std::size_t send_count, std::size_t recv_count, DType dtype, Reduction reduction,
+                     const Stream& stream) const {
+    NanMasks m;
+    if (!nan_rule::applies(static_cast<int>(dtype), static_cast<int>(reduction)) || send_count == 0) return m;
+    Backend& b = backend(Accelerator::Cuda);
+    const Device here = Device::cuda(device_);
+    m.send_mask = b.empty(TensorMeta({static_cast<std::int64_t>(send_count)}, DType::UInt8, here), stream);
+    m.send = m.send_mask.raw_data();
+    if (recv_count == send_count) {
+      m.recv = m.send;  // all_reduce: in place
+    } else {
+      m.recv_mask = b.empty(TensorMeta({static_cast<std::int64_t>(recv_count)}, DType::UInt8, here), stream);
+      m.recv = m.recv_mask.raw_data();
+    }
+    cuda_kernels::nan_mask(static_cast<int>(dtype), send, m.send, static_cast<std::int64_t>(send_count),
+                           stream.native());
+    return m;
   }
 
   void divide(void* buffer, std::size_t count, DType dtype, cudaStream_t s) const {

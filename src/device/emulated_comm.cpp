@@ -5,6 +5,7 @@
 #include <array>
 #include <atomic>
 #include <climits>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -21,6 +22,8 @@
 #include "common/checks.hpp"
 #include "common/mpi_wait.hpp"
 #include "device/emulated.hpp"
+#include "device/nan_rule.hpp"
+#include "meshrt/internal/settings.hpp"
 
 namespace meshrt::device {
 namespace {
@@ -58,11 +61,12 @@ T combine(T a, T b, Reduction r) {
         return a + b;
       case Reduction::Product:
         return a * b;
-      // A NaN on either side wins (torch.minimum, torch.maximum), whichever rank holds it.
+      // As fmin and fmax, NaN-dropping as NCCL's may be: the NaN rule comes after the
+      // reduction (reduce_blocks), as on cuda.
       case Reduction::Min:
-        return (a != a || a < b) ? a : b;
+        return std::fmin(a, b);
       default:
-        return (a != a || a > b) ? a : b;
+        return std::fmax(a, b);
     }
   }
 }
@@ -100,6 +104,22 @@ void reduce_blocks(const char* blocks, std::size_t block_bytes, int n, std::size
       std::memcpy(o, acc.data(), count * sizeof(T));
     }
   });
+  // Max and min propagate NaN from any member, the way the cuda backend makes NCCL do it
+  // (device/nan_rule.hpp): each block's any-NaN mask, reduced with max over uint8, then
+  // NaN where the reduced mask is set.
+  if (nan_rule::applies(static_cast<int>(dtype), static_cast<int>(r))) {
+    nan_rule::for_floating(static_cast<int>(dtype), [&](auto tag) {
+      constexpr int D = decltype(tag)::value;
+      std::vector<std::uint8_t> mask(count, 0);
+      std::vector<std::uint8_t> block(count);
+      for (int k = 0; k < n; ++k) {
+        nan_rule::mask_of<D>(blocks + static_cast<std::size_t>(k) * block_bytes, block.data(),
+                             static_cast<std::int64_t>(count));
+        for (std::size_t i = 0; i < count; ++i) mask[i] = combine<std::uint8_t>(mask[i], block[i], Reduction::Max);
+      }
+      nan_rule::apply_mask<D>(out, mask.data(), static_cast<std::int64_t>(count));
+    });
+  }
 }
 
 // A fault of this member's own buffers (not device memory, or one buffer where two are

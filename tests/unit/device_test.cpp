@@ -5,14 +5,18 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <limits>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "../support/expect_error.hpp"
 #include "device/emulated.hpp"
+#include "device/nan_rule.hpp"
 #include "device/pool.hpp"
 
 namespace meshrt::test {
@@ -292,6 +296,61 @@ TEST(DeviceBackend, RefusesDevicesOutOfRange) {
   expect_contains(usage_error([&] { (void)emulated().create_stream(n); }),
                   "expected an emulated device in 0.." + std::to_string(n - 1));
   expect_contains(usage_error([&] { emulated().make_current(-1); }), "found -1");
+}
+
+// The NaN rule's element bits (device/nan_rule.hpp), shared by the CUDA kernels and the
+// emulated communicator: NaNs of any sign and payload are found, infinities and numbers
+// are not, and the NaN written reads as NaN in each floating dtype.
+TEST(DeviceNanRule, MasksEveryFloatingDtypesNaNsAndWritesOne) {
+  namespace nr = nan_rule;
+  EXPECT_TRUE(nr::applies(static_cast<int>(DType::Float16), static_cast<int>(Reduction::Max)));
+  EXPECT_TRUE(nr::applies(static_cast<int>(DType::Float64), static_cast<int>(Reduction::Min)));
+  EXPECT_FALSE(nr::applies(static_cast<int>(DType::Float32), static_cast<int>(Reduction::Sum)));
+  EXPECT_FALSE(nr::applies(static_cast<int>(DType::Int32), static_cast<int>(Reduction::Max)));
+  for (DType dtype : {DType::Float16, DType::BFloat16, DType::Float32, DType::Float64}) {
+    SCOPED_TRACE(name(dtype));
+    const double inf = std::numeric_limits<double>::infinity();
+    const std::vector<double> values{1.5, std::nan(""), -std::nan(""), inf, -inf, 0.0, -2.0};
+    Tensor t = Tensor::empty(TensorMeta({static_cast<std::int64_t>(values.size())}, dtype));
+    dispatch_dtype(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        if constexpr (std::is_same_v<T, Half>) {
+          t.data<T>()[i] = float_to_half(static_cast<float>(values[i]));
+        } else if constexpr (std::is_same_v<T, BFloat16>) {
+          t.data<T>()[i] = float_to_bfloat16(static_cast<float>(values[i]));
+        } else {
+          t.data<T>()[i] = static_cast<T>(values[i]);
+        }
+      }
+    });
+    std::vector<std::uint8_t> mask(values.size());
+    ASSERT_TRUE(nr::for_floating(static_cast<int>(dtype), [&](auto tag) {
+      nr::mask_of<decltype(tag)::value>(t.raw_data(), mask.data(), t.numel());
+    }));
+    EXPECT_EQ(mask, (std::vector<std::uint8_t>{0, 1, 1, 0, 0, 0, 0}));
+    const std::vector<std::uint8_t> set{1, 0, 0, 0, 0, 0, 1};
+    nr::for_floating(static_cast<int>(dtype),
+                     [&](auto tag) { nr::apply_mask<decltype(tag)::value>(t.raw_data(), set.data(), t.numel()); });
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      const double v = dispatch_dtype(dtype, [&](auto tag) -> double {
+        using T = decltype(tag);
+        if constexpr (std::is_same_v<T, Half>) {
+          return half_to_float(t.data<T>()[i]);
+        } else if constexpr (std::is_same_v<T, BFloat16>) {
+          return bfloat16_to_float(t.data<T>()[i]);
+        } else {
+          return static_cast<double>(t.data<T>()[i]);
+        }
+      });
+      if (set[i] || std::isnan(values[i])) {
+        EXPECT_TRUE(std::isnan(v)) << i;
+      } else {
+        EXPECT_EQ(v, values[i]) << i;
+      }
+    }
+  }
+  EXPECT_FALSE(nr::for_floating(static_cast<int>(DType::Int64), [](auto) {}));
 }
 
 // MESHRT_EMULATED_VISIBLE_DEVICES picks and orders the node's devices this process sees,
