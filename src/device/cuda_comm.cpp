@@ -2,7 +2,7 @@
 // and every call can be polled against a deadline and aborted from the issuing thread.
 #include <fmt/format.h>
 
-#include <thread>
+#include <chrono>
 #include <vector>
 
 #include "common/backoff.hpp"
@@ -66,7 +66,7 @@ std::string nccl_message(ncclComm_t comm, ncclResult_t rc) {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, int size, int device)
-      : comm_(comm), rank_(rank), size_(size), device_(device) {}
+      : comm_(comm), rank_(rank), size_(size), device_(device), timeout_(settings::kDeviceTimeout.get()) {}
   ~NcclCommunicator() override { destroy(); }
 
   int rank() const noexcept override { return rank_; }
@@ -170,10 +170,16 @@ class NcclCommunicator final : public Communicator {
       return;
     }
     {
+      // Finalize waits for the communicator's work, which a peer that never joins holds
+      // up forever: past the deadline it is aborted instead.
       (void)ncclCommFinalize(comm_);
       ncclResult_t state = ncclInProgress;
-      while (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclInProgress) std::this_thread::yield();
-      if (state != ncclSuccess) {
+      const bool settled =
+          detail::Backoff(detail::kInFlight)
+              .poll_until(
+                  [&] { return ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress; },
+                  detail::deadline_after(timeout_));
+      if (!settled || state != ncclSuccess) {
         abort();
         return;
       }
@@ -201,15 +207,29 @@ class NcclCommunicator final : public Communicator {
   }
 
   // A non-blocking communicator may answer ncclInProgress: the call is then complete only
-  // once ncclCommGetAsyncError says so, and nothing else may be issued before.
+  // once ncclCommGetAsyncError says so, and nothing else may be issued before. The first
+  // call on a communicator may connect to its peers there, so a peer that never posts
+  // its part holds it up: polled against MESHRT_DEVICE_TIMEOUT, then aborted (the data
+  // plane drops it).
   void check(ncclResult_t rc, const char* call) {
     if (rc == ncclInProgress) {
       ncclResult_t state = ncclInProgress;
-      do {
-        rc = ncclCommGetAsyncError(comm_, &state);
-        if (rc != ncclSuccess) break;
-        rc = state;
-      } while (state == ncclInProgress);
+      const bool settled = detail::Backoff(detail::kInFlight)
+                               .poll_until(
+                                   [&] {
+                                     rc = ncclCommGetAsyncError(comm_, &state);
+                                     if (rc != ncclSuccess) return true;
+                                     rc = state;
+                                     return state != ncclInProgress;
+                                   },
+                                   detail::deadline_after(timeout_));
+      if (!settled) {
+        abort();
+        throw TimeoutError(fmt::format(
+            "{}: {} still in progress after {:g} s (MESHRT_DEVICE_TIMEOUT): expected every peer to post its part in "
+            "time, found one that never did (or is stuck before it); aborted the communicator",
+            describe(), call, timeout_.count()));
+      }
     }
     if (rc != ncclSuccess) {
       throw SystemError(fmt::format("{}: {} failed: {}", describe(), call, nccl_message(comm_, rc)));
@@ -254,6 +274,7 @@ class NcclCommunicator final : public Communicator {
   int rank_;
   int size_;
   int device_;
+  std::chrono::duration<double> timeout_;  // MESHRT_DEVICE_TIMEOUT: in-progress calls and finalize
 };
 
 }  // namespace

@@ -167,7 +167,12 @@ struct CommState {
 class EmulatedCommunicator final : public Communicator {
  public:
   EmulatedCommunicator(MPI_Comm comm, int rank, int size, int device, std::string id)
-      : state_(std::make_shared<CommState>()), rank_(rank), size_(size), device_(device), id_(std::move(id)) {
+      : state_(std::make_shared<CommState>()),
+        rank_(rank),
+        size_(size),
+        device_(device),
+        id_(std::move(id)),
+        timeout_(settings::kDeviceTimeout.get()) {
     state_->comm = comm;
   }
   ~EmulatedCommunicator() override { destroy(); }
@@ -311,7 +316,13 @@ class EmulatedCommunicator final : public Communicator {
       state_->aborted = true;
       return;
     }
-    state_->cv.wait(lock, [&] { return state_->pending == 0; });
+    // Work that never finishes (a peer that never joined) is given up on at the
+    // deadline, as an abort would end it, and the communicator is left to MPI.
+    if (!state_->cv.wait_until(lock, detail::deadline_after(timeout_), [&] { return state_->pending == 0; })) {
+      state_->aborted = true;
+      state_->abort_seen.store(true);
+      return;
+    }
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&state_->comm);
@@ -450,6 +461,7 @@ class EmulatedCommunicator final : public Communicator {
   int size_;
   int device_;
   std::string id_;
+  std::chrono::duration<double> timeout_;  // MESHRT_DEVICE_TIMEOUT: destroy's wait for pending work
 };
 
 }  // namespace

@@ -302,6 +302,32 @@ TEST(DeviceComm, AFaultOnOneRankNeverLeavesItsPeersWaiting) {
   EXPECT_FALSE(s.comm->async_error());
 }
 
+// destroy() of a communicator whose work never finishes (a peer that never joins) gives up
+// after MESHRT_DEVICE_TIMEOUT and aborts it, instead of waiting forever at the runtime's
+// end (issue 29, N8; NCCL's Finalize is polled against the same deadline).
+TEST(DeviceComm, DestroyGivesUpOnWorkThatNeverFinishes) {
+  if (under_test() != Accelerator::Emulated) GTEST_SKIP() << "the emulator's destroy (NCCL's needs a peer that hangs)";
+  setenv("MESHRT_DEVICE_TIMEOUT", "1", 1);
+  OnEmulated s;  // its communicator reads the deadline when it is made
+  unsetenv("MESHRT_DEVICE_TIMEOUT");
+  Tensor t = device::to_device(Tensor::from<float>({1}, {1.0f}), s.where(), s.stream);
+  if (world_rank() == 0) {
+    // Rank 0 alone posts a reduction: its peers join only after its destroy returned.
+    s.comm->all_reduce(t.raw_data(), t.raw_data(), 1, DType::Float32, Reduction::Sum, s.stream);
+    s.comm->destroy();
+    ASSERT_TRUE(s.comm->async_error());
+    expect_contains(*s.comm->async_error(), "was aborted");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() != 0) {
+    // Rank 0's part is still posted in MPI (an abort cannot take it back): theirs complete.
+    s.comm->all_reduce(t.raw_data(), t.raw_data(), 1, DType::Float32, Reduction::Sum, s.stream);
+    s.stream.synchronize();
+    s.comm->destroy();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 // The members' exchange of their devices is polled against the creation's deadline: a
 // member that has not joined it in time gives a TimeoutError on the others, never a hang
 // in a blocking MPI_Allgather (issue 29, N6).

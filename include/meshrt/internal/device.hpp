@@ -148,7 +148,8 @@ class Communicator {
   // issues this communicator's work. Further operations fail as asynchronous errors.
   virtual void abort() noexcept = 0;
   // Frees it: a clean destroy when healthy, an abort when its error state says it failed
-  // (ncclCommDestroy on a failed communicator may hang). Idempotent.
+  // (ncclCommDestroy on a failed communicator may hang), or when its pending work has not
+  // finished within MESHRT_DEVICE_TIMEOUT (a peer that never joined). Idempotent.
   virtual void destroy() noexcept = 0;
   // "emulated communicator 3f2a.. rank 1 of 4 on emulated:1"
   virtual std::string describe() const = 0;
