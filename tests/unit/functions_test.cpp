@@ -268,7 +268,8 @@ TEST(Builtins, CreationErrors) {
       shape_error("meshrt.full", {Value{2}, Value("uint8"), Value(300)}),
       "meshrt.full(shape, dtype, value): argument 2 (value): expected an int in [0, 255] for dtype uint8, found 300");
   expect_contains(shape_error("meshrt.full", {Value{2}, Value("int32"), Value(1.5)}),
-                  "expected an int in [-2147483648, 2147483647]");
+                  "expected an integral value in [-2147483648, 2147483647] for dtype int32 (an int, or a float with no "
+                  "fractional part), found the float 1.5");
   expect_contains(shape_error("meshrt.full", {Value{2}, Value("bool"), Value(2)}),
                   "expected a bool (or 0/1) for dtype bool, found 2");
   expect_contains(shape_error("meshrt.full", {Value{2}}),
@@ -358,6 +359,31 @@ TEST(Builtins, ElementwiseErrors) {
                   "int32[2] on cpu");
   expect_contains(shape_error("meshrt.fill_", {Value(TensorMeta({2}, DType::UInt8)), Value(-1)}),
                   "expected an int in [0, 255]");
+}
+
+// A float with no fractional part fills an integer dtype, as numpy and torch take it
+// (issue 29: full({8}, int64, 3.0) was refused as "expected an int ..., found 3"); any
+// other float is refused saying so.
+TEST(Builtins, FullTakesAnIntegralFloatForAnIntegerDtype) {
+  EXPECT_TRUE(call("meshrt.full", {Value{4}, Value("int64"), Value(3.0)})
+                  .at(0)
+                  .equals(Tensor::from<std::int64_t>({4}, {3, 3, 3, 3})));
+  EXPECT_TRUE(call("meshrt.full", {Value{2}, Value("uint8"), Value(255.0)})
+                  .at(0)
+                  .equals(Tensor::from<std::uint8_t>({2}, {255, 255})));
+  EXPECT_TRUE(
+      call("meshrt.full", {Value{1}, Value("int32"), Value(-2.0)}).at(0).equals(Tensor::from<std::int32_t>({1}, {-2})));
+  const auto refused = [](const char* dtype, double v) {
+    return shape_error("meshrt.full", {Value{4}, Value(dtype), Value(v)});
+  };
+  expect_contains(refused("int64", 3.5),
+                  "argument 2 (value): expected an integral value in [-9223372036854775808, 9223372036854775807] for "
+                  "dtype int64 (an int, or a float with no fractional part), found the float 3.5");
+  expect_contains(refused("uint8", 256.0), "expected an integral value in [0, 255] for dtype uint8");
+  expect_contains(refused("int64", 9223372036854775808.0), "found the float 9.223372036854776e+18");
+  expect_contains(refused("int32", std::nan("")), "found the float nan");
+  // An int out of range still says so as before.
+  expect_contains(shape_error("meshrt.full", {Value{4}, Value("uint8"), Value(-1)}), "expected an int in [0, 255]");
 }
 
 TEST(Builtins, Scale) {
