@@ -33,8 +33,8 @@ namespace meshrt {
 class CallContext {
  public:
   CallContext() = default;
-  // One name, coordinate and size per mesh dimension (0 <= coordinates[i] < sizes[i]);
-  // throws UsageError otherwise.
+  // One name, coordinate and size per mesh dimension (0 <= coordinates[i] < sizes[i]),
+  // and a native stream on a CUDA device; throws UsageError otherwise.
   CallContext(int rank, std::vector<std::string> dim_names, std::vector<std::int64_t> coordinates,
               std::vector<std::int64_t> sizes, std::uint64_t stream_id = 0, Device device = Device::cpu(),
               void* native_stream = nullptr);
@@ -51,7 +51,8 @@ class CallContext {
   std::int64_t size(std::string_view dim) const;
   std::uint64_t stream_id() const noexcept { return stream_id_; }
   const Device& device() const noexcept { return device_; }
-  // The cudaStream_t to launch on (nullptr: the default stream, or a CPU stream).
+  // The cudaStream_t to launch on (never null on a CUDA device; nullptr on the CPU and
+  // the emulated accelerator, whose work goes through the device layer's streams).
   void* native_stream() const noexcept { return native_stream_; }
 
  private:

@@ -1,9 +1,10 @@
 // The data plane for accelerator tensors (cuda or emulated) over the device layer's
 // communicators (docs/ARCHITECTURE.md section 7): a Reduce over the communicator of the mesh
 // dimension's line (made from the MPI split of that line), a SendTensor over one made
-// over exactly from ∪ to; both cached by rank set across meshes. Everything is enqueued
-// on the command's device stream; Pending::test polls an event recorded after it and the
-// communicator's asynchronous error, so the worker's loop never blocks on the device.
+// over exactly its moving ranks (from ∪ to less the ranks sent to themselves); both
+// cached by rank set across meshes. Everything is enqueued on the command's device
+// stream; Pending::test polls an event recorded after it and the communicator's
+// asynchronous error, so the worker's loop never blocks on the device.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -13,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <tuple>
 #include <vector>
 
@@ -198,6 +200,46 @@ detail::Joined join_device(Input&& input, const TensorMeta& factory, const devic
   return j;
 }
 
+// The ranks of a send that have a peer other than themselves (p2p ranks, increasing): the
+// members of its communicator. Every rank of from ∪ to computes the same set; a rank sent
+// to itself copies locally and joins no creation (from ∪ to would include it, and its
+// peers would wait in MPI_Comm_create_group for a rank that never comes).
+std::vector<int> moving_ranks(const NDSlice& from_ranks, const NDSlice& to_ranks,
+                              std::span<const std::int64_t> to_order) {
+  std::vector<int> members;
+  for (NDSlice::Int i = 0; i < from_ranks.len(); ++i) {
+    const NDSlice::Int target = to_order.empty() ? i : static_cast<NDSlice::Int>(to_order[static_cast<std::size_t>(i)]);
+    const auto from = static_cast<int>(from_ranks[i]);
+    const auto to = static_cast<int>(to_ranks[target]);
+    if (from == to) continue;
+    members.push_back(from);
+    members.push_back(to);
+  }
+  std::sort(members.begin(), members.end());
+  members.erase(std::unique(members.begin(), members.end()), members.end());
+  return members;
+}
+
+// Runs this rank's part of an operation on its communicator, once made: its stream,
+// inputs and outputs, and the enqueue. Whatever fails there leaves the communicator
+// broken for this rank (NCCL: an error at enqueue is fatal to it; and a part never
+// posted leaves the peers' parts unmatched), so it is aborted and dropped before the
+// error goes on; the peers fail on their deadline.
+template <class Part>
+void enqueue_or_drop(DevicePending& p, Part&& part) {
+  try {
+    part();
+  } catch (const std::exception& e) {
+    drop(p.comm, fmt::format("this rank's part failed at or before its enqueue: {}", e.what()));
+    p.comm.reset();
+    throw;
+  } catch (...) {
+    drop(p.comm, "this rank's part failed at or before its enqueue");
+    p.comm.reset();
+    throw;
+  }
+}
+
 }  // namespace
 
 void free_device_communicators() noexcept {
@@ -218,45 +260,50 @@ std::unique_ptr<Pending> start_reduce_device(WorkerMesh& mesh, std::string_view 
       detail::plan_reduce(mesh, dim, reduction, scatter, inplace, factory, detail::Backend::Device);
   auto p = std::make_unique<DevicePending>();
   p->kind = factory.device().kind();
-  p->stream = device::stream_for(stream_id, factory.device());
   p->text = detail::describe_reduce(mesh, plan.dim, plan.collective, reduction, factory.nbytes(),
                                     name(factory.device().kind()));
-  detail::Joined in = join_device(std::move(input), factory, p->stream, plan.collective);
-  if (!in.mismatch.empty()) p->defer(in.mismatch + detail::where_reduce(mesh, plan.dim));
-  p->result.broken = in.broken;
+  // The communicator first: its creation is collective (the line's MPI split, the
+  // device's init), so nothing one rank alone can fail (a stream, the zeros of a broken
+  // input, an output) comes before it.
   p->comm = cached(p->kind, mesh.line_world_ranks(plan.dim), mesh.dim_comm(plan.dim), factory.device().index());
-  device::Backend& b = device::backend(p->kind);
-  p->mark_start();
-  const auto numel = static_cast<std::size_t>(factory.numel());
-  const auto n = static_cast<std::size_t>(plan.n);
-  const void* src = in.tensor.raw_data();
-  const DType dtype = factory.dtype();
-  Tensor out;
-  if (reduction == Reduction::Stack && !scatter) {
-    out = b.empty(plan.out_meta(factory), p->stream);
-    p->comm->all_gather(src, out.raw_data(), numel, dtype, p->stream);
-  } else if (reduction == Reduction::Stack) {
-    // No in-place all-to-all on the device: in place goes through a scratch output
-    // copied back on the same stream.
-    Tensor scratch = b.empty(plan.out_meta(factory), p->stream);
-    p->comm->all_to_all(src, scratch.raw_data(), numel / n, dtype, p->stream);
-    if (inplace) {
-      device::copy(in.tensor, scratch, p->stream);
-      p->keep.push_back(scratch);
-      out = in.tensor;
+  enqueue_or_drop(*p, [&] {
+    p->stream = device::stream_for(stream_id, factory.device());
+    detail::Joined in = join_device(std::move(input), factory, p->stream, plan.collective);
+    if (!in.mismatch.empty()) p->defer(in.mismatch + detail::where_reduce(mesh, plan.dim));
+    p->result.broken = in.broken;
+    device::Backend& b = device::backend(p->kind);
+    p->mark_start();
+    const auto numel = static_cast<std::size_t>(factory.numel());
+    const auto n = static_cast<std::size_t>(plan.n);
+    const void* src = in.tensor.raw_data();
+    const DType dtype = factory.dtype();
+    Tensor out;
+    if (reduction == Reduction::Stack && !scatter) {
+      out = b.empty(plan.out_meta(factory), p->stream);
+      p->comm->all_gather(src, out.raw_data(), numel, dtype, p->stream);
+    } else if (reduction == Reduction::Stack) {
+      // No in-place all-to-all on the device: in place goes through a scratch output
+      // copied back on the same stream.
+      Tensor scratch = b.empty(plan.out_meta(factory), p->stream);
+      p->comm->all_to_all(src, scratch.raw_data(), numel / n, dtype, p->stream);
+      if (inplace) {
+        device::copy(in.tensor, scratch, p->stream);
+        p->keep.push_back(scratch);
+        out = in.tensor;
+      } else {
+        out = scratch;
+      }
+    } else if (scatter) {
+      out = b.empty(plan.out_meta(factory), p->stream);
+      p->comm->reduce_scatter(src, out.raw_data(), numel / n, dtype, reduction, p->stream);
     } else {
-      out = scratch;
+      out = inplace ? in.tensor : b.empty(plan.out_meta(factory), p->stream);
+      p->comm->all_reduce(src, out.raw_data(), numel, dtype, reduction, p->stream);
     }
-  } else if (scatter) {
-    out = b.empty(plan.out_meta(factory), p->stream);
-    p->comm->reduce_scatter(src, out.raw_data(), numel / n, dtype, reduction, p->stream);
-  } else {
-    out = inplace ? in.tensor : b.empty(plan.out_meta(factory), p->stream);
-    p->comm->all_reduce(src, out.raw_data(), numel, dtype, reduction, p->stream);
-  }
-  p->keep.push_back(in.tensor);
-  p->result.tensor = std::move(out);
-  p->record();
+    p->keep.push_back(in.tensor);
+    p->result.tensor = std::move(out);
+    p->record();
+  });
   return p;
 }
 
@@ -276,29 +323,21 @@ std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, con
     (void)p->test();  // no part in it: no stream, no communicator
     return p;
   }
-  p->stream = device::stream_for(stream_id, factory.device());
   device::Backend& b = device::backend(p->kind);
-  Tensor sent;
-  if (plan.send_to >= 0) {
+  if (plan.self) {
+    p->stream = device::stream_for(stream_id, factory.device());
     detail::Joined in = join_device(std::move(input), factory, p->stream, "send_tensor");
     if (!in.mismatch.empty()) p->defer(in.mismatch + detail::where_send(my_rank, plan.send_to));
-    p->result.broken = plan.self ? in.broken : std::nullopt;
-    sent = std::move(in.tensor);
-  }
-  if (plan.self) {
+    p->result.broken = in.broken;
     Tensor copy = b.empty(factory, p->stream);
-    device::copy(copy, sent, p->stream);
+    device::copy(copy, in.tensor, p->stream);
     p->result.tensor = std::move(copy);
     p->record();
     return p;
   }
-  // The communicator over exactly from ∪ to (ranks of p2p, in increasing order): only
-  // those ranks receive this command, and only they join its creation.
-  std::vector<int> members;
-  for (auto r : from_ranks) members.push_back(static_cast<int>(r));
-  for (auto r : to_ranks) members.push_back(static_cast<int>(r));
-  std::sort(members.begin(), members.end());
-  members.erase(std::unique(members.begin(), members.end()), members.end());
+  // The communicator over exactly the moving ranks (ranks of p2p, in increasing order):
+  // only they join its creation, before anything this rank alone can fail.
+  const std::vector<int> members = moving_ranks(from_ranks, to_ranks, to_order);
   const auto index = [&](int r) {
     return static_cast<int>(std::lower_bound(members.begin(), members.end(), r) - members.begin());
   };
@@ -333,19 +372,28 @@ std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, con
     MPI_Comm_free(&sub);  // the device communicator dup'd what it needs
   }
   p->comm = comm;
-  std::vector<device::Communicator::PeerOp> ops;
-  if (plan.recv_from >= 0) {
-    p->result.tensor = b.empty(factory, p->stream);
-    ops.push_back(
-        {false, index(plan.recv_from), p->result.tensor.raw_data(), static_cast<std::size_t>(factory.numel())});
-  }
-  if (plan.send_to >= 0) {
-    ops.push_back({true, index(plan.send_to), sent.raw_data(), static_cast<std::size_t>(factory.numel())});
-    p->keep.push_back(sent);
-  }
-  p->mark_start();
-  comm->send_recv(ops, factory.dtype(), p->stream);
-  p->record();
+  enqueue_or_drop(*p, [&] {
+    p->stream = device::stream_for(stream_id, factory.device());
+    Tensor sent;
+    if (plan.send_to >= 0) {
+      detail::Joined in = join_device(std::move(input), factory, p->stream, "send_tensor");
+      if (!in.mismatch.empty()) p->defer(in.mismatch + detail::where_send(my_rank, plan.send_to));
+      sent = std::move(in.tensor);
+    }
+    std::vector<device::Communicator::PeerOp> ops;
+    if (plan.recv_from >= 0) {
+      p->result.tensor = b.empty(factory, p->stream);
+      ops.push_back(
+          {false, index(plan.recv_from), p->result.tensor.raw_data(), static_cast<std::size_t>(factory.numel())});
+    }
+    if (plan.send_to >= 0) {
+      ops.push_back({true, index(plan.send_to), sent.raw_data(), static_cast<std::size_t>(factory.numel())});
+      p->keep.push_back(sent);
+    }
+    p->mark_start();
+    comm->send_recv(ops, factory.dtype(), p->stream);
+    p->record();
+  });
   return p;
 }
 

@@ -1,9 +1,10 @@
 // Device placement and the backend-neutral parts of making a device communicator.
-#include "device/comm.hpp"
-
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -12,8 +13,10 @@
 #include "common/checks.hpp"
 #include "common/comm_creation.hpp"
 #include "common/hash.hpp"
+#include "common/mpi_wait.hpp"
 #include "device/backend.hpp"
 #include "device/emulated_comm.hpp"
+#include "meshrt/internal/device.hpp"
 #include "meshrt/internal/settings.hpp"
 
 #if MESHRT_HAVE_CUDA
@@ -27,10 +30,15 @@ std::uint64_t host_hash() {
   return detail::fnv1a_64(detail::processor_name());  // as NCCL hashes host names
 }
 
+// One member's place: its node, and its device as a name every process of the node gives
+// it (Backend::physical_device), which device indices are not when ranks see different
+// devices (one visible GPU per rank: every rank's device is 0).
 struct MemberPlace {
   std::uint64_t host = 0;
   std::int32_t device = 0;
   std::int32_t world_rank = 0;
+  std::array<char, 96> physical{};
+  std::string physical_name() const { return std::string(physical.data(), strnlen(physical.data(), physical.size())); }
 };
 
 }  // namespace
@@ -100,21 +108,40 @@ int select_device(Accelerator accelerator, MPI_Comm world) {
   return local % count;
 }
 
-void check_distinct_devices(MPI_Comm members, Accelerator accelerator, int device) {
+void check_distinct_devices(MPI_Comm members, Accelerator accelerator, int device,
+                            std::chrono::steady_clock::time_point deadline) {
   int size = 0;
   MESHRT_MPI_CHECK(MPI_Comm_size(members, &size));
-  MemberPlace mine;
-  mine.host = host_hash();
-  mine.device = device;
-  MESHRT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &mine.world_rank));
-  std::vector<MemberPlace> all(static_cast<std::size_t>(size));
-  MESHRT_MPI_CHECK(
-      MPI_Allgather(&mine, sizeof(MemberPlace), MPI_BYTE, all.data(), sizeof(MemberPlace), MPI_BYTE, members));
+  // Owned past a timeout: the exchange stays posted, and a member that joins late still
+  // writes into it.
+  struct Exchange {
+    MemberPlace mine;
+    std::vector<MemberPlace> all;
+  };
+  auto x = std::make_unique<Exchange>();
+  x->mine.host = host_hash();
+  x->mine.device = device;
+  MESHRT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &x->mine.world_rank));
+  const std::string physical = backend(accelerator).physical_device(device);
+  std::copy_n(physical.data(), std::min(physical.size(), x->mine.physical.size() - 1), x->mine.physical.data());
+  x->all.resize(static_cast<std::size_t>(size));
+  MPI_Request request = MPI_REQUEST_NULL;
+  MESHRT_MPI_CHECK(MPI_Iallgather(&x->mine, sizeof(MemberPlace), MPI_BYTE, x->all.data(), sizeof(MemberPlace), MPI_BYTE,
+                                  members, &request));
+  try {
+    detail::wait_request(request, deadline, "device communicator", "the exchange of their devices");
+  } catch (const TimeoutError&) {
+    (void)x.release();  // left to the posted exchange
+    throw;
+  }
+  const std::vector<MemberPlace>& all = x->all;
   // Every member sees the same table, so every member throws the same error: none waits.
   const Accelerator job = placement().accelerator;
   for (int i = 0; i < size; ++i) {
     for (int j = i + 1; j < size; ++j) {
-      if (all[i].host != all[j].host || all[i].device != all[j].device) continue;
+      const MemberPlace& a = all[static_cast<std::size_t>(i)];
+      const MemberPlace& b = all[static_cast<std::size_t>(j)];
+      if (a.host != b.host || a.physical != b.physical) continue;
       // In a job without this accelerator no device per rank was chosen: say what the
       // job needs rather than how to spread ranks over devices.
       const std::string fix =
@@ -125,10 +152,17 @@ void check_distinct_devices(MPI_Comm members, Accelerator accelerator, int devic
                     name(job), name(accelerator), name(accelerator), name(accelerator),
                     accelerator == Accelerator::Emulated ? ", or a real accelerator" : "")
               : std::string("; give each rank its own device (MESHRT_DEVICE, or fewer ranks per node than devices)");
+      const std::string where =
+          a.device == b.device
+              ? fmt::format("both on {}:{} of one node ({})", name(accelerator), a.device, a.physical_name())
+              : fmt::format(
+                    "both on one device of one node ({}, which world rank {} sees as {}:{} and world rank "
+                    "{} as {}:{})",
+                    a.physical_name(), a.world_rank, name(accelerator), a.device, b.world_rank, name(accelerator),
+                    b.device);
       throw UsageError(fmt::format(
-          "device communicator: expected one rank per device, found world ranks {} and {} (members {} and {}) both "
-          "on {}:{} of one node{}",
-          all[i].world_rank, all[j].world_rank, i, j, name(accelerator), all[i].device, fix));
+          "device communicator: expected one rank per device, found world ranks {} and {} (members {} and {}) {}{}",
+          a.world_rank, b.world_rank, i, j, where, fix));
     }
   }
 }

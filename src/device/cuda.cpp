@@ -51,7 +51,7 @@ class CudaStream final : public Stream::Impl {
   }
   ~CudaStream() override {
     // Queued work still runs after cudaStreamDestroy; the pool frees this stream's
-    // cached blocks only with cudaFree, which waits for the device.
+    // cached blocks only after a cudaDeviceSynchronize.
     (void)cudaStreamDestroy(stream_);
     pool_.forget_stream(id_);
   }
@@ -145,7 +145,10 @@ class CudaBackend final : public Backend {
             return p;
           },
           [d](void* p) {
+            // Called outside the pool's lock. cudaFree "may" synchronize; waiting for the
+            // device first makes sure no queued work still uses the block.
             CudaDeviceGuard guard(d);
+            (void)cudaDeviceSynchronize();
             (void)cudaFree(p);
           },
           pool_limit_));
@@ -158,6 +161,12 @@ class CudaBackend final : public Backend {
     check(index, "make_current");
     touch(index);  // cudaSetDevice creates the primary context (CUDA 12 and up)
     MESHRT_CUDA_CHECK(cudaSetDevice(index));
+  }
+  std::string physical_device(int index) const override {
+    check(index, "physical_device");
+    char bus[32] = {};
+    MESHRT_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, static_cast<int>(sizeof bus), index));
+    return fmt::format("the GPU at PCI bus id {}", bus);
   }
   Stream create_stream(int device) override {
     check(device, "create_stream");

@@ -2,15 +2,16 @@
 // and every call can be polled against a deadline and aborted from the issuing thread.
 #include <fmt/format.h>
 
-#include <thread>
+#include <chrono>
 #include <vector>
 
 #include "common/backoff.hpp"
 #include "common/mpi_wait.hpp"
 #include "device/backend.hpp"
-#include "device/comm.hpp"
 #include "device/cuda.hpp"
 #include "device/cuda_kernels.hpp"
+#include "device/nan_rule.hpp"
+#include "meshrt/internal/settings.hpp"
 
 namespace meshrt::device {
 namespace {
@@ -65,7 +66,7 @@ std::string nccl_message(ncclComm_t comm, ncclResult_t rc) {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, int size, int device)
-      : comm_(comm), rank_(rank), size_(size), device_(device) {}
+      : comm_(comm), rank_(rank), size_(size), device_(device), timeout_(settings::kDeviceTimeout.get()) {}
   ~NcclCommunicator() override { destroy(); }
 
   int rank() const noexcept override { return rank_; }
@@ -77,7 +78,15 @@ class NcclCommunicator final : public Communicator {
     const ncclRedOp_t op = nccl_op(reduction, where("all_reduce"));
     cudaStream_t s = native(stream, "all_reduce");
     CudaDeviceGuard guard(device_);
+    const NanMasks masks = nan_masks(send, count, count, dtype, reduction, stream);
+    check(ncclGroupStart(), "ncclGroupStart");
     check(ncclAllReduce(send, recv, count, nccl_datatype(dtype), op, comm_, s), "ncclAllReduce");
+    if (masks) {
+      check(ncclAllReduce(masks.send, masks.recv, count, ncclUint8, ncclMax, comm_, s), "ncclAllReduce (NaN mask)");
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd");
+    if (masks)
+      cuda_kernels::apply_nan_mask(static_cast<int>(dtype), recv, masks.recv, static_cast<std::int64_t>(count), s);
     if (reduction == Reduction::Avg) divide(recv, count, dtype, s);
   }
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
@@ -90,7 +99,16 @@ class NcclCommunicator final : public Communicator {
     const ncclRedOp_t op = nccl_op(reduction, where("reduce_scatter"));
     cudaStream_t s = native(stream, "reduce_scatter");
     CudaDeviceGuard guard(device_);
+    const NanMasks masks = nan_masks(send, count * static_cast<std::size_t>(size_), count, dtype, reduction, stream);
+    check(ncclGroupStart(), "ncclGroupStart");
     check(ncclReduceScatter(send, recv, count, nccl_datatype(dtype), op, comm_, s), "ncclReduceScatter");
+    if (masks) {
+      check(ncclReduceScatter(masks.send, masks.recv, count, ncclUint8, ncclMax, comm_, s),
+            "ncclReduceScatter (NaN mask)");
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd");
+    if (masks)
+      cuda_kernels::apply_nan_mask(static_cast<int>(dtype), recv, masks.recv, static_cast<std::int64_t>(count), s);
     if (reduction == Reduction::Avg) divide(recv, count, dtype, s);
   }
   void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
@@ -152,10 +170,16 @@ class NcclCommunicator final : public Communicator {
       return;
     }
     {
+      // Finalize waits for the communicator's work, which a peer that never joins holds
+      // up forever: past the deadline it is aborted instead.
       (void)ncclCommFinalize(comm_);
       ncclResult_t state = ncclInProgress;
-      while (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclInProgress) std::this_thread::yield();
-      if (state != ncclSuccess) {
+      const bool settled =
+          detail::Backoff(detail::kInFlight)
+              .poll_until(
+                  [&] { return ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress; },
+                  detail::deadline_after(timeout_));
+      if (!settled || state != ncclSuccess) {
         abort();
         return;
       }
@@ -183,19 +207,63 @@ class NcclCommunicator final : public Communicator {
   }
 
   // A non-blocking communicator may answer ncclInProgress: the call is then complete only
-  // once ncclCommGetAsyncError says so, and nothing else may be issued before.
+  // once ncclCommGetAsyncError says so, and nothing else may be issued before. The first
+  // call on a communicator may connect to its peers there, so a peer that never posts
+  // its part holds it up: polled against MESHRT_DEVICE_TIMEOUT, then aborted (the data
+  // plane drops it).
   void check(ncclResult_t rc, const char* call) {
     if (rc == ncclInProgress) {
       ncclResult_t state = ncclInProgress;
-      do {
-        rc = ncclCommGetAsyncError(comm_, &state);
-        if (rc != ncclSuccess) break;
-        rc = state;
-      } while (state == ncclInProgress);
+      const bool settled = detail::Backoff(detail::kInFlight)
+                               .poll_until(
+                                   [&] {
+                                     rc = ncclCommGetAsyncError(comm_, &state);
+                                     if (rc != ncclSuccess) return true;
+                                     rc = state;
+                                     return state != ncclInProgress;
+                                   },
+                                   detail::deadline_after(timeout_));
+      if (!settled) {
+        abort();
+        throw TimeoutError(fmt::format(
+            "{}: {} still in progress after {:g} s (MESHRT_DEVICE_TIMEOUT): expected every peer to post its part in "
+            "time, found one that never did (or is stuck before it); aborted the communicator",
+            describe(), call, timeout_.count()));
+      }
     }
     if (rc != ncclSuccess) {
       throw SystemError(fmt::format("{}: {} failed: {}", describe(), call, nccl_message(comm_, rc)));
     }
+  }
+
+  // The NaN rule of max and min (device/nan_rule.hpp): NCCL's may drop a NaN, so beside
+  // the data goes an any-NaN mask, reduced with max, and NaN is written where it is set.
+  // The masks come from the pool on the call's stream and go back to it when this
+  // returns: only later work on that stream can reuse them.
+  struct NanMasks {
+    Tensor send_mask;
+    Tensor recv_mask;
+    void* send = nullptr;
+    void* recv = nullptr;
+    explicit operator bool() const noexcept { return send != nullptr; }
+  };
+  NanMasks nan_masks(const void* send, std::size_t send_count, std::size_t recv_count, DType dtype, Reduction reduction,
+                     const Stream& stream) const {
+    NanMasks m;
+    if (!nan_rule::applies(static_cast<int>(dtype), static_cast<int>(reduction)) || send_count == 0) return m;
+    Backend& b = backend(Accelerator::Cuda);
+    const Device here = Device::cuda(device_);
+    m.send_mask = b.empty(TensorMeta({static_cast<std::int64_t>(send_count)}, DType::UInt8, here), stream);
+    m.send = m.send_mask.raw_data();
+    if (recv_count == send_count) {
+      m.recv = m.send;  // all_reduce: in place
+    } else {
+      m.recv_mask = b.empty(TensorMeta({static_cast<std::int64_t>(recv_count)}, DType::UInt8, here), stream);
+      m.recv = m.recv_mask.raw_data();
+    }
+    cuda_kernels::nan_mask(static_cast<int>(dtype), send, m.send, static_cast<std::int64_t>(send_count),
+                           stream.native());
+    return m;
   }
 
   void divide(void* buffer, std::size_t count, DType dtype, cudaStream_t s) const {
@@ -206,6 +274,7 @@ class NcclCommunicator final : public Communicator {
   int rank_;
   int size_;
   int device_;
+  std::chrono::duration<double> timeout_;  // MESHRT_DEVICE_TIMEOUT: in-progress calls and finalize
 };
 
 }  // namespace
@@ -218,7 +287,7 @@ std::unique_ptr<Communicator> create_nccl_communicator(MPI_Comm members, int dev
   MESHRT_MPI_CHECK(MPI_Comm_rank(members, &rank));
   MESHRT_MPI_CHECK(MPI_Comm_size(members, &size));
   // Before NCCL sees it: NCCL's own "Duplicate GPU detected" names no MPI rank.
-  check_distinct_devices(members, Accelerator::Cuda, device);
+  check_distinct_devices(members, Accelerator::Cuda, device, deadline);
   ncclUniqueId id{};
   if (rank == 0) MESHRT_NCCL_CHECK(ncclGetUniqueId(&id));
   MPI_Request request = MPI_REQUEST_NULL;

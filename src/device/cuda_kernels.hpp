@@ -1,6 +1,7 @@
-// The device layer's CUDA kernels (kernels_cuda.cu): the elementwise built-ins and the
-// division of avg. Plain types only, so the .cu file needs no C++20 meshrt header. `dtype` is static_cast<int>(DType);
-// `stream` is a cudaStream_t (nullptr: the default stream). Errors raise SystemError.
+// The device layer's CUDA kernels (kernels_cuda.cu): the elementwise built-ins, the
+// division of avg and the NaN mask of max and min. Plain types only, so the .cu file
+// needs no C++20 meshrt header. `dtype` is static_cast<int>(DType); `stream` is a
+// cudaStream_t (nullptr: the default stream). Errors raise SystemError.
 #pragma once
 
 #include <cstdint>
@@ -17,5 +18,9 @@ void scale(int dtype, const void* x, double factor, void* out, std::int64_t n, v
 void divide(int dtype, void* x, std::int64_t divisor, std::int64_t n, void* stream);
 // Floating dtypes take `fvalue`, the others `ivalue`.
 void fill(int dtype, void* out, double fvalue, std::int64_t ivalue, std::int64_t n, void* stream);
+// The NaN rule of max and min (device/nan_rule.hpp), on a floating dtype: mask (n uint8)
+// is 1 where x is NaN; apply_nan_mask writes NaN into x where mask is set.
+void nan_mask(int dtype, const void* x, void* mask, std::int64_t n, void* stream);
+void apply_nan_mask(int dtype, void* x, const void* mask, std::int64_t n, void* stream);
 
 }  // namespace meshrt::cuda_kernels

@@ -2,8 +2,10 @@
 // stream-ordered helpers shared by every backend.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -108,6 +110,36 @@ void tensor_zero(void* dst, const Device& device, std::size_t n) {
   meshrt::detail::set_device_transfers(tensor_copy, tensor_zero);
   return true;
 }();
+
+// What the device still uses after a call returned (a copy's source, a staging block),
+// held until an event recorded after that use completes, and released by the thread that
+// next calls into the device layer (the worker, each turn): never inside a CUDA host
+// function, which may make no CUDA call (a release can free into the pool), and whose
+// callbacks a stream waits for.
+struct Held {
+  Event done;
+  std::shared_ptr<const void> what;
+};
+std::mutex g_held_mutex;
+std::vector<Held> g_held;
+std::atomic<std::size_t> g_held_count{0};
+
+void hold_until(Event done, std::shared_ptr<const void> what) {
+  release_completed();
+  std::lock_guard lock(g_held_mutex);
+  g_held.push_back({std::move(done), std::move(what)});
+  g_held_count.store(g_held.size());
+}
+
+void hold_until_done(Backend& b, const Stream& stream, std::shared_ptr<const void> what) {
+  Event done = b.create_event(stream.device());
+  done.record(stream);
+  hold_until(std::move(done), std::move(what));
+}
+
+std::shared_ptr<const void> holding(const Tensor& t) {
+  return std::make_shared<const Tensor>(t);
+}
 
 void require_accelerator_tensor(const Tensor& t, const char* what) {
   if (!t.defined() || !t.device().is_accelerator()) {
@@ -303,6 +335,26 @@ void Event::synchronize() const {
 
 // ---------------------------------------------------------------------------- helpers
 
+void release_completed() {
+  if (g_held_count.load() == 0) return;
+  std::vector<Held> done;
+  {
+    std::lock_guard lock(g_held_mutex);
+    // Pending ones first, completed ones after `first_done`.
+    const auto first_done = std::partition(g_held.begin(), g_held.end(), [](const Held& h) {
+      try {
+        return !h.done.query();
+      } catch (const std::exception&) {
+        return false;  // a failed device: its work will not run
+      }
+    });
+    std::move(first_done, g_held.end(), std::back_inserter(done));
+    g_held.erase(first_done, g_held.end());
+    g_held_count.store(g_held.size());
+  }
+  // `done` goes here, outside the lock: its blocks return to their pools.
+}
+
 Tensor zeros(const TensorMeta& meta, const Stream& stream) {
   ensure_current(meta.device().kind());
   Backend& b = backend(meta.device().kind());
@@ -321,8 +373,7 @@ Tensor to_device(const Tensor& host, const Device& device, const Stream& stream)
   std::shared_ptr<void> staging = b.pinned(host.nbytes());
   if (host.nbytes() > 0) std::memcpy(staging.get(), host.raw_data(), host.nbytes());
   b.copy_async(out.raw_data(), staging.get(), host.nbytes(), stream);
-  // The staging block stays alive until the copy ran (its release needs no device call).
-  stream.enqueue([staging = std::move(staging)] {});
+  hold_until_done(b, stream, std::move(staging));  // until the copy ran
   return out;
 }
 
@@ -333,8 +384,11 @@ void copy(const Tensor& dst, const Tensor& src, const Stream& stream) {
     throw UsageError(fmt::format("device copy: expected a source like {}, found {}", dst.meta().to_string(),
                                  src.meta().to_string()));
   }
-  backend(dst.device().kind()).copy_async(const_cast<void*>(dst.raw_data()), src.raw_data(), src.nbytes(), stream);
-  stream.enqueue([keep = src] {});
+  Backend& b = backend(dst.device().kind());
+  b.copy_async(const_cast<void*>(dst.raw_data()), src.raw_data(), src.nbytes(), stream);
+  // The source may come from another stream's pool list: held until the copy ran, so
+  // that stream cannot reuse it first.
+  hold_until_done(b, stream, holding(src));
 }
 
 Tensor clone(const Tensor& t, const Stream& stream) {
@@ -360,13 +414,14 @@ Fetch fetch(const Tensor& tensor, const Stream& stream) {
     return out;
   }
   b.copy_async(out.host.raw_data(), tensor.raw_data(), tensor.nbytes(), stream);
-  stream.enqueue([keep = tensor] {});
   out.done.record(stream);
+  hold_until(out.done, holding(tensor));
   return out;
 }
 
 Tensor empty_on(std::uint64_t stream_id, const TensorMeta& meta) {
   if (!meta.device().is_accelerator()) return Tensor::empty(meta);
+  release_completed();
   ensure_current(meta.device().kind());
   return backend(meta.device().kind()).empty(meta, stream_for(stream_id, meta.device()));
 }

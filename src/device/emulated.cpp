@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <new>
+#include <string_view>
 
 #include "meshrt/internal/settings.hpp"
 
@@ -181,19 +183,68 @@ std::string EmulatedStream::to_string() const {
 
 // ---------------------------------------------------------------------------- backend
 
+namespace {
+
+// MESHRT_EMULATED_VISIBLE_DEVICES: the node's devices this process sees, in order (all of
+// them when unset), as CUDA_VISIBLE_DEVICES lists GPUs.
+std::vector<int> visible_devices(int node_devices, const std::optional<std::string>& text) {
+  std::vector<int> out;
+  if (!text) {
+    for (int d = 0; d < node_devices; ++d) out.push_back(d);
+    return out;
+  }
+  const auto refuse = [&] {
+    throw UsageError(
+        fmt::format("setting MESHRT_EMULATED_VISIBLE_DEVICES: expected a comma-separated list of distinct emulated "
+                    "devices in 0..{} (MESHRT_EMULATED_DEVICES={}), found \"{}\"",
+                    node_devices - 1, node_devices, *text));
+  };
+  std::string_view rest = *text;
+  while (true) {
+    const auto comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    int d = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), d);
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size() || d < 0 || d >= node_devices ||
+        std::find(out.begin(), out.end(), d) != out.end()) {
+      refuse();
+    }
+    out.push_back(d);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+}  // namespace
+
 EmulatedBackend::EmulatedBackend()
-    : devices_(static_cast<int>(settings::kEmulatedDevices.get())),
+    : node_devices_(static_cast<int>(settings::kEmulatedDevices.get())),
+      visible_text_(settings::kEmulatedVisibleDevices.from_environment()),
+      visible_(visible_devices(node_devices_, visible_text_)),
       delay_(settings::kEmulatedDelayUs.get()),
-      pool_(host_allocate, host_free, static_cast<std::size_t>(settings::kDevicePoolBytes.get())),
+      pool_(
+          host_allocate,
+          [this](void* p) {
+            synchronize_streams();
+            host_free(p);
+          },
+          static_cast<std::size_t>(settings::kDevicePoolBytes.get())),
       pinned_(host_allocate, host_free, SIZE_MAX) {
-  has_context_.assign(static_cast<std::size_t>(devices_), false);  // the settings take >= 1 devices, >= 0 us
+  has_context_.assign(visible_.size(), false);  // the settings take >= 1 devices, >= 0 us
 }
 
 void EmulatedBackend::check_device(int index, const char* what) const {
-  if (index < 0 || index >= devices_) {
-    throw UsageError(fmt::format("{}: expected an emulated device in 0..{} (MESHRT_EMULATED_DEVICES={}), found {}",
-                                 what, devices_ - 1, devices_, index));
+  if (index < 0 || index >= device_count()) {
+    throw UsageError(fmt::format(
+        "{}: expected an emulated device in 0..{} (MESHRT_EMULATED_DEVICES={}{}), found {}", what, device_count() - 1,
+        node_devices_, visible_text_ ? ", MESHRT_EMULATED_VISIBLE_DEVICES=" + *visible_text_ : std::string(), index));
   }
+}
+
+std::string EmulatedBackend::physical_device(int index) const {
+  check_device(index, "physical_device");
+  return fmt::format("emulated device {} of the node", visible_[static_cast<std::size_t>(index)]);
 }
 
 void EmulatedBackend::touch(int device) {
@@ -219,7 +270,24 @@ int EmulatedBackend::current() {
 Stream EmulatedBackend::create_stream(int device) {
   check_device(device, "create_stream");
   touch(device);
-  return Stream(std::make_shared<EmulatedStream>(device, next_stream_++, delay_, pool_));
+  auto stream = std::make_shared<EmulatedStream>(device, next_stream_++, delay_, pool_);
+  std::lock_guard lock(streams_mutex_);
+  std::erase_if(streams_, [](const std::weak_ptr<EmulatedStream>& s) { return s.expired(); });
+  streams_.push_back(stream);
+  return Stream(std::move(stream));
+}
+
+void EmulatedBackend::synchronize_streams() {
+  std::vector<std::shared_ptr<EmulatedStream>> live;
+  {
+    std::lock_guard lock(streams_mutex_);
+    for (const auto& weak : streams_) {
+      if (auto s = weak.lock()) live.push_back(std::move(s));
+    }
+  }
+  for (const auto& s : live) {
+    if (!s->on_own_thread()) s->synchronize();
+  }
 }
 
 Event EmulatedBackend::create_event(int device) {

@@ -9,6 +9,8 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -38,6 +40,8 @@ class EmulatedStream final : public Stream::Impl {
   std::optional<std::string> error() override;
   std::string to_string() const override;
 
+  // Whether the calling thread is this stream's own (one of its tasks runs now).
+  bool on_own_thread() const noexcept { return thread_.get_id() == std::this_thread::get_id(); }
   // Operations enqueued so far / run so far (an event records the first).
   std::uint64_t enqueued();
   void wait_until(std::uint64_t count);
@@ -69,8 +73,9 @@ class EmulatedBackend final : public Backend {
  public:
   EmulatedBackend();
   Accelerator accelerator() const noexcept override { return Accelerator::Emulated; }
-  int device_count() const override { return devices_; }
+  int device_count() const override { return static_cast<int>(visible_.size()); }
   void make_current(int index) override;
+  std::string physical_device(int index) const override;
   Stream create_stream(int device) override;
   Event create_event(int device) override;
   Tensor empty(const TensorMeta& meta, const Stream& stream) override;
@@ -94,12 +99,21 @@ class EmulatedBackend final : public Backend {
   void touch(int device);
   // The calling thread's current device (make_current), 0 by default.
   static int current();
+  // Waits until every live stream of this backend has run what was enqueued on it so far
+  // (but the calling thread's own stream, inside one of its tasks): what cudaFree does
+  // before it frees, so a block is never freed under work still queued on it.
+  void synchronize_streams();
 
  private:
-  int devices_;
+  int node_devices_;                         // MESHRT_EMULATED_DEVICES
+  std::optional<std::string> visible_text_;  // MESHRT_EMULATED_VISIBLE_DEVICES
+  std::vector<int> visible_;                 // device i is the node's visible_[i]
   mutable std::mutex contexts_mutex_;
   std::vector<bool> has_context_;
   std::chrono::microseconds delay_;
+  // Before the pools, whose frees use them (members go in reverse order).
+  std::mutex streams_mutex_;
+  std::vector<std::weak_ptr<EmulatedStream>> streams_;  // every stream made, live or gone
   CachingPool pool_;
   CachingPool pinned_;
   std::atomic<std::uint64_t> next_stream_{1};

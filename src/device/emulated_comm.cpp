@@ -5,6 +5,7 @@
 #include <array>
 #include <atomic>
 #include <climits>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -14,13 +15,15 @@
 #include <random>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common/backoff.hpp"
 #include "common/checks.hpp"
 #include "common/mpi_wait.hpp"
-#include "device/comm.hpp"
 #include "device/emulated.hpp"
+#include "device/nan_rule.hpp"
+#include "meshrt/internal/settings.hpp"
 
 namespace meshrt::device {
 namespace {
@@ -58,11 +61,12 @@ T combine(T a, T b, Reduction r) {
         return a + b;
       case Reduction::Product:
         return a * b;
-      // A NaN on either side wins (torch.minimum, torch.maximum), whichever rank holds it.
+      // As fmin and fmax, NaN-dropping as NCCL's may be: the NaN rule comes after the
+      // reduction (reduce_blocks), as on cuda.
       case Reduction::Min:
-        return (a != a || a < b) ? a : b;
+        return std::fmin(a, b);
       default:
-        return (a != a || a > b) ? a : b;
+        return std::fmax(a, b);
     }
   }
 }
@@ -100,6 +104,22 @@ void reduce_blocks(const char* blocks, std::size_t block_bytes, int n, std::size
       std::memcpy(o, acc.data(), count * sizeof(T));
     }
   });
+  // Max and min propagate NaN from any member, the way the cuda backend makes NCCL do it
+  // (device/nan_rule.hpp): each block's any-NaN mask, reduced with max over uint8, then
+  // NaN where the reduced mask is set.
+  if (nan_rule::applies(static_cast<int>(dtype), static_cast<int>(r))) {
+    nan_rule::for_floating(static_cast<int>(dtype), [&](auto tag) {
+      constexpr int D = decltype(tag)::value;
+      std::vector<std::uint8_t> mask(count, 0);
+      std::vector<std::uint8_t> block(count);
+      for (int k = 0; k < n; ++k) {
+        nan_rule::mask_of<D>(blocks + static_cast<std::size_t>(k) * block_bytes, block.data(),
+                             static_cast<std::int64_t>(count));
+        for (std::size_t i = 0; i < count; ++i) mask[i] = combine<std::uint8_t>(mask[i], block[i], Reduction::Max);
+      }
+      nan_rule::apply_mask<D>(out, mask.data(), static_cast<std::int64_t>(count));
+    });
+  }
 }
 
 // A fault of this member's own buffers (not device memory, or one buffer where two are
@@ -127,6 +147,10 @@ class Buffers {
 // A member's part ended by an abort (ncclCommAbort ends the kernels in flight).
 struct Aborted {};
 
+// set_enqueue_fault_for_testing: the message the next enqueue on this process fails with.
+std::mutex g_enqueue_fault_mutex;
+std::optional<std::string> g_enqueue_fault;
+
 struct CommState {
   MPI_Comm comm = MPI_COMM_NULL;
   std::mutex mutex;
@@ -143,7 +167,12 @@ struct CommState {
 class EmulatedCommunicator final : public Communicator {
  public:
   EmulatedCommunicator(MPI_Comm comm, int rank, int size, int device, std::string id)
-      : state_(std::make_shared<CommState>()), rank_(rank), size_(size), device_(device), id_(std::move(id)) {
+      : state_(std::make_shared<CommState>()),
+        rank_(rank),
+        size_(size),
+        device_(device),
+        id_(std::move(id)),
+        timeout_(settings::kDeviceTimeout.get()) {
     state_->comm = comm;
   }
   ~EmulatedCommunicator() override { destroy(); }
@@ -287,7 +316,13 @@ class EmulatedCommunicator final : public Communicator {
       state_->aborted = true;
       return;
     }
-    state_->cv.wait(lock, [&] { return state_->pending == 0; });
+    // Work that never finishes (a peer that never joined) is given up on at the
+    // deadline, as an abort would end it, and the communicator is left to MPI.
+    if (!state_->cv.wait_until(lock, detail::deadline_after(timeout_), [&] { return state_->pending == 0; })) {
+      state_->aborted = true;
+      state_->abort_seen.store(true);
+      return;
+    }
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&state_->comm);
@@ -347,6 +382,13 @@ class EmulatedCommunicator final : public Communicator {
     if (s.device() != device_) {
       throw UsageError(fmt::format("{} on {}: expected a stream of emulated:{}, found {}", what, describe(), device_,
                                    s.to_string()));
+    }
+    {
+      std::lock_guard lock(g_enqueue_fault_mutex);
+      if (g_enqueue_fault) {
+        const std::string message = std::exchange(g_enqueue_fault, std::nullopt).value();
+        throw SystemError(fmt::format("{} on {}: {}", what, describe(), message));
+      }
     }
     {
       std::lock_guard lock(state_->mutex);
@@ -419,9 +461,15 @@ class EmulatedCommunicator final : public Communicator {
   int size_;
   int device_;
   std::string id_;
+  std::chrono::duration<double> timeout_;  // MESHRT_DEVICE_TIMEOUT: destroy's wait for pending work
 };
 
 }  // namespace
+
+void set_enqueue_fault_for_testing(std::string message) {
+  std::lock_guard lock(g_enqueue_fault_mutex);
+  g_enqueue_fault = std::move(message);
+}
 
 std::unique_ptr<Communicator> create_emulated_communicator(MPI_Comm members, int device,
                                                            std::chrono::duration<double> timeout) {
@@ -448,7 +496,7 @@ std::unique_ptr<Communicator> create_emulated_communicator(MPI_Comm members, int
   MPI_Request request = MPI_REQUEST_NULL;
   MESHRT_MPI_CHECK(MPI_Ibcast(id.data(), static_cast<int>(sizeof id), MPI_BYTE, 0, members, &request));
   detail::wait_request(request, deadline, "emulated communicator init", "the unique id's broadcast");
-  check_distinct_devices(members, Accelerator::Emulated, device);
+  check_distinct_devices(members, Accelerator::Emulated, device, deadline);
   MPI_Comm own = MPI_COMM_NULL;
   MESHRT_MPI_CHECK(MPI_Comm_idup(members, &own, &request));
   detail::wait_request(request, deadline, "emulated communicator init", "the communicator's duplication");

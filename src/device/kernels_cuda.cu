@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "device/cuda_kernels.hpp"
+#include "device/nan_rule.hpp"
 #include "meshrt/error.hpp"
 
 // Not common/checks.hpp: this file is compiled as C++17 by nvcc, apart from libmeshrt's
@@ -122,6 +123,24 @@ __global__ void divide_kernel(T* x, std::int64_t divisor, std::int64_t n) {
   }
 }
 
+// The NaN rule of max and min (device/nan_rule.hpp): the any-NaN mask of x, and NaN
+// written back where the reduced mask is set.
+template <int D>
+__global__ void nan_mask_kernel(const typename nan_rule::Bits<D>::type* x, std::uint8_t* mask, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    mask[i] = nan_rule::is_nan<D>(x[i]);
+  }
+}
+
+template <int D>
+__global__ void apply_nan_mask_kernel(typename nan_rule::Bits<D>::type* x, const std::uint8_t* mask, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    x[i] = nan_rule::masked<D>(x[i], mask[i]);
+  }
+}
+
 constexpr int kThreads = 256;
 unsigned blocks(std::int64_t n) {
   const std::int64_t b = (n + kThreads - 1) / kThreads;
@@ -183,6 +202,31 @@ void fill(int dtype, void* out, double fvalue, std::int64_t ivalue, std::int64_t
     }
     fill_kernel<T><<<blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<T*>(out), value, n);
   });
+  MESHRT_CUDA_CHECK(cudaGetLastError());
+}
+
+void nan_mask(int dtype, const void* x, void* mask, std::int64_t n, void* stream) {
+  if (n == 0) return;
+  const bool floating = nan_rule::for_floating(dtype, [&](auto tag) {
+    constexpr int D = decltype(tag)::value;
+    using T = typename nan_rule::Bits<D>::type;
+    nan_mask_kernel<D><<<blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(x), static_cast<std::uint8_t*>(mask), n);
+  });
+  if (!floating) throw UsageError("CUDA nan_mask: expected a floating dtype, found code " + std::to_string(dtype));
+  MESHRT_CUDA_CHECK(cudaGetLastError());
+}
+
+void apply_nan_mask(int dtype, void* x, const void* mask, std::int64_t n, void* stream) {
+  if (n == 0) return;
+  const bool floating = nan_rule::for_floating(dtype, [&](auto tag) {
+    constexpr int D = decltype(tag)::value;
+    using T = typename nan_rule::Bits<D>::type;
+    apply_nan_mask_kernel<D><<<blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<T*>(x), static_cast<const std::uint8_t*>(mask), n);
+  });
+  if (!floating)
+    throw UsageError("CUDA apply_nan_mask: expected a floating dtype, found code " + std::to_string(dtype));
   MESHRT_CUDA_CHECK(cudaGetLastError());
 }
 

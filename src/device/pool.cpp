@@ -12,9 +12,10 @@ CachingPool::~CachingPool() {
 std::shared_ptr<void> CachingPool::allocate(std::size_t bytes, std::uint64_t stream_key) {
   const std::size_t rounded = std::max(kGranule, (bytes + kGranule - 1) / kGranule * kGranule);
   void* p = nullptr;
+  std::vector<void*> doomed;
   {
     std::lock_guard lock(mutex_);
-    free_pending_locked();
+    doomed.swap(to_free_);
     if (stream_key != 0) {
       auto list = free_.find(stream_key);
       if (list != free_.end()) {
@@ -28,8 +29,16 @@ std::shared_ptr<void> CachingPool::allocate(std::size_t bytes, std::uint64_t str
       }
     }
   }
+  free_blocks(doomed);
   if (p == nullptr) {
-    p = raw_allocate_(rounded);
+    try {
+      p = raw_allocate_(rounded);
+    } catch (...) {
+      // Out of memory with blocks cached: free them all and try once more.
+      if (stats().cached_bytes == 0) throw;
+      empty_cache();
+      p = raw_allocate_(rounded);
+    }
     std::lock_guard lock(mutex_);
     ++stats_.misses;
   }
@@ -68,18 +77,24 @@ void CachingPool::forget_stream(std::uint64_t stream_key) {
 }
 
 void CachingPool::empty_cache() {
-  std::lock_guard lock(mutex_);
-  for (auto& [key, list] : free_) {
-    for (auto& [size, p] : list) to_free_.push_back(p);
+  std::vector<void*> doomed;
+  {
+    std::lock_guard lock(mutex_);
+    doomed.swap(to_free_);
+    for (auto& [key, list] : free_) {
+      for (auto& [size, p] : list) doomed.push_back(p);
+    }
+    free_.clear();
+    stats_.cached_bytes = 0;
   }
-  free_.clear();
-  stats_.cached_bytes = 0;
-  free_pending_locked();
+  free_blocks(doomed);
 }
 
-void CachingPool::free_pending_locked() {
-  for (void* p : to_free_) raw_free_(p);
-  to_free_.clear();
+// Outside the lock: a backend's free may wait for the device's streams (cudaFree does),
+// and their work may release blocks into this pool, which takes the lock.
+void CachingPool::free_blocks(std::vector<void*>& blocks) {
+  for (void* p : blocks) raw_free_(p);
+  blocks.clear();
 }
 
 PoolStats CachingPool::stats() const {

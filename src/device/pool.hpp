@@ -6,7 +6,10 @@
 //
 // Release never calls the backend's free (a release may run inside a CUDA host function,
 // where CUDA calls are not allowed): blocks over the cache limit wait in a list that the
-// next allocate() or empty_cache() frees.
+// next allocate() or empty_cache() frees, outside the pool's lock, since the backend's
+// free first waits for the device's streams to finish their work (as cudaFree may), and
+// that work may release blocks into the pool. An allocation that fails while blocks are
+// cached empties the cache and tries once more.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +28,8 @@ namespace meshrt::device {
 class CachingPool {
  public:
   using RawAllocate = std::function<void*(std::size_t)>;  // throws on failure
+  // Frees a block once the work of every stream that may use it is done (cudaFree
+  // synchronizes the device first; the emulated backend waits for its streams).
   using RawFree = std::function<void(void*)>;
   // `limit`: most bytes kept cached across all streams.
   CachingPool(RawAllocate allocate, RawFree free, std::size_t limit);
@@ -45,7 +50,7 @@ class CachingPool {
 
  private:
   void release(void* p, std::size_t bytes, std::uint64_t stream_key) noexcept;
-  void free_pending_locked();
+  void free_blocks(std::vector<void*>& blocks);
 
   RawAllocate raw_allocate_;
   RawFree raw_free_;

@@ -150,6 +150,18 @@ Scalar fill_value(const detail::ArgAccess& args, std::size_t index, DType dtype)
       return {0, 0};
     }
   });
+  // A float with no fractional part is that integer, as numpy and torch take it
+  // (full(..., 3.0) of int64); the range's top is hi + 1 exclusive, exact in a double.
+  if (v.is_double()) {
+    const double d = v.as_number();
+    const double top = static_cast<double>(hi / 2 + 1) * 2.0;
+    if (!(d == std::trunc(d) && d >= static_cast<double>(lo) && d < top)) {
+      args.fail_arg(index, fmt::format("expected an integral value in [{}, {}] for dtype {} (an int, or a float "
+                                       "with no fractional part), found the float {}",
+                                       lo, hi, name(dtype), d));
+    }
+    return {d, static_cast<std::int64_t>(d)};
+  }
   if (!v.is_int() || v.as_int() < lo || v.as_int() > hi) refuse(fmt::format("an int in [{}, {}]", lo, hi));
   return {static_cast<double>(v.as_int()), v.as_int()};
 }
@@ -594,7 +606,8 @@ MESHRT_REGISTER_FUNCTION("meshrt.full", full_kernel, full_shape,
                          Description{
                              .params = {{"shape", "list[int]"}, {"dtype", "dtype"}, {"value", "int | float | bool"}},
                              .returns = "tensor",
-                             .doc = "A tensor of `shape` filled with `value` (checked against `dtype`'s range)."});
+                             .doc = "A tensor of `shape` filled with `value` (checked against `dtype`'s range; a "
+                                    "float with no fractional part fills an integer dtype, as in numpy)."});
 MESHRT_REGISTER_FUNCTION("meshrt.zeros", zeros_kernel, zeros_shape,
                          Description{.params = {{"shape", "list[int]"}, {"dtype", "dtype"}},
                                      .returns = "tensor",

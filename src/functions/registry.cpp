@@ -36,6 +36,14 @@ CallContext::CallContext(int rank, std::vector<std::string> dim_names, std::vect
                                    dim_names_[i], coordinates_[i]));
     }
   }
+  // A CUDA kernel given no stream would launch on the legacy default stream, unordered
+  // with the non-blocking streams the rest of the work runs on.
+  if (device_.is_cuda() && native_stream_ == nullptr) {
+    throw UsageError(fmt::format(
+        "CallContext on {}: expected the CUDA stream of meshrt stream {} (device::stream_for(...).native()), found "
+        "none (its kernels would run on the legacy default stream)",
+        device_.to_string(), stream_id_));
+  }
 }
 
 namespace {

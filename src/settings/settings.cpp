@@ -18,14 +18,18 @@ namespace {
 // The table: every handle of settings.hpp, in the order meshrt-info prints them. A handle
 // that is read but missing here is an internal error at its first read (checked_info).
 constexpr std::array kTable{
-    kLogLevel.info,          kLogDir.info,         kGroupTimeout.info,
-    kGroupChunkBytes.info,   kFanout.info,         kFanoutThreshold.info,
-    kFlightRecorder.info,    kTimeoutAction.info,  kSignalHandler.info,
-    kStateQueryTimeout.info, kWorkerBlocking.info, kCommPoolBytes.info,
-    kAccelerator.info,       kDevice.info,         kEmulatedDevices.info,
-    kEmulatedDelayUs.info,   kDeviceTimeout.info,  kDevicePoolBytes.info,
-    kRequireGpu.info,        kTestWatchdog.info,   kTestAllRanksOutput.info,
-    kSoakCommands.info,      kSoakTrace.info,
+    kLogLevel.info,        kLogDir.info,
+    kGroupTimeout.info,    kGroupChunkBytes.info,
+    kFanout.info,          kFanoutThreshold.info,
+    kFlightRecorder.info,  kTimeoutAction.info,
+    kSignalHandler.info,   kStateQueryTimeout.info,
+    kWorkerBlocking.info,  kCommPoolBytes.info,
+    kAccelerator.info,     kDevice.info,
+    kEmulatedDevices.info, kEmulatedVisibleDevices.info,
+    kEmulatedDelayUs.info, kDeviceTimeout.info,
+    kDevicePoolBytes.info, kRequireGpu.info,
+    kTestWatchdog.info,    kTestAllRanksOutput.info,
+    kSoakCommands.info,    kSoakTrace.info,
 };
 
 std::string lower(std::string_view text) {

@@ -28,6 +28,7 @@ std::vector<Tensor> release_cached_memory(CallContext&, Args&) {
   // Only a backend already in use: asking for one would create it (and, on CUDA, a context).
   const device::Placement where = device::placement();
   if (where.accelerator != device::Accelerator::None) {
+    device::release_completed();  // what completed work no longer needs goes back first
     device::Backend& backend = device::backend(where.accelerator);
     const std::size_t cached = backend.pool_stats().cached_bytes;
     backend.empty_cache();

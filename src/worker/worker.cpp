@@ -125,6 +125,21 @@ struct Worker::Impl {
                        stream->id, where, native);
   }
 
+  // A fetch's preprocess runs where the value is: on its accelerator device and that
+  // device's stream of the fetch's meshrt stream (a CUDA kernel given no stream would run
+  // on the legacy default stream, unordered with the work that made the value).
+  std::variant<CallContext, DependentOnError> value_context(Ref stream_ref, const Value& value) const {
+    const auto stream = env.find<detail::StreamValue>(stream_ref, "stream");
+    if (!stream) return stream.failed;
+    Device where = Device::cpu();
+    value.for_each_leaf([&](const Value& leaf) {
+      if (where.is_cpu() && leaf.is_tensor() && leaf.as_tensor().device().is_accelerator())
+        where = leaf.as_tensor().device();
+    });
+    void* native = where.is_cuda() ? device::stream_for(stream->id, where).native() : nullptr;
+    return CallContext(opt.rank, {}, {}, {}, stream->id, where, native);
+  }
+
   // ------------------------------------------------------------------ commands
 
   void execute(Command& command) {
@@ -209,7 +224,7 @@ struct Worker::Impl {
       if (const auto* marker = std::get_if<DependentOnError>(&resolved)) return *marker;
       Value& value = *std::get_if<Value>(&resolved);
       if (c.function) {
-        auto found = context(Ref{0}, c.stream);
+        auto found = value_context(c.stream, value);
         if (const auto* marker = std::get_if<DependentOnError>(&found)) return *marker;
         CallContext& ctx = *std::get_if<CallContext>(&found);
         Args args(*c.function, std::vector<Value>{std::move(value)});
@@ -334,6 +349,7 @@ struct Worker::Impl {
       if (reporter.receive_tree()) worked = true;
       if (reporter.holding() && reporter.poll(env)) worked = true;
       if (in_flight.active() && in_flight.poll(env, reporter)) worked = true;
+      device::release_completed();
       while (!in_flight.active() && !inbox.empty() && !exit) {
         step(inbox.pop());
         worked = true;

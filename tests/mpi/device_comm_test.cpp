@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -301,6 +302,54 @@ TEST(DeviceComm, AFaultOnOneRankNeverLeavesItsPeersWaiting) {
   EXPECT_FALSE(s.comm->async_error());
 }
 
+// destroy() of a communicator whose work never finishes (a peer that never joins) gives up
+// after MESHRT_DEVICE_TIMEOUT and aborts it, instead of waiting forever at the runtime's
+// end (issue 29, N8; NCCL's Finalize is polled against the same deadline).
+TEST(DeviceComm, DestroyGivesUpOnWorkThatNeverFinishes) {
+  if (under_test() != Accelerator::Emulated) GTEST_SKIP() << "the emulator's destroy (NCCL's needs a peer that hangs)";
+  setenv("MESHRT_DEVICE_TIMEOUT", "1", 1);
+  OnEmulated s;  // its communicator reads the deadline when it is made
+  unsetenv("MESHRT_DEVICE_TIMEOUT");
+  Tensor t = device::to_device(Tensor::from<float>({1}, {1.0f}), s.where(), s.stream);
+  if (world_rank() == 0) {
+    // Rank 0 alone posts a reduction: its peers join only after its destroy returned.
+    s.comm->all_reduce(t.raw_data(), t.raw_data(), 1, DType::Float32, Reduction::Sum, s.stream);
+    s.comm->destroy();
+    ASSERT_TRUE(s.comm->async_error());
+    expect_contains(*s.comm->async_error(), "was aborted");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() != 0) {
+    // Rank 0's part is still posted in MPI (an abort cannot take it back): theirs complete.
+    s.comm->all_reduce(t.raw_data(), t.raw_data(), 1, DType::Float32, Reduction::Sum, s.stream);
+    s.stream.synchronize();
+    s.comm->destroy();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// The members' exchange of their devices is polled against the creation's deadline: a
+// member that has not joined it in time gives a TimeoutError on the others, never a hang
+// in a blocking MPI_Allgather (issue 29, N6).
+TEST(DeviceComm, TheExchangeOfDevicesHasADeadline) {
+  if (under_test() != Accelerator::Emulated) GTEST_SKIP() << "written for the emulated devices";
+  MPI_Comm members = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &members);
+  const int dev = device::select_device(under_test(), MPI_COMM_WORLD);
+  const auto soon = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  if (world_rank() == 1) {
+    MPI_Barrier(MPI_COMM_WORLD);  // until the others gave up
+    device::check_distinct_devices(members, under_test(), dev, std::chrono::steady_clock::now() + kInitTimeout);
+  } else {
+    const std::string text =
+        error_of<TimeoutError>([&] { device::check_distinct_devices(members, under_test(), dev, soon); });
+    expect_contains(text, "device communicator: expected every member to join the exchange of their devices in time");
+    MPI_Barrier(MPI_COMM_WORLD);  // rank 1 joins late: the exchange completes as MPI progresses here
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Comm_free(&members);
+}
+
 TEST(DeviceComm, AnAbortedCommunicatorFailsLaterWork) {
   OnEmulated s;
   Stream other = emulated().create_stream(s.device);
@@ -312,6 +361,53 @@ TEST(DeviceComm, AnAbortedCommunicatorFailsLaterWork) {
   expect_contains(*s.comm->async_error(), "aborted");
   ASSERT_TRUE(other.error());
   expect_contains(*other.error(), "the communicator was aborted");
+}
+
+// One visible device per rank, as the Slurm GPU templates give each rank one GPU: every
+// rank's device is 0, and ranks are told apart by the physical device behind it, as NCCL
+// does by PCI bus id (issue 29, N1). CTest runs it through tests/mpi/visible_devices.sh
+// with MESHRT_DEVICE=0: each rank on its own device (a communicator is made), and every
+// rank on one (refused on every rank, naming two ranks and the device).
+TEST(DevicePlacement, RanksAreToldApartByThePhysicalDeviceNotItsIndex) {
+  const char* visible = std::getenv("MESHRT_EMULATED_VISIBLE_DEVICES");
+  if (under_test() != Accelerator::Emulated || visible == nullptr) {
+    GTEST_SKIP() << "CTest runs it with MESHRT_EMULATED_VISIBLE_DEVICES set per rank";
+  }
+  const int dev = device::select_device(under_test(), MPI_COMM_WORLD);
+  ASSERT_EQ(dev, 0);
+  // The node's device behind index 0 is the first one listed, on every rank.
+  const int mine = std::atoi(visible);
+  std::vector<int> all(static_cast<std::size_t>(world_size()));
+  MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  int first = -1;
+  int second = -1;
+  for (int i = 0; i < world_size() && first < 0; ++i) {
+    for (int j = i + 1; j < world_size(); ++j) {
+      if (all[static_cast<std::size_t>(i)] == all[static_cast<std::size_t>(j)]) {
+        first = i;
+        second = j;
+        break;
+      }
+    }
+  }
+  if (first < 0) {
+    emulated().make_current(dev);
+    Stream stream = emulated().create_stream(dev);
+    auto comm = device::create_communicator(under_test(), MPI_COMM_WORLD, dev, kInitTimeout);
+    const Tensor in = device::to_device(Tensor::from<std::int32_t>({1}, {world_rank()}), on_device(dev), stream);
+    Tensor out = emulated().empty(in.meta(), stream);
+    comm->all_reduce(in.raw_data(), out.raw_data(), 1, DType::Int32, Reduction::Sum, stream);
+    EXPECT_TRUE(fetched(out, stream).equals(Tensor::from<std::int32_t>({1}, {world_size() * (world_size() - 1) / 2})));
+    comm->destroy();
+  } else {
+    const std::string text =
+        usage_error([&] { (void)device::create_communicator(under_test(), MPI_COMM_WORLD, dev, kInitTimeout); });
+    const std::string a = std::to_string(first);
+    const std::string b = std::to_string(second);
+    expect_contains(text, "expected one rank per device, found world ranks " + a + " and " + b + " (members " + a +
+                              " and " + b + ") both on emulated:0 of one node (emulated device " +
+                              std::to_string(mine) + " of the node)");
+  }
 }
 
 TEST(DevicePlacement, LocalRankModuloTheDeviceCountAndTheOverride) {

@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <string>
@@ -236,18 +237,20 @@ TEST(DeviceDataPlane, RefusesBitwiseReductions) {
               HasSubstr("bitwise reduction bxor is not supported by NCCL"));
 }
 
-// from[i] sends to to[i]; every rank checks what it received against the sender's data.
-void check_send(const NDSlice& from, const NDSlice& to, MPI_Comm p2p) {
+// from[i] sends to to[i] (to[to_order[i]] when given); every rank checks what it received
+// against the sender's data.
+void check_send(const NDSlice& from, const NDSlice& to, MPI_Comm p2p, std::vector<std::int64_t> to_order = {}) {
   const int me = world_rank();
-  const TensorMeta host_meta({3}, DType::Int64);
   const Tensor mine = to_here(Tensor::from<std::int64_t>({3}, {me, 10 * me, 100 + me}));
-  auto p = start_send_tensor_device(p2p, me, from, to, mine, factory({3}, DType::Int64), kStream);
+  auto p = start_send_tensor_device(p2p, me, from, to, mine, factory({3}, DType::Int64), kStream, to_order);
   const Outcome out = finish(*p);
   if (!to.contains(me)) {
     EXPECT_FALSE(out.tensor.defined());
     return;
   }
-  const auto sender = static_cast<std::int64_t>(from[to.index(me)]);
+  auto position = static_cast<std::int64_t>(to.index(me));
+  if (!to_order.empty()) position = std::find(to_order.begin(), to_order.end(), position) - to_order.begin();
+  const auto sender = static_cast<std::int64_t>(from[position]);
   EXPECT_TRUE(fetched(out.tensor).equals(Tensor::from<std::int64_t>({3}, {sender, 10 * sender, 100 + sender})))
       << "from " << sender << " to " << me << " in " << from.to_string() << " -> " << to.to_string();
 }
@@ -267,6 +270,22 @@ TEST(DeviceDataPlane, SendsBetweenSubMeshesOverExactlyTheirRanks) {
   EXPECT_FALSE(stream().error());
 }
 
+// Ranks mapped to themselves copy locally and take no part in the communicator, which
+// spans the moving ranks only: every rank computes the same members (issue 29, N2).
+TEST(DeviceDataPlane, SendsWithFixedPointsLeaveTheSelfMappedRanksOut) {
+  if (world_size() < 4) GTEST_SKIP() << "needs 4 ranks (a 2x2 transpose)";
+  World world;
+  // The 2x2 transpose, as a permutation of the row-major world (0->0, 1->2, 2->1, 3->3),
+  // and as a pair of slices whose strides are swapped.
+  check_send(NDSlice::row_major({4}), NDSlice::row_major({4}), world.comm(), {0, 2, 1, 3});
+  check_send(NDSlice(0, {2, 2}, {2, 1}), NDSlice(0, {2, 2}, {1, 2}), world.comm());
+  // A mapping with one fixed point that leaves rank 3 out: 0->0, 1->2, 2->1.
+  check_send(NDSlice(0, {3}, {1}), NDSlice(0, {3}, {1}), world.comm(), {0, 2, 1});
+  // Two fixed points and a pair (0->1, 1->0, 2->2, 3->3): the pair's communicator.
+  check_send(NDSlice::row_major({4}), NDSlice::row_major({4}), world.comm(), {1, 0, 2, 3});
+  EXPECT_FALSE(stream().error());
+}
+
 TEST(DeviceDataPlane, MaxAndMinPropagateNaNFromAnyRank) {
   World world;
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
@@ -276,6 +295,31 @@ TEST(DeviceDataPlane, MaxAndMinPropagateNaNFromAnyRank) {
     EXPECT_FALSE(out.broken.has_value());
     return fetched(out.tensor);
   });
+  EXPECT_FALSE(stream().error());
+}
+
+// An error at enqueue is fatal to an NCCL communicator: it is aborted and dropped, and the
+// next operation over those ranks is refused naming why, instead of being posted into it
+// (issue 29, N7). Every rank fails alike here, so none waits for a peer.
+TEST(DeviceDataPlane, AnErrorAtEnqueueDropsTheCommunicator) {
+  if (under_test() != device::Accelerator::Emulated) GTEST_SKIP() << "the fault is the emulator's test switch";
+  World world;
+  WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
+  const auto reduce = [&] {
+    return start_reduce_device(mesh, "x", Reduction::Sum, false, false,
+                               to_here(Tensor::from<std::int32_t>({1}, {world_rank()})), factory({1}, DType::Int32),
+                               kStream);
+  };
+  const int n = world_size();
+  EXPECT_TRUE(fetched(finish(*reduce()).tensor).equals(Tensor::from<std::int32_t>({1}, {n * (n - 1) / 2})));
+  device::set_enqueue_fault_for_testing("an enqueue error for the test");
+  expect_contains(error_of<SystemError>([&] { (void)reduce(); }), "an enqueue error for the test");
+  const std::string next = usage_error([&] { (void)reduce(); });
+  expect_contains(next,
+                  "expected a live one, found the one this rank had failed (this rank's part failed at or "
+                  "before its enqueue: all_reduce on emulated communicator");
+  expect_contains(next, "an enqueue error for the test");
+  free_device_communicators();  // as a new job: the tests after this one make fresh ones
   EXPECT_FALSE(stream().error());
 }
 

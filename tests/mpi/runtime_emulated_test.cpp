@@ -100,7 +100,26 @@ std::vector<Tensor> idle_kernel(CallContext& ctx, Args&) {
   return {Tensor::from<float>({}, {s.query() ? 1.0f : 0.0f})};
 }
 
+// test.where_it_runs(x): a fetch's preprocess that fails unless its context is on x's
+// device, with that device's stream of the fetch's meshrt stream (and, on cuda, its CUDA
+// stream as the native one); gives x back.
+Signature where_shape(const ArgMetas& args) {
+  args.expect_count(1, 1);
+  return {.outputs = {args.tensor(0)}, .mutates = {}};
+}
+std::vector<Tensor> where_kernel(CallContext& ctx, Args& args) {
+  const Tensor& x = args.tensor(0);
+  if (ctx.device() != x.device()) {
+    throw std::runtime_error("the preprocess ran on " + ctx.device().to_string() + ", its value is on " +
+                             x.device().to_string());
+  }
+  const device::Stream s = device::stream_for(ctx.stream_id(), x.device());
+  if (ctx.native_stream() != s.native()) throw std::runtime_error("the preprocess was given another native stream");
+  return {x};
+}
+
 MESHRT_REGISTER_FUNCTION("test.busy", busy_kernel, busy_shape);
+MESHRT_REGISTER_FUNCTION("test.where_it_runs", where_kernel, where_shape);
 MESHRT_REGISTER_FUNCTION("test.stream_idle", idle_kernel, idle_shape);
 MESHRT_REGISTER_FUNCTION("test.on_emulated", on_emulated_kernel, on_emulated_shape);
 MESHRT_REGISTER_FUNCTION("test.fault", fault_kernel, fault_shape);
@@ -163,6 +182,19 @@ TEST(RuntimeEmulated, AFetchWithoutItsOrderingReadsAWrongValue) {
     (void)mesh.call("test.unordered_fetch", false);
     EXPECT_NE(unordered, 900.0f) << "the emulator did not catch the missing ordering";
     EXPECT_EQ(first(ctl.fetch_shard(d, {{"host", 0}, {"gpu", 0}}).get()), 900.0f);
+  });
+}
+
+// A fetch's preprocess runs on the value's device and its stream (issue 29, N3: it ran
+// with a CPU context, so a CUDA kernel there went to the legacy default stream).
+TEST(RuntimeEmulated, AFetchsPreprocessRunsOnTheValuesDeviceAndStream) {
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
+    Stream side = ctl.stream("side");
+    DTensor x = mesh.call_on(side, "test.on_emulated", {{2}, 5.0}).at(0);  // rank r: 5 + r
+    EXPECT_EQ(first(ctl.fetch_shard(x, {{"host", 1}, {"gpu", 0}}, "test.where_it_runs").get()), 7.0f);
+    DTensor y = mesh.call_on(side, "meshrt.scale", {x, 2.0}).at(0);
+    EXPECT_EQ(first(ctl.fetch_shard(y, {{"host", 0}, {"gpu", 1}}, "meshrt.sum").get()), 24.0f);  // 2 x 12
   });
 }
 

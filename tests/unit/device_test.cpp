@@ -5,13 +5,18 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <limits>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "../support/expect_error.hpp"
 #include "device/emulated.hpp"
+#include "device/nan_rule.hpp"
 #include "device/pool.hpp"
 
 namespace meshrt::test {
@@ -209,6 +214,55 @@ TEST(DeviceMemory, ToDeviceZerosCopyAndFetchRoundTrip) {
   EXPECT_GE(stats.live_bytes, 2u * CachingPool::kGranule);
 }
 
+// The device layer's copies hold their source until an event after the copy completes,
+// not with a host task on the stream (a CUDA host function may make no CUDA call, yet a
+// release can free into the pool, and each one holds up the stream's later work).
+TEST(DeviceMemory, ACopysSourceIsHeldUntilTheCopyRanNotByAHostTask) {
+  Stream s = emulated().create_stream(1);
+  auto& impl = static_cast<device::EmulatedStream&>(*s.impl());
+  Tensor src = device::to_device(Tensor::from<std::int32_t>({2}, {3, 4}), Device::emulated(1), s);
+  Tensor dst = emulated().empty(src.meta(), s);
+  s.synchronize();
+  const std::uint64_t before = impl.enqueued();
+  s.enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });  // a slow kernel
+  device::copy(dst, src, s);
+  EXPECT_EQ(impl.enqueued(), before + 2) << "a host task was enqueued beside the copy";
+  src = Tensor();  // the last handle here: the device layer holds the block until the copy ran
+  device::Fetch f = device::fetch(dst, s);
+  f.done.synchronize();
+  EXPECT_TRUE(f.host.equals(Tensor::from<std::int32_t>({2}, {3, 4})));
+  EXPECT_EQ(impl.enqueued(), before + 3);  // and the fetch's copy, alone
+  device::release_completed();
+}
+
+// Under memory pressure the pool frees what went over its limit at the next allocation;
+// the emulated free first waits for the streams' queued work, as cudaFree may, and that
+// work can release a block into the pool (a task holding a tensor's last handle). The
+// pool frees outside its lock, so this finishes (issue 29, N4: it deadlocked).
+TEST(DevicePool, FreesUnderPressureWhileAStreamTaskReleasesIntoIt) {
+  setenv("MESHRT_DEVICE_POOL_BYTES", "0", 1);  // nothing cached: every release waits to be freed
+  auto b = delayed_backend(1000);
+  unsetenv("MESHRT_DEVICE_POOL_BYTES");
+  Stream s = b->create_stream(0);
+  const TensorMeta meta({256}, DType::Float32, Device::emulated(0));
+  Tensor a = b->empty(meta, s);
+  // Over the limit when it goes: freed by the next allocation.
+  { Tensor spare = b->empty(meta, s); }
+  s.enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(100)); });  // a slow kernel
+  s.enqueue([keep = a] {});  // the stream releases a's block when it gets here
+  a = Tensor();
+  auto next = std::async(std::launch::async, [&] { return b->empty(meta, s); });
+  if (next.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    std::fprintf(stderr,
+                 "FAILED: the allocation did not return in 20 s (the pool's lock held across a free that "
+                 "waits for a stream whose task waits for that lock)\n");
+    std::_Exit(1);  // a thread is stuck in the pool for good: end the test here
+  }
+  EXPECT_TRUE(next.get().defined());
+  s.synchronize();
+  EXPECT_EQ(b->pool_stats().cached_bytes, 0u);
+}
+
 TEST(DeviceStream, AThrowingTaskPutsTheStreamInErrorAndLaterWorkIsSkipped) {
   Stream s = emulated().create_stream(3);
   bool later_ran = false;
@@ -242,6 +296,87 @@ TEST(DeviceBackend, RefusesDevicesOutOfRange) {
   expect_contains(usage_error([&] { (void)emulated().create_stream(n); }),
                   "expected an emulated device in 0.." + std::to_string(n - 1));
   expect_contains(usage_error([&] { emulated().make_current(-1); }), "found -1");
+}
+
+// The NaN rule's element bits (device/nan_rule.hpp), shared by the CUDA kernels and the
+// emulated communicator: NaNs of any sign and payload are found, infinities and numbers
+// are not, and the NaN written reads as NaN in each floating dtype.
+TEST(DeviceNanRule, MasksEveryFloatingDtypesNaNsAndWritesOne) {
+  namespace nr = nan_rule;
+  EXPECT_TRUE(nr::applies(static_cast<int>(DType::Float16), static_cast<int>(Reduction::Max)));
+  EXPECT_TRUE(nr::applies(static_cast<int>(DType::Float64), static_cast<int>(Reduction::Min)));
+  EXPECT_FALSE(nr::applies(static_cast<int>(DType::Float32), static_cast<int>(Reduction::Sum)));
+  EXPECT_FALSE(nr::applies(static_cast<int>(DType::Int32), static_cast<int>(Reduction::Max)));
+  for (DType dtype : {DType::Float16, DType::BFloat16, DType::Float32, DType::Float64}) {
+    SCOPED_TRACE(name(dtype));
+    const double inf = std::numeric_limits<double>::infinity();
+    const std::vector<double> values{1.5, std::nan(""), -std::nan(""), inf, -inf, 0.0, -2.0};
+    Tensor t = Tensor::empty(TensorMeta({static_cast<std::int64_t>(values.size())}, dtype));
+    dispatch_dtype(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        if constexpr (std::is_same_v<T, Half>) {
+          t.data<T>()[i] = float_to_half(static_cast<float>(values[i]));
+        } else if constexpr (std::is_same_v<T, BFloat16>) {
+          t.data<T>()[i] = float_to_bfloat16(static_cast<float>(values[i]));
+        } else {
+          t.data<T>()[i] = static_cast<T>(values[i]);
+        }
+      }
+    });
+    std::vector<std::uint8_t> mask(values.size());
+    ASSERT_TRUE(nr::for_floating(static_cast<int>(dtype), [&](auto tag) {
+      nr::mask_of<decltype(tag)::value>(t.raw_data(), mask.data(), t.numel());
+    }));
+    EXPECT_EQ(mask, (std::vector<std::uint8_t>{0, 1, 1, 0, 0, 0, 0}));
+    const std::vector<std::uint8_t> set{1, 0, 0, 0, 0, 0, 1};
+    nr::for_floating(static_cast<int>(dtype),
+                     [&](auto tag) { nr::apply_mask<decltype(tag)::value>(t.raw_data(), set.data(), t.numel()); });
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      const double v = dispatch_dtype(dtype, [&](auto tag) -> double {
+        using T = decltype(tag);
+        if constexpr (std::is_same_v<T, Half>) {
+          return half_to_float(t.data<T>()[i]);
+        } else if constexpr (std::is_same_v<T, BFloat16>) {
+          return bfloat16_to_float(t.data<T>()[i]);
+        } else {
+          return static_cast<double>(t.data<T>()[i]);
+        }
+      });
+      if (set[i] || std::isnan(values[i])) {
+        EXPECT_TRUE(std::isnan(v)) << i;
+      } else {
+        EXPECT_EQ(v, values[i]) << i;
+      }
+    }
+  }
+  EXPECT_FALSE(nr::for_floating(static_cast<int>(DType::Int64), [](auto) {}));
+}
+
+// MESHRT_EMULATED_VISIBLE_DEVICES picks and orders the node's devices this process sees,
+// as CUDA_VISIBLE_DEVICES does GPUs: index i is the i-th listed, named by its place on the
+// node (what tells two ranks on one node apart).
+TEST(DeviceBackend, VisibleDevicesMapIndicesToTheNodesDevices) {
+  const auto with_visible = [](const char* text) {
+    setenv("MESHRT_EMULATED_VISIBLE_DEVICES", text, 1);
+    auto b = std::make_unique<device::EmulatedBackend>();
+    unsetenv("MESHRT_EMULATED_VISIBLE_DEVICES");
+    return b;
+  };
+  auto b = with_visible("5,2");
+  EXPECT_EQ(b->device_count(), 2);
+  EXPECT_EQ(b->physical_device(0), "emulated device 5 of the node");
+  EXPECT_EQ(b->physical_device(1), "emulated device 2 of the node");
+  expect_contains(
+      usage_error([&] { (void)b->create_stream(2); }),
+      "expected an emulated device in 0..1 (MESHRT_EMULATED_DEVICES=8, MESHRT_EMULATED_VISIBLE_DEVICES=5,2)");
+  EXPECT_EQ(emulated().physical_device(3), "emulated device 3 of the node");  // unset: all, in order
+  for (const char* bad : {"8", "1,1", "0,,1", "-1", "x", "0,"}) {
+    expect_contains(usage_error([&] { (void)with_visible(bad); }),
+                    "setting MESHRT_EMULATED_VISIBLE_DEVICES: expected a comma-separated list of distinct emulated "
+                    "devices in 0..7 (MESHRT_EMULATED_DEVICES=8), found \"" +
+                        std::string(bad) + "\"");
+  }
 }
 
 // Tensor's own copies of accelerator memory (to, clone, zeros, copy_from) name no stream:

@@ -1,6 +1,7 @@
 #include "meshrt/functions.hpp"
 #include "../support/expect_error.hpp"
 #include "../support/gpu.hpp"
+#include "meshrt/device.hpp"
 
 #include <gtest/gtest.h>
 
@@ -157,6 +158,17 @@ TEST(CallContext, SizesAlongEachDimension) {
             "CallContext: expected a coordinate in [0, 2) along 'x', found 2");
 }
 
+// A kernel on a CUDA device launches on the CUDA stream its context names: a context with
+// none is refused, since its kernels would run on the legacy default stream (issue 29, N3).
+// The CPU and the emulated accelerator have no native stream.
+TEST(CallContext, RefusesACudaDeviceWithoutItsNativeStream) {
+  EXPECT_EQ(usage_error([] { CallContext(0, {}, {}, {}, 5, Device::cuda(1)); }),
+            "CallContext on cuda:1: expected the CUDA stream of meshrt stream 5 (device::stream_for(...).native()), "
+            "found none (its kernels would run on the legacy default stream)");
+  EXPECT_EQ(CallContext(0, {}, {}, {}, 5, Device::emulated(0)).native_stream(), nullptr);
+  EXPECT_EQ(CallContext(0, {}, {}, {}, 5).native_stream(), nullptr);
+}
+
 // The registry's descriptions: every built-in has one, errors print its parameters, and
 // a function registered without one still gets the argument's position.
 TEST(Args, ErrorsPrintTheSignature) {
@@ -256,7 +268,8 @@ TEST(Builtins, CreationErrors) {
       shape_error("meshrt.full", {Value{2}, Value("uint8"), Value(300)}),
       "meshrt.full(shape, dtype, value): argument 2 (value): expected an int in [0, 255] for dtype uint8, found 300");
   expect_contains(shape_error("meshrt.full", {Value{2}, Value("int32"), Value(1.5)}),
-                  "expected an int in [-2147483648, 2147483647]");
+                  "expected an integral value in [-2147483648, 2147483647] for dtype int32 (an int, or a float with no "
+                  "fractional part), found the float 1.5");
   expect_contains(shape_error("meshrt.full", {Value{2}, Value("bool"), Value(2)}),
                   "expected a bool (or 0/1) for dtype bool, found 2");
   expect_contains(shape_error("meshrt.full", {Value{2}}),
@@ -348,6 +361,31 @@ TEST(Builtins, ElementwiseErrors) {
                   "expected an int in [0, 255]");
 }
 
+// A float with no fractional part fills an integer dtype, as numpy and torch take it
+// (issue 29: full({8}, int64, 3.0) was refused as "expected an int ..., found 3"); any
+// other float is refused saying so.
+TEST(Builtins, FullTakesAnIntegralFloatForAnIntegerDtype) {
+  EXPECT_TRUE(call("meshrt.full", {Value{4}, Value("int64"), Value(3.0)})
+                  .at(0)
+                  .equals(Tensor::from<std::int64_t>({4}, {3, 3, 3, 3})));
+  EXPECT_TRUE(call("meshrt.full", {Value{2}, Value("uint8"), Value(255.0)})
+                  .at(0)
+                  .equals(Tensor::from<std::uint8_t>({2}, {255, 255})));
+  EXPECT_TRUE(
+      call("meshrt.full", {Value{1}, Value("int32"), Value(-2.0)}).at(0).equals(Tensor::from<std::int32_t>({1}, {-2})));
+  const auto refused = [](const char* dtype, double v) {
+    return shape_error("meshrt.full", {Value{4}, Value(dtype), Value(v)});
+  };
+  expect_contains(refused("int64", 3.5),
+                  "argument 2 (value): expected an integral value in [-9223372036854775808, 9223372036854775807] for "
+                  "dtype int64 (an int, or a float with no fractional part), found the float 3.5");
+  expect_contains(refused("uint8", 256.0), "expected an integral value in [0, 255] for dtype uint8");
+  expect_contains(refused("int64", 9223372036854775808.0), "found the float 9.223372036854776e+18");
+  expect_contains(refused("int32", std::nan("")), "found the float nan");
+  // An int out of range still says so as before.
+  expect_contains(shape_error("meshrt.full", {Value{4}, Value("uint8"), Value(-1)}), "expected an int in [0, 255]");
+}
+
 TEST(Builtins, Scale) {
   const Tensor x = Tensor::from<float>({3}, {1, -2, 4});
   EXPECT_TRUE(call("meshrt.scale", {Value(x), Value(0.5)}).at(0).equals(Tensor::from<float>({3}, {0.5f, -1, 2})));
@@ -410,7 +448,8 @@ TEST(Builtins, CudaKernelsMatchTheCpu) {
   if (!cuda_available()) MESHRT_SKIP_WITHOUT_GPU("no CUDA device visible");
   const Tensor a = Tensor::from<float>({3}, {1, 2, 3});
   const Tensor b = Tensor::from<float>({3}, {4, 5, 6});
-  CallContext ctx(0, {}, {}, {}, 0, Device::cuda(0));
+  constexpr std::uint64_t kStream = 31;
+  CallContext ctx(0, {}, {}, {}, kStream, Device::cuda(0), device::stream_for(kStream, Device::cuda(0)).native());
   Args args("meshrt.add", {Value(a.to(Device::cuda(0))), Value(b.to(Device::cuda(0)))});
   const auto out = functions::lookup("meshrt.add").kernel(ctx, args);
   EXPECT_TRUE(out.at(0).to(Device::cpu()).equals(Tensor::from<float>({3}, {5, 7, 9})));

@@ -31,11 +31,17 @@ class Backend {
   virtual ~Backend() = default;
   virtual Accelerator accelerator() const noexcept = 0;
   Device::Kind kind() const noexcept { return device_kind(accelerator()); }
-  // Devices visible to this process (emulated: MESHRT_EMULATED_DEVICES per node).
+  // Devices visible to this process (emulated: MESHRT_EMULATED_DEVICES per node, or those
+  // MESHRT_EMULATED_VISIBLE_DEVICES lists).
   virtual int device_count() const = 0;
   // Makes `index` the calling thread's current device (cudaSetDevice; the current
   // device is per thread). Throws UsageError for an index out of range.
   virtual void make_current(int index) = 0;
+  // The physical device behind `index`, named as every process of the node names it,
+  // whichever devices each one sees (cuda: its PCI bus id, as NCCL tells GPUs apart;
+  // emulated: its place among the node's MESHRT_EMULATED_DEVICES, through
+  // MESHRT_EMULATED_VISIBLE_DEVICES). Throws UsageError for an index out of range.
+  virtual std::string physical_device(int index) const = 0;
 
   virtual Stream create_stream(int device) = 0;
   virtual Event create_event(int device) = 0;
@@ -68,7 +74,7 @@ Backend& backend(Accelerator accelerator);
 Backend& backend(Device::Kind kind);
 
 // This rank's device (docs/ARCHITECTURE.md section 7: one device per rank, chosen once at start from
-// the local rank, MESHRT_DEVICE overriding; src/device/comm.hpp select_device). The
+// the local rank, MESHRT_DEVICE overriding; select_device below). The
 // runtime sets it; until then it is device 0 of no accelerator.
 struct Placement {
   Accelerator accelerator = Accelerator::None;
@@ -83,6 +89,13 @@ Placement placement() noexcept;
 // a CPU-only program must create none.
 void enter_worker_thread() noexcept;
 
+// Releases what the device layer holds for device work that has completed: a copy's
+// source, a fetch's device tensor, a staging block. They are held until an event recorded
+// after their use completes, never by a host function on the stream (it may make no CUDA
+// call, and its release may free into the pool); the worker calls this every turn, and
+// the device layer's own calls do too. Never blocks.
+void release_completed();
+
 // That stream if it exists already, else an undefined one: creates nothing (no context).
 Stream existing_stream(std::uint64_t stream_id, const Device& device);
 void release_stream(std::uint64_t stream_id);
@@ -91,9 +104,13 @@ void release_stream(std::uint64_t stream_id);
 // instead of after the stream's queued work, as if a fetch used another stream without
 // waiting. The emulated accelerator shows the wrong value this gives.
 void set_unordered_fetch_for_testing(bool on) noexcept;
+// The test-only fault of an enqueue: the next operation this process gives an emulated
+// communicator throws SystemError("<op> on <communicator>: <message>") at the call, before
+// anything is posted, as an NCCL call can return an error (fatal to its communicator).
+void set_enqueue_fault_for_testing(std::string message);
 
 // The device communicator (NCCL's ncclComm_t, or the emulated one): made collectively
-// over its members (src/device/comm.hpp); every operation is enqueued on a stream and
+// over its members (create_communicator below); every operation is enqueued on a stream and
 // completes in that stream's order. Counts are in elements of `dtype`.
 class Communicator {
  public:
@@ -131,7 +148,8 @@ class Communicator {
   // issues this communicator's work. Further operations fail as asynchronous errors.
   virtual void abort() noexcept = 0;
   // Frees it: a clean destroy when healthy, an abort when its error state says it failed
-  // (ncclCommDestroy on a failed communicator may hang). Idempotent.
+  // (ncclCommDestroy on a failed communicator may hang), or when its pending work has not
+  // finished within MESHRT_DEVICE_TIMEOUT (a peer that never joined). Idempotent.
   virtual void destroy() noexcept = 0;
   // "emulated communicator 3f2a.. rank 1 of 4 on emulated:1"
   virtual std::string describe() const = 0;
@@ -144,6 +162,14 @@ class Communicator {
 // not finish within `timeout`.
 std::unique_ptr<Communicator> create_communicator(Accelerator accelerator, MPI_Comm members, int device,
                                                   std::chrono::duration<double> timeout);
+
+// What create_communicator checks first: members' (node, physical device) pairs must
+// differ (Backend::physical_device: ranks that each see one GPU all call theirs device
+// 0). Throws UsageError naming both ranks and the device otherwise, on every member
+// alike. Collective over `members`, non-blocking: TimeoutError when a member has not
+// joined by `deadline`.
+void check_distinct_devices(MPI_Comm members, Accelerator accelerator, int device,
+                            std::chrono::steady_clock::time_point deadline);
 
 // This rank's index among the ranks of its node (MPI_Comm_split_type SHARED), and how
 // many ranks the node runs; each collective over `world`.

@@ -124,6 +124,11 @@ inline constexpr Setting<std::int64_t> kEmulatedDevices{{
     .name = "MESHRT_EMULATED_DEVICES", .default_value = "8",
     .description = "Devices per node of the emulated accelerator",
     .kind = Kind::Integer, .min = 1, .max = std::numeric_limits<std::int32_t>::max()}};
+inline constexpr Setting<std::string> kEmulatedVisibleDevices{{
+    .name = "MESHRT_EMULATED_VISIBLE_DEVICES", .default_value = "",
+    .description = "The emulated devices of this node this process sees, as CUDA_VISIBLE_DEVICES for cuda: "
+                   "comma-separated, distinct, in 0..MESHRT_EMULATED_DEVICES-1; device i is the i-th listed "
+                   "(unset: all)"}};
 inline constexpr Setting<std::int64_t> kEmulatedDelayUs{{
     .name = "MESHRT_EMULATED_DELAY_US", .default_value = "0",
     .description = "Microseconds the emulated accelerator sleeps before each stream operation (makes missing "

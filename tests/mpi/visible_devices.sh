@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs "$@" as a rank that sees one emulated device, the layout slurm/meshrt.sbatch gives
+# GPUs with GPU_PER_RANK=1 (CUDA_VISIBLE_DEVICES=<one GPU> per rank): with "own" the node's
+# device <local rank>, with "shared" the node's device 1 on every rank. Either way each
+# rank's device index is 0.
+#   visible_devices.sh own|shared PROGRAM [ARGS...]   (under Open MPI's mpiexec)
+set -euo pipefail
+mode=$1
+shift
+case "$mode" in
+  own)
+    if [ -z "${OMPI_COMM_WORLD_LOCAL_RANK:-}" ]; then
+      echo "visible_devices.sh: expected a local rank from Open MPI's mpiexec, found OMPI_COMM_WORLD_LOCAL_RANK unset" >&2
+      exit 2
+    fi
+    export MESHRT_EMULATED_VISIBLE_DEVICES="$OMPI_COMM_WORLD_LOCAL_RANK"
+    ;;
+  shared) export MESHRT_EMULATED_VISIBLE_DEVICES=1 ;;
+  *)
+    echo "visible_devices.sh: expected own or shared, found '$mode'" >&2
+    exit 2
+    ;;
+esac
+exec "$@"
