@@ -107,7 +107,9 @@ void bind_controller(py::module_& m) {
         for (std::size_t i = 0; i < args.size(); ++i) {
           converted.push_back(to_arg(args[i], fn + " argument " + std::to_string(i)));
         }
-        return mesh.call_n(fn, std::move(converted));
+        std::vector<DTensor> out = mesh.call_n(fn, std::move(converted));
+        // One output is the DTensor itself (DESIGN section 11: mesh.call(...).reduce(...)).
+        return out.size() == 1 ? py::cast(out[0]) : py::cast(out);
       });
 
   py::class_<Controller, std::unique_ptr<Controller, py::nodelete>>(
