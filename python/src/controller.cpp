@@ -64,6 +64,10 @@ Arg to_arg(py::handle obj, std::string_view what) {
 
 }  // namespace
 
+bool runtime_started() {
+  return runtime() != nullptr;
+}
+
 void bind_controller(py::module_& m) {
   py::enum_<Reduction> reduction(m, "Reduction", "How reduce() combines a mesh dimension; or its name, \"sum\".");
   for (int i = 0; i < kNumReductions; ++i) {
@@ -158,6 +162,17 @@ void bind_controller(py::module_& m) {
     py::gil_scoped_release release;
     runtime().reset();
   });
+  // For the tests of Python kernels on the emulated accelerator, until world_mesh takes a
+  // device: a mesh placed on `kind` ("cpu", "emulated" or "cuda").
+  py::reinterpret_borrow<py::class_<Controller, std::unique_ptr<Controller, py::nodelete>>>(m.attr("Controller"))
+      .def("_world_mesh_on", [](Controller& ctl, const py::dict& dims, const std::string& kind) {
+        std::vector<std::pair<std::string, std::int64_t>> d;
+        for (auto [k, v] : dims) d.emplace_back(py::str(k), v.cast<std::int64_t>());
+        for (const Device::Kind k : {Device::Kind::Cpu, Device::Kind::Cuda, Device::Kind::Emulated}) {
+          if (name(k) == kind) return ctl.world_mesh(std::move(d), k);
+        }
+        throw UsageError("_world_mesh_on: expected a device kind cpu, cuda or emulated, found '" + kind + "'");
+      });
 }
 
 }  // namespace meshrt::python
