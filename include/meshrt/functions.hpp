@@ -29,6 +29,8 @@
 
 namespace meshrt {
 
+struct Signature;
+
 // Where and on what a kernel runs.
 class CallContext {
  public:
@@ -54,6 +56,11 @@ class CallContext {
   // The cudaStream_t to launch on (never null on a CUDA device; nullptr on the CPU and
   // the emulated accelerator, whose work goes through the device layer's streams).
   void* native_stream() const noexcept { return native_stream_; }
+  // What the call's shape function declared for these arguments: the outputs the worker
+  // checks the kernel's against, and the tensor arguments it may write. Set by the worker
+  // for an invocation; nullptr where no shape function ran (a fetch's preprocess function).
+  const Signature* signature() const noexcept { return signature_; }
+  void set_signature(const Signature* signature) noexcept { signature_ = signature; }
 
  private:
   int rank_ = 0;
@@ -63,6 +70,7 @@ class CallContext {
   std::uint64_t stream_id_ = 0;
   Device device_;
   void* native_stream_ = nullptr;
+  const Signature* signature_ = nullptr;
 };
 
 namespace detail {

@@ -20,4 +20,8 @@ void bind_functions(py::module_& m);
 // StatelessGroup and its object codec (group.cpp).
 void bind_group(py::module_& m);
 
+// Whether this process's Runtime has started, its handshake done (controller.cpp): Python
+// functions registered later would exist on this rank only (functions.cpp refuses them).
+bool runtime_started();
+
 }  // namespace meshrt::python

@@ -541,6 +541,10 @@ void shutdown() {
 
 }  // namespace
 
+bool runtime_started() {
+  return process().runtime != nullptr;
+}
+
 void bind_controller(py::module_& m) {
   bind_site(m);
   check_site_layout();

@@ -210,6 +210,7 @@ struct Worker::Impl {
       const functions::Function& fn = functions::lookup(c.function);
       Args kernel_args(c.function, std::move(args));
       const Signature& expected = kernels.expected(fn, kernel_args, ctx.device());
+      ctx.set_signature(&expected);
       std::vector<Tensor> outputs = fn.kernel(ctx, kernel_args);
       kernels.check(c.function, expected, outputs);
       for (std::size_t i = 0; i < outputs.size(); ++i) env.define(c.results[i], std::move(outputs[i]));

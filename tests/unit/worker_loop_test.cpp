@@ -184,6 +184,41 @@ TEST(WorkerLoop, RunsEveryCommandKind) {
   EXPECT_EQ(ctl.waiting(), 0u) << "no reply after Exit: nothing moved since the last Status";
 }
 
+// test.signature(x): writes x in place and returns a copy of what its kernel's
+// ctx.signature() says: {outputs declared, first argument declared mutated}, or {-1, -1}
+// where no shape function ran (a fetch's preprocess function).
+Signature signature_shape(const ArgMetas& args) {
+  return {.outputs = {args.tensor(0)}, .mutates = {0}};
+}
+std::vector<Tensor> signature_kernel(CallContext& ctx, Args&) {
+  const Signature* s = ctx.signature();
+  const float outputs = s ? static_cast<float>(s->outputs.size()) : -1.0f;
+  const float mutated = s && !s->mutates.empty() ? static_cast<float>(s->mutates[0]) : -1.0f;
+  return {Tensor::from<float>({2}, {outputs, mutated})};
+}
+MESHRT_REGISTER_FUNCTION("test.signature", signature_kernel, signature_shape);
+
+// A kernel sees what the worker checks it against: its shape function's signature.
+TEST(WorkerLoop, AKernelSeesTheSignatureItsShapeFunctionDeclared) {
+  ScriptedController ctl;
+  ctl.send(setup());
+  ctl.send(CommandGroup{{
+      full(1, Ref{10}, 3),
+      CallFunction{.ident = 2,
+                   .results = {Ref{11}},
+                   .mutates = {Ref{10}},
+                   .function = "test.signature",
+                   .args = {Value(Ref{10})},
+                   .stream = Ref{1},
+                   .mesh = Ref{2}},
+  }});
+  ctl.send(FetchValue{.ident = 3, .value = Value(Ref{11}), .stream = Ref{1}});
+  EXPECT_EQ(values_of(ctl.expect<FetchResult>(ctl.next_not_status()).value), (std::vector<float>{1, 0}));
+  ctl.send(FetchValue{.ident = 4, .function = "test.signature", .value = Value(Ref{10}), .stream = Ref{1}});
+  EXPECT_EQ(values_of(ctl.expect<FetchResult>(ctl.next_not_status()).value), (std::vector<float>{-1, -1}));
+  ctl.finish();
+}
+
 // How many times `what` occurs in `text`.
 std::size_t occurrences(std::string_view text, std::string_view what) {
   std::size_t n = 0;
