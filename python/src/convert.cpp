@@ -80,7 +80,7 @@ py::object to_numpy(const Tensor& t) {
   if (name == nullptr) throw UsageError(fmt::format("to_numpy: numpy has no {}", meshrt::name(t.dtype())));
   py::array array(py::dtype(name), std::vector<py::ssize_t>(t.shape().begin(), t.shape().end()));
   std::memcpy(array.mutable_data(), t.raw_data(), t.nbytes());
-  return std::move(array);
+  return array;
 }
 
 bool is_dtype_like(py::handle obj) {

@@ -32,14 +32,14 @@ Device to_device(py::handle obj) {
 }  // namespace
 
 void bind_tensor(py::module_& m) {
-  py::enum_<DType> dtype(m, "DType", "A tensor's element type; also meshrt.float32, meshrt.int64, ...");
+  py::enum_<DType> dtype_enum(m, "DType", "A tensor's element type; also meshrt.float32, meshrt.int64, ...");
   for (int i = 0; i < kNumDTypes; ++i) {
     const auto d = static_cast<DType>(i);
     const std::string n(name(d));
-    dtype.value(n == "bool" ? "bool_" : n.c_str(), d);
+    dtype_enum.value(n == "bool" ? "bool_" : n.c_str(), d);
     m.attr(n == "bool" ? "bool_" : n.c_str()) = d;
   }
-  dtype.def_property_readonly("itemsize", [](DType d) { return element_size(d); })
+  dtype_enum.def_property_readonly("itemsize", [](DType d) { return element_size(d); })
       .def_property_readonly("is_floating_point", [](DType d) { return is_floating(d); })
       .def("__str__", [](DType d) { return std::string(name(d)); });
 
