@@ -1,5 +1,7 @@
-// The emulated accelerator's communicator over MPI (NP 2 and 4): every collective and
-// dtype, a communicator over only some ranks, and its refusals and asynchronous errors.
+// The emulated accelerator's communicator over MPI (NP 2 and 4, and NP 1 on one device):
+// every collective and dtype, a communicator over only some ranks, and its refusals and
+// asynchronous errors. A test that needs more ranks or devices than the job has skips,
+// saying what it needs (support/devices.hpp).
 // MESHRT_ACCELERATOR=cuda runs the same tests on the cuda backend (NCCL; one GPU per
 // rank, scripts/gpu-check.sh); the emulator's own checks (a host pointer as an
 // asynchronous error, its device count) run on emulated only.
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/devices.hpp"
 #include "../support/expect_error.hpp"
 #include "../support/mpi_world.hpp"
 #include "meshrt/internal/device.hpp"
@@ -100,6 +103,7 @@ double expected(Reduction red, DType dtype, int n, std::size_t i) {
 }
 
 TEST(DeviceComm, AllReduceEveryDtypeAndReduction) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   OnEmulated s;
   const int n = world_size();
   const std::size_t count = 5;
@@ -135,6 +139,7 @@ TEST(DeviceComm, AllReduceEveryDtypeAndReduction) {
 }
 
 TEST(DeviceComm, AllGatherReduceScatterAndAllToAll) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   OnEmulated s;
   const int n = world_size();
   const int me = world_rank();
@@ -178,6 +183,7 @@ TEST(DeviceComm, AllGatherReduceScatterAndAllToAll) {
 }
 
 TEST(DeviceComm, GroupedSendRecvAroundARing) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   OnEmulated s;
   const int n = world_size();
   const int me = world_rank();
@@ -192,6 +198,7 @@ TEST(DeviceComm, GroupedSendRecvAroundARing) {
 }
 
 TEST(DeviceComm, ACommunicatorOverSomeRanksOnly) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   // Even and odd world ranks make one each; neither waits for the other.
   MPI_Comm half = MPI_COMM_NULL;
   MPI_Comm_split(MPI_COMM_WORLD, world_rank() % 2, world_rank(), &half);
@@ -213,6 +220,7 @@ TEST(DeviceComm, ACommunicatorOverSomeRanksOnly) {
 }
 
 TEST(DeviceComm, RefusesTwoRanksOnOneDeviceOnEveryRank) {
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks (on one device), found 1";
   // Every rank asks for device 0 of this node: each one is told, none waits.
   const std::string text =
       usage_error([] { (void)device::create_communicator(under_test(), MPI_COMM_WORLD, 0, kInitTimeout); });
@@ -221,6 +229,7 @@ TEST(DeviceComm, RefusesTwoRanksOnOneDeviceOnEveryRank) {
 }
 
 TEST(DeviceComm, RefusesBitwiseReductionsAsNcclDoes) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   OnEmulated s;
   Tensor t = emulated().empty(TensorMeta({4}, DType::Int32, s.where()), s.stream);
   for (Reduction red : {Reduction::Band, Reduction::Bor, Reduction::Bxor}) {
@@ -234,6 +243,7 @@ TEST(DeviceComm, RefusesBitwiseReductionsAsNcclDoes) {
 
 TEST(DeviceComm, AHostPointerIsAnAsynchronousErrorAndDestroyDoesNotHang) {
   if (under_test() != Accelerator::Emulated) GTEST_SKIP() << "the emulator's own check (a GPU would fault)";
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   OnEmulated s;
   std::vector<float> host(4, 1.0f);  // not device memory: a collective faults on it
   s.comm->all_reduce(host.data(), host.data(), 4, DType::Float32, Reduction::Sum, s.stream);  // no throw here
@@ -256,6 +266,7 @@ TEST(DeviceComm, AHostPointerIsAnAsynchronousErrorAndDestroyDoesNotHang) {
 // stream carries the error, and the communicator stays usable on a healthy stream.
 TEST(DeviceComm, AFaultOnOneRankNeverLeavesItsPeersWaiting) {
   if (under_test() != Accelerator::Emulated) GTEST_SKIP() << "the emulator's own checks (a GPU would fault)";
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 2);
   OnEmulated s;
   const int me = world_rank();
   const int n = world_size();
@@ -302,6 +313,7 @@ TEST(DeviceComm, AFaultOnOneRankNeverLeavesItsPeersWaiting) {
 }
 
 TEST(DeviceComm, AnAbortedCommunicatorFailsLaterWork) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   OnEmulated s;
   Stream other = emulated().create_stream(s.device);
   Tensor t = emulated().empty(TensorMeta({1}, DType::Float32, s.where()), other);
@@ -319,8 +331,9 @@ TEST(DevicePlacement, LocalRankModuloTheDeviceCountAndTheOverride) {
   // All ranks of a test run on one node: the local rank is the world rank.
   EXPECT_EQ(device::local_rank(MPI_COMM_WORLD), world_rank());
   EXPECT_EQ(device::select_device(Accelerator::Emulated, MPI_COMM_WORLD), world_rank() % emulated().device_count());
-  setenv("MESHRT_DEVICE", "3", 1);
-  EXPECT_EQ(device::select_device(Accelerator::Emulated, MPI_COMM_WORLD), 3);
+  const int last = emulated().device_count() - 1;
+  setenv("MESHRT_DEVICE", std::to_string(last).c_str(), 1);
+  EXPECT_EQ(device::select_device(Accelerator::Emulated, MPI_COMM_WORLD), last);
   setenv("MESHRT_DEVICE", "99", 1);
   expect_contains(usage_error([] { (void)device::select_device(Accelerator::Emulated, MPI_COMM_WORLD); }),
                   "setting MESHRT_DEVICE: expected a device of the emulated accelerator in 0.." +

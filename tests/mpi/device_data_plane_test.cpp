@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "../support/devices.hpp"
 #include "comm_test_util.hpp"
 #include "meshrt/internal/device.hpp"
 #include "meshrt/internal/settings.hpp"
@@ -177,6 +178,7 @@ int expected_runs() {
 }
 
 TEST(DeviceDataPlane, EveryReductionDtypeAndFlagOnTheWorldMesh) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   World world;
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
   EXPECT_EQ(sweep(mesh, 0), expected_runs());
@@ -184,7 +186,8 @@ TEST(DeviceDataPlane, EveryReductionDtypeAndFlagOnTheWorldMesh) {
 }
 
 TEST(DeviceDataPlane, TwoDimensionalMeshBothDimensions) {
-  if (world_size() < 4 || world_size() % 2 != 0) GTEST_SKIP() << "needs an even world of 4 or more";
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 4);
+  if (world_size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks, found " << world_size();
   World world;
   WorkerMesh mesh({"host", "gpu"}, NDSlice::row_major({2, world_size() / 2}), world.comm());
   EXPECT_EQ(sweep(mesh, 1), expected_runs());
@@ -192,6 +195,7 @@ TEST(DeviceDataPlane, TwoDimensionalMeshBothDimensions) {
 }
 
 TEST(DeviceDataPlane, BrokenInputJoinsWithZerosAndAMismatchRaisesAfterCompletion) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   World world;
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
   const int me = world_rank();
@@ -253,6 +257,7 @@ void check_send(const NDSlice& from, const NDSlice& to, MPI_Comm p2p) {
 }
 
 TEST(DeviceDataPlane, SendsBetweenSubMeshesOverExactlyTheirRanks) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 2);
   World world;
   const int n = world_size();
   const int half = n / 2;
@@ -268,6 +273,7 @@ TEST(DeviceDataPlane, SendsBetweenSubMeshesOverExactlyTheirRanks) {
 }
 
 TEST(DeviceDataPlane, MaxAndMinPropagateNaNFromAnyRank) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   World world;
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
   expect_nan_propagates(world_size(), [&](Reduction red, bool scatter, const Tensor& in) {
@@ -282,6 +288,7 @@ TEST(DeviceDataPlane, MaxAndMinPropagateNaNFromAnyRank) {
 // Last (gtest runs a file's tests in order): the cache is freed while MPI is up, and the
 // next operation makes a fresh communicator.
 TEST(DeviceDataPlane, FreedCommunicatorsAreMadeAgain) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   World world;
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
   free_device_communicators();
