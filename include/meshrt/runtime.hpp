@@ -29,7 +29,9 @@ class Runtime {
   // Initialises MPI (MPI_THREAD_MULTIPLE) unless the program already did, sets up
   // logging, and runs the start-up handshake: every rank must run the same meshrt,
   // protocol and function table, or the start fails on every rank with an Error naming
-  // the ranks that differ.
+  // the ranks that differ. Any failure of the start (a bad setting, a log directory, the
+  // device choice, the handshake) fails it on every rank with the same Error, printed
+  // once for the job by rank 0 with the ranks that hit it.
   Runtime(int& argc, char**& argv, RuntimeOptions options = {});
   ~Runtime();  // finalises MPI if it initialised it
   Runtime(const Runtime&) = delete;

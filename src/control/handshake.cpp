@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <iterator>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/checks.hpp"
@@ -31,7 +33,82 @@ std::string table_difference(const std::vector<std::string>& rank0, const std::v
                      fmt::join(parts, "; "));
 }
 
+// Every rank's `data` (n bytes), on rank 0 in rank order; empty elsewhere. Collective.
+std::vector<std::string> gather_to_root(MPI_Comm comm, const void* data, int n) {
+  int rank = 0, size = 1;
+  MESHRT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  MESHRT_MPI_CHECK(MPI_Comm_size(comm, &size));
+  std::vector<int> lens(static_cast<std::size_t>(size));
+  MESHRT_MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, comm));
+  std::vector<int> displs(static_cast<std::size_t>(size), 0);
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    displs[static_cast<std::size_t>(r)] = total;
+    total += lens[static_cast<std::size_t>(r)];
+  }
+  std::string all(static_cast<std::size_t>(std::max(total, 1)), '\0');
+  MESHRT_MPI_CHECK(MPI_Gatherv(data, n, MPI_BYTE, all.data(), lens.data(), displs.data(), MPI_BYTE, 0, comm));
+  std::vector<std::string> parts;
+  if (rank == 0) {
+    for (int r = 0; r < size; ++r) {
+      parts.push_back(all.substr(static_cast<std::size_t>(displs[static_cast<std::size_t>(r)]),
+                                 static_cast<std::size_t>(lens[static_cast<std::size_t>(r)])));
+    }
+  }
+  return parts;
+}
+
+// The non-empty messages of `per_rank`, each once with the ranks that sent it, in the
+// order of the first rank of each.
+std::vector<std::pair<std::string, std::vector<int>>> by_message(const std::vector<std::string>& per_rank) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (std::size_t r = 0; r < per_rank.size(); ++r) {
+    if (per_rank[r].empty()) continue;
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == per_rank[r]; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {per_rank[r], {}});
+    it->second.push_back(static_cast<int>(r));
+  }
+  return groups;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  return fmt::format("rank{} {}", ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "));
+}
+
+// Printed once per job, by rank 0, before the others hear of it (a launcher that ends
+// the job when the first rank exits must not lose the only copy); then every rank
+// throws the same StartupError. Collective.
+void fail_together(MPI_Comm comm, std::string verdict) {
+  int rank = 0;
+  MESHRT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  if (rank == 0 && !verdict.empty()) {
+    std::fprintf(stderr, "%s\n", verdict.c_str());
+    std::fflush(stderr);
+  }
+  int n = static_cast<int>(verdict.size());
+  MESHRT_MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT, 0, comm));
+  verdict.resize(static_cast<std::size_t>(n));
+  MESHRT_MPI_CHECK(MPI_Bcast(verdict.data(), n, MPI_CHAR, 0, comm));
+  if (!verdict.empty()) throw StartupError(verdict);
+}
+
 }  // namespace
+
+void agree_on_start(MPI_Comm comm, const std::string& local_error) {
+  int size = 1;
+  MESHRT_MPI_CHECK(MPI_Comm_size(comm, &size));
+  const auto groups = by_message(gather_to_root(comm, local_error.data(), static_cast<int>(local_error.size())));
+  std::string verdict;
+  if (groups.size() == 1 && groups[0].second.size() == static_cast<std::size_t>(size)) {
+    verdict = fmt::format("meshrt start-up failed{}: {}", size == 1 ? "" : " on every rank", groups[0].first);
+  } else if (groups.size() == 1) {
+    verdict = fmt::format("meshrt start-up failed on {}: {}", rank_list(groups[0].second), groups[0].first);
+  } else if (!groups.empty()) {
+    verdict = "meshrt start-up failed:";
+    for (const auto& [message, ranks] : groups) verdict += fmt::format("\n  {}: {}", rank_list(ranks), message);
+  }
+  fail_together(comm, std::move(verdict));
+}
 
 void handshake(MPI_Comm control, int provided, bool dedicated_controller) {
   int rank = 0, size = 1;
@@ -55,35 +132,18 @@ void handshake(MPI_Comm control, int provided, bool dedicated_controller) {
         local_error.empty() ? "" : "; ", thread_level_name(provided));
   }
   const auto bytes = protocol::encode(mine);
-  auto gather = [&](const void* data, int n) {
-    std::vector<int> lens(static_cast<std::size_t>(size));
-    MESHRT_MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, control));
-    std::vector<int> displs(static_cast<std::size_t>(size), 0);
-    int total = 0;
-    for (int r = 0; r < size; ++r) {
-      displs[static_cast<std::size_t>(r)] = total;
-      total += lens[static_cast<std::size_t>(r)];
-    }
-    std::vector<std::byte> all(static_cast<std::size_t>(std::max(total, 1)));
-    MESHRT_MPI_CHECK(MPI_Gatherv(data, n, MPI_BYTE, all.data(), lens.data(), displs.data(), MPI_BYTE, 0, control));
-    std::vector<std::vector<std::byte>> parts;
-    if (rank == 0) {
-      for (int r = 0; r < size; ++r) {
-        auto b = all.begin() + displs[static_cast<std::size_t>(r)];
-        parts.emplace_back(b, b + lens[static_cast<std::size_t>(r)]);
-      }
-    }
-    return parts;
+  const auto handshakes = gather_to_root(control, bytes.data(), static_cast<int>(bytes.size()));
+  auto decoded = [&](int r) {
+    return protocol::decode_handshake(std::as_bytes(std::span(handshakes[static_cast<std::size_t>(r)])));
   };
-  const auto handshakes = gather(bytes.data(), static_cast<int>(bytes.size()));
-  const auto errors = gather(local_error.data(), static_cast<int>(local_error.size()));
+  const auto errors = by_message(gather_to_root(control, local_error.data(), static_cast<int>(local_error.size())));
   // Function tables that differ are named function by function: only then (rank 0 says so)
   // does every rank send its names, one per line.
   int tables_differ = 0;
   if (rank == 0) {
     for (int r = 1; r < size; ++r) {
       try {
-        const protocol::Handshake h = protocol::decode_handshake(handshakes[static_cast<std::size_t>(r)]);
+        const protocol::Handshake h = decoded(r);
         if (h.function_table_hash != mine.function_table_hash) tables_differ = 1;
       } catch (const std::exception&) {
         // Reported below as a handshake that does not decode.
@@ -99,9 +159,8 @@ void handshake(MPI_Comm control, int provided, bool dedicated_controller) {
     } catch (const std::exception&) {
       // A broken table is already this rank's local error.
     }
-    for (const auto& part : gather(listed.data(), static_cast<int>(listed.size()))) {
+    for (const std::string& text : gather_to_root(control, listed.data(), static_cast<int>(listed.size()))) {
       std::vector<std::string> names;
-      std::string text(reinterpret_cast<const char*>(part.data()), part.size());
       for (std::size_t at = 0, end; at < text.size(); at = end + 1) {
         end = text.find('\n', at);
         names.push_back(text.substr(at, end - at));
@@ -111,15 +170,10 @@ void handshake(MPI_Comm control, int provided, bool dedicated_controller) {
   }
   std::string verdict;
   if (rank == 0) {
-    for (int r = 0; r < size; ++r) {
-      const auto& err = errors[static_cast<std::size_t>(r)];
-      if (!err.empty()) {
-        verdict +=
-            fmt::format("\n  rank {}: {}", r, std::string(reinterpret_cast<const char*>(err.data()), err.size()));
-      }
-      if (r == 0) continue;
+    for (const auto& [message, ranks] : errors) verdict += fmt::format("\n  {}: {}", rank_list(ranks), message);
+    for (int r = 1; r < size; ++r) {
       try {
-        const protocol::Handshake h = protocol::decode_handshake(handshakes[static_cast<std::size_t>(r)]);
+        const protocol::Handshake h = decoded(r);
         std::vector<std::string> diffs;
         if (h.meshrt_version != mine.meshrt_version) {
           diffs.push_back(fmt::format("meshrt {} (rank 0: {})", h.meshrt_version, mine.meshrt_version));
@@ -140,18 +194,7 @@ void handshake(MPI_Comm control, int provided, bool dedicated_controller) {
       }
     }
   }
-  // Printed once per job, by rank 0, before the others hear of it: a launcher that ends
-  // the job when the first rank exits must not lose the only copy.
-  const std::string message = "meshrt start-up failed: the ranks disagree:";
-  if (!verdict.empty()) {
-    std::fprintf(stderr, "%s%s\n", message.c_str(), verdict.c_str());
-    std::fflush(stderr);
-  }
-  int n = static_cast<int>(verdict.size());
-  MESHRT_MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT, 0, control));
-  verdict.resize(static_cast<std::size_t>(n));
-  MESHRT_MPI_CHECK(MPI_Bcast(verdict.data(), n, MPI_CHAR, 0, control));
-  if (!verdict.empty()) throw StartupError(message + verdict);
+  fail_together(control, verdict.empty() ? verdict : "meshrt start-up failed: the ranks disagree:" + verdict);
 }
 
 }  // namespace meshrt::control

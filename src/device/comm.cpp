@@ -86,6 +86,9 @@ int node_size(MPI_Comm world) {
 }
 
 int select_device(Accelerator accelerator, MPI_Comm world) {
+  // Collective first, before anything can throw: ranks with and without MESHRT_DEVICE,
+  // and ranks that fail here and ranks that do not, still make the same calls.
+  const int local = local_rank(world);
 #if MESHRT_HAVE_CUDA
   // Counting CUDA devices needs no backend (and so no context) yet.
   const int count = accelerator == Accelerator::Cuda ? cuda_visible_devices() : backend(accelerator).device_count();
@@ -96,8 +99,6 @@ int select_device(Accelerator accelerator, MPI_Comm world) {
     throw UsageError(
         fmt::format("device placement: expected at least one {} device on this node, found none", name(accelerator)));
   }
-  // Always collective, so ranks with and without MESHRT_DEVICE still agree.
-  const int local = local_rank(world);
   if (const std::optional<std::int64_t> chosen = settings::kDevice.from_environment()) {
     if (*chosen >= count) {
       throw UsageError(fmt::format("setting MESHRT_DEVICE: expected a device of the {} accelerator in 0..{}, found {}",

@@ -126,7 +126,11 @@ void init(int rank) {
     auto path = std::filesystem::path(*dir) / fmt::format("meshrt.rank{}.log", rank);
     auto file = boost::make_shared<std::ofstream>(path, std::ios::app);
     if (!*file) {
-      throw UsageError(fmt::format("MESHRT_LOG_DIR: cannot open {} for writing on rank {}", path.string(), rank));
+      // The same text on every rank that fails alike, so that the start prints it once.
+      const std::string why = ec ? fmt::format("cannot create it: {}", ec.message())
+                                 : std::string("cannot open meshrt.rank<N>.log in it for writing");
+      throw UsageError(fmt::format(
+          "setting MESHRT_LOG_DIR: expected a directory where every rank can write its log, found {} ({})", *dir, why));
     }
     g_file = make_sink(file);
     core->add_sink(g_file);

@@ -1,14 +1,19 @@
 #include "meshrt/runtime.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <mpi.h>
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
+#include <map>
 #include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "common/checks.hpp"
 #include "controller/state.hpp"
@@ -36,6 +41,38 @@ bool decide_worker_blocking(int rank) {
                      << " ranks on this node, " << cores << " online cores, MESHRT_WORKER_BLOCKING=" << mode << ")";
   }
   return block;
+}
+
+// One step of the start, agreed by the whole job (control::agree_on_start): it fails on
+// every rank or on none, and its message is printed once.
+void start_step(MPI_Comm comm, const std::function<void()>& step) {
+  std::string error;
+  try {
+    step();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  control::agree_on_start(comm, error);
+}
+
+// Every rank places itself on the same accelerator, or none does: collective (the device
+// choice that follows is), and the same error on every rank when they differ.
+void check_one_accelerator(MPI_Comm comm, device::Accelerator mine) {
+  int size = 1;
+  MESHRT_MPI_CHECK(MPI_Comm_size(comm, &size));
+  auto code = static_cast<int>(mine);
+  std::vector<int> all(static_cast<std::size_t>(size));
+  MESHRT_MPI_CHECK(MPI_Allgather(&code, 1, MPI_INT, all.data(), 1, MPI_INT, comm));
+  if (std::all_of(all.begin(), all.end(), [&](int c) { return c == all[0]; })) return;
+  std::map<int, std::vector<int>> ranks_on;  // accelerator -> its ranks
+  for (int r = 0; r < size; ++r) ranks_on[all[static_cast<std::size_t>(r)]].push_back(r);
+  std::vector<std::string> found;
+  for (const auto& [accelerator, ranks] : ranks_on) {
+    found.push_back(fmt::format("{} on rank{} {}", device::name(static_cast<device::Accelerator>(accelerator)),
+                                ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", ")));
+  }
+  throw UsageError(fmt::format("setting MESHRT_ACCELERATOR: expected the same accelerator on every rank, found {}",
+                               fmt::join(found, "; ")));
 }
 
 }  // namespace
@@ -107,30 +144,40 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
   MESHRT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &i.rank));
   MESHRT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &i.size));
   try {
-    settings::validate_all();  // a bad setting is reported here, on every rank, not when it is first read
-    log::init(i.rank);
-    log::set_thread_role(i.rank == 0 ? "controller" : fmt::format("worker {}", i.rank));
     // MPI_ERRORS_RETURN on each, so that MESHRT_MPI_CHECK raises (common/checks.hpp).
     for (MPI_Comm* c : {&i.control, &i.world, &i.p2p}) {
       MESHRT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, c));
       detail::set_error_policy(*c);
     }
+    // A bad setting is reported here, not when it is first read.
+    start_step(i.control, [&] {
+      settings::validate_all();
+      log::init(i.rank);
+      log::set_thread_role(i.rank == 0 ? "controller" : fmt::format("worker {}", i.rank));
+    });
     i.handshake();
     // One device per rank (docs/ARCHITECTURE.md section 7), chosen before any worker thread starts.
-    if (const auto acc = device::configured_accelerator(); acc != device::Accelerator::None) {
-      device::set_placement({acc, device::select_device(acc, MPI_COMM_WORLD)});
-    }
-    i.block_in_mpi = decide_worker_blocking(i.rank);
-    if (options.dedicated_controller) {
-      if (i.size < 2) throw UsageError("a dedicated controller needs at least 2 ranks: one controller, one worker");
-      i.worker_ranks = NDSlice(1, {i.size - 1}, {1});
-    } else {
-      i.worker_ranks = NDSlice::row_major({i.size});
-    }
-    if (i.runs_worker()) {
-      i.watch = std::make_unique<WorkerWatch>(i.rank, control::mpi_transport(i.control),
-                                              static_cast<std::size_t>(settings::kFlightRecorder.get()));
-    }
+    auto accelerator = device::Accelerator::None;
+    start_step(i.control, [&] { accelerator = device::configured_accelerator(); });
+    start_step(i.control, [&] {
+      check_one_accelerator(i.control, accelerator);
+      if (accelerator != device::Accelerator::None) {
+        device::set_placement({accelerator, device::select_device(accelerator, MPI_COMM_WORLD)});
+      }
+    });
+    start_step(i.control, [&] {
+      i.block_in_mpi = decide_worker_blocking(i.rank);
+      if (options.dedicated_controller) {
+        if (i.size < 2) throw UsageError("a dedicated controller needs at least 2 ranks: one controller, one worker");
+        i.worker_ranks = NDSlice(1, {i.size - 1}, {1});
+      } else {
+        i.worker_ranks = NDSlice::row_major({i.size});
+      }
+      if (i.runs_worker()) {
+        i.watch = std::make_unique<WorkerWatch>(i.rank, control::mpi_transport(i.control),
+                                                static_cast<std::size_t>(settings::kFlightRecorder.get()));
+      }
+    });
   } catch (...) {
     i.watch.reset();
     i.free_comms();
@@ -204,7 +251,7 @@ int run(int argc, char** argv, const std::function<void(Controller&)>& fn, Runti
   try {
     runtime.emplace(argc, argv, options);
   } catch (const control::StartupError&) {
-    return 1;  // every rank has the same verdict, and rank 0 has printed it
+    return 1;  // every rank has the same verdict, and rank 0 has printed it once for the job
   } catch (const std::exception& e) {
     std::fprintf(stderr, "meshrt: %s\n", e.what());
     return 1;

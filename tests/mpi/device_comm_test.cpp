@@ -1,5 +1,7 @@
-// The emulated accelerator's communicator over MPI (NP 2 and 4): every collective and
-// dtype, a communicator over only some ranks, and its refusals and asynchronous errors.
+// The emulated accelerator's communicator over MPI (NP 2 and 4, and NP 1 on one device):
+// every collective and dtype, a communicator over only some ranks, and its refusals and
+// asynchronous errors. A test that needs more ranks or devices than the job has skips,
+// saying what it needs (support/devices.hpp).
 // MESHRT_ACCELERATOR=cuda runs the same tests on the cuda backend (NCCL; one GPU per
 // rank, scripts/gpu-check.sh); the emulator's own checks (a host pointer as an
 // asynchronous error, its device count) run on emulated only.
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/devices.hpp"
 #include "../support/expect_error.hpp"
 #include "../support/mpi_world.hpp"
 #include "meshrt/internal/device.hpp"
@@ -101,6 +104,7 @@ double expected(Reduction red, DType dtype, int n, std::size_t i) {
 }
 
 TEST(DeviceComm, AllReduceEveryDtypeAndReduction) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   OnEmulated s;
   const int n = world_size();
   const std::size_t count = 5;
@@ -136,6 +140,7 @@ TEST(DeviceComm, AllReduceEveryDtypeAndReduction) {
 }
 
 TEST(DeviceComm, AllGatherReduceScatterAndAllToAll) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   OnEmulated s;
   const int n = world_size();
   const int me = world_rank();
@@ -179,6 +184,7 @@ TEST(DeviceComm, AllGatherReduceScatterAndAllToAll) {
 }
 
 TEST(DeviceComm, GroupedSendRecvAroundARing) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   OnEmulated s;
   const int n = world_size();
   const int me = world_rank();
@@ -193,6 +199,7 @@ TEST(DeviceComm, GroupedSendRecvAroundARing) {
 }
 
 TEST(DeviceComm, ACommunicatorOverSomeRanksOnly) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   // Even and odd world ranks make one each; neither waits for the other.
   MPI_Comm half = MPI_COMM_NULL;
   MPI_Comm_split(MPI_COMM_WORLD, world_rank() % 2, world_rank(), &half);
@@ -214,6 +221,7 @@ TEST(DeviceComm, ACommunicatorOverSomeRanksOnly) {
 }
 
 TEST(DeviceComm, RefusesTwoRanksOnOneDeviceOnEveryRank) {
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks (on one device), found 1";
   // Every rank asks for device 0 of this node: each one is told, none waits.
   const std::string text =
       usage_error([] { (void)device::create_communicator(under_test(), MPI_COMM_WORLD, 0, kInitTimeout); });
@@ -222,6 +230,7 @@ TEST(DeviceComm, RefusesTwoRanksOnOneDeviceOnEveryRank) {
 }
 
 TEST(DeviceComm, RefusesBitwiseReductionsAsNcclDoes) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   OnEmulated s;
   Tensor t = emulated().empty(TensorMeta({4}, DType::Int32, s.where()), s.stream);
   for (Reduction red : {Reduction::Band, Reduction::Bor, Reduction::Bxor}) {
@@ -235,6 +244,7 @@ TEST(DeviceComm, RefusesBitwiseReductionsAsNcclDoes) {
 
 TEST(DeviceComm, AHostPointerIsAnAsynchronousErrorAndDestroyDoesNotHang) {
   if (under_test() != Accelerator::Emulated) GTEST_SKIP() << "the emulator's own check (a GPU would fault)";
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   OnEmulated s;
   std::vector<float> host(4, 1.0f);  // not device memory: a collective faults on it
   s.comm->all_reduce(host.data(), host.data(), 4, DType::Float32, Reduction::Sum, s.stream);  // no throw here
@@ -257,6 +267,7 @@ TEST(DeviceComm, AHostPointerIsAnAsynchronousErrorAndDestroyDoesNotHang) {
 // stream carries the error, and the communicator stays usable on a healthy stream.
 TEST(DeviceComm, AFaultOnOneRankNeverLeavesItsPeersWaiting) {
   if (under_test() != Accelerator::Emulated) GTEST_SKIP() << "the emulator's own checks (a GPU would fault)";
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 2);
   OnEmulated s;
   const int me = world_rank();
   const int n = world_size();
@@ -351,6 +362,7 @@ TEST(DeviceComm, TheExchangeOfDevicesHasADeadline) {
 }
 
 TEST(DeviceComm, AnAbortedCommunicatorFailsLaterWork) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   OnEmulated s;
   Stream other = emulated().create_stream(s.device);
   Tensor t = emulated().empty(TensorMeta({1}, DType::Float32, s.where()), other);
@@ -415,8 +427,9 @@ TEST(DevicePlacement, LocalRankModuloTheDeviceCountAndTheOverride) {
   // All ranks of a test run on one node: the local rank is the world rank.
   EXPECT_EQ(device::local_rank(MPI_COMM_WORLD), world_rank());
   EXPECT_EQ(device::select_device(Accelerator::Emulated, MPI_COMM_WORLD), world_rank() % emulated().device_count());
-  setenv("MESHRT_DEVICE", "3", 1);
-  EXPECT_EQ(device::select_device(Accelerator::Emulated, MPI_COMM_WORLD), 3);
+  const int last = emulated().device_count() - 1;
+  setenv("MESHRT_DEVICE", std::to_string(last).c_str(), 1);
+  EXPECT_EQ(device::select_device(Accelerator::Emulated, MPI_COMM_WORLD), last);
   setenv("MESHRT_DEVICE", "99", 1);
   expect_contains(usage_error([] { (void)device::select_device(Accelerator::Emulated, MPI_COMM_WORLD); }),
                   "setting MESHRT_DEVICE: expected a device of the emulated accelerator in 0.." +

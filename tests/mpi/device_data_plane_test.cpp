@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "../support/devices.hpp"
 #include "comm_test_util.hpp"
 #include "meshrt/internal/device.hpp"
 #include "meshrt/internal/settings.hpp"
@@ -178,6 +179,7 @@ int expected_runs() {
 }
 
 TEST(DeviceDataPlane, EveryReductionDtypeAndFlagOnTheWorldMesh) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   World world;
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
   EXPECT_EQ(sweep(mesh, 0), expected_runs());
@@ -185,7 +187,8 @@ TEST(DeviceDataPlane, EveryReductionDtypeAndFlagOnTheWorldMesh) {
 }
 
 TEST(DeviceDataPlane, TwoDimensionalMeshBothDimensions) {
-  if (world_size() < 4 || world_size() % 2 != 0) GTEST_SKIP() << "needs an even world of 4 or more";
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 4);
+  if (world_size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks, found " << world_size();
   World world;
   WorkerMesh mesh({"host", "gpu"}, NDSlice::row_major({2, world_size() / 2}), world.comm());
   EXPECT_EQ(sweep(mesh, 1), expected_runs());
@@ -193,6 +196,7 @@ TEST(DeviceDataPlane, TwoDimensionalMeshBothDimensions) {
 }
 
 TEST(DeviceDataPlane, BrokenInputJoinsWithZerosAndAMismatchRaisesAfterCompletion) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   World world;
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
   const int me = world_rank();
@@ -256,6 +260,7 @@ void check_send(const NDSlice& from, const NDSlice& to, MPI_Comm p2p, std::vecto
 }
 
 TEST(DeviceDataPlane, SendsBetweenSubMeshesOverExactlyTheirRanks) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 2);
   World world;
   const int n = world_size();
   const int half = n / 2;
@@ -287,6 +292,7 @@ TEST(DeviceDataPlane, SendsWithFixedPointsLeaveTheSelfMappedRanksOut) {
 }
 
 TEST(DeviceDataPlane, MaxAndMinPropagateNaNFromAnyRank) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   World world;
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
   expect_nan_propagates(world_size(), [&](Reduction red, bool scatter, const Tensor& in) {
@@ -326,6 +332,7 @@ TEST(DeviceDataPlane, AnErrorAtEnqueueDropsTheCommunicator) {
 // Last (gtest runs a file's tests in order): the cache is freed while MPI is up, and the
 // next operation makes a fresh communicator.
 TEST(DeviceDataPlane, FreedCommunicatorsAreMadeAgain) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
   World world;
   WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
   free_device_communicators();

@@ -166,9 +166,19 @@ std::shared_ptr<Transport> mpi_transport(MPI_Comm comm);
 // runs no worker.
 void handshake(MPI_Comm control, int provided, bool dedicated_controller);
 
-// A start-up failure every rank raises with the same text (the handshake's verdict,
-// decided on rank 0, printed there once for the job, then broadcast): run() does not
-// print it again.
+// The outcome of one step of the start (settings, logging, device placement, ...),
+// agreed by the whole job: every rank passes what went wrong in the step on this rank
+// (empty when nothing did). Rank 0 gathers them and, when any rank failed, prints each
+// distinct message once with the ranks that hit it ("on every rank" when all did the
+// same), then every rank throws StartupError with that text. Collective: every rank of
+// `comm` calls it after the same step, failed or not, so a rank that gave up early
+// never leaves its peers waiting; the step itself must make no collective call after
+// its first chance to throw.
+void agree_on_start(MPI_Comm comm, const std::string& local_error);
+
+// A start-up failure every rank raises with the same text (the handshake's verdict or
+// agree_on_start's, decided on rank 0, printed there once for the job, then broadcast):
+// run() does not print it again.
 class StartupError : public Error {
  public:
   using Error::Error;
