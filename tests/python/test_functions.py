@@ -171,7 +171,7 @@ def test_in_place_multiple_outputs_and_torch():
         out = mesh.call("test.py_add_", x, ones(mesh, 5.0))
         assert out is None or out == [] or out == (), out  # no outputs
         np.testing.assert_array_equal(fetch(ctl, x, dp=1, tp=0), np.full((3, 4), 6, np.float32))
-        a, s = mesh.call("test.py_split", x)
+        a, s = mesh.call_n("test.py_split", x)
         np.testing.assert_array_equal(fetch(ctl, a, dp=0, tp=1), np.full((3, 4), 7, np.float32))
         assert fetch(ctl, s, dp=0, tp=1) == 72.0
         t = mesh.call("test.py_torch_scale", x, 0.5)
