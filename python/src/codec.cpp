@@ -85,7 +85,9 @@ PyObject* imported(const char* name) {
 }
 
 PyTypeObject* numpy_ndarray() {
-  return imported("numpy") == nullptr ? nullptr : py::detail::npy_api::get().PyArray_Type_;
+  static PyTypeObject* type = nullptr;  // numpy, once imported, stays
+  if (type == nullptr && imported("numpy") != nullptr) type = py::detail::npy_api::get().PyArray_Type_;
+  return type;
 }
 
 py::handle torch_tensor_type() {
@@ -289,9 +291,22 @@ class Encoder {
       value(cached(g_np_dtype_to_descr, "numpy.lib.format", "dtype_to_descr")(dt), 0, true);
     } else {
       u8(kDTypeStr);
-      const std::string s = py::str(dt.attr("str"));
+      const std::string& s = dtype_str(dt);
       blob(s.data(), s.size());
     }
+  }
+
+  // numpy's dtype.str, remembered per dtype object (the common ones are singletons).
+  static const std::string& dtype_str(const py::dtype& dt) {
+    static auto* known = new std::map<PyObject*, std::string>();  // holds a reference to each key
+    if (auto it = known->find(dt.ptr()); it != known->end()) return it->second;
+    std::string s = py::str(dt.attr("str"));
+    if (known->size() >= 256) {
+      static std::string last;
+      last = std::move(s);
+      return last;
+    }
+    return known->emplace(dt.inc_ref().ptr(), std::move(s)).first->second;
   }
 
   void numpy_array(py::handle o, bool in_key) {
@@ -379,14 +394,14 @@ class Encoder {
 
 class Reader {
  public:
-  Reader(std::string_view bytes, std::size_t begin, std::size_t end, const std::string& where)
+  Reader(std::string_view bytes, std::size_t begin, std::size_t end, const Where& where)
       : base_(bytes.data()), pos_(begin), end_(end), where_(where) {}
 
   [[noreturn]] void corrupt(const std::string& what) const {
     throw ProtocolError(
         fmt::format("{}: the object does not decode at byte {}: {} (corrupt, or not sent by a "
                     "meshrt Python group)",
-                    where_, pos_, what));
+                    where_(), pos_, what));
   }
   std::size_t remaining() const { return end_ - pos_; }
   std::size_t pos() const { return pos_; }
@@ -432,7 +447,7 @@ class Reader {
   const char* base_;
   std::size_t pos_;
   std::size_t end_;
-  const std::string& where_;
+  const Where& where_;
 };
 
 struct Header {
@@ -441,7 +456,7 @@ struct Header {
   std::size_t value_end = 0;
 };
 
-Header read_header(std::string_view bytes, const std::string& where) {
+Header read_header(std::string_view bytes, const Where& where) {
   Reader r(bytes, 0, bytes.size(), where);
   if (bytes.size() < kHeaderBytes)
     r.corrupt(fmt::format("expected a {}-byte header, found {} bytes", kHeaderBytes, bytes.size()));
@@ -493,7 +508,7 @@ py::dtype numpy_dtype_from(Reader& r) {
 
 class Decoder {
  public:
-  Decoder(std::string_view bytes, const Header& h, bool allow_pickle, const std::string& where, const std::string& from,
+  Decoder(std::string_view bytes, const Header& h, bool allow_pickle, const Where& where, const Where& from,
           Decoded& out)
       : r_(bytes, kHeaderBytes, h.value_end, where),
         trailer_(bytes, h.value_end, bytes.size(), where),
@@ -517,7 +532,7 @@ class Decoder {
   std::optional<ArraySpec> top_array_spec() {
     const std::uint8_t tag = r_.u8();
     if (tag != kNumpy && tag != kTorch && tag != kMeshrt) return std::nullopt;
-    return array_head(tag, 0).spec;
+    return array_head(tag, 0).spec();
   }
 
  private:
@@ -525,8 +540,8 @@ class Decoder {
     if (depth > kMaxDepth) r_.corrupt(fmt::format("nested deeper than {} levels", kMaxDepth));
     const std::uint8_t tag = r_.u8();
     if (target != nullptr && tag != kNumpy && tag != kTorch && tag != kMeshrt) {
-      throw UsageError(fmt::format("{}: out= is {}, but {} sent an object that is not an array", where_,
-                                   target->spec.to_string(), from_));
+      throw UsageError(fmt::format("{}: out= is {}, but {} sent an object that is not an array", where_(),
+                                   target->spec.to_string(), from_()));
     }
     switch (tag) {
       case kNone:
@@ -597,7 +612,7 @@ class Decoder {
               "{}: the object from {} holds pickled data (the sender passed allow_pickle=True), but this rank did not "
               "pass allow_pickle=True; pickle runs code when it decodes, so the safe codec refuses it unless both "
               "sides pass allow_pickle=True",
-              where_, from_));
+              where_(), from_()));
         }
         return cached(g_pickle_loads, "pickle",
                       "loads")(py::memoryview::from_memory(b.data(), static_cast<py::ssize_t>(b.size())));
@@ -673,8 +688,18 @@ class Decoder {
     py::dtype np;      // numpy
     DType dtype{};     // meshrt
     std::string name;  // torch and meshrt: the dtype's name
-    ArraySpec spec;
+    std::vector<std::int64_t> shape;
     std::size_t nbytes = 0;
+
+    // Comparable across kinds (numpy spells it only when asked: it costs a Python call).
+    ArraySpec spec() const {
+      if (tag == kNumpy || tag == kNumpyScalar) {
+        auto [canonical, readable] = numpy_spec_dtype(np);
+        return ArraySpec{canonical, readable, shape};
+      }
+      const char* canonical = torch_canonical(name);
+      return ArraySpec{canonical != nullptr ? canonical : name, name, shape};
+    }
   };
 
   ArrayHead array_head(std::uint8_t tag, int depth) {
@@ -691,15 +716,14 @@ class Decoder {
         }
         if (has_objects(a.np)) r_.corrupt("a structured dtype holding Python objects, which are never decoded");
       }
-      auto [canonical, name] = numpy_spec_dtype(a.np);
-      a.spec = ArraySpec{canonical, name, tag == kNumpyScalar ? std::vector<std::int64_t>{} : r_.shape()};
-      a.nbytes = checked_nbytes(r_, a.spec.shape, static_cast<std::size_t>(a.np.itemsize()));
+      if (tag == kNumpy) a.shape = r_.shape();
+      a.nbytes = checked_nbytes(r_, a.shape, static_cast<std::size_t>(a.np.itemsize()));
       return a;
     }
     a.name = std::string(r_.blob());
-    const TorchDType* t = torch_dtype(a.name);
     std::size_t item = 0;
     if (tag == kTorch) {
+      const TorchDType* t = torch_dtype(a.name);
       if (t == nullptr) r_.corrupt(fmt::format("torch dtype \"{}\" is not one the codec sends", a.name));
       item = t->itemsize;
     } else {
@@ -710,8 +734,8 @@ class Decoder {
       }
       item = element_size(a.dtype);
     }
-    a.spec = ArraySpec{t != nullptr ? t->canonical : a.name, a.name, r_.shape()};
-    a.nbytes = checked_nbytes(r_, a.spec.shape, item);
+    a.shape = r_.shape();
+    a.nbytes = checked_nbytes(r_, a.shape, item);
     return a;
   }
 
@@ -719,15 +743,15 @@ class Decoder {
     ArrayHead a = array_head(tag, depth);
     expect_storage(a.nbytes);
     if (target != nullptr) {
-      if (!(target->spec == a.spec)) {
-        throw UsageError(fmt::format("{}: type or size mismatch: out= is {}, but {} sent {}", where_,
-                                     target->spec.to_string(), from_, a.spec.to_string()));
+      if (!(target->spec == a.spec())) {
+        throw UsageError(fmt::format("{}: type or size mismatch: out= is {}, but {} sent {}", where_(),
+                                     target->spec.to_string(), from_(), a.spec().to_string()));
       }
       fill(target->data, a.nbytes, in_key);
       return target->obj;
     }
     if (tag == kNumpy || tag == kNumpyScalar) {
-      py::array arr(a.np, std::vector<py::ssize_t>(a.spec.shape.begin(), a.spec.shape.end()));
+      py::array arr(a.np, std::vector<py::ssize_t>(a.shape.begin(), a.shape.end()));
       fill(static_cast<char*>(arr.mutable_data()), a.nbytes, in_key);
       if (tag == kNumpyScalar) return arr[py::tuple()];
       return arr;
@@ -737,16 +761,16 @@ class Decoder {
       try {
         torch_mod = cached(g_torch, "torch", nullptr);
       } catch (py::error_already_set& e) {
-        throw UsageError(fmt::format("{}: {} sent a torch tensor, but torch does not import on this rank: {}", where_,
-                                     from_, e.what()));
+        throw UsageError(fmt::format("{}: {} sent a torch tensor, but torch does not import on this rank: {}", where_(),
+                                     from_(), e.what()));
       }
-      py::tuple shape(a.spec.shape.size());
-      for (std::size_t i = 0; i < a.spec.shape.size(); ++i) shape[i] = a.spec.shape[i];
+      py::tuple shape(a.shape.size());
+      for (std::size_t i = 0; i < a.shape.size(); ++i) shape[i] = a.shape[i];
       py::object t = torch_mod.attr("empty")(shape, py::arg("dtype") = torch_mod.attr(a.name.c_str()));
       fill(reinterpret_cast<char*>(t.attr("data_ptr")().cast<std::uintptr_t>()), a.nbytes, in_key);
       return t;
     }
-    Tensor t = Tensor::empty(TensorMeta(a.spec.shape, a.dtype));
+    Tensor t = Tensor::empty(TensorMeta(a.shape, a.dtype));
     fill(static_cast<char*>(t.raw_data()), a.nbytes, in_key);
     return wrap_tensor(std::move(t));
   }
@@ -755,8 +779,8 @@ class Decoder {
   Reader trailer_;
   std::uint32_t nbuf_;
   bool allow_pickle_;
-  const std::string& where_;
-  const std::string& from_;
+  const Where& where_;
+  const Where& from_;
   Decoded& out_;
 };
 
@@ -800,7 +824,7 @@ void encode(py::handle obj, bool allow_pickle, Encoded& out) {
   std::memcpy(h + 8, &nbuf, 4);
 }
 
-Summary summarize(std::string_view bytes, const std::string& where) {
+Summary summarize(std::string_view bytes, const Where& where) {
   const Header h = read_header(bytes, where);
   Summary s;
   s.pickled = (h.flags & kFlagPickled) != 0;
@@ -809,7 +833,7 @@ Summary summarize(std::string_view bytes, const std::string& where) {
   return s;
 }
 
-std::optional<ArraySpec> top_level_array(std::string_view bytes, const std::string& where) {
+std::optional<ArraySpec> top_level_array(std::string_view bytes, const Where& where) {
   const Header h = read_header(bytes, where);
   Decoded d;
   Decoder dec(bytes, h, false, where, where, d);
@@ -868,8 +892,7 @@ OutTarget out_target(py::handle out) {
   throw UsageError("out= is a " + type_name(out) + "; expected a numpy array, torch tensor or meshrt.Tensor");
 }
 
-Decoded decode(std::string_view bytes, bool allow_pickle, const OutTarget* out, const std::string& where,
-               const std::string& from) {
+Decoded decode(std::string_view bytes, bool allow_pickle, const OutTarget* out, const Where& where, const Where& from) {
   const Header h = read_header(bytes, where);
   Decoded d;
   Decoder dec(bytes, h, allow_pickle, where, from, d);

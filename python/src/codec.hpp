@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,6 +25,10 @@
 namespace meshrt::python::codec {
 
 namespace py = pybind11;
+
+// Where an object is decoded ("recv_obj on group rank 1 (parent rank 1) of 4"), or who
+// sent it, for error messages: made only when an error is raised.
+using Where = std::function<std::string()>;
 
 // Arrays, bytes and bytearrays larger than this travel beside the structure, each in its
 // own message straight into the receiver's new object; smaller ones inside it.
@@ -53,7 +58,7 @@ struct Summary {
   bool pickled = false;
   std::vector<std::uint64_t> buffer_sizes;
 };
-Summary summarize(std::string_view bytes, const std::string& where);
+Summary summarize(std::string_view bytes, const Where& where);
 
 // An array's element type and shape, comparable across numpy, torch and meshrt.
 struct ArraySpec {
@@ -76,7 +81,7 @@ OutTarget out_target(py::handle out);
 
 // The spec of the encoded object if it is one array, tensor or meshrt.Tensor (nullopt
 // otherwise). The bytes must have passed summarize().
-std::optional<ArraySpec> top_level_array(std::string_view bytes, const std::string& where);
+std::optional<ArraySpec> top_level_array(std::string_view bytes, const Where& where);
 
 // Where out-of-band buffer i of a decoded object goes.
 struct Target {
@@ -92,7 +97,6 @@ struct Decoded {
 // into it (UsageError if its spec differs). ProtocolError for malformed bytes; UsageError
 // for pickle without allow_pickle ("... was pickled by the sender, and this rank did not
 // pass allow_pickle=True ...", naming `from`).
-Decoded decode(std::string_view bytes, bool allow_pickle, const OutTarget* out, const std::string& where,
-               const std::string& from);
+Decoded decode(std::string_view bytes, bool allow_pickle, const OutTarget* out, const Where& where, const Where& from);
 
 }  // namespace meshrt::python::codec

@@ -194,7 +194,12 @@ const detail::TypeTag& all_gather_tag() {
   return t;
 }
 const detail::TypeTag& broadcast_tag(int root) {
-  return named_tag(fmt::format("Python codec (broadcast_obj from root {})", root));
+  static auto* by_root = new std::vector<const detail::TypeTag*>();
+  const auto r = static_cast<std::size_t>(root);
+  if (r >= by_root->size()) by_root->resize(r + 1, nullptr);
+  auto& tag = (*by_root)[r];
+  if (tag == nullptr) tag = &named_tag(fmt::format("Python codec (broadcast_obj from root {})", root));
+  return *tag;
 }
 
 // ---- a member's part of a collective --------------------------------------------------
@@ -231,14 +236,14 @@ void write_part(std::string& s, std::uint8_t flags, const codec::ArraySpec* out,
   if (flags & kHasObject) s.append(*object);
 }
 
-Part read_part(std::string_view b, const std::string& where) {
+Part read_part(std::string_view b, const codec::Where& where) {
   std::size_t at = 0;
   auto take = [&](std::size_t n) {
     if (n > b.size() - at) {
       throw ProtocolError(
           fmt::format("{}: a member's part of {} bytes is truncated at byte {} (not sent by a meshrt "
                       "Python group?)",
-                      where, b.size(), at));
+                      where(), b.size(), at));
     }
     const char* p = b.data() + at;
     at += n;
@@ -259,7 +264,7 @@ Part read_part(std::string_view b, const std::string& where) {
     p.out.dtype = text();
     p.out.name = text();
     const std::uint32_t nd = u32();
-    if (nd > 64) throw ProtocolError(fmt::format("{}: a member's out= declares {} dimensions", where, nd));
+    if (nd > 64) throw ProtocolError(fmt::format("{}: a member's out= declares {} dimensions", where(), nd));
     for (std::uint32_t i = 0; i < nd; ++i) {
       std::int64_t d;
       std::memcpy(&d, take(8), 8);
@@ -298,6 +303,24 @@ struct PyGroup {
     for (int r : rs) parents.push_back(g->parent_rank(r));
     if (rs.size() == 1) return peer(rs[0]);
     return fmt::format("group ranks [{}] (parent ranks [{}])", fmt::join(rs, ", "), fmt::join(parents, ", "));
+  }
+};
+
+// Where an operation runs, and from whom, for error messages: formatted only when one is
+// raised (a message costs more than a small object's whole transfer).
+struct Site {
+  const PyGroup* pg;
+  const char* op;
+  int from;
+  std::string here() const { return fmt::format("{} on {}", op, pg->me()); }
+  codec::Where where() const {
+    return [this] { return here(); };
+  }
+  codec::Where where_from() const {
+    return [this] { return fmt::format("{} from {}", here(), pg->peer(from)); };
+  }
+  codec::Where peer() const {
+    return [this] { return pg->peer(from); };
   }
 };
 
@@ -356,7 +379,8 @@ std::vector<Part> exchange_parts(PyGroup& pg, StatelessGroup& g, const char* op,
   });
   std::vector<Part> parts;
   for (std::size_t p = 0; p < n; ++p) {
-    parts.push_back(read_part(pg.parts[p], fmt::format("{} on {} from {}", op, pg.me(), pg.peer(static_cast<int>(p)))));
+    const Site from{&pg, op, static_cast<int>(p)};
+    parts.push_back(read_part(pg.parts[p], from.where_from()));
   }
   return parts;
 }
@@ -457,10 +481,10 @@ py::object recv_obj(PyGroup& pg, int src, std::optional<double> timeout, bool al
     py::gil_scoped_release release;
     g.recv_bytes(object_tag(), false, sink, src, dl.first());
   }
-  const std::string where = fmt::format("{} on {}", op, pg.me());
+  const Site site{&pg, op, src};
   codec::Summary summary;
   try {
-    summary = codec::summarize(pg.inbox, where);
+    summary = codec::summarize(pg.inbox, site.where());
   } catch (...) {
     pg.broken = "a recv_obj whose object did not decode (its arrays may follow)";
     throw;
@@ -468,7 +492,7 @@ py::object recv_obj(PyGroup& pg, int src, std::optional<double> timeout, bool al
   codec::Decoded decoded;
   std::exception_ptr failed;
   try {
-    decoded = codec::decode(pg.inbox, allow_pickle, target ? &*target : nullptr, where, pg.peer(src));
+    decoded = codec::decode(pg.inbox, allow_pickle, target ? &*target : nullptr, site.where(), site.peer());
   } catch (...) {
     failed = std::current_exception();  // the arrays are still taken off the wire: the group stays usable
   }
@@ -519,9 +543,9 @@ py::object broadcast_obj(PyGroup& pg, py::handle obj, int src, std::optional<dou
   raise_member_errors(pg, op, parts, src);
 
   // The same checks on every member, from the same parts.
-  const std::string where = fmt::format("{} on {}", op, pg.me());
+  const Site site{&pg, op, src};
   const std::string_view object = parts[static_cast<std::size_t>(src)].object;
-  const codec::Summary summary = codec::summarize(object, where);
+  const codec::Summary summary = codec::summarize(object, site.where());
   if (summary.pickled) check_pickle_consent(pg, op, parts, {src});
   std::vector<std::string> mismatches;
   std::optional<codec::ArraySpec> sent;
@@ -529,7 +553,7 @@ py::object broadcast_obj(PyGroup& pg, py::handle obj, int src, std::optional<dou
   for (std::size_t p = 0; p < parts.size(); ++p) {
     if (!(parts[p].flags & kHasOut)) continue;
     if (!sent_known) {
-      sent = codec::top_level_array(object, where);
+      sent = codec::top_level_array(object, site.where());
       sent_known = true;
     }
     if (!sent || !(*sent == parts[p].out)) {
@@ -548,7 +572,7 @@ py::object broadcast_obj(PyGroup& pg, py::handle obj, int src, std::optional<dou
   std::exception_ptr failed;
   if (!root) {
     try {
-      decoded = codec::decode(object, allow_pickle, target ? &*target : nullptr, where, pg.peer(src));
+      decoded = codec::decode(object, allow_pickle, target ? &*target : nullptr, site.where(), site.peer());
     } catch (...) {
       failed = std::current_exception();  // this rank still takes part in moving the arrays
     }
@@ -601,8 +625,8 @@ py::list all_gather_obj(PyGroup& pg, py::handle obj, std::optional<double> timeo
   std::vector<int> pickled_by;
   std::size_t rounds = 0;
   for (std::size_t p = 0; p < n; ++p) {
-    summaries[p] =
-        codec::summarize(parts[p].object, fmt::format("{} on {} from {}", op, pg.me(), pg.peer(static_cast<int>(p))));
+    const Site from{&pg, op, static_cast<int>(p)};
+    summaries[p] = codec::summarize(parts[p].object, from.where_from());
     if (summaries[p].pickled) pickled_by.push_back(static_cast<int>(p));
     rounds = std::max(rounds, summaries[p].buffer_sizes.size());
   }
@@ -613,8 +637,8 @@ py::list all_gather_obj(PyGroup& pg, py::handle obj, std::optional<double> timeo
   for (std::size_t p = 0; p < n && !failed; ++p) {
     if (static_cast<int>(p) == me) continue;
     try {
-      decoded[p] = codec::decode(parts[p].object, allow_pickle, nullptr, fmt::format("{} on {}", op, pg.me()),
-                                 pg.peer(static_cast<int>(p)));
+      const Site from{&pg, op, static_cast<int>(p)};
+      decoded[p] = codec::decode(parts[p].object, allow_pickle, nullptr, from.where(), from.peer());
     } catch (...) {
       failed = std::current_exception();  // this rank still takes part in moving the arrays
     }
