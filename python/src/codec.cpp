@@ -124,14 +124,27 @@ bool has_objects(const py::dtype& dt) {
   return (static_cast<unsigned char>(dt.flags()) & 0x01) != 0;  // NPY_ITEM_REFCOUNT: holds Python objects
 }
 
-// The canonical and readable spelling of a numpy dtype.
-std::pair<std::string, std::string> numpy_spec_dtype(const py::dtype& dt) {
-  std::string name = py::str(dt.attr("name"));
+// numpy's dtype.str, remembered per dtype object (the common ones are singletons; asking
+// numpy costs more than encoding a small array).
+const std::string& dtype_str(const py::dtype& dt) {
+  static auto* known = new std::map<PyObject*, std::string>();  // holds a reference to each key
+  if (auto it = known->find(dt.ptr()); it != known->end()) return it->second;
+  std::string s = py::str(dt.attr("str"));
+  if (known->size() >= 256) {
+    static std::string last;
+    last = std::move(s);
+    return last;
+  }
+  return known->emplace(dt.inc_ref().ptr(), std::move(s)).first->second;
+}
+
+// The canonical spelling of a numpy dtype (ArraySpec::dtype).
+std::string numpy_canonical(const py::dtype& dt) {
   if (dt.has_fields()) {
     py::object descr = cached(g_np_dtype_to_descr, "numpy.lib.format", "dtype_to_descr")(dt);
-    return {"descr:" + std::string(py::repr(descr)), name};
+    return "descr:" + std::string(py::repr(descr));
   }
-  return {py::str(dt.attr("str")), name};
+  return dtype_str(dt);
 }
 
 // ---- encoding -------------------------------------------------------------------------
@@ -294,19 +307,6 @@ class Encoder {
       const std::string& s = dtype_str(dt);
       blob(s.data(), s.size());
     }
-  }
-
-  // numpy's dtype.str, remembered per dtype object (the common ones are singletons).
-  static const std::string& dtype_str(const py::dtype& dt) {
-    static auto* known = new std::map<PyObject*, std::string>();  // holds a reference to each key
-    if (auto it = known->find(dt.ptr()); it != known->end()) return it->second;
-    std::string s = py::str(dt.attr("str"));
-    if (known->size() >= 256) {
-      static std::string last;
-      last = std::move(s);
-      return last;
-    }
-    return known->emplace(dt.inc_ref().ptr(), std::move(s)).first->second;
   }
 
   void numpy_array(py::handle o, bool in_key) {
@@ -693,12 +693,9 @@ class Decoder {
 
     // Comparable across kinds (numpy spells it only when asked: it costs a Python call).
     ArraySpec spec() const {
-      if (tag == kNumpy || tag == kNumpyScalar) {
-        auto [canonical, readable] = numpy_spec_dtype(np);
-        return ArraySpec{canonical, readable, shape};
-      }
+      if (tag == kNumpy || tag == kNumpyScalar) return ArraySpec{numpy_canonical(np), shape};
       const char* canonical = torch_canonical(name);
-      return ArraySpec{canonical != nullptr ? canonical : name, name, shape};
+      return ArraySpec{canonical != nullptr ? canonical : name, shape};
     }
   };
 
@@ -787,6 +784,16 @@ class Decoder {
 }  // namespace
 
 std::string ArraySpec::to_string() const {
+  std::string name = dtype;
+  if (name.starts_with("descr:")) {
+    name = name.substr(6);
+  } else if (!name.empty() && (name[0] == '<' || name[0] == '>' || name[0] == '|' || name[0] == '=')) {
+    try {
+      name = py::str(py::dtype(dtype).attr("name"));
+    } catch (py::error_already_set&) {
+      // an unknown spelling is shown as it is
+    }
+  }
   return fmt::format("{}[{}]", name, fmt::join(shape, ", "));
 }
 
@@ -850,8 +857,7 @@ OutTarget out_target(py::handle out) {
     if (!(a.flags() & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_) || !a.writeable()) {
       throw UsageError("out= is a numpy array that is not C-contiguous and writable; expected one that is");
     }
-    auto [canonical, name] = numpy_spec_dtype(dt);
-    t.spec = ArraySpec{canonical, name, std::vector<std::int64_t>(a.shape(), a.shape() + a.ndim())};
+    t.spec = ArraySpec{numpy_canonical(dt), std::vector<std::int64_t>(a.shape(), a.shape() + a.ndim())};
     t.data = static_cast<char*>(a.mutable_data());
     t.nbytes = static_cast<std::size_t>(a.nbytes());
     return t;
@@ -863,7 +869,7 @@ OutTarget out_target(py::handle out) {
     }
     const std::string n(name(m.dtype()));
     const char* canonical = torch_canonical(n);
-    t.spec = ArraySpec{canonical ? canonical : n, n, m.shape()};
+    t.spec = ArraySpec{canonical ? canonical : n, m.shape()};
     t.data = static_cast<char*>(m.raw_data());
     t.nbytes = m.nbytes();
     return t;
@@ -884,7 +890,7 @@ OutTarget out_target(py::handle out) {
     const char* canonical = torch_canonical(n);
     if (canonical == nullptr)
       throw UsageError("out= is a torch tensor of dtype " + n + ", which the codec does not send");
-    t.spec = ArraySpec{canonical, n, o.attr("shape").cast<std::vector<std::int64_t>>()};
+    t.spec = ArraySpec{canonical, o.attr("shape").cast<std::vector<std::int64_t>>()};
     t.data = reinterpret_cast<char*>(o.attr("data_ptr")().cast<std::uintptr_t>());
     t.nbytes = o.attr("numel")().cast<std::size_t>() * o.attr("element_size")().cast<std::size_t>();
     return t;

@@ -63,9 +63,8 @@ Summary summarize(std::string_view bytes, const Where& where);
 // An array's element type and shape, comparable across numpy, torch and meshrt.
 struct ArraySpec {
   std::string dtype;  // canonical: numpy's dtype.str ("<f4"), or "bfloat16"
-  std::string name;   // readable: "float32"
   std::vector<std::int64_t> shape;
-  std::string to_string() const;  // "float32[3, 4]"
+  std::string to_string() const;  // "float32[3, 4]" (asks numpy for the name: GIL held)
   bool operator==(const ArraySpec& o) const { return dtype == o.dtype && shape == o.shape; }
 };
 

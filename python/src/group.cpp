@@ -228,7 +228,6 @@ void write_part(std::string& s, std::uint8_t flags, const codec::ArraySpec* out,
   put(s, flags);
   if (flags & kHasOut) {
     put_text(s, out->dtype);
-    put_text(s, out->name);
     put(s, static_cast<std::uint32_t>(out->shape.size()));
     for (std::int64_t d : out->shape) put(s, d);
   }
@@ -262,7 +261,6 @@ Part read_part(std::string_view b, const codec::Where& where) {
   p.flags = static_cast<std::uint8_t>(*take(1));
   if (p.flags & kHasOut) {
     p.out.dtype = text();
-    p.out.name = text();
     const std::uint32_t nd = u32();
     if (nd > 64) throw ProtocolError(fmt::format("{}: a member's out= declares {} dimensions", where(), nd));
     for (std::uint32_t i = 0; i < nd; ++i) {
