@@ -23,9 +23,10 @@ TEST(DevicePlacement, AnEmulatedMeshWithoutTheEmulatedAcceleratorSaysWhatItNeeds
       ADD_FAILURE() << "expected a RemoteError";
     } catch (const RemoteError& e) {
       const std::string text = e.what();
-      EXPECT_NE(text.find("found world ranks 0 and 1 (members 0 and 1) both on emulated:0 of one node; this job's "
-                          "accelerator is none, so no emulated device was chosen per rank: a mesh placed on emulated "
-                          "needs MESHRT_ACCELERATOR=emulated, or a real accelerator"),
+      EXPECT_NE(text.find("found world ranks 0 and 1 (members 0 and 1) both on emulated:0 of one node (emulated "
+                          "device 0 of the node); this job's accelerator is none, so no emulated device was chosen "
+                          "per rank: a mesh placed on emulated needs MESHRT_ACCELERATOR=emulated, or a real "
+                          "accelerator"),
                 std::string::npos)
           << text;
     }
