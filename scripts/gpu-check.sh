@@ -289,8 +289,8 @@ run mpi@2 60 "world size 2" mpiexec -n 2 meshrt-info
 # 6. The device suites. NCCL refuses two ranks of one communicator on one device (before
 # 2.30), so the MPI suites run at one rank per GPU, up to 4; runtime_cuda sizes its NCCL
 # lines to the GPU count, so it also runs at 2 and 4 ranks on one GPU (lines of one rank).
-# Until every test that needs a second rank says so and skips (issue 29), the three that
-# fail at one rank are left out there by name.
+# A test that needs a second rank or GPU skips, naming what it lacks; runtime_overlap
+# (a kernel on one stream while a collective is in flight on another) needs two GPUs.
 if [ "$REHEARSAL" = 1 ]; then
   export MESHRT_ACCELERATOR=emulated MESHRT_REQUIRE_GPU=0
 else
@@ -298,20 +298,17 @@ else
 fi
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN} MESHRT_TEST_WATCHDOG=${MESHRT_TEST_WATCHDOG:-80} GTEST_COLOR=no
 NP=$((NGPU < 4 ? NGPU : 4))
-one_rank_filter=()
-if [ "$NP" = 1 ]; then
-  one_rank_filter=(--gtest_filter='-DeviceComm.RefusesTwoRanksOnOneDeviceOnEveryRank:DeviceComm.AFaultOnOneRankNeverLeavesItsPeersWaiting:DeviceDataPlane.SendsBetweenSubMeshesOverExactlyTheirRanks')
-fi
 # unit_functions' plugin test loads a library by its path in the build folder.
 run unit_functions 60 gtest unit_functions --gtest_filter='-Registry.LoadLibraryAddsItsFunctions'
 run unit_tensor 60 gtest unit_tensor
 run unit_device 60 gtest unit_device
-run "device_comm@$NP" 90 gtest mpiexec -n "$NP" device_comm "${one_rank_filter[@]}"
-run "device_data_plane@$NP" 90 gtest mpiexec -n "$NP" device_data_plane "${one_rank_filter[@]}"
+run "device_comm@$NP" 90 gtest mpiexec -n "$NP" device_comm
+run "device_data_plane@$NP" 90 gtest mpiexec -n "$NP" device_data_plane
 # (On emulated, as a one-GPU node: one device, so its lines shrink to one rank.)
 MESHRT_EMULATED_DEVICES=1 run runtime_cuda@2 90 gtest mpiexec -n 2 runtime_cuda
 MESHRT_EMULATED_DEVICES=1 run runtime_cuda@4 90 gtest mpiexec -n 4 runtime_cuda
 run "mpi_group_nccl@$NP" 60 gtest mpiexec -n "$NP" mpi_group_nccl
+[ "$NP" -ge 2 ] && run runtime_overlap@2 90 gtest mpiexec -n 2 runtime_overlap
 
 # 7. Device collectives through meshrt against NCCL by hand (at one rank a copy: the
 # figures are the per-call overhead only; transports need two GPUs or more).

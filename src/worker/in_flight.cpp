@@ -4,6 +4,7 @@
 
 #include <boost/core/demangle.hpp>
 
+#include <algorithm>
 #include <string>
 #include <typeinfo>
 
@@ -22,9 +23,47 @@ InFlight::InFlight(Monitor& monitor, const WorkerOptions& options)
       blocking_(options.status_parent == kNoStatusTree && options.block_in_mpi) {}
 
 void InFlight::start(std::unique_ptr<Pending> op, std::optional<Ref> result, std::uint64_t seq, std::string_view kind,
-                     Ident ident, std::optional<std::size_t> cpu_bytes) {
+                     Ident ident, std::optional<std::size_t> cpu_bytes, Footprint footprint) {
   const bool on_comm_thread = cpu_bytes && !blocking_ && *cpu_bytes >= kThreadMinBytes;
-  current_.emplace(Current{std::move(op), result, seq, on_comm_thread, kind, ident});
+  current_.emplace(Current{std::move(op), result, seq, on_comm_thread, kind, ident, std::move(footprint)});
+  monitor_.in_flight(seq);
+}
+
+namespace {
+
+bool contains(const std::vector<std::uint64_t>& ids, std::uint64_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+}  // namespace
+
+bool InFlight::admits(const Command& command) const {
+  const Footprint& f = current_->footprint;
+  // Reading what it writes, or writing (defining, mutating, deleting) what it touches.
+  auto reads = [&](Ref r) { return contains(f.writes, r.id); };
+  auto writes = [&](Ref r) { return contains(f.writes, r.id) || contains(f.reads, r.id); };
+  auto reads_value = [&](const Value& v) {
+    bool found = false;
+    v.for_each_leaf([&](const Value& leaf) { found = found || (leaf.is_ref() && reads(leaf.as_ref())); });
+    return found;
+  };
+  auto any = [](const std::vector<Ref>& refs, auto&& pred) { return std::any_of(refs.begin(), refs.end(), pred); };
+  if (const auto* c = std::get_if<CallFunction>(&command)) {
+    return c->stream.id != f.stream && !any(c->results, writes) && !any(c->mutates, writes) &&
+           std::none_of(c->args.begin(), c->args.end(), reads_value);
+  }
+  if (const auto* c = std::get_if<FetchValue>(&command)) {
+    return c->stream.id != f.stream && !any(c->mutates, writes) && !reads_value(c->value);
+  }
+  if (const auto* c = std::get_if<DeleteRefs>(&command)) return !any(c->refs, writes);
+  // A borrow aliases its tensor under another ref: made, first used or dropped only when
+  // the operation touches neither. (On the cpu, after a drop the origin stream uses the
+  // tensor again under its own ref, which the operation's footprint does not name.)
+  if (const auto* c = std::get_if<BorrowCreate>(&command)) return !writes(c->tensor);
+  if (const auto* c = std::get_if<BorrowFirstUse>(&command)) return !writes(c->borrow);
+  if (const auto* c = std::get_if<BorrowDrop>(&command)) return !writes(c->borrow);
+  return std::holds_alternative<CreateDeviceMesh>(command) || std::holds_alternative<CreateStream>(command) ||
+         std::holds_alternative<RequestStatus>(command);
 }
 
 bool InFlight::poll(Env& env, Reporter& reporter) {
@@ -47,6 +86,7 @@ void InFlight::finish(Env& env, Reporter& reporter) {
     fail(env, reporter);
     return;
   }
+  monitor_.in_flight(0);
   monitor_.finished(current_->seq, false);
   if (current_->result) {
     if (out.broken)
@@ -100,6 +140,7 @@ void InFlight::fail(Env& env, Reporter& reporter) {
                                       .rank = rank_,
                                       .function = std::string(current_->kind),
                                       .exception_type = type});
+  monitor_.in_flight(0);
   monitor_.finished(current_->seq, true);
   if (ident != 0) reporter.passed(ident);
   current_.reset();

@@ -1,6 +1,7 @@
-// The collective or send a worker has in flight (at most one: commands wait behind it),
-// and how the loop completes it: polls, waits between polls, finishes it into the
-// environment, or fails it.
+// The collective or send a worker has in flight (at most one), how the loop completes it
+// (polls, waits between polls, finishes it into the environment, or fails it), and which
+// later commands may run while it is in flight: those on other streams that touch none of
+// its values, so a kernel on stream A overlaps a collective on stream B.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "common/backoff.hpp"
 #include "meshrt/internal/comm.hpp"
@@ -19,6 +21,13 @@ namespace meshrt::detail {
 class Env;
 class Monitor;
 class Reporter;
+
+// What an operation in flight reads and writes (ref ids), and its meshrt stream.
+struct Footprint {
+  std::uint64_t stream = 0;
+  std::vector<std::uint64_t> reads;
+  std::vector<std::uint64_t> writes;
+};
 
 class InFlight {
  public:
@@ -38,8 +47,15 @@ class InFlight {
   // completes. `cpu_bytes`: the size of a CPU operation (one at kThreadMinBytes and up
   // under Completion::Auto runs on meshrt's comm thread); nullopt for an accelerator one.
   void start(std::unique_ptr<Pending> op, std::optional<Ref> result, std::uint64_t seq, std::string_view kind,
-             protocol::Ident ident, std::optional<std::size_t> cpu_bytes);
+             protocol::Ident ident, std::optional<std::size_t> cpu_bytes, Footprint footprint);
   const Pending& op() const noexcept { return *current_->op; }
+  // Whether `command` may run while the operation is in flight (only when active()): it
+  // must not need the operation's result or stream, nor change what it reads or writes.
+  // Another collective or send, an exit, a borrow of what it touches wait for it (one
+  // operation in flight); the controller's
+  // completion rule holds because the reporter holds the operation's ident back until it
+  // ends (Reporter::hold).
+  bool admits(const protocol::Command& command) const;
 
   // Whether the operation moved: it completed (and is finished) or failed.
   bool poll(Env& env, Reporter& reporter);
@@ -60,6 +76,7 @@ class InFlight {
     bool on_comm_thread = false;
     std::string_view kind;      // the command ("Reduce", "SendTensor"), for a failure report
     protocol::Ident ident = 0;  // complete (or failed) when the operation ends
+    Footprint footprint;
   };
   Monitor& monitor_;
   int rank_;

@@ -39,6 +39,8 @@ class Inbox {
   bool empty() const noexcept { return queue_.empty(); }
   // The next command, in order; only when !empty().
   Queued pop();
+  // The next command, left in the queue; only when !empty().
+  const protocol::Command& front() const noexcept { return queue_.front().command; }
 
  private:
   // Forwards an envelope to this rank's children before anything in it runs, then queues

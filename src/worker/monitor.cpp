@@ -79,7 +79,7 @@ void Monitor::finished(std::uint64_t seq, bool failed) {
     r.at.ended = Clock::now();
   }
   std::uint64_t expected = seq;
-  current_.compare_exchange_strong(expected, 0);
+  current_.compare_exchange_strong(expected, in_flight_.load() == seq ? 0 : in_flight_.load());
 }
 
 void Monitor::reset_queue() {
@@ -91,6 +91,7 @@ void Monitor::reset_queue() {
     }
   }
   current_.store(0);
+  in_flight_.store(0);
   first_uncompleted_.store(0);
 }
 

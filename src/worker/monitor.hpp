@@ -61,6 +61,9 @@ class Monitor {
   // next: no allocation per collective once the ring has come round.
   void describe(std::uint64_t seq, std::string_view name, std::span<const int> peers, std::uint64_t bytes);
   void finished(std::uint64_t seq, bool failed);
+  // The collective or send in flight (0: none) while later commands run: the running
+  // command again once each of them finishes, so a report shows what the rank waits in.
+  void in_flight(std::uint64_t seq) noexcept { in_flight_.store(seq); }
   void completed_ident(std::uint64_t first_uncompleted) noexcept { first_uncompleted_.store(first_uncompleted); }
   // A new event loop (after a restart) starts from an empty queue.
   void reset_queue();
@@ -82,7 +85,8 @@ class Monitor {
   mutable std::mutex mutex_;
   std::vector<CommandRecord> ring_;
   std::uint64_t next_seq_ = 1;
-  std::atomic<std::uint64_t> current_{0};  // seq of the running command, 0 when idle
+  std::atomic<std::uint64_t> current_{0};    // seq of the running command, 0 when idle
+  std::atomic<std::uint64_t> in_flight_{0};  // seq of the operation in flight, 0 when none
   std::atomic<std::uint64_t> first_uncompleted_{0};
 };
 

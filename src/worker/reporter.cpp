@@ -166,8 +166,9 @@ bool Reporter::finish_fetch(PendingFetch& f, Env& env) {
 }
 
 void Reporter::passed(Ident ident) {
+  if (ident == held_) held_ = 0;
   first_uncompleted_ = std::max(first_uncompleted_, ident + 1);
-  monitor_.completed_ident(first_uncompleted_);
+  monitor_.completed_ident(held_ != 0 ? std::min(first_uncompleted_, held_) : first_uncompleted_);
 }
 
 void Reporter::asked(Ident ident, std::size_t live_values) {
@@ -177,10 +178,11 @@ void Reporter::asked(Ident ident, std::size_t live_values) {
 }
 
 Ident Reporter::reportable() const {
+  const Ident done = held_ != 0 ? std::min(first_uncompleted_, held_) : first_uncompleted_;
   for (const auto& o : outgoing_) {
-    if (const auto* f = std::get_if<PendingFetch>(&o)) return std::min(first_uncompleted_, f->ident);
+    if (const auto* f = std::get_if<PendingFetch>(&o)) return std::min(done, f->ident);
   }
-  return first_uncompleted_;
+  return done;
 }
 
 void Reporter::send_status(bool force, std::size_t live_values) {

@@ -96,8 +96,12 @@ class Reporter {
   bool poll(Env& env);
   bool holding() const noexcept { return !outgoing_.empty(); }
 
-  // Everything before `ident` is done on this rank (an invocation, Reduce or SendTensor ran).
+  // Everything before `ident` is done on this rank (an invocation, Reduce or SendTensor ran),
+  // except an ident held back.
   void passed(protocol::Ident ident);
+  // The Reduce or SendTensor `ident` is in flight while later commands run: Status claims
+  // nothing from it on until passed(ident).
+  void hold(protocol::Ident ident) noexcept { held_ = ident; }
   // A RequestStatus(ident): answered at once, or with the status tree once the subtree
   // passed it.
   void asked(protocol::Ident ident, std::size_t live_values);
@@ -129,6 +133,7 @@ class Reporter {
   std::chrono::duration<double> interval_;
   std::deque<std::variant<PendingFetch, protocol::Reply>> outgoing_;
   protocol::Ident first_uncompleted_ = 0;
+  protocol::Ident held_ = 0;  // 0: none
   protocol::Ident last_status_sent_ = 0;
   Clock::time_point last_status_time_ = Clock::now();
   std::optional<FanIn> tree_;

@@ -45,8 +45,9 @@ WorkerOptions with_monitor(WorkerOptions o, detail::Monitor* own) {
 
 // A worker takes the commands its inbox receives, in order, and runs each against its
 // environment: invocations call kernels (checked against their shape functions), a
-// collective or send goes in flight until the loop's polls complete it, borrows order
-// streams. What failed or depends on a failure becomes a marker. The reporter tells the
+// collective or send goes in flight until the loop's polls complete it (later commands on
+// other streams that do not touch its values run meanwhile: InFlight::admits), borrows
+// order streams. What failed or depends on a failure becomes a marker. The reporter tells the
 // controller what completed and what failed; the flight recorder shows what ran.
 struct Worker::Impl {
   explicit Impl(const WorkerOptions& o)
@@ -256,15 +257,18 @@ struct Worker::Impl {
     Input in = env.input(c.tensor);
     // Accelerator tensors (and the factory of a broken one) go over the device layer's
     // communicators on the command's device stream.
+    detail::Footprint footprint{.stream = c.stream.id, .reads = {c.tensor.id}, .writes = {c.result.id}};
+    if (c.inplace) footprint.writes.push_back(c.tensor.id);
     if (c.factory.device().is_accelerator()) {
       in_flight.start(
           start_reduce_device(mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory, c.stream.id),
-          c.result, current.seq, "Reduce", c.ident, std::nullopt);
+          c.result, current.seq, "Reduce", c.ident, std::nullopt, std::move(footprint));
     } else {
       in_flight.start(start_reduce(mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory,
                                    in_flight.cpu_completion()),
-                      c.result, current.seq, "Reduce", c.ident, c.factory.nbytes());
+                      c.result, current.seq, "Reduce", c.ident, c.factory.nbytes(), std::move(footprint));
     }
+    reporter.hold(c.ident);
     words.posted(monitor(), current.seq, c, in_flight.op(), mesh);
   }
 
@@ -274,15 +278,19 @@ struct Worker::Impl {
     const bool receives = c.to_ranks.contains(opt.rank);
     Input in = sends ? env.input(c.tensor) : Input(Tensor());
     const std::optional<Ref> result = receives ? std::optional<Ref>(c.result) : std::nullopt;
+    detail::Footprint footprint{.stream = c.stream.id, .reads = {}, .writes = {}};
+    if (sends) footprint.reads.push_back(c.tensor.id);
+    if (receives) footprint.writes.push_back(c.result.id);
     if (c.factory.device().is_accelerator()) {
       in_flight.start(start_send_tensor_device(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory,
                                                c.stream.id, c.to_order),
-                      result, current.seq, "SendTensor", c.ident, std::nullopt);
+                      result, current.seq, "SendTensor", c.ident, std::nullopt, std::move(footprint));
     } else {
       in_flight.start(start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory,
                                         in_flight.cpu_completion(), c.to_order),
-                      result, current.seq, "SendTensor", c.ident, c.factory.nbytes());
+                      result, current.seq, "SendTensor", c.ident, c.factory.nbytes(), std::move(footprint));
     }
+    reporter.hold(c.ident);
     words.posted(monitor(), current.seq, c, in_flight.op(), opt.rank);
   }
 
@@ -322,8 +330,9 @@ struct Worker::Impl {
     if (q.seq) monitor().running(q.seq);
     current.failed = false;
     try {
+      const bool started = std::holds_alternative<Reduce>(command) || std::holds_alternative<SendTensor>(command);
       execute(command);
-      if (in_flight.active()) return;  // it completes, or fails, in the loop's polls
+      if (started && in_flight.active()) return;  // it completes, or fails, in the loop's polls
     } catch (const std::exception& e) {
       fail_command(command, e.what(), boost::core::demangle(typeid(e).name()));
     } catch (...) {
@@ -351,7 +360,8 @@ struct Worker::Impl {
       if (reporter.holding() && reporter.poll(env)) worked = true;
       if (in_flight.active() && in_flight.poll(env, reporter)) worked = true;
       device::release_completed();
-      while (!in_flight.active() && !inbox.empty() && !exit) {
+      // While a collective or send is in flight, the commands that do not depend on it run.
+      while (!inbox.empty() && !exit && (!in_flight.active() || in_flight.admits(inbox.front()))) {
         step(inbox.pop());
         worked = true;
         // A collective that completed inside its call (blocking in MPI) is finished at

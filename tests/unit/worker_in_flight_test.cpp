@@ -55,7 +55,9 @@ struct Rig {
   FakePending& start(std::optional<std::size_t> cpu_bytes, Ident ident = 5) {
     auto op = std::make_unique<FakePending>();
     FakePending& fake = *op;
-    in_flight.start(std::move(op), Ref{10}, 0, "Reduce", ident, cpu_bytes);
+    // It reads ref 9 and writes ref 10, on stream 3.
+    in_flight.start(std::move(op), Ref{10}, 0, "Reduce", ident, cpu_bytes,
+                    Footprint{.stream = 3, .reads = {9}, .writes = {10}});
     return fake;
   }
 };
@@ -104,6 +106,88 @@ TEST(WorkerInFlight, ACompletedOperationDefinesItsResultAndCompletesItsIdent) {
   EXPECT_EQ(std::get<DependentOnError>(rig.env.input(Ref{10})).ident, 4u);
   EXPECT_EQ(rig.reporter.reportable(), 8u);
   EXPECT_EQ(rig.net->waiting(0, control::Tag::Reply), 0u) << "no failure to report";
+}
+
+// Later commands run while it is in flight only on another stream and away from its values;
+// another collective, an exit, a borrow of what it touches wait.
+TEST(WorkerInFlight, AdmitsOnlyCommandsThatDoNotDependOnIt) {
+  Rig rig(options(false));
+  (void)rig.start(std::nullopt, 5);
+  auto call = [](std::uint64_t stream, std::vector<Value> args, std::vector<Ref> mutates = {}) {
+    return Command(CallFunction{.ident = 6,
+                                .results = {Ref{20}},
+                                .mutates = std::move(mutates),
+                                .function = "f",
+                                .args = std::move(args),
+                                .stream = Ref{stream},
+                                .mesh = Ref{1}});
+  };
+  const InFlight& f = rig.in_flight;
+  EXPECT_TRUE(f.admits(call(4, {Value(Ref{11}), Value(2.0)})));
+  EXPECT_TRUE(f.admits(call(4, {Value(Ref{9})}))) << "reading what it reads";
+  EXPECT_FALSE(f.admits(call(3, {Value(Ref{11})}))) << "its stream";
+  EXPECT_FALSE(f.admits(call(4, {Value::list({Value(1), Value(Ref{10})})}))) << "its result, nested in a list";
+  EXPECT_FALSE(f.admits(call(4, {}, {Ref{9}}))) << "mutating its input";
+  EXPECT_TRUE(f.admits(
+      Command(FetchValue{.ident = 6, .mutates = {}, .function = {}, .value = Value(Ref{11}), .stream = Ref{4}})));
+  EXPECT_FALSE(f.admits(
+      Command(FetchValue{.ident = 6, .mutates = {}, .function = {}, .value = Value(Ref{10}), .stream = Ref{4}})));
+  EXPECT_TRUE(f.admits(Command(DeleteRefs{.refs = {Ref{11}, Ref{12}}})));
+  EXPECT_FALSE(f.admits(Command(DeleteRefs{.refs = {Ref{11}, Ref{9}}}))) << "deleting its input";
+  EXPECT_TRUE(f.admits(Command(BorrowCreate{
+      .result = Ref{30}, .tensor = Ref{11}, .from_stream = Ref{3}, .to_stream = Ref{4}, .already_borrowed = false})));
+  EXPECT_FALSE(f.admits(Command(BorrowCreate{
+      .result = Ref{30}, .tensor = Ref{10}, .from_stream = Ref{3}, .to_stream = Ref{4}, .already_borrowed = false})));
+  EXPECT_FALSE(f.admits(Command(BorrowDrop{.borrow = Ref{9}}))) << "the borrow it reduces";
+  EXPECT_TRUE(f.admits(Command(RequestStatus{.ident = 6})));
+  EXPECT_TRUE(f.admits(Command(CreateStream{.result = Ref{40}, .is_default = false})));
+  EXPECT_FALSE(f.admits(Command(Reduce{.result = Ref{21},
+                                       .tensor = Ref{11},
+                                       .factory = TensorMeta({}, DType::Float32),
+                                       .mesh = Ref{1},
+                                       .stream = Ref{4},
+                                       .dim = "x"})))
+      << "one operation in flight";
+  EXPECT_FALSE(f.admits(Command(Exit{})));
+}
+
+// While it is in flight, later commands passing their idents claim nothing past it: the
+// controller's completion rule.
+TEST(WorkerInFlight, ItsIdentIsHeldBackWhileLaterCommandsComplete) {
+  Rig rig(options(false));
+  FakePending& op = rig.start(std::nullopt, 5);
+  rig.reporter.hold(5);
+  rig.reporter.passed(6);
+  rig.reporter.passed(7);
+  EXPECT_EQ(rig.reporter.reportable(), 5u);
+  op.outcome.tensor = scalar(1);
+  op.ready = true;
+  EXPECT_TRUE(rig.in_flight.poll(rig.env, rig.reporter));
+  EXPECT_EQ(rig.reporter.reportable(), 8u);
+}
+
+// The flight recorder's running command is the operation in flight again once a command
+// that ran meanwhile finishes, and nothing once the operation ends: a report shows what the
+// rank waits in.
+TEST(WorkerInFlight, TheRecorderShowsTheOperationAgainAfterACommandRanMeanwhile) {
+  Rig rig(options(false));
+  auto queue = [&](const char* kind) {
+    return rig.monitor.queued(std::chrono::steady_clock::now(), [&](CommandRecord& r) { r.kind = kind; });
+  };
+  const std::uint64_t reduce = queue("Reduce");
+  const std::uint64_t call = queue("CallFunction");
+  rig.monitor.running(reduce);
+  auto op = std::make_unique<FakePending>();
+  FakePending& fake = *op;
+  rig.in_flight.start(std::move(op), Ref{10}, reduce, "Reduce", 5, std::nullopt, Footprint{.stream = 3});
+  rig.monitor.running(call);
+  EXPECT_EQ(rig.monitor.state()["current"]["kind"], "CallFunction");
+  rig.monitor.finished(call, false);
+  EXPECT_EQ(rig.monitor.state()["current"]["kind"], "Reduce");
+  fake.outcome.tensor = scalar(1);
+  fake.ready = true;
+  EXPECT_TRUE(rig.in_flight.poll(rig.env, rig.reporter));
+  EXPECT_TRUE(rig.monitor.state()["current"].is_null());
 }
 
 TEST(WorkerInFlight, AFailedOperationMarksItsResultAndIsReportedWithItsIdent) {
