@@ -215,10 +215,36 @@ bool is_numpy_scalar(py::handle obj) {
 }
 
 // One argument of a remote call; `position` is "2" or "2[0]" for an item of a list.
-Arg to_arg(py::handle obj, const std::string& fn, const std::string& position, const std::source_location& where) {
+// An argument's position for error messages ("2", "0[1]"), formatted only when one is
+// raised: a call converts its arguments on every call, and fails rarely.
+struct Position {
+  const Position* parent = nullptr;
+  std::size_t index = 0;
+  std::string text() const { return parent ? fmt::format("{}[{}]", parent->text(), index) : std::to_string(index); }
+};
+
+Arg to_arg(py::handle obj, const std::string& fn, const Position& position, const std::source_location& where) {
+  // The exact builtin types and meshrt's own first, by type pointer: no pybind11 lookups.
+  PyObject* p = obj.ptr();
+  static PyTypeObject* const dtensor_type = reinterpret_cast<PyTypeObject*>(py::type::of<DTensor>().ptr());
+  static PyTypeObject* const dtype_type = reinterpret_cast<PyTypeObject*>(py::type::of<DType>().ptr());
+  if (Py_TYPE(p) == dtensor_type) return Arg(obj.cast<const DTensor&>());
+  if (PyFloat_CheckExact(p)) return Arg(PyFloat_AS_DOUBLE(p));
+  if (PyLong_CheckExact(p)) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(p, &overflow);
+    if (overflow == 0) return Arg(v);
+  }
+  if (PyUnicode_CheckExact(p)) {
+    Py_ssize_t n = 0;
+    if (const char* text = PyUnicode_AsUTF8AndSize(p, &n)) return Arg(std::string(text, static_cast<std::size_t>(n)));
+    PyErr_Clear();
+  }
+  if (Py_TYPE(p) == dtype_type) return Arg(obj.cast<DType>());
   if (py::isinstance<DTensor>(obj)) return Arg(obj.cast<const DTensor&>());
   if (py::isinstance<py::bool_>(obj)) return Arg(obj.cast<bool>());
-  if (py::isinstance<py::int_>(obj)) return Arg(to_int(obj, fmt::format("{}: argument {}", fn, position), where));
+  if (py::isinstance<py::int_>(obj))
+    return Arg(to_int(obj, fmt::format("{}: argument {}", fn, position.text()), where));
   if (py::isinstance<py::float_>(obj)) return Arg(obj.cast<double>());
   if (py::isinstance<py::str>(obj)) return Arg(obj.cast<std::string>());
   if (obj.is_none()) return Arg(Value());
@@ -226,7 +252,7 @@ Arg to_arg(py::handle obj, const std::string& fn, const std::string& position, c
     try {
       return Arg(to_dtype(obj));
     } catch (const UsageError& e) {
-      usage(where, fmt::format("{}: argument {}: {}", fn, position, e.what()));
+      usage(where, fmt::format("{}: argument {}: {}", fn, position.text(), e.what()));
     }
   }
   if (is_numpy_scalar(obj)) return to_arg(obj.attr("item")(), fn, position, where);
@@ -234,19 +260,19 @@ Arg to_arg(py::handle obj, const std::string& fn, const std::string& position, c
     std::vector<Arg> items;
     items.reserve(py::len(obj));
     std::size_t i = 0;
-    for (py::handle item : obj) items.push_back(to_arg(item, fn, fmt::format("{}[{}]", position, i++), where));
+    for (py::handle item : obj) items.push_back(to_arg(item, fn, Position{&position, i++}, where));
     return Arg::list(std::move(items));
   }
   if (is_tensor_like(obj)) {
     try {
-      return Arg(to_tensor(obj, fmt::format("{}: argument {}", fn, position)));
+      return Arg(to_tensor(obj, fmt::format("{}: argument {}", fn, position.text())));
     } catch (const UsageError& e) {
       usage(where, e.what());
     }
   }
   usage(where, fmt::format("{}: argument {}: expected a DTensor, a number, bool, str, None, a dtype, a tuple or "
                            "list of these, or a tensor (numpy array, torch tensor, meshrt.Tensor); found {}",
-                           fn, position, found(obj)));
+                           fn, position.text(), found(obj)));
 }
 
 std::vector<Arg> to_args(const py::args& args, std::size_t first, const std::string& fn,
@@ -254,7 +280,7 @@ std::vector<Arg> to_args(const py::args& args, std::size_t first, const std::str
   std::vector<Arg> out;
   out.reserve(args.size() - first);
   for (std::size_t i = first; i < args.size(); ++i)
-    out.push_back(to_arg(args[i], fn, std::to_string(i - first), where));
+    out.push_back(to_arg(args[i], fn, Position{nullptr, i - first}, where));
   return out;
 }
 
