@@ -1,7 +1,7 @@
 """Dispatch from Python: trivial calls per second from a Python controller against the C++
 controller, and a Python kernel's dispatch cost against a C++ kernel's, in one run.
 
-    mpiexec -n 2 python3 -m meshrt._bench_calls [--calls N] [--reps R] [--json PATH]
+    mpiexec -n 2 python3 -m meshrt.bench calls [--calls N] [--reps R] [--json PATH]
 
 Each row issues N trivial calls on a mesh of every rank, then synchronizes; the figure is
 the median over R repetitions of the time per call (calls per second per worker). The
@@ -109,7 +109,7 @@ def _print(results, ranks, calls, reps, json_path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python3 -m meshrt._bench_calls", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m meshrt.bench calls", description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=20000, help="calls per repetition (default 20000)")
     parser.add_argument("--reps", type=int, default=7, help="repetitions; the median is reported (default 7)")
     parser.add_argument("--quick", action="store_true", help="2000 calls, 3 repetitions")

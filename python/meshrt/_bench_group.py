@@ -1,7 +1,7 @@
 """The Python group against mpi4py: broadcast_obj and all_gather_obj beside mpi4py's
 pickle path (bcast, allgather) and its buffer path (Bcast, Allgather), in one run.
 
-    mpiexec -n 2 python3 -m meshrt._bench_group [--max-bytes N] [--reps R] [--json PATH]
+    mpiexec -n 2 python3 -m meshrt.bench group [--max-bytes N] [--reps R] [--json PATH]
 
 Payloads: numpy float32 arrays from 8 B to 64 MiB, and a small dict (a step's metadata).
 For every payload the columns run in turn, repeated R times, so that a change in the
@@ -136,7 +136,7 @@ def _print(results, ranks, reps, json_path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python3 -m meshrt._bench_group", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m meshrt.bench group", description=__doc__.split("\n")[0])
     parser.add_argument("--max-bytes", type=int, default=64 << 20, help="the largest array (default 64 MiB)")
     parser.add_argument("--reps", type=int, default=5, help="repetitions; the median is reported (default 5)")
     parser.add_argument("--seconds", type=float, default=0.1, help="length of one timed block (default 0.1)")

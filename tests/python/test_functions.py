@@ -116,6 +116,34 @@ def bad_shape_result(ctx, x):
     return x
 
 
+# (rank, tag) -> the address of the array or tensor a kernel on that rank returned.
+made = {}
+
+
+def made_shape(tag):
+    return meshrt.TensorMeta((1024,), meshrt.float32)
+
+
+@meshrt.function("test.py_make", shape=made_shape)
+def make(ctx, tag):
+    out = np.arange(1024, dtype=np.float32)
+    made[(ctx.rank, tag)] = out.__array_interface__["data"][0]
+    return out
+
+
+@meshrt.function("test.py_make_torch", shape=made_shape, torch=True)
+def make_torch(ctx, tag):
+    out = torch.arange(1024, dtype=torch.float32)
+    made[(ctx.rank, tag)] = out.data_ptr()
+    return out
+
+
+@meshrt.function("test.py_same_memory", shape=lambda x, tag: meshrt.TensorMeta((), meshrt.int64))
+def same_memory(ctx, x, tag):
+    """1 where x (a view of this rank's value) is the memory the kernel of `tag` returned."""
+    return np.array(int(x.__array_interface__["data"][0] == made[(ctx.rank, tag)]), np.int64)
+
+
 # ---------------------------------------------------------------- helpers
 
 
@@ -176,6 +204,26 @@ def test_in_place_multiple_outputs_and_torch():
         assert fetch(ctl, s, dp=0, tp=1) == 72.0
         t = mesh.call("test.py_torch_scale", x, 0.5)
         np.testing.assert_array_equal(fetch(ctl, t, dp=1, tp=1), np.full((3, 4), 3, np.float32))
+        ctl.synchronize()
+
+    meshrt.run(main)
+
+
+def test_a_kernels_array_becomes_the_workers_value_and_a_fetch_is_viewed_without_a_copy():
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2})
+        for fn, tag in (("test.py_make", "numpy"), ("test.py_make_torch", "torch")):
+            x = mesh.call(fn, tag)
+            same = mesh.call("test.py_same_memory", x, tag)
+            for dp in range(2):
+                for tp in range(2):
+                    assert fetch(ctl, same, dp=dp, tp=tp) == 1, f"{fn}'s result was copied on dp={dp}, tp={tp}"
+            # A fetched tensor: numpy and torch view its memory.
+            t = ctl.fetch_shard(x, dp=1, tp=1).result(timeout=30)
+            assert isinstance(t, meshrt.Tensor), type(t)
+            assert np.from_dlpack(t).__array_interface__["data"][0] == t.data_ptr
+            assert torch.from_dlpack(t).data_ptr() == t.data_ptr
+            np.testing.assert_array_equal(np.from_dlpack(t), np.arange(1024, dtype=np.float32))
         ctl.synchronize()
 
     meshrt.run(main)
