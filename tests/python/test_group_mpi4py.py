@@ -80,5 +80,11 @@ def test_from_mpi4py_refuses_another_mpi_library():
                 "from mpi4py import MPI\ntry:\n    meshrt.StatelessGroup.from_mpi4py(MPI.COMM_WORLD)\n"
                 "except meshrt.UsageError as e:\n    print(e)\n")
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        if r.returncode < 0 and not r.stdout:
+            # Two MPI libraries in one process: mpi4py's import itself can die (MPICH's
+            # meshrt beside Open MPI's mpi4py: "stack smashing detected") before from_mpi4py
+            # is reached. docs/python.md says so; nothing meshrt does can run first.
+            pytest.skip(f"loading mpi4py's MPI beside meshrt's killed the process (signal {-r.returncode}): "
+                        f"{r.stderr.strip()[:200]}")
         assert f"mpi4py is built for {MPI4PY[0]}" in r.stdout, r.stdout + r.stderr
         assert "cannot be used by another; build mpi4py and meshrt against the same MPI" in r.stdout
