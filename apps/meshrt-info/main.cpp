@@ -16,7 +16,9 @@
 #include <string_view>
 #include <vector>
 
+#include "meshrt/device.hpp"
 #include "meshrt/functions.hpp"
+#include "meshrt/internal/device.hpp"
 #include "meshrt/internal/settings.hpp"
 #include "meshrt/log.hpp"
 #include "meshrt/version.hpp"
@@ -28,9 +30,34 @@ struct RankInfo {
   std::string host;
   int local_rank;
   int local_size;
+  std::string device;  // the device meshrt chooses for this rank ("cpu" without an accelerator)
 };
 
-// Gathers (host, local rank) of every rank to rank 0.
+// The device this rank's runtime would work on: MESHRT_ACCELERATOR's kind, index from the
+// local rank (select_device, collective over the world), or why there is none.
+std::string chosen_device() {
+  using namespace meshrt;
+  using device::Accelerator;
+  Accelerator accelerator = Accelerator::None;
+  std::string error;
+  try {
+    accelerator = device::configured_accelerator();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // Every rank joins select_device's collectives, or none does.
+  int usable = error.empty() && accelerator != Accelerator::None ? 1 : 0;
+  int all = 0;
+  MPI_Allreduce(&usable, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (all == 0) return error.empty() && accelerator == Accelerator::None ? "cpu" : "none";
+  try {
+    return Device::of(device::device_kind(accelerator), device::select_device(accelerator, MPI_COMM_WORLD)).to_string();
+  } catch (const std::exception&) {
+    return "none";
+  }
+}
+
+// Gathers (host, local rank, device) of every rank to rank 0.
 std::vector<RankInfo> gather_ranks(int rank, int size) {
   MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
@@ -47,12 +74,19 @@ std::vector<RankInfo> gather_ranks(int rank, int size) {
   int mine[2] = {local_rank, local_size};
   std::vector<int> locals(static_cast<std::size_t>(size) * 2);
   MPI_Gather(mine, 2, MPI_INT, locals.data(), 2, MPI_INT, 0, MPI_COMM_WORLD);
+  constexpr int kDeviceText = 32;
+  char device[kDeviceText] = {};
+  const std::string chosen = chosen_device();
+  chosen.copy(device, kDeviceText - 1);
+  std::vector<char> devices(static_cast<std::size_t>(size) * kDeviceText);
+  MPI_Gather(device, kDeviceText, MPI_CHAR, devices.data(), kDeviceText, MPI_CHAR, 0, MPI_COMM_WORLD);
 
   std::vector<RankInfo> out;
   if (rank == 0) {
     for (int r = 0; r < size; ++r) {
       const auto i = static_cast<std::size_t>(r);
-      out.push_back({r, std::string(&hosts[i * MPI_MAX_PROCESSOR_NAME]), locals[2 * i], locals[2 * i + 1]});
+      out.push_back({r, std::string(&hosts[i * MPI_MAX_PROCESSOR_NAME]), locals[2 * i], locals[2 * i + 1],
+                     std::string(&devices[i * kDeviceText])});
     }
   }
   return out;
@@ -196,8 +230,11 @@ int main(int argc, char** argv) {
       }
       j["world_size"] = size;
       for (const auto& r : ranks) {
-        j["ranks"].push_back(
-            {{"rank", r.rank}, {"host", r.host}, {"local_rank", r.local_rank}, {"local_size", r.local_size}});
+        j["ranks"].push_back({{"rank", r.rank},
+                              {"host", r.host},
+                              {"local_rank", r.local_rank},
+                              {"local_size", r.local_size},
+                              {"device", r.device}});
       }
       std::puts(j.dump(2).c_str());
     } else {
@@ -218,9 +255,10 @@ int main(int argc, char** argv) {
                    truncate(env ? *env : std::string(s.default_value), 12),
                    s.default_value.empty() ? "(unset)" : s.default_value, s.description, meshrt::settings::takes(s));
       }
-      fmt::print("\nworld size {}\n{:>6}  {:<32} {:>10} {:>10}\n", size, "rank", "host", "local rank", "local size");
+      fmt::print("\nworld size {}\n{:>6}  {:<32} {:>10} {:>10}  {}\n", size, "rank", "host", "local rank", "local size",
+                 "device");
       for (const auto& r : ranks)
-        fmt::print("{:>6}  {:<32} {:>10} {:>10}\n", r.rank, r.host, r.local_rank, r.local_size);
+        fmt::print("{:>6}  {:<32} {:>10} {:>10}  {}\n", r.rank, r.host, r.local_rank, r.local_size, r.device);
     }
     std::fflush(stdout);
   }

@@ -1,6 +1,6 @@
 // meshrt's logging. Records carry the rank and the thread's role ("controller",
 // "worker 3"); the level comes from MESHRT_LOG_LEVEL (default warning) and each rank can
-// also write to <MESHRT_LOG_DIR>/meshrt.rank<N>.log. Boost.Log stays inside log.cpp.
+// also write to <MESHRT_LOG_DIR>/meshrt.rank<N>.<host>.log. Boost.Log stays inside log.cpp.
 //
 //   MESHRT_LOG(info) << "mesh " << id << " created";
 #pragma once
@@ -21,6 +21,9 @@ std::string_view to_string(Level level);
 // Sets up the sinks for this process. Safe to call again (e.g. once the rank is known);
 // `rank` < 0 means "not known yet". Reads MESHRT_LOG_LEVEL and MESHRT_LOG_DIR.
 void init(int rank);
+// The name of rank `rank`'s file in MESHRT_LOG_DIR on this node: meshrt.rank<N>.<host>.log
+// (the host name up to its first '.'), so the files of a job on many nodes name both.
+std::string file_name(int rank);
 
 // The role recorded on every record this thread writes.
 void set_thread_role(std::string role);

@@ -13,7 +13,10 @@
 #include <boost/log/utility/setup/common_attributes.hpp>
 #include <boost/make_shared.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -107,6 +110,27 @@ void set_thread_role(std::string role) {
   t_role = std::move(role);
 }
 
+namespace {
+
+// This node's short host name for file names: up to the first '.', letters, digits, '-'
+// and '_' only ("node" when it has none).
+std::string node_name() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) return "node";
+  std::string out;
+  for (const char* c = host; *c != '\0' && *c != '.'; ++c) {
+    const bool plain = std::isalnum(static_cast<unsigned char>(*c)) || *c == '-' || *c == '_';
+    out += plain ? *c : '_';
+  }
+  return out.empty() ? "node" : out;
+}
+
+}  // namespace
+
+std::string file_name(int rank) {
+  return fmt::format("meshrt.rank{}.{}.log", rank, node_name());
+}
+
 void init(int rank) {
   std::lock_guard lock(g_init_mutex);
   set_level(parse_level(settings::kLogLevel.get()));
@@ -123,12 +147,12 @@ void init(int rank) {
   if (auto dir = settings::kLogDir.from_environment(); dir && rank >= 0) {
     std::error_code ec;
     std::filesystem::create_directories(*dir, ec);
-    auto path = std::filesystem::path(*dir) / fmt::format("meshrt.rank{}.log", rank);
+    auto path = std::filesystem::path(*dir) / file_name(rank);
     auto file = boost::make_shared<std::ofstream>(path, std::ios::app);
     if (!*file) {
       // The same text on every rank that fails alike, so that the start prints it once.
       const std::string why = ec ? fmt::format("cannot create it: {}", ec.message())
-                                 : std::string("cannot open meshrt.rank<N>.log in it for writing");
+                                 : fmt::format("cannot open {} in it for writing", path.filename().string());
       throw UsageError(fmt::format(
           "setting MESHRT_LOG_DIR: expected a directory where every rank can write its log, found {} ({})", *dir, why));
     }

@@ -62,7 +62,7 @@ inline constexpr Setting<std::string> kLogLevel{{
     .kind = Kind::Choice, .choices = "trace|debug|info|warning|warn|error|fatal|off"}};
 inline constexpr Setting<std::string> kLogDir{{
     .name = "MESHRT_LOG_DIR", .default_value = "",
-    .description = "If set, each rank also logs to <dir>/meshrt.rank<N>.log"}};
+    .description = "If set, each rank also logs to <dir>/meshrt.rank<N>.<host>.log"}};
 inline constexpr Setting<Seconds> kGroupTimeout{{
     .name = "MESHRT_GROUP_TIMEOUT", .default_value = "300",
     .description = "Default timeout of StatelessGroup operations, seconds (0 = none)",
