@@ -4,7 +4,8 @@
 #   MESHRT_TEST_LARGE=1   also run the tests labelled "large" (over 2 GiB of data)
 #   MESHRT_TEST_SCALE64=1 also run the tests labelled "scale64" (64 ranks, oversubscribed)
 #   MESHRT_TEST_FUZZ=0    skip the fuzzer run (MESHRT_FUZZ_SECONDS sets its length)
-#   MESHRT_TEST_SLURM=0   skip the Slurm templates
+#   MESHRT_TEST_SLURM=0   skip the Slurm templates (and the two-node cluster)
+#   MESHRT_TEST_MULTINODE=0  skip the two-node cluster only
 #   MESHRT_TEST_SANITIZERS=1  also run the suite under ASan+UBSan (scripts/test-sanitizers.sh;
 #                         a second full build in build-asan: off by default, see its timing)
 #   MESHRT_TEST_GPU_BUNDLE=0  skip the GPU machine's bundle and its rehearsal
@@ -51,6 +52,16 @@ if [ "${MESHRT_TEST_SLURM:-1}" = 1 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "== slurm templates"
     "$MESHRT_ROOT/tests/slurm/run_slurm_tests.sh" "$MESHRT_BUILD_DIR"
+    # Two nodes on this host, each a network namespace with its own address and
+    # hostname: the multinode template at 2 x 2 ranks, bytes over TCP (about 30 s).
+    if [ "${MESHRT_TEST_MULTINODE:-1}" = 1 ]; then
+      if ip netns add meshrt-probe-$$ 2>/dev/null && ip netns del meshrt-probe-$$; then
+        echo "== slurm: two nodes"
+        "$MESHRT_ROOT/tests/slurm/run_multinode_tests.sh" "$MESHRT_BUILD_DIR"
+      else
+        echo "== slurm: two nodes: skipped (needs network namespaces; MESHRT_TEST_MULTINODE=0 hides this)"
+      fi
+    fi
   else
     echo "== slurm templates: skipped (needs root; MESHRT_TEST_SLURM=0 hides this)"
   fi
