@@ -23,6 +23,8 @@
 #include "meshrt/internal/settings.hpp"
 #include "meshrt/internal/worker.hpp"
 #include "meshrt/log.hpp"
+#include "runtime/network_check.hpp"
+#include "runtime/peer_watch.hpp"
 
 namespace meshrt {
 
@@ -91,6 +93,7 @@ struct Runtime::Impl {
   // This rank's flight recorder, the thread that answers the controller's queries and
   // the signal handlers (ranks that run a worker).
   std::unique_ptr<WorkerWatch> watch;
+  std::unique_ptr<detail::PeerWatch> peers;  // the heartbeat ring (MESHRT_PEER_TIMEOUT)
 
   bool runs_worker() const { return !(options.dedicated_controller && rank == 0); }
 
@@ -136,6 +139,8 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
   int initialized = 0;
   MESHRT_MPI_CHECK(MPI_Initialized(&initialized));
   if (!initialized) {
+    // Before MPI_Init, which would fail on it with a message that names no setting.
+    detail::check_tcp_interfaces();
     MESHRT_MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &i.provided));
     i.initialized_mpi = true;
   } else {
@@ -178,7 +183,9 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
                                                 static_cast<std::size_t>(settings::kFlightRecorder.get()));
       }
     });
+    i.peers = std::make_unique<detail::PeerWatch>(MPI_COMM_WORLD, settings::kPeerTimeout.get(), i.provided);
   } catch (...) {
+    i.peers.reset();
     i.watch.reset();
     i.free_comms();
     if (i.initialized_mpi) MESHRT_MPI_IGNORE(MPI_Finalize());  // ignored on purpose: the start's own error follows
@@ -187,6 +194,7 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
 }
 
 Runtime::~Runtime() {
+  impl_->peers.reset();
   impl_->watch.reset();
   impl_->free_comms();
   // Ignored on purpose: a destructor cannot raise, and nothing follows MPI_Finalize.

@@ -5,6 +5,10 @@
 //               prints a backtrace and ends the whole job
 //   abort       the controller calls Controller::abort(reason)
 //   timeout     a get(timeout) expires with MESHRT_TIMEOUT_ACTION=abort: report, then abort
+//   stopped     rank 2 stops (SIGSTOP) in a kernel: the next rank's heartbeat watch names
+//               it and ends the job (MESHRT_PEER_TIMEOUT)
+//   busy        rank 2 sleeps in a kernel past MESHRT_PEER_TIMEOUT: nothing ends, the
+//               heartbeats come from a thread of their own
 //   usr1        a worker receives SIGUSR1 and writes its flight recorder to its log
 //   plain       does a little work (with MESHRT_EXTRA_FUNCTION defined at compile time
 //               the binary has one more function: the handshake must refuse to start)
@@ -57,6 +61,16 @@ int main(int argc, char** argv) {
           DTensor s = mesh.call("test.sleep", 30.0, {1});
           ctl.fetch_shard(s.reduce("w", Reduction::Sum), {{"w", 0}}).get(std::chrono::milliseconds(300));
           throw Error("the timeout did not end the job");
+        }
+        if (mode == "stopped") {
+          DTensor c = mesh.call("test.stop", {2});
+          ctl.fetch_shard(c.reduce("w", Reduction::Sum), {{"w", 0}}).get();
+          throw Error("the stopped rank did not end the job");
+        }
+        if (mode == "busy") {
+          DTensor s = mesh.call("test.sleep", 3.0, {2});
+          ctl.fetch_shard(s.reduce("w", Reduction::Sum), {{"w", 0}}).get();
+          std::printf("busy: done\n");
         }
         if (mode == "usr1") {
           mesh.call("test.usr1", {1});

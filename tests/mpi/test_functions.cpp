@@ -112,6 +112,14 @@ std::vector<Tensor> crash_kernel(CallContext& ctx, Args& args) {
   }
   return {Tensor::zeros(TensorMeta({}, DType::Float32))};
 }
+// test.stop(ranks): the listed ranks stop themselves (SIGSTOP), as a process on a node
+// that lost power goes silent without closing anything.
+std::vector<Tensor> stop_kernel(CallContext& ctx, Args& args) {
+  for (const Value& r : args.value(0).as_list()) {
+    if (r.as_int() == ctx.rank()) std::raise(SIGSTOP);
+  }
+  return {Tensor::zeros(TensorMeta({}, DType::Float32))};
+}
 Signature one_scalar_shape(const ArgMetas& args) {
   return {{TensorMeta({}, DType::Float32, args.device())}, {}};
 }
@@ -154,6 +162,7 @@ std::vector<Tensor> misbehave_kernel(CallContext& ctx, Args& args) {
 
 MESHRT_REGISTER_FUNCTION("test.misbehave", misbehave_kernel, misbehave_shape);
 MESHRT_REGISTER_FUNCTION("test.crash", crash_kernel, one_scalar_shape);
+MESHRT_REGISTER_FUNCTION("test.stop", stop_kernel, one_scalar_shape);
 MESHRT_REGISTER_FUNCTION("test.usr1", usr1_kernel, one_scalar_shape);
 MESHRT_REGISTER_FUNCTION("test.pattern", pattern_kernel, pattern_shape);
 MESHRT_REGISTER_FUNCTION("test.bump_and_copy_", bump_kernel, bump_shape);

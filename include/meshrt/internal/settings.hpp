@@ -94,6 +94,12 @@ inline constexpr Setting<bool> kSignalHandler{{
     .name = "MESHRT_SIGNAL_HANDLER", .default_value = "1",
     .description = "On a fatal signal, print the rank, the command and a backtrace, then MPI_Abort the job (0 = off)",
     .kind = Kind::Boolean}};
+inline constexpr Setting<Seconds> kPeerTimeout{{
+    .name = "MESHRT_PEER_TIMEOUT", .default_value = "60",
+    .description = "Seconds a rank may go unheard before the next rank names it and its host and ends the job: each "
+                   "rank sends the next a heartbeat every second from a thread of its own, so this catches a lost "
+                   "node or a stopped process, which MPI never reports (0 = off)",
+    .kind = Kind::Duration, .zero_is_no_limit = true}};
 inline constexpr Setting<Seconds> kStateQueryTimeout{{
     .name = "MESHRT_STATE_QUERY_TIMEOUT", .default_value = "2",
     .description = "Seconds the controller waits for workers' answers when it builds a desync report or dumps the "

@@ -1,0 +1,128 @@
+#include "runtime/peer_watch.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <vector>
+
+#include "common/checks.hpp"
+#include "meshrt/log.hpp"
+
+namespace meshrt::detail {
+namespace {
+
+constexpr int kTag = 1;
+constexpr char kBeat = 'b';
+constexpr char kGoodbye = 'g';
+// Between two looks at the predecessor and the clock; a beat goes out each interval.
+constexpr std::chrono::milliseconds kTick{50};
+constexpr std::chrono::duration<double> kLongestInterval{1.0};
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+PeerWatch::PeerWatch(MPI_Comm world, std::chrono::duration<double> timeout, int provided) : timeout_(timeout) {
+  int size = 1;
+  MESHRT_MPI_CHECK(MPI_Comm_rank(world, &rank_));
+  MESHRT_MPI_CHECK(MPI_Comm_size(world, &size));
+  const bool off = timeout <= std::chrono::duration<double>::zero() || timeout == std::chrono::duration<double>::max();
+  int mine = off || provided < MPI_THREAD_MULTIPLE ? 0 : 1;
+  int all = 0;
+  MESHRT_MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, world));
+  if (all == 0 || size < 2) return;
+  MESHRT_MPI_CHECK(MPI_Comm_dup(world, &comm_));
+  set_error_policy(comm_);
+  next_ = (rank_ + 1) % size;
+  prev_ = (rank_ + size - 1) % size;
+  // The predecessor's host, for the message that names it.
+  host_ = processor_name();
+  std::vector<char> mine_name(MPI_MAX_PROCESSOR_NAME + 1, '\0'), prev_name(MPI_MAX_PROCESSOR_NAME + 1, '\0');
+  std::copy_n(host_.begin(), std::min<std::size_t>(host_.size(), MPI_MAX_PROCESSOR_NAME), mine_name.begin());
+  MESHRT_MPI_CHECK(MPI_Sendrecv(mine_name.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, next_, kTag, prev_name.data(),
+                                MPI_MAX_PROCESSOR_NAME, MPI_CHAR, prev_, kTag, comm_, MPI_STATUS_IGNORE));
+  prev_host_ = prev_name.data();
+  thread_ = std::thread([this] { loop(); });
+}
+
+PeerWatch::~PeerWatch() {
+  if (thread_.joinable()) {
+    stop_.store(true);
+    thread_.join();
+  }
+  // Ignored on purpose: a destructor cannot raise, and MPI_Finalize follows.
+  if (comm_ != MPI_COMM_NULL) MESHRT_MPI_IGNORE(MPI_Comm_free(&comm_));
+}
+
+void PeerWatch::loop() {
+  log::set_thread_role(fmt::format("peers {}", rank_));
+  const auto interval = std::min(kLongestInterval, timeout_ / 4);
+  char in = 0;
+  char out = kBeat;
+  MPI_Request recv = MPI_REQUEST_NULL;
+  MPI_Request send = MPI_REQUEST_NULL;
+  auto check = [&](int rc, const char* what, int peer, const std::string& host) {
+    if (rc != MPI_SUCCESS) {
+      lost(fmt::format("{} rank {} on {} failed: {}", what, peer, host, mpi_error_string(rc)));
+    }
+  };
+  check(MPI_Irecv(&in, 1, MPI_CHAR, prev_, kTag, comm_, &recv), "waiting for the heartbeat of", prev_, prev_host_);
+  auto heard = Clock::now();
+  auto next_beat = heard;
+  bool said_goodbye = false;
+  bool prev_gone = false;  // the predecessor's goodbye came
+  for (;;) {
+    const auto now = Clock::now();
+    int sent = 1;
+    if (send != MPI_REQUEST_NULL) {
+      check(MPI_Test(&send, &sent, MPI_STATUS_IGNORE), "the heartbeat to", next_, "its host");
+    }
+    // One message in flight at a time; the last one is the goodbye.
+    if (sent && !said_goodbye && (stop_.load() || now >= next_beat)) {
+      said_goodbye = stop_.load();
+      out = said_goodbye ? kGoodbye : kBeat;
+      check(MPI_Isend(&out, 1, MPI_CHAR, next_, kTag, comm_, &send), "sending the heartbeat to", next_, "its host");
+      next_beat = now + std::chrono::duration_cast<Clock::duration>(interval);
+      sent = 0;
+    }
+    while (!prev_gone) {
+      int got = 0;
+      check(MPI_Test(&recv, &got, MPI_STATUS_IGNORE), "the heartbeat of", prev_, prev_host_);
+      if (!got) break;
+      heard = Clock::now();
+      if (in == kGoodbye) {
+        prev_gone = true;
+      } else {
+        check(MPI_Irecv(&in, 1, MPI_CHAR, prev_, kTag, comm_, &recv), "waiting for the heartbeat of", prev_,
+              prev_host_);
+      }
+    }
+    if (!prev_gone && Clock::now() - heard > timeout_) {
+      lost(
+          fmt::format("rank {} on {} has sent no heartbeat for {:.3g} s (MESHRT_PEER_TIMEOUT): its node or its "
+                      "process is gone, or stopped",
+                      prev_, prev_host_, timeout_.count()));
+    }
+    if (said_goodbye && prev_gone && (sent || send == MPI_REQUEST_NULL)) return;
+    std::this_thread::sleep_for(stop_.load() ? std::chrono::milliseconds(1) : kTick);
+  }
+}
+
+void PeerWatch::lost(const std::string& why) {
+  const std::string text = fmt::format(
+      "meshrt: rank {} on {}: {}; ending the whole job (MPI_Abort) so that no rank waits for it\n", rank_, host_, why);
+  MESHRT_LOG(info) << text;  // the log file; stderr has it below, at any log level
+  std::fputs(text.c_str(), stderr);
+  std::fflush(stderr);
+  // The launcher's proxy must read the line before MPI_Abort tears it down (watch.cpp).
+  timespec pause{.tv_sec = 0, .tv_nsec = 100'000'000};
+  (void)nanosleep(&pause, nullptr);
+  // Ignored on purpose: it does not return when it works, and _exit follows if it fails.
+  MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));
+  _exit(1);
+}
+
+}  // namespace meshrt::detail
