@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
 namespace meshrt::detail {
 namespace {
@@ -29,6 +30,8 @@ double seconds(Clock::duration d) {
 }  // namespace
 
 Monitor::Monitor(int rank, std::size_t capacity) : rank_(rank), capacity_(std::max<std::size_t>(capacity, 1)) {
+  char name[256] = {};
+  host_ = gethostname(name, sizeof name - 1) == 0 ? name : "?";
   ring_.resize(capacity_);
 }
 
@@ -78,8 +81,10 @@ void Monitor::finished(std::uint64_t seq, bool failed) {
     r.state = failed ? CommandState::Failed : CommandState::Done;
     r.at.ended = Clock::now();
   }
+  // The operation still in flight, if any, is current again. InFlight clears in_flight
+  // before it finishes that operation itself, so this is never `seq`.
   std::uint64_t expected = seq;
-  current_.compare_exchange_strong(expected, in_flight_.load() == seq ? 0 : in_flight_.load());
+  current_.compare_exchange_strong(expected, in_flight_.load());
 }
 
 void Monitor::reset_queue() {
@@ -142,7 +147,8 @@ std::string Monitor::dump(std::size_t limit) const {
   std::lock_guard lock(mutex_);
   const auto now = Clock::now();
   const std::size_t keep = std::min(limit, capacity_);
-  std::string out = fmt::format("flight recorder of rank {} (oldest first, the last {} commands):\n", rank_, keep);
+  std::string out =
+      fmt::format("flight recorder of rank {} on {} (oldest first, the last {} commands):\n", rank_, host_, keep);
   const std::uint64_t first = next_seq_ > keep ? next_seq_ - keep : 1;
   for (std::uint64_t s = first; s < next_seq_; ++s) {
     const CommandRecord& r = ring_[s % capacity_];

@@ -43,6 +43,8 @@ class Monitor {
   Monitor(int rank, std::size_t capacity);
 
   int rank() const noexcept { return rank_; }
+  // This node's name (gethostname), which reports print beside the rank.
+  const std::string& host() const noexcept { return host_; }
   // Records a command as queued and returns its seq. `arrived`: when the message
   // carrying it came (one clock read per message, not per command of a batch).
   // `fill(slot)` writes the command's fields straight into its slot of the ring (cleared,
@@ -81,6 +83,7 @@ class Monitor {
   // their capacity kept). Under mutex_.
   CommandRecord& claim_slot(std::chrono::steady_clock::time_point arrived);
   int rank_;
+  std::string host_;
   std::size_t capacity_;
   mutable std::mutex mutex_;
   std::vector<CommandRecord> ring_;

@@ -46,9 +46,9 @@ void on_sigusr1(int) {
 void on_fatal(int sig) {
   Monitor* m = g_monitor.load();
   const int rank = m ? m->rank() : -1;
-  std::string report =
-      fmt::format("\nmeshrt: rank {} caught signal {} ({}) while running:\n{}\nbacktrace:\n", rank, sig, strsignal(sig),
-                  m ? m->current_unlocked() : std::string("(no worker on this rank)"));
+  std::string report = fmt::format("\nmeshrt: rank {} on {} caught signal {} ({}) while running:\n{}\nbacktrace:\n",
+                                   rank, m ? m->host() : std::string("?"), sig, strsignal(sig),
+                                   m ? m->current_unlocked() : std::string("(no worker on this rank)"));
   void* frames[64];
   const int n = backtrace(frames, 64);
   if (char** symbols = backtrace_symbols(frames, n)) {
