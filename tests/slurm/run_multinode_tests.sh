@@ -23,7 +23,13 @@
 #             reductions move (counted from their counters before and after)
 #   demo-emu  meshrt-demo on the emulated accelerator (MESHRT_EMULATED_DEVICES=2)
 #   killed    a rank of n2 killed mid-job: the job ends, naming the rank and n2
-# Needs root and iproute2; installs slurm-wlm and munge when missing. About 40 s.
+#   badnic    OMPI_MCA_btl_tcp_if_include naming an interface no node has: the job fails
+#             at start, each rank naming the setting, its node and the node's interfaces
+#   nodeloss  n2 lost whole (every process of its namespace killed, slurmd included): the
+#             heartbeat ring (MESHRT_PEER_TIMEOUT=5) names a rank of n2 and ends the job
+# MULTINODE_JOBS="info demo" runs only those; MULTINODE_BENCH=DIR runs the benchmark
+# suites at one rank per node instead (docs/benchmarks.md, "Between two nodes").
+# Needs root and iproute2; installs slurm-wlm and munge when missing. About 45 s.
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -35,6 +41,8 @@ export PATH="$PATH:/usr/sbin:/sbin"
 
 log() { echo "[multinode] $*"; }
 die() { echo "[multinode] FAIL: $*" >&2; exit 1; }
+# shellcheck source=tests/slurm/cluster.sh
+source "$SCRIPT_DIR/cluster.sh"
 
 [[ $(id -u) -eq 0 ]] || die "needs root (network namespaces, slurmd as root)"
 command -v ip >/dev/null || die "needs iproute2 (ip)"
@@ -63,21 +71,14 @@ cleanup() {
         scancel --quiet --user=root >/dev/null 2>&1
         for _ in $(seq 50); do [[ -z "$(squeue -h -o %i 2>/dev/null)" ]] && break; sleep 0.1; done
     fi
-    local i pid
-    for (( i=${#PIDS[@]}-1; i>=0; i-- )); do kill -TERM "${PIDS[i]}" 2>/dev/null; done
-    for pid in "${PIDS[@]}"; do
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
-    done
+    stop_daemons
     # Whatever still runs in a node's namespace (a stepd, a rank) goes with it.
     for ns in "${NS[@]}"; do
         for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
         ip netns del "$ns" 2>/dev/null
         rm -rf "/etc/netns/$ns"
     done
-    for q in $(pgrep -x slurmstepd 2>/dev/null); do
-        [[ " $STEPDS_BEFORE " == *" $q "* ]] || { pkill -KILL -P "$q" 2>/dev/null; kill -KILL "$q" 2>/dev/null; }
-    done
+    kill_new_stepds
     ip link del "$BR" 2>/dev/null
     if [[ $rc -ne 0 ]]; then
         for f in "$TMP"/log/*.log; do [[ -f "$f" ]] && { echo "----- tail of $f" >&2; tail -n 20 "$f" >&2; }; done
@@ -114,16 +115,7 @@ done
 log "bridge $BR $NET.1/24; nodes n1 $NET.11, n2 $NET.12 (namespaces ${NS[*]})"
 
 # ------------------------------------------------------------------ munge --
-MUNGE_SOCKET="$TMP/munge/munge.socket"
-mungekey --create --keyfile="$TMP/munge/munge.key" --bits=1024 >/dev/null 2>&1 \
-    || dd if=/dev/urandom of="$TMP/munge/munge.key" bs=1 count=1024 status=none
-chmod 0400 "$TMP/munge/munge.key"; chmod 0700 "$TMP/munge"
-munged --foreground --force --socket="$MUNGE_SOCKET" --key-file="$TMP/munge/munge.key" \
-    --pid-file="$TMP/munge/munged.pid" --log-file="$TMP/log/munged.log" --seed-file="$TMP/munge/munged.seed" \
-    >/dev/null 2>&1 &
-PIDS+=($!)
-for _ in $(seq 50); do [[ -S "$MUNGE_SOCKET" ]] && break; sleep 0.1; done
-[[ -S "$MUNGE_SOCKET" ]] || die "munged did not start"
+start_munge "$TMP/munge" "$TMP/log"
 
 # ------------------------------------------------------------- slurm.conf --
 CTLD_PORT=$(( 20000 + RANDOM % 30000 ))
@@ -192,6 +184,7 @@ for i in "${!NODES[@]}"; do
          exec slurmd -D -N $node -f $SLURM_CONF" \
         >"$TMP/log/slurmd-$node.out" 2>&1 &
     PIDS+=($!)
+    disown "$!"   # the node-loss job kills it: no "Killed" notice from bash
 done
 for _ in $(seq 300); do
     kill -0 "$CTLD_PID" 2>/dev/null || die "slurmctld exited (see $TMP/log)"
@@ -220,9 +213,12 @@ veth_bytes() {
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export SHOW_RANKS=1
 FAILED=()
+# MULTINODE_JOBS="info demo ...": run only these jobs (default: all).
+wanted() { [[ -z "${MULTINODE_JOBS:-}" || " $MULTINODE_JOBS " == *" $1 "* ]]; }
 
-# run_job NAME [VAR=value...] -- PROGRAM ARGS...: the template at 2 nodes x 2 tasks, waited
-# for; sets JOB_RC and JOB_OUT.
+# run_job NAME [VAR=value...] -- PROGRAM ARGS...: the template at 2 nodes x TASKS_PER_NODE
+# tasks, waited for; sets JOB_RC and JOB_OUT.
+TASKS_PER_NODE=2
 run_job() {
     local name=$1; shift
     local env=()
@@ -230,7 +226,9 @@ run_job() {
     shift
     JOB_OUT="$TMP/jobs/$name.out"
     # The template asks 4 tasks per node on GPU nodes: this cluster has 2 CPUs a node.
-    sed 's/^#SBATCH --ntasks-per-node=.*/#SBATCH --ntasks-per-node=2/; s/^#SBATCH --cpus-per-task=.*/#SBATCH --cpus-per-task=1/; s/^#SBATCH --gpus-per-node=.*/#SBATCH --gpus-per-node=2/' \
+    sed -e "s/^#SBATCH --ntasks-per-node=.*/#SBATCH --ntasks-per-node=$TASKS_PER_NODE/" \
+        -e 's/^#SBATCH --cpus-per-task=.*/#SBATCH --cpus-per-task=1/' \
+        -e 's/^#SBATCH --gpus-per-node=.*/#SBATCH --gpus-per-node=2/' \
         "$REPO_DIR/slurm/meshrt-multinode.sbatch" >"$TMP/jobs/$name.sbatch"
     JOB_RC=0
     env "${env[@]}" PROGRAM="$1" PROGRAM_ARGS="${*:2}" MESHRT_LOG_DIR="$TMP/jobs/$name-logs" \
@@ -246,7 +244,37 @@ expect_line() {  # NAME REGEX: a line of the job's output matches
     grep -aEq -- "$2" "$JOB_OUT" || { fail_job "$1" "no line matches /$2/"; return 1; }
 }
 
+rank_pid() {  # NODE_INDEX RANK: the pid of that rank's program in the node's namespace
+    local pid
+    for pid in $(ip netns pids "${NS[$1]}" 2>/dev/null); do
+        [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == "$BUILD_DIR/apps/meshrt-demo" ]] || continue
+        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "SLURM_PROCID=$2" && { echo "$pid"; return; }
+    done
+}
+
+# MULTINODE_BENCH=DIR: instead of the tests, the benchmark suites between the two nodes,
+# one rank per node, so that every byte crosses the veths; their output goes to DIR.
+if [[ -n "${MULTINODE_BENCH:-}" ]]; then
+    mkdir -p "$MULTINODE_BENCH"
+    TASKS_PER_NODE=1
+    JOB_TIMEOUT=900
+    bench() {  # NAME [VAR=value...] -- PROGRAM ARGS...
+        local name=$1 start=$SECONDS
+        run_job "$@"
+        tr -d '\000' <"$JOB_OUT" >"$MULTINODE_BENCH/$name.txt"
+        [[ $JOB_RC -eq 0 ]] || fail_job "$name" "exit code $JOB_RC"
+        log "  $name: $(( SECONDS - start )) s, rc $JOB_RC -> $MULTINODE_BENCH/$name.txt"
+    }
+    bench bench-collectives -- "$BUILD_DIR/apps/meshrt-bench" collectives
+    bench bench-runtime -- "$BUILD_DIR/apps/meshrt-bench" runtime-collectives --reps=3 --max-bytes=16777216
+    bench bench-group -- "$BUILD_DIR/apps/meshrt-bench" group
+    bench bench-python-group PYTHONPATH="$BUILD_DIR/python" -- /usr/bin/python3 -m meshrt.bench group
+    [[ ${#FAILED[@]} -eq 0 ]] || die "${#FAILED[@]} benchmark job(s) failed: ${FAILED[*]}"
+    exit 0
+fi
+
 # 1. Where each rank runs: node, local rank, and the device chosen from it.
+if wanted info; then
 run_job info MESHRT_ACCELERATOR=emulated MESHRT_EMULATED_DEVICES=2 -- "$BUILD_DIR/apps/meshrt-info"
 if [[ $JOB_RC -ne 0 ]]; then
     fail_job info "exit code $JOB_RC"
@@ -259,8 +287,10 @@ else
     done
     [[ $ok == 1 ]] && log "  ok: info (ranks 0,1 on n1 and 2,3 on n2; local ranks and devices 0,1 on each)"
 fi
+fi
 
 # 2. The demo on CPU meshes, its verification against one process, bytes on the veths.
+if wanted demo; then
 before=$(veth_bytes)
 run_job demo -- "$BUILD_DIR/apps/meshrt-demo" --mesh 2x2 --steps 30 --hidden 256 --log-every 10
 moved=$(( $(veth_bytes) - before ))
@@ -273,8 +303,10 @@ elif expect_line demo "verification passed|PASS"; then
     (( moved > 1048576 )) || fail_job demo "the veths carried $moved bytes, expected over 1 MiB"
     log "  ok: demo on CPU across n1, n2 (verification passed; $moved bytes over the veths)"
 fi
+fi
 
 # 3. The demo on the emulated accelerator: device communicators across nodes.
+if wanted demo-emu; then
 run_job demo-emu MESHRT_ACCELERATOR=emulated MESHRT_EMULATED_DEVICES=2 -- \
     "$BUILD_DIR/apps/meshrt-demo" --mesh 2x2 --steps 30 --hidden 64 --log-every 10
 if [[ $JOB_RC -ne 0 ]]; then
@@ -282,16 +314,11 @@ if [[ $JOB_RC -ne 0 ]]; then
 elif expect_line demo-emu "verification passed|PASS"; then
     log "  ok: demo on the emulated accelerator across n1, n2"
 fi
+fi
 
 # 4. A rank of n2 killed mid-job: the job ends (no rank waits on), and its output names
 # the rank and the node. run_job waits, so the job runs in the background here.
-rank_pid() {  # NODE_INDEX RANK: the pid of that rank's program in the node's namespace
-    local pid
-    for pid in $(ip netns pids "${NS[$1]}" 2>/dev/null); do
-        [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == "$BUILD_DIR/apps/meshrt-demo" ]] || continue
-        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "SLURM_PROCID=$2" && { echo "$pid"; return; }
-    done
-}
+if wanted killed; then
 run_job killed -- "$BUILD_DIR/apps/meshrt-demo" --mesh 2x2 --steps 1000000 --hidden 64 --log-every 1000 &
 job=$!
 victim=""
@@ -313,6 +340,52 @@ else
     elif expect_line killed "^srun: error: n2: task 3: Killed"; then
         log "  ok: killed (rank 3 on n2 killed; the job ended ${took} s later: $(grep -aEm1 "^srun: error: n2: task 3" "$JOB_OUT"))"
     fi
+fi
+fi
+
+# 5. A network interface that n1 and n2 lack, named for Open MPI's TCP transport: the
+# job fails at start, each rank naming the setting and its node's interfaces.
+if wanted badnic; then
+start=$SECONDS
+run_job badnic OMPI_MCA_btl_tcp_if_include=eth9 -- "$BUILD_DIR/apps/meshrt-demo" --mesh 2x2 --steps 3
+took=$(( SECONDS - start ))
+if [[ $JOB_RC -eq 0 ]] || ! grep -aq '^meshrt-job: exit code [1-9]' "$JOB_OUT"; then
+    fail_job badnic "expected the job to fail at start"
+elif expect_line badnic "^meshrt: rank [0-9] on n2: setting OMPI_MCA_btl_tcp_if_include=eth9: expected an interface of this node .*it has .*eth0 \\(10\\.213\\.$ID\\.12\\)"; then
+    log "  ok: badnic (failed at start in ${took} s: $(grep -aEm1 "^meshrt: rank [0-9] on n2" "$JOB_OUT" | cut -c1-150)...)"
+fi
+fi
+
+# 6. Node n2 lost mid-job: every process of its namespace (its slurmd, the step daemon,
+# both ranks) killed at once, as a node that loses power. Nothing closes the connections
+# from n1 in an orderly way, and Slurm notices the node only after SlurmdTimeout; meshrt's
+# heartbeat ring (MESHRT_PEER_TIMEOUT) names the silent rank and its node and ends the
+# job. Last: n2 stays down.
+if wanted nodeloss; then
+run_job nodeloss MESHRT_PEER_TIMEOUT=5 -- "$BUILD_DIR/apps/meshrt-demo" --mesh 2x2 --steps 1000000 --hidden 64 --log-every 1000 &
+job=$!
+victim=""
+for _ in $(seq 300); do
+    victim=$(rank_pid 1 3)
+    [[ -n "$victim" ]] && grep -aq "step" "$TMP/jobs/nodeloss.out" 2>/dev/null && break
+    sleep 0.1
+done
+if [[ -z "$victim" ]]; then
+    wait "$job"; JOB_OUT="$TMP/jobs/nodeloss.out"; fail_job nodeloss "rank 3 never started on n2"
+else
+    sleep 1
+    ip netns pids "${NS[1]}" | xargs -r kill -KILL
+    killed_at=$SECONDS
+    wait "$job"; JOB_OUT="$TMP/jobs/nodeloss.out"
+    took=$(( SECONDS - killed_at ))
+    if ! grep -aq '^meshrt-job: exit code [1-9]' "$JOB_OUT"; then
+        fail_job nodeloss "the job did not end with an error after n2 was lost"
+    elif (( took > 25 )); then
+        fail_job nodeloss "the job ended ${took} s after n2 was lost, expected within 25 s (MESHRT_PEER_TIMEOUT=5)"
+    elif expect_line nodeloss "^meshrt: rank [0-9] on n1: rank [23] on n2 has sent no heartbeat for 5 s"; then
+        log "  ok: nodeloss (n2 lost; the job ended ${took} s later: $(grep -aEm1 "^meshrt: rank [0-9] on n1: rank" "$JOB_OUT" | cut -c1-110)...)"
+    fi
+fi
 fi
 
 [[ ${#FAILED[@]} -eq 0 ]] || die "${#FAILED[@]} job(s) failed: ${FAILED[*]}"

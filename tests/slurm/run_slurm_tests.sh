@@ -52,6 +52,8 @@ NTASKS=4
 
 log() { echo "[slurm-test] $*"; }
 die() { echo "[slurm-test] FAIL: $*" >&2; exit 1; }
+# shellcheck source=tests/slurm/cluster.sh
+source "$SCRIPT_DIR/cluster.sh"
 
 # ---------------------------------------------------------------- packages --
 APT_LINE="apt-get install -y --no-install-recommends slurm-wlm munge"
@@ -94,38 +96,8 @@ cleanup() {
             [[ -z "$(squeue -h -o %i 2>/dev/null)" ]] && break; sleep 0.1
         done
     fi
-    local i pid
-    for (( i=${#PIDS[@]}-1; i>=0; i-- )); do
-        pid=${PIDS[i]}
-        if kill -0 "$pid" 2>/dev/null; then
-            kill -TERM "$pid" 2>/dev/null
-        fi
-    done
-    # wait up to 10 s for a clean exit, then SIGKILL the rest
-    for pid in "${PIDS[@]}"; do
-        for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        if kill -0 "$pid" 2>/dev/null; then
-            echo "[slurm-test] pid $pid did not stop; killing it" >&2
-            kill -KILL "$pid" 2>/dev/null
-        fi
-        wait "$pid" 2>/dev/null
-    done
-    # a slurmstepd (and its tasks) of a job that was still running when
-    # slurmd stopped: only ones that did not exist before this script started
-    local p
-    new_stepds() {
-        local q
-        for q in $(pgrep -x slurmstepd 2>/dev/null); do
-            [[ " $STEPDS_BEFORE " == *" $q "* ]] && continue
-            [[ "$(ps -o stat= -p "$q" 2>/dev/null)" == Z* ]] && continue   # exited already
-            echo "$q"
-        done
-    }
-    for _ in $(seq 30); do [[ -z "$(new_stepds)" ]] && break; sleep 0.1; done
-    for p in $(new_stepds); do
-        echo "[slurm-test] killing stray slurmstepd $p and its children" >&2
-        pkill -KILL -P "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null
-    done
+    stop_daemons
+    kill_new_stepds
     if [[ $rc -ne 0 ]]; then
         for f in "$TMP"/log/*.log; do
             [[ -f "$f" ]] || continue
@@ -163,21 +135,8 @@ MUNGE_AUTHINFO=""
 if pgrep -x munged >/dev/null; then
     log "using the munged that already runs"
 else
-    MUNGE_SOCKET="$TMP/munge/munge.socket"
-    mungekey --create --keyfile="$TMP/munge/munge.key" --bits=1024 >/dev/null 2>&1 \
-        || dd if=/dev/urandom of="$TMP/munge/munge.key" bs=1 count=1024 status=none
-    chmod 0400 "$TMP/munge/munge.key"
-    chmod 0700 "$TMP/munge"
-    munged --foreground --force \
-        --socket="$MUNGE_SOCKET" \
-        --key-file="$TMP/munge/munge.key" \
-        --pid-file="$TMP/munge/munged.pid" \
-        --log-file="$TMP/log/munged.log" \
-        --seed-file="$TMP/munge/munged.seed" \
-        >/dev/null 2>&1 &
-    PIDS+=($!); NAMES+=(munged)
-    for _ in $(seq 50); do [[ -S "$MUNGE_SOCKET" ]] && break; sleep 0.1; done
-    [[ -S "$MUNGE_SOCKET" ]] || die "munged did not start"
+    start_munge "$TMP/munge" "$TMP/log"
+    NAMES+=(munged)
     MUNGE_AUTHINFO="AuthInfo=socket=$MUNGE_SOCKET"
     log "munged started (pid ${PIDS[-1]}, socket $MUNGE_SOCKET)"
 fi
