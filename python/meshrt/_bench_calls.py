@@ -11,7 +11,6 @@ only in who issues the calls; the ratio is the median of the repetitions' ratios
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -20,6 +19,7 @@ import time
 import numpy as np
 
 import meshrt
+from meshrt.bench import write_json_lines
 from meshrt import _core
 
 
@@ -100,12 +100,7 @@ def _print(results, ranks, calls, reps, json_path):
     target = base["ratio"]
     print(f"\ntarget: a Python controller issues at least half the C++ controller's trivial calls per second: "
           f"{target:.2f}x, {'holds' if target >= 0.5 else 'does not hold'}")
-    for r in results:
-        line = json.dumps({"suite": "python_dispatch", "ranks": ranks, **r})
-        print(line)
-        if json_path:
-            with open(json_path, "a") as f:
-                f.write(line + "\n")
+    write_json_lines("python_dispatch", ranks, results, json_path)
 
 
 def main(argv=None):

@@ -14,7 +14,6 @@ Needs mpi4py built for the same MPI as meshrt (Debian's is built for Open MPI).
 """
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -127,12 +126,9 @@ def _print(results, ranks, reps, json_path):
             buffer_holds &= bb >= 1 / 1.2
     print(f"\ntarget: faster than mpi4py's pickle path at every size: {'holds' if pickle_holds else 'does not hold'}")
     print(f"target: within 1.2x of mpi4py's Bcast from 1 MiB: {'holds' if buffer_holds else 'does not hold'}")
-    for r in results:
-        line = json.dumps({"suite": "python_group", "ranks": ranks, **r})
-        print(line)
-        if json_path:
-            with open(json_path, "a") as f:
-                f.write(line + "\n")
+    from meshrt.bench import write_json_lines  # meshrt after mpi4py (main)
+
+    write_json_lines("python_group", ranks, results, json_path)
 
 
 def main(argv=None):

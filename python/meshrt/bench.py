@@ -6,9 +6,21 @@
 `python3 -m meshrt.bench SUITE --help` lists a suite's options.
 """
 
+import json
 import sys
 
 SUITES = {"calls": "meshrt._bench_calls", "group": "meshrt._bench_group"}
+
+
+def write_json_lines(suite, ranks, rows, path=""):
+    """Prints one JSON line per row, led by the suite and the job's ranks, and appends the
+    lines to `path` when one is given: the form every suite's --json writes."""
+    lines = [json.dumps({"suite": suite, "ranks": ranks, **row}) for row in rows]
+    for line in lines:
+        print(line)
+    if path:
+        with open(path, "a") as f:
+            f.write("".join(line + "\n" for line in lines))
 
 
 def main(argv=None):

@@ -31,8 +31,7 @@ constexpr auto kWait = std::chrono::seconds(20);
 
 // The job's accelerator kind, or the cpu.
 DeviceKind test_kind() {
-  const device::Accelerator a = device::configured_accelerator();
-  return a == device::Accelerator::None ? DeviceKind::Cpu : device::device_kind(a);
+  return meshrt::test::job_kind(DeviceKind::Cpu);
 }
 
 Signature scalar_shape(const ArgMetas& args) {

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <thread>
 
+#include "../support/devices.hpp"
 #include "meshrt/internal/device.hpp"
 #include "runtime_support.hpp"
 
@@ -25,8 +26,7 @@ namespace {
 
 // The job's accelerator kind; emulated when the job has none.
 DeviceKind test_kind() {
-  const device::Accelerator a = device::configured_accelerator();
-  return a == device::Accelerator::None ? DeviceKind::Emulated : device::device_kind(a);
+  return meshrt::test::job_kind(DeviceKind::Emulated);
 }
 
 // test.on_emulated(shape, base): base + rank everywhere, on this rank's device of the

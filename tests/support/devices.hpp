@@ -17,6 +17,12 @@
 
 namespace meshrt::test {
 
+// The job's accelerator kind (MESHRT_ACCELERATOR), or `otherwise` when the job has none.
+inline DeviceKind job_kind(DeviceKind otherwise) {
+  const device::Accelerator a = device::configured_accelerator();
+  return a == device::Accelerator::None ? otherwise : device::device_kind(a);
+}
+
 // Why this job cannot run a test of a communicator over every rank, with `ranks` ranks or
 // more each on a device of its own (NCCL, and the emulated accelerator like it, refuse
 // two members on one device; all ranks of a test run on one node); nullopt when it can.
