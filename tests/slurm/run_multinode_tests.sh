@@ -22,6 +22,7 @@
 #             and the veths carried at least the bytes the demo's cross-node
 #             reductions move (counted from their counters before and after)
 #   demo-emu  meshrt-demo on the emulated accelerator (MESHRT_EMULATED_DEVICES=2)
+#   demo-tree meshrt-demo with the fan-out and status trees on (threshold 0, fan-out 2)
 #   killed    a rank of n2 killed mid-job: the job ends, naming the rank and n2
 #   badnic    OMPI_MCA_btl_tcp_if_include naming an interface no node has: the job fails
 #             at start, each rank naming the setting, its node and the node's interfaces
@@ -313,6 +314,18 @@ if [[ $JOB_RC -ne 0 ]]; then
     fail_job demo-emu "exit code $JOB_RC"
 elif expect_line demo-emu "verification passed|PASS"; then
     log "  ok: demo on the emulated accelerator across n1, n2"
+fi
+fi
+
+# 3b. The demo with the fan-out and status trees on (threshold 0, two children a node):
+# batches and Status travel rank to rank across the nodes.
+if wanted demo-tree; then
+run_job demo-tree MESHRT_FANOUT_THRESHOLD=0 MESHRT_FANOUT=2 -- \
+    "$BUILD_DIR/apps/meshrt-demo" --mesh 2x2 --steps 30 --hidden 64 --log-every 10
+if [[ $JOB_RC -ne 0 ]]; then
+    fail_job demo-tree "exit code $JOB_RC"
+elif expect_line demo-tree "verification passed|PASS"; then
+    log "  ok: demo across n1, n2 with the fan-out and status trees"
 fi
 fi
 
