@@ -114,7 +114,6 @@ void PeerWatch::loop() {
 void PeerWatch::lost(const std::string& why) {
   const std::string text = fmt::format(
       "meshrt: rank {} on {}: {}; ending the whole job (MPI_Abort) so that no rank waits for it\n", rank_, host_, why);
-  MESHRT_LOG(info) << text;  // the log file; stderr has it below, at any log level
   std::fputs(text.c_str(), stderr);
   std::fflush(stderr);
   // The launcher's proxy must read the line before MPI_Abort tears it down (watch.cpp).

@@ -157,6 +157,34 @@ std::string Monitor::dump(std::size_t limit) const {
   return out;
 }
 
+std::string Monitor::recent(std::size_t limit) const {
+  std::lock_guard lock(mutex_);
+  const auto now = Clock::now();
+  const std::uint64_t oldest = next_seq_ > capacity_ ? next_seq_ - capacity_ : 1;
+  std::vector<const CommandRecord*> started;
+  std::size_t queued = 0;
+  for (std::uint64_t s = next_seq_; s-- > oldest && started.size() < limit;) {
+    const CommandRecord& r = ring_[s % capacity_];
+    if (r.seq != s) continue;
+    if (r.state == CommandState::Queued) {
+      ++queued;
+    } else {
+      started.push_back(&r);
+    }
+  }
+  if (started.empty() && queued > 0) {
+    return fmt::format(
+        "flight recorder of rank {} on {}: all of its {} entries are queued commands; the one running, if any, came "
+        "before them (MESHRT_FLIGHT_RECORDER keeps more)\n",
+        rank_, host_, queued);
+  }
+  std::string out = fmt::format("flight recorder of rank {} on {} (the last {} commands that ran, oldest first", rank_,
+                                host_, started.size());
+  out += queued ? fmt::format("; {} more queued behind them):\n", queued) : "):\n";
+  for (auto it = started.rbegin(); it != started.rend(); ++it) out += line(**it, now) + "\n";
+  return out;
+}
+
 std::string Monitor::current_unlocked() const {
   const std::uint64_t cur = current_.load();
   if (cur == 0) return "no command (idle in the event loop)";

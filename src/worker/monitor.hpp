@@ -74,6 +74,10 @@ class Monitor {
   nlohmann::json state() const;
   // The flight recorder as a table, oldest first; `limit` keeps only the newest entries.
   std::string dump(std::size_t limit = SIZE_MAX) const;
+  // The newest `limit` commands that have started (running, done or failed), oldest
+  // first, and how many wait queued behind them: what a rank was doing when it was told
+  // to end, where the controller's lead fills the ring's newest entries with queued ones.
+  std::string recent(std::size_t limit) const;
   // For a fatal signal: the running command, without taking locks (best effort).
   std::string current_unlocked() const;
 

@@ -39,6 +39,13 @@ void on_sigusr1(int) {
   g_dump_requested.store(true);
 }
 
+// SIGTERM (scancel, a time limit, a launcher ending the job) is reported by the watch
+// thread, which may take the monitor's lock: the handler only sets the flag.
+std::atomic<bool> g_term_requested{false};
+void on_sigterm(int) {
+  g_term_requested.store(true);
+}
+
 // Crash-time reporting is best effort: formatting allocates, which a signal handler
 // should not do, but the process is going down and the report is what matters most.
 // The report goes out in one write: a launcher that tears the job down on MPI_Abort (MPICH's
@@ -91,6 +98,7 @@ void Watch::loop() {
     if (g_dump_requested.exchange(false)) {
       MESHRT_LOG(warning) << "SIGUSR1: " << monitor_.dump();
     }
+    if (g_term_requested.load()) report_sigterm();
     bool got = false;
     try {
       got = control_->try_receive(control::kControllerRank, control::Tag::Query, buf);
@@ -143,6 +151,17 @@ void Watch::loop() {
   control_->drain(std::chrono::seconds(1));
 }
 
+[[noreturn]] void Watch::report_sigterm() {
+  const std::string report = fmt::format(
+      "meshrt: rank {} on {}: SIGTERM (scancel, a time limit or the launcher is ending the job); what it did last:\n{}",
+      monitor_.rank(), monitor_.host(), monitor_.recent(kSigtermCommands));
+  write_stderr(report);  // in one write, at any log level (the job's output keeps it)
+  // Then the end SIGTERM would have brought: the default action, on this thread.
+  signal(SIGTERM, SIG_DFL);
+  raise(SIGTERM);
+  _exit(128 + SIGTERM);  // raise returns only if SIGTERM is blocked on this thread
+}
+
 void install_signal_handlers(Monitor* monitor) {
   g_monitor.store(monitor);
   struct sigaction usr {};
@@ -151,6 +170,11 @@ void install_signal_handlers(Monitor* monitor) {
   usr.sa_flags = SA_RESTART;
   sigaction(SIGUSR1, &usr, nullptr);
   if (!settings::kSignalHandler.get()) return;
+  struct sigaction term {};
+  term.sa_handler = on_sigterm;
+  sigemptyset(&term.sa_mask);
+  term.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &term, nullptr);
   struct sigaction sa {};
   sa.sa_handler = on_fatal;
   sigemptyset(&sa.sa_mask);
@@ -161,6 +185,7 @@ void install_signal_handlers(Monitor* monitor) {
 void uninstall_signal_handlers() {
   for (int sig : kFatalSignals) signal(sig, SIG_DFL);
   signal(SIGUSR1, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
   g_monitor.store(nullptr);
 }
 

@@ -22,7 +22,11 @@ class Watch {
   Watch& operator=(const Watch&) = delete;
 
  private:
+  // Commands of the flight recorder a SIGTERM report shows.
+  static constexpr std::size_t kSigtermCommands = 20;
   void loop();
+  // On SIGTERM: the rank's last commands to stderr and its log, then SIGTERM's own end.
+  [[noreturn]] void report_sigterm();
   std::shared_ptr<control::Transport> control_;
   Monitor& monitor_;
   std::atomic<bool> stop_{false};
@@ -31,7 +35,9 @@ class Watch {
 
 // Installs the SIGUSR1 handler (dump the flight recorder to the log) and, unless
 // MESHRT_SIGNAL_HANDLER=0, handlers for fatal signals that print the rank, the running
-// command, a backtrace and the flight recorder, then end the whole job with MPI_Abort.
+// command, a backtrace and the flight recorder, then end the whole job with MPI_Abort,
+// and for SIGTERM, whose report (the rank's last commands) the watch thread writes before
+// the process ends as SIGTERM ends it.
 void install_signal_handlers(Monitor* monitor);
 void uninstall_signal_handlers();
 

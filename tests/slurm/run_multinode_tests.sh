@@ -24,6 +24,7 @@
 #   demo-emu  meshrt-demo on the emulated accelerator (MESHRT_EMULATED_DEVICES=2)
 #   demo-tree meshrt-demo with the fan-out and status trees on (threshold 0, fan-out 2)
 #   killed    a rank of n2 killed mid-job: the job ends, naming the rank and n2
+#   scancel   the job cancelled mid-run: every rank reports SIGTERM with its last commands
 #   badnic    OMPI_MCA_btl_tcp_if_include naming an interface no node has: the job fails
 #             at start, each rank naming the setting, its node and the node's interfaces
 #   nodeloss  n2 lost whole (every process of its namespace killed, slurmd included): the
@@ -354,6 +355,30 @@ else
         log "  ok: killed (rank 3 on n2 killed; the job ended ${took} s later: $(grep -aEm1 "^srun: error: n2: task 3" "$JOB_OUT"))"
     fi
 fi
+fi
+
+# 4b. scancel mid-job: each rank says it got SIGTERM and shows its last commands, on its
+# node, before the job ends (Slurm's KillWait, 2 s here, before SIGKILL).
+if wanted scancel; then
+# The controller runs far ahead of the workers: a recorder of 10^5 commands still holds
+# the ones that ran behind the queued ones.
+run_job scancel MESHRT_FLIGHT_RECORDER=100000 -- "$BUILD_DIR/apps/meshrt-demo" --mesh 2x2 --steps 1000000 --hidden 64 --log-every 1000 &
+job=$!
+for _ in $(seq 300); do
+    [[ -n "$(rank_pid 1 3)" ]] && grep -aq "step" "$TMP/jobs/scancel.out" 2>/dev/null && break
+    sleep 0.1
+done
+sleep 1
+scancel --name=scancel
+wait "$job"; JOB_OUT="$TMP/jobs/scancel.out"
+ok=1
+for r in 0 1 2 3; do
+    node=n$(( r / 2 + 1 ))
+    expect_line scancel "^meshrt: rank $r on $node: SIGTERM \\(scancel, a time limit or the launcher is ending the job\\); what it did last:" || ok=0
+    expect_line scancel "^flight recorder of rank $r on $node \\(the last [0-9]+ commands that ran" || ok=0
+done
+expect_line scancel "^  #[0-9]+ +(done|running) +(CallFunction|Reduce)" || ok=0
+[[ $ok == 1 ]] && log "  ok: scancel (each rank reported SIGTERM with its last commands, named by node)"
 fi
 
 # 5. A network interface that n1 and n2 lack, named for Open MPI's TCP transport: the

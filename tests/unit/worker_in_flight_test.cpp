@@ -212,5 +212,37 @@ TEST(WorkerInFlight, AFailedOperationMarksItsResultAndIsReportedWithItsIdent) {
   EXPECT_NE(f.error.find("MPI_Test failed"), std::string::npos) << f.error;
 }
 
+// What a SIGTERM report shows (Monitor::recent): the newest commands that ran, oldest
+// first, and a count of those queued behind them, not the queued ones themselves.
+TEST(WorkerMonitor, RecentShowsTheCommandsThatRanAndCountsTheQueued) {
+  Monitor monitor(3, 16);
+  std::vector<std::uint64_t> seqs;
+  for (int i = 0; i < 10; ++i) {
+    seqs.push_back(monitor.queued(std::chrono::steady_clock::now(), [&](CommandRecord& r) {
+      r.kind = "CallFunction";
+      r.name = "f" + std::to_string(i);
+    }));
+  }
+  for (int i = 0; i < 4; ++i) {
+    monitor.running(seqs[static_cast<std::size_t>(i)]);
+    monitor.finished(seqs[static_cast<std::size_t>(i)], false);
+  }
+  monitor.running(seqs[4]);
+  const std::string text = monitor.recent(3);
+  EXPECT_NE(text.find("flight recorder of rank 3 on "), std::string::npos) << text;
+  EXPECT_NE(text.find("(the last 3 commands that ran, oldest first; 5 more queued behind them):\n"), std::string::npos)
+      << text;
+  const auto f2 = text.find("f2"), f3 = text.find("f3"), f4 = text.find("f4");
+  EXPECT_TRUE(f2 != std::string::npos && f2 < f3 && f3 < f4) << text;
+  EXPECT_EQ(text.find("f1"), std::string::npos) << text;
+  EXPECT_EQ(text.find("f5"), std::string::npos) << text;
+  EXPECT_EQ(text.find(" queued   "), std::string::npos) << text;  // no queued line
+
+  Monitor ahead(4, 4);  // the controller far ahead: every entry queued
+  for (int i = 0; i < 6; ++i)
+    ahead.queued(std::chrono::steady_clock::now(), [](CommandRecord& r) { r.kind = "Reduce"; });
+  EXPECT_NE(ahead.recent(3).find("all of its 4 entries are queued commands"), std::string::npos) << ahead.recent(3);
+}
+
 }  // namespace
 }  // namespace meshrt::detail

@@ -92,7 +92,9 @@ inline constexpr Setting<std::string> kTimeoutAction{{
     .kind = Kind::Choice, .choices = "raise|abort"}};
 inline constexpr Setting<bool> kSignalHandler{{
     .name = "MESHRT_SIGNAL_HANDLER", .default_value = "1",
-    .description = "On a fatal signal, print the rank, the command and a backtrace, then MPI_Abort the job (0 = off)",
+    .description = "On a fatal signal, print the rank, the command and a backtrace, then MPI_Abort the job; on "
+                   "SIGTERM (scancel, a time limit), print the rank's last commands, then end as SIGTERM does "
+                   "(0 = off)",
     .kind = Kind::Boolean}};
 inline constexpr Setting<Seconds> kPeerTimeout{{
     .name = "MESHRT_PEER_TIMEOUT", .default_value = "60",
