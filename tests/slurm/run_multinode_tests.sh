@@ -31,7 +31,7 @@
 #             heartbeat ring (MESHRT_PEER_TIMEOUT=5) names a rank of n2 and ends the job
 # MULTINODE_JOBS="info demo" runs only those; MULTINODE_BENCH=DIR runs the benchmark
 # suites at one rank per node instead (docs/benchmarks.md, "Between two nodes").
-# Needs root and iproute2; installs slurm-wlm and munge when missing. About 45 s.
+# Needs root and iproute2; installs slurm-wlm and munge when missing. About 70 s.
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -275,6 +275,26 @@ if [[ -n "${MULTINODE_BENCH:-}" ]]; then
     exit 0
 fi
 
+# start_long_demo NAME [VAR=value...]: the demo for a million steps at 2 nodes x 2 ranks, in
+# the background (job: its pid), once rank 3 runs on n2 (victim: its pid) and a step is
+# out. Fails the job and returns 1 if rank 3 never started.
+start_long_demo() {
+    local name=$1; shift
+    run_job "$name" "$@" -- "$BUILD_DIR/apps/meshrt-demo" --mesh 2x2 --steps 1000000 --hidden 64 --log-every 1000 &
+    job=$!
+    victim=""
+    for _ in $(seq 300); do
+        victim=$(rank_pid 1 3)
+        [[ -n "$victim" ]] && grep -aq "step" "$TMP/jobs/$name.out" 2>/dev/null && break
+        sleep 0.1
+    done
+    if [[ -z "$victim" ]]; then
+        wait "$job"; JOB_OUT="$TMP/jobs/$name.out"; fail_job "$name" "rank 3 never started on n2"
+        return 1
+    fi
+    sleep 1
+}
+
 # 1. Where each rank runs: node, local rank, and the device chosen from it.
 if wanted info; then
 run_job info MESHRT_ACCELERATOR=emulated MESHRT_EMULATED_DEVICES=2 -- "$BUILD_DIR/apps/meshrt-info"
@@ -332,19 +352,7 @@ fi
 
 # 4. A rank of n2 killed mid-job: the job ends (no rank waits on), and its output names
 # the rank and the node. run_job waits, so the job runs in the background here.
-if wanted killed; then
-run_job killed -- "$BUILD_DIR/apps/meshrt-demo" --mesh 2x2 --steps 1000000 --hidden 64 --log-every 1000 &
-job=$!
-victim=""
-for _ in $(seq 300); do
-    victim=$(rank_pid 1 3)
-    [[ -n "$victim" ]] && grep -aq "step" "$TMP/jobs/killed.out" 2>/dev/null && break
-    sleep 0.1
-done
-if [[ -z "$victim" ]]; then
-    wait "$job"; JOB_OUT="$TMP/jobs/killed.out"; fail_job killed "rank 3 never started on n2"
-else
-    sleep 1
+if wanted killed && start_long_demo killed; then
     kill -KILL "$victim"
     killed_at=$SECONDS
     wait "$job"; JOB_OUT="$TMP/jobs/killed.out"
@@ -355,30 +363,22 @@ else
         log "  ok: killed (rank 3 on n2 killed; the job ended ${took} s later: $(grep -aEm1 "^srun: error: n2: task 3" "$JOB_OUT"))"
     fi
 fi
-fi
 
 # 4b. scancel mid-job: each rank says it got SIGTERM and shows its last commands, on its
-# node, before the job ends (Slurm's KillWait, 2 s here, before SIGKILL).
-if wanted scancel; then
-# The controller runs far ahead of the workers: a recorder of 10^5 commands still holds
-# the ones that ran behind the queued ones.
-run_job scancel MESHRT_FLIGHT_RECORDER=100000 -- "$BUILD_DIR/apps/meshrt-demo" --mesh 2x2 --steps 1000000 --hidden 64 --log-every 1000 &
-job=$!
-for _ in $(seq 300); do
-    [[ -n "$(rank_pid 1 3)" ]] && grep -aq "step" "$TMP/jobs/scancel.out" 2>/dev/null && break
-    sleep 0.1
-done
-sleep 1
-scancel --name=scancel
-wait "$job"; JOB_OUT="$TMP/jobs/scancel.out"
-ok=1
-for r in 0 1 2 3; do
-    node=n$(( r / 2 + 1 ))
-    expect_line scancel "^meshrt: rank $r on $node: SIGTERM \\(scancel, a time limit or the launcher is ending the job\\); what it did last:" || ok=0
-    expect_line scancel "^flight recorder of rank $r on $node \\(the last [0-9]+ commands that ran" || ok=0
-done
-expect_line scancel "^  #[0-9]+ +(done|running) +(CallFunction|Reduce)" || ok=0
-[[ $ok == 1 ]] && log "  ok: scancel (each rank reported SIGTERM with its last commands, named by node)"
+# node, before the job ends (Slurm's KillWait, 2 s here, before SIGKILL). The controller
+# runs far ahead of the workers: a recorder of 10^5 commands still holds the ones that
+# ran behind the queued ones.
+if wanted scancel && start_long_demo scancel MESHRT_FLIGHT_RECORDER=100000; then
+    scancel --name=scancel
+    wait "$job"; JOB_OUT="$TMP/jobs/scancel.out"
+    ok=1
+    for r in 0 1 2 3; do
+        node=n$(( r / 2 + 1 ))
+        expect_line scancel "^meshrt: rank $r on $node: SIGTERM \\(scancel, a time limit or the launcher is ending the job\\); what it did last:" || ok=0
+        expect_line scancel "^flight recorder of rank $r on $node \\(the last [0-9]+ commands that ran" || ok=0
+    done
+    expect_line scancel "^  #[0-9]+ +(done|running) +(CallFunction|Reduce)" || ok=0
+    [[ $ok == 1 ]] && log "  ok: scancel (each rank reported SIGTERM with its last commands, named by node)"
 fi
 
 # 5. A network interface that n1 and n2 lack, named for Open MPI's TCP transport: the
@@ -399,19 +399,7 @@ fi
 # from n1 in an orderly way, and Slurm notices the node only after SlurmdTimeout; meshrt's
 # heartbeat ring (MESHRT_PEER_TIMEOUT) names the silent rank and its node and ends the
 # job. Last: n2 stays down.
-if wanted nodeloss; then
-run_job nodeloss MESHRT_PEER_TIMEOUT=5 -- "$BUILD_DIR/apps/meshrt-demo" --mesh 2x2 --steps 1000000 --hidden 64 --log-every 1000 &
-job=$!
-victim=""
-for _ in $(seq 300); do
-    victim=$(rank_pid 1 3)
-    [[ -n "$victim" ]] && grep -aq "step" "$TMP/jobs/nodeloss.out" 2>/dev/null && break
-    sleep 0.1
-done
-if [[ -z "$victim" ]]; then
-    wait "$job"; JOB_OUT="$TMP/jobs/nodeloss.out"; fail_job nodeloss "rank 3 never started on n2"
-else
-    sleep 1
+if wanted nodeloss && start_long_demo nodeloss MESHRT_PEER_TIMEOUT=5; then
     ip netns pids "${NS[1]}" | xargs -r kill -KILL
     killed_at=$SECONDS
     wait "$job"; JOB_OUT="$TMP/jobs/nodeloss.out"
@@ -423,7 +411,6 @@ else
     elif expect_line nodeloss "^meshrt: rank [0-9] on n1: rank [23] on n2 has sent no heartbeat for 5 s"; then
         log "  ok: nodeloss (n2 lost; the job ended ${took} s later: $(grep -aEm1 "^meshrt: rank [0-9] on n1: rank" "$JOB_OUT" | cut -c1-110)...)"
     fi
-fi
 fi
 
 [[ ${#FAILED[@]} -eq 0 ]] || die "${#FAILED[@]} job(s) failed: ${FAILED[*]}"
