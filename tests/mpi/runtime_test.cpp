@@ -510,6 +510,10 @@ TEST(Runtime, GetWithTimeoutNamesTheRankThatHangs) {
   session([](Controller& ctl) {
     Mesh mesh = make_mesh(ctl);
     const int slow = ctl.world_size() - 1;
+    // The mesh's communicators exist before the timed part: under load their creation
+    // alone can outlast the timeout, and then it is what the report names.
+    (void)mesh.call("test.sleep", 0.0, {slow}).reduce("gpu", Reduction::Sum);
+    ctl.synchronize();
     DTensor s = mesh.call("test.sleep", 2.0, {slow});
     DTensor r = s.reduce("gpu", Reduction::Sum);
     auto fut = ctl.fetch_shard(r, coordinates(mesh)[0].first);
