@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+#include <ctime>
 
 #include "common/assert.hpp"
 
@@ -78,5 +81,13 @@ void throw_nccl_error(int code, const char* call, const char* file, int line) {
                                 ncclGetLastError(nullptr), short_file(file), line));
 }
 #endif
+
+void end_job_after_report(int code) {
+  timespec pause{.tv_sec = 0, .tv_nsec = 100'000'000};
+  (void)nanosleep(&pause, nullptr);
+  // Ignored on purpose: it does not return when it works, and _exit follows if it fails.
+  MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, code));
+  _exit(code);
+}
 
 }  // namespace meshrt::detail

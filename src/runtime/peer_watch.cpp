@@ -1,11 +1,9 @@
 #include "runtime/peer_watch.hpp"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <ctime>
 #include <vector>
 
 #include "common/checks.hpp"
@@ -64,12 +62,12 @@ void PeerWatch::loop() {
   char out = kBeat;
   MPI_Request recv = MPI_REQUEST_NULL;
   MPI_Request send = MPI_REQUEST_NULL;
-  auto check = [&](int rc, const char* what, int peer, const std::string& host) {
-    if (rc != MPI_SUCCESS) {
-      lost(fmt::format("{} rank {} on {} failed: {}", what, peer, host, mpi_error_string(rc)));
-    }
+  const std::string from_prev = fmt::format("the heartbeat of rank {} on {}", prev_, prev_host_);
+  const std::string to_next = fmt::format("the heartbeat to rank {}", next_);
+  auto check = [&](int rc, const std::string& what) {
+    if (rc != MPI_SUCCESS) lost(fmt::format("{} failed: {}", what, mpi_error_string(rc)));
   };
-  check(MPI_Irecv(&in, 1, MPI_CHAR, prev_, kTag, comm_, &recv), "waiting for the heartbeat of", prev_, prev_host_);
+  check(MPI_Irecv(&in, 1, MPI_CHAR, prev_, kTag, comm_, &recv), from_prev);
   auto heard = Clock::now();
   auto next_beat = heard;
   bool said_goodbye = false;
@@ -78,26 +76,25 @@ void PeerWatch::loop() {
     const auto now = Clock::now();
     int sent = 1;
     if (send != MPI_REQUEST_NULL) {
-      check(MPI_Test(&send, &sent, MPI_STATUS_IGNORE), "the heartbeat to", next_, "its host");
+      check(MPI_Test(&send, &sent, MPI_STATUS_IGNORE), to_next);
     }
     // One message in flight at a time; the last one is the goodbye.
     if (sent && !said_goodbye && (stop_.load() || now >= next_beat)) {
       said_goodbye = stop_.load();
       out = said_goodbye ? kGoodbye : kBeat;
-      check(MPI_Isend(&out, 1, MPI_CHAR, next_, kTag, comm_, &send), "sending the heartbeat to", next_, "its host");
+      check(MPI_Isend(&out, 1, MPI_CHAR, next_, kTag, comm_, &send), to_next);
       next_beat = now + std::chrono::duration_cast<Clock::duration>(interval);
       sent = 0;
     }
     while (!prev_gone) {
       int got = 0;
-      check(MPI_Test(&recv, &got, MPI_STATUS_IGNORE), "the heartbeat of", prev_, prev_host_);
+      check(MPI_Test(&recv, &got, MPI_STATUS_IGNORE), from_prev);
       if (!got) break;
       heard = Clock::now();
       if (in == kGoodbye) {
         prev_gone = true;
       } else {
-        check(MPI_Irecv(&in, 1, MPI_CHAR, prev_, kTag, comm_, &recv), "waiting for the heartbeat of", prev_,
-              prev_host_);
+        check(MPI_Irecv(&in, 1, MPI_CHAR, prev_, kTag, comm_, &recv), from_prev);
       }
     }
     if (!prev_gone && Clock::now() - heard > timeout_) {
@@ -116,12 +113,7 @@ void PeerWatch::lost(const std::string& why) {
       "meshrt: rank {} on {}: {}; ending the whole job (MPI_Abort) so that no rank waits for it\n", rank_, host_, why);
   std::fputs(text.c_str(), stderr);
   std::fflush(stderr);
-  // The launcher's proxy must read the line before MPI_Abort tears it down (watch.cpp).
-  timespec pause{.tv_sec = 0, .tv_nsec = 100'000'000};
-  (void)nanosleep(&pause, nullptr);
-  // Ignored on purpose: it does not return when it works, and _exit follows if it fails.
-  MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));
-  _exit(1);
+  end_job_after_report(1);
 }
 
 }  // namespace meshrt::detail

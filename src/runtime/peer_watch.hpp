@@ -29,8 +29,6 @@ class PeerWatch {
   PeerWatch(const PeerWatch&) = delete;
   PeerWatch& operator=(const PeerWatch&) = delete;
 
-  bool active() const noexcept { return thread_.joinable(); }
-
  private:
   void loop();
   [[noreturn]] void lost(const std::string& why);

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <csignal>
 #include <cstring>
-#include <ctime>
 #include <string>
 #include <vector>
 
@@ -65,16 +64,7 @@ void on_fatal(int sig) {
   }
   report += fmt::format("meshrt: rank {}: ending the whole job (MPI_Abort) so that no rank waits for this one\n", rank);
   write_stderr(report);
-  // The report is in the pipe to the launcher's proxy, not yet on the terminal: a proxy
-  // that MPI_Abort tears down before it has read the pipe loses it. MPICH's hydra under
-  // load did so once in about thirty CI runs (runtime_worker_segfault: exit 139, no output
-  // at all), after the single write above. A tenth of a second (nanosleep is
-  // async-signal-safe) is nothing against a crash, and lets the proxy forward it.
-  timespec pause{.tv_sec = 0, .tv_nsec = 100'000'000};
-  (void)nanosleep(&pause, nullptr);
-  // Ignored on purpose: it does not return when it works, and _exit follows if it fails.
-  MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 128 + sig));
-  _exit(128 + sig);
+  end_job_after_report(128 + sig);
 }
 
 constexpr int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
