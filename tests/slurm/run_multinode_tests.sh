@@ -181,8 +181,16 @@ for i in "${!NODES[@]}"; do
     node=${NODES[i]}
     # nsenter, not ip netns exec: that one mounts a fresh /sys without the cgroup tree that
     # slurmd's cgroup plugin reads; the node's /etc/hosts is bind-mounted here instead.
+    # A checkout or build under /tmp (a CI clone) stays visible through the node's own /tmp.
+    keep=""
+    for d in "$REPO_DIR" "$BUILD_DIR"; do
+        if [[ "$d" == /tmp/* ]]; then
+            mkdir -p "$TMP/tmp-$node/${d#/tmp/}"
+            keep+="mount --bind $d $TMP/tmp-$node/${d#/tmp/} && "
+        fi
+    done
     nsenter --net="/run/netns/${NS[i]}" unshare --uts --mount sh -c \
-        "mount --bind /etc/netns/${NS[i]}/hosts /etc/hosts && mount --bind $TMP/tmp-$node /tmp && hostname $node &&
+        "mount --bind /etc/netns/${NS[i]}/hosts /etc/hosts && $keep mount --rbind $TMP/tmp-$node /tmp && hostname $node &&
          exec slurmd -D -N $node -f $SLURM_CONF" \
         >"$TMP/log/slurmd-$node.out" 2>&1 &
     PIDS+=($!)
@@ -406,8 +414,8 @@ if wanted nodeloss && start_long_demo nodeloss MESHRT_PEER_TIMEOUT=5; then
     took=$(( SECONDS - killed_at ))
     if ! grep -aq '^meshrt-job: exit code [1-9]' "$JOB_OUT"; then
         fail_job nodeloss "the job did not end with an error after n2 was lost"
-    elif (( took > 25 )); then
-        fail_job nodeloss "the job ended ${took} s after n2 was lost, expected within 25 s (MESHRT_PEER_TIMEOUT=5)"
+    elif (( took > 90 )); then
+        fail_job nodeloss "the job ended ${took} s after n2 was lost, expected within 90 s (MESHRT_PEER_TIMEOUT=5; srun itself may wait up to MessageTimeout for the dead node)"
     elif expect_line nodeloss "^meshrt: rank [0-9] on n1: rank [23] on n2 has sent no heartbeat for 5 s"; then
         log "  ok: nodeloss (n2 lost; the job ended ${took} s later: $(grep -aEm1 "^meshrt: rank [0-9] on n1: rank" "$JOB_OUT" | cut -c1-110)...)"
     fi
