@@ -7,6 +7,8 @@
 //   demo.init_params(seed, in, hidden, out, tp) -> W1 [in, hidden/tp], b1 [hidden/tp],
 //                                                 W2 [hidden/tp, out], b2 [out]
 //   demo.make_batch(seed, step, rows, in, out)  -> x [rows, in], t [rows, out]
+//     (step: an int, or an int64 0-d tensor counting the steps, advanced in place: the
+//     form a recorded step uses, as its commands are the same every step)
 //   demo.forward(x, W1, b1, W2)                 -> z [rows, hidden/tp], y_part [rows, out]
 //   demo.loss_grad(y, b2, t)                    -> dy [rows, out], loss []
 //   demo.backward(x, z, W2, dy)                 -> grads [packed, see model.hpp]
@@ -89,19 +91,33 @@ std::vector<Tensor> init_params_kernel(CallContext& ctx, Args& args) {
 Signature make_batch_shape(const ArgMetas& args) {
   args.expect_count(5, 5);
   (void)args.integer(0);
-  (void)args.integer(1);
+  bool counter = false;
+  if (args.value(1).is_meta()) {
+    const TensorMeta c = args.tensor(1);
+    if (c.dtype() != DType::Int64 || c.ndim() != 0)
+      args.fail(fmt::format("argument 1 (step): expected an int or an int64 0-d tensor, found {}", c.to_string()));
+    counter = true;
+  } else {
+    (void)args.integer(1);
+  }
   const std::int64_t rows = positive(args, 2, "rows"), in = positive(args, 3, "in"), out = positive(args, 4, "out");
-  return {.outputs = {f32(args, {rows, in}), f32(args, {rows, out})}, .mutates = {}};
+  return {.outputs = {f32(args, {rows, in}), f32(args, {rows, out})},
+          .mutates = counter ? std::vector<std::size_t>{1} : std::vector<std::size_t>{}};
 }
 
 std::vector<Tensor> make_batch_kernel(CallContext& ctx, Args& args) {
   const std::int64_t rows = args.integer(2);
   const demo::Sizes s{.in = args.integer(3), .hidden = 0, .out = args.integer(4)};
   Tensor x = empty_f32(ctx, {rows, s.in}), t = empty_f32(ctx, {rows, s.out});
+  const bool counter = args.value(1).is_tensor();
+  Tensor step_counter = counter ? args.tensor(1) : Tensor();
   // Data parallelism: dp rank d gets rows [d * rows, (d + 1) * rows) of the global batch.
-  host_task(ctx, [seed = static_cast<std::uint64_t>(args.integer(0)), step = args.integer(1),
-                  row0 = ctx.coordinate("dp") * rows, rows, s, x,
-                  t]() mutable { demo::make_batch(seed, step, row0, rows, s, x.data<float>(), t.data<float>()); });
+  host_task(ctx, [seed = static_cast<std::uint64_t>(args.integer(0)), step = counter ? 0 : args.integer(1),
+                  step_counter, row0 = ctx.coordinate("dp") * rows, rows, s, x, t]() mutable {
+    std::int64_t at = step;
+    if (step_counter.defined()) at = step_counter.data<std::int64_t>()[0]++;
+    demo::make_batch(seed, at, row0, rows, s, x.data<float>(), t.data<float>());
+  });
   return {x, t};
 }
 

@@ -33,6 +33,9 @@ struct Options {
   std::string mesh = "2x2";
   demo::TrainOptions train;
   std::int64_t log_every = 50;
+  // Record the step once and replay it (Controller::record), instead of issuing its
+  // commands one by one each step.
+  bool record = false;
   // Largest accepted |distributed - reference|, relative to the largest |weight|.
   // Measured (300 steps, seeds 1-6): float32 round-off of the partitioned sums leaves
   // about one ulp (6e-8 at a weight scale of 0.33); a relu input within round-off of 0
@@ -118,8 +121,9 @@ void train(meshrt::Controller& ctl, const Options& o) {
   const std::int64_t rows = t.batch / dp, cols = s.hidden / tp;
   fmt::print(
       "meshrt-demo: MLP {} -> {} -> {} on a dp={} x tp={} mesh ({} ranks); global batch {} ({} per dp rank), "
-      "{} steps, lr {}, seed {}\n",
-      s.in, s.hidden, s.out, dp, tp, dp * tp, t.batch, rows, t.steps, t.lr, t.seed);
+      "{} steps, lr {}, seed {}{}\n",
+      s.in, s.hidden, s.out, dp, tp, dp * tp, t.batch, rows, t.steps, t.lr, t.seed,
+      o.record ? "; the step recorded once and replayed" : "");
   fmt::print("{:>6}  {:>10}  {:>9}\n", "step", "loss", "steps/s");
   std::fflush(stdout);
 
@@ -134,7 +138,9 @@ void train(meshrt::Controller& ctl, const Options& o) {
   Clock::time_point last = start;
   std::int64_t last_step = -1;
   double last_loss = 0;
-  for (std::int64_t step = 0; step < t.steps; ++step) {
+  // One SGD step; returns this rank's loss shard. `step` is the step's number, or (for a
+  // recorded step, whose commands are the same every time) a counter the workers advance.
+  auto sgd_step = [&](const meshrt::Arg& step) {
     const auto batch = mesh.call_n("demo.make_batch", {seed, step, rows, s.in, s.out});  // x, t
     const auto fwd = mesh.call_n("demo.forward", {batch[0], w1, b1, w2});                // z, y_part
     const meshrt::DTensor y = fwd[1].reduce("tp", meshrt::Reduction::Sum);               // row-parallel sum
@@ -142,10 +148,22 @@ void train(meshrt::Controller& ctl, const Options& o) {
     meshrt::DTensor grads = mesh.call("demo.backward", batch[0], fwd[0], w2, lg[0]);
     grads.reduce_("dp", meshrt::Reduction::Avg);
     mesh.call_n("demo.sgd_step", {w1, b1, w2, b2, grads, t.lr});
+    return lg[1];
+  };
+  // Recorded: the parameters and the counter are captured, and every replay updates them.
+  meshrt::Recording recorded;
+  if (o.record) {
+    const meshrt::DTensor counter = mesh.call("meshrt.full", std::vector<std::int64_t>{}, meshrt::DType::Int64, 0);
+    recorded = ctl.record({}, [&](const std::vector<meshrt::DTensor>&) {
+      return std::vector<meshrt::DTensor>{sgd_step(counter)};
+    });
+  }
+  for (std::int64_t step = 0; step < t.steps; ++step) {
+    const meshrt::DTensor loss_shard = o.record ? recorded({})[0] : sgd_step(step);
 
     if (step % o.log_every == 0 || step == t.steps - 1) {
       // The mean over dp of the shards' losses is the global batch's loss (equal shards).
-      const meshrt::DTensor loss = lg[1].reduce("dp", meshrt::Reduction::Avg);
+      const meshrt::DTensor loss = loss_shard.reduce("dp", meshrt::Reduction::Avg);
       last_loss = ctl.fetch_shard(loss, {{"dp", 0}, {"tp", 0}}).get().item();
       const Clock::time_point now = Clock::now();
       const std::string rate = last_step < 0
@@ -242,6 +260,9 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", o.log_every, "print the loss every N steps")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_flag("--record", o.record,
+               "record the step once (Controller::record) and replay it each step, instead of issuing its commands "
+               "one by one");
   app.add_option("--rtol", o.rtol, "accepted max |distributed - reference| relative to max |weight|")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

@@ -18,6 +18,7 @@
 #include <concepts>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -39,6 +40,7 @@ namespace meshrt {
 class Controller;
 class DTensor;
 class Mesh;
+class Recording;
 class Stream;
 
 namespace detail {
@@ -48,6 +50,7 @@ struct TensorState;
 struct StreamState;
 struct FutureState;
 struct Node;
+struct RecordingState;
 }  // namespace detail
 
 // A function failed on a worker, or a value depends on one that did.
@@ -211,6 +214,7 @@ class DTensor {
   friend class Mesh;
   friend class Stream;
   friend struct detail::ControllerState;
+  friend struct detail::RecordingState;
   DTensor(std::shared_ptr<detail::TensorState> s, std::shared_ptr<detail::MeshState> mesh)
       : state_(std::move(s)), mesh_(std::move(mesh)) {}
   DTensor send_to_mesh(const Mesh& target, const MeshPermutation* permutation, const std::source_location& where) const;
@@ -296,6 +300,37 @@ class Mesh {
   std::shared_ptr<detail::MeshState> state_;
 };
 
+// A recorded step (docs/guide.md, "Recorded steps"): the commands a function issued once,
+// kept by every worker, and run again by one small command per replay.
+//
+//   meshrt::Recording step = ctl.record({w, x}, [&](const std::vector<meshrt::DTensor>& in) {
+//     meshrt::DTensor y = mesh.call("my.forward", in[0], in[1]).reduce("tp", meshrt::Reduction::Sum);
+//     return std::vector<meshrt::DTensor>{y};
+//   });
+//   for (...) y = step({w, next_x})[0];
+//
+// The last handle frees it on the workers.
+class Recording {
+ public:
+  Recording() = default;
+  bool defined() const noexcept { return state_ != nullptr; }
+  // Runs the step on `inputs`, tensors of the same metas, meshes and streams as the
+  // recording's examples (UsageError naming the first that differs), and returns its
+  // results: fresh tensors, or the input or captured tensor the function returned. A
+  // failure in a replayed command names the line in the recorded function and `where`.
+  std::vector<DTensor> operator()(const std::vector<DTensor>& inputs,
+                                  std::source_location where = std::source_location::current()) const;
+  std::size_t num_inputs() const;
+  std::size_t num_outputs() const;
+  // The commands recorded (on all ranks together): what each replay saves sending.
+  std::size_t num_commands() const;
+
+ private:
+  friend class Controller;
+  explicit Recording(std::shared_ptr<detail::RecordingState> s) : state_(std::move(s)) {}
+  std::shared_ptr<detail::RecordingState> state_;
+};
+
 namespace detail {
 std::exception_ptr future_wait(FutureState& f, std::optional<std::chrono::duration<double>> timeout);
 bool future_done(FutureState& f);
@@ -355,6 +390,16 @@ class Controller {
   Future<Tensor> fetch_shard(const DTensor& t, std::vector<std::pair<std::string, std::int64_t>> coords = {},
                              std::optional<std::string> preprocess = std::nullopt,
                              std::source_location where = std::source_location::current());
+
+  // Records the commands `body` issues (calls, reductions, to_mesh, borrows) on formal
+  // inputs shaped like `examples` (their metas, meshes and streams; their values are not
+  // used). Tensors the body uses from outside are captured: every replay uses (and may
+  // mutate) them as they are then. Anything that needs a value back on the controller
+  // (fetch_shard, synchronize, Future::get) is refused inside with a UsageError, and so is
+  // a tensor made inside used after it; a borrow made inside must be dropped inside.
+  Recording record(const std::vector<DTensor>& examples,
+                   const std::function<std::vector<DTensor>(const std::vector<DTensor>&)>& body,
+                   std::source_location where = std::source_location::current());
 
   // Waits for all issued work; raises one RemoteError naming every failure no Future has
   // reported (the first as root, then a count and a list of the others) and marks them

@@ -16,7 +16,7 @@ CompletionTracker::CompletionTracker(const std::vector<int>& workers) {
 Ident CompletionTracker::new_ident(const char* label) {
   const Ident i = next_ident_++;
   if (what_.empty()) first_described_ = i;
-  what_.push_back(IdentInfo{{}, {}, label});
+  what_.push_back(IdentInfo{.what = {}, .where = {}, .replayed_at = {}, .label = label});
   return i;
 }
 
@@ -25,17 +25,19 @@ const CompletionTracker::IdentInfo* CompletionTracker::info(Ident ident) const {
   return &what_[ident - first_described_];
 }
 
-void CompletionTracker::describe(Ident ident, const Words& what, const std::source_location& where) {
+void CompletionTracker::describe(Ident ident, const Words& what, const std::source_location& where,
+                                 const std::source_location& replayed_at) {
   if (IdentInfo* i = info(ident)) {
     i->what = what;
     i->where = where;
+    i->replayed_at = replayed_at;
   }
 }
 
 std::string CompletionTracker::describe_ident(Ident ident) const {
   const IdentInfo* i = info(ident);
   if (i == nullptr) return "?";
-  if (!i->what.empty()) return fmt::format("{}, issued at {}", i->what.str(), detail::describe(i->where));
+  if (!i->what.empty()) return fmt::format("{}, issued at {}", i->what.str(), detail::describe(i->where, i->replayed_at));
   return i->label ? i->label : "?";
 }
 
@@ -47,7 +49,7 @@ std::string CompletionTracker::what_of(Ident ident) const {
 std::string CompletionTracker::site_of(Ident ident) const {
   const IdentInfo* i = info(ident);
   if (i == nullptr || i->what.empty()) return {};
-  return detail::describe(i->where);
+  return detail::describe(i->where, i->replayed_at);
 }
 
 void CompletionTracker::sent(const std::vector<int>& dests, Ident ident) {

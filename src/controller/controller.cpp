@@ -73,7 +73,8 @@ std::shared_ptr<TensorState> new_tensor(ControllerState& ctl, TensorMeta meta, s
   auto t = std::make_shared<TensorState>();
   t->controller = ctl.weak_from_this();
   t->epoch = ctl.epoch();
-  t->ref = ctl.new_ref();
+  t->ref = ctl.new_tensor_ref();
+  ctl.note_new(t);
   t->meta = std::move(meta);
   t->home = std::move(home);
   t->stream = std::move(stream);
@@ -81,10 +82,12 @@ std::shared_ptr<TensorState> new_tensor(ControllerState& ctl, TensorMeta meta, s
   return t;
 }
 
-// The checks every use of a tensor passes, and the BorrowFirstUse it may need.
-void use_tensor(ControllerState& ctl, TensorState& t, const MeshState& mesh, const StreamState& stream, bool mutate,
-                std::string_view what) {
+}  // namespace
+
+void detail::use_tensor(ControllerState& ctl, TensorState& t, const MeshState& mesh, const StreamState& stream,
+                        bool mutate, std::string_view what) {
   ctl.check_epoch(t.epoch, "tensor");
+  ctl.note_use(t, what);
   if (t.borrow.dropped) {
     throw UsageError(fmt::format("{}: the tensor (borrowed on stream '{}') was dropped; it cannot be used any more",
                                  what, t.stream->name));
@@ -117,9 +120,15 @@ void use_tensor(ControllerState& ctl, TensorState& t, const MeshState& mesh, con
   }
   if (t.borrow.origin && !t.borrow.first_use_sent) {
     t.borrow.first_use_sent = true;
-    ctl.append(t.home->dests, protocol::BorrowFirstUse{t.ref});
+    // A borrow made before a recording is first used now, not by each replay.
+    if (t.recorded != 0)
+      ctl.append(t.home->dests, protocol::BorrowFirstUse{t.ref});
+    else
+      ctl.append_now(t.home->dests, protocol::BorrowFirstUse{t.ref});
   }
 }
+
+namespace {
 
 // A shape function is user code run at the call site: whatever it throws is a mistake in
 // this call (or in the function), so it becomes a UsageError naming the function (the
@@ -200,6 +209,7 @@ DTensor Stream::borrow(const DTensor& t, bool mutable_borrow, std::source_locati
     TensorState& origin = *t.state_;
     ctl->check_epoch(origin.epoch, "tensor");
     ctl->check_epoch(state_->epoch, "stream");
+    ctl->note_use(origin, "borrow");
     if (origin.borrow.origin) throw UsageError("borrow: the tensor is itself a borrow; borrow its origin instead");
     if (origin.stream == state_) {
       throw UsageError(fmt::format("borrow: the tensor already belongs to stream '{}'", state_->name));
@@ -778,6 +788,7 @@ Stream Controller::default_stream() {
 Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<std::string, std::int64_t>> coords,
                                        std::optional<std::string> preprocess, std::source_location where) {
   return at_site(where, [&] {
+    state_->refuse_in_recording("fetch_shard");
     if (!t.state_) throw UsageError("fetch_shard: an undefined DTensor");
     ControllerState& ctl = *state_;
     const MeshState& mesh = *t.mesh_;
@@ -850,6 +861,7 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
 
 void Controller::synchronize() {
   ControllerState& ctl = *state_;
+  ctl.refuse_in_recording("synchronize");
   const protocol::Ident ident = ctl.new_ident("synchronize");
   ctl.flush_deferred();
   ctl.append(ctl.workers(), protocol::RequestStatus{ident}, ident);
@@ -860,6 +872,7 @@ void Controller::synchronize() {
 
 void Controller::synchronize(std::chrono::duration<double> timeout) {
   ControllerState& ctl = *state_;
+  ctl.refuse_in_recording("synchronize");
   const protocol::Ident ident = ctl.new_ident("synchronize");
   ctl.flush_deferred();
   ctl.append(ctl.workers(), protocol::RequestStatus{ident}, ident);
@@ -869,6 +882,7 @@ void Controller::synchronize(std::chrono::duration<double> timeout) {
 }
 
 std::uint64_t Controller::release_cached_memory() {
+  state_->refuse_in_recording("release_cached_memory");
   // A CPU mesh of every worker, made for this: the call runs on each of them, and a sum
   // brings the bytes freed to one coordinate.
   Mesh all = world_mesh({{"worker", state_->worker_ranks().len()}});

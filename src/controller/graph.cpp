@@ -11,7 +11,7 @@
 namespace meshrt::detail {
 
 std::string Node::issued_at() const {
-  return describe(where);
+  return describe(where, replayed_at);
 }
 
 namespace {

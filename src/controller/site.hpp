@@ -70,4 +70,11 @@ inline std::string describe(const std::source_location& where) {
                      short_function_name(where.function_name()));
 }
 
+// "step.cpp:12 (operator()), replayed at train.cpp:42 (train)": a command of a recorded
+// function, run by a replay (`replayed_at` with line 0: not a replay).
+inline std::string describe(const std::source_location& where, const std::source_location& replayed_at) {
+  if (replayed_at.line() == 0) return describe(where);
+  return fmt::format("{}, replayed at {}", describe(where), describe(replayed_at));
+}
+
 }  // namespace meshrt::detail

@@ -1,6 +1,7 @@
 // The controller's session: handles' states and the glue between the batcher, the
 // completion tracker, the dependency graph and diagnostics (docs/ARCHITECTURE.md sections 3 and 6).
 #include "controller/state.hpp"
+#include "controller/recording.hpp"
 #include "common/checks.hpp"
 
 #include <fmt/format.h>
@@ -59,6 +60,7 @@ StreamState::~StreamState() {
 }
 
 TensorState::~TensorState() {
+  if (recorded != 0) return;  // a value of a recorded step: the replays define and delete it
   auto ctl = controller.lock();
   if (!ctl || ctl->epoch() != epoch || !home) return;
   if (borrow.origin && !borrow.dropped) {
@@ -144,6 +146,7 @@ const Words& MeshState::reduce_words(std::int64_t d, Reduction reduction, bool s
 
 std::shared_ptr<Node> ControllerState::make_node(Ident ident, Words what, const std::source_location& where,
                                                  std::span<const std::shared_ptr<Node>> inputs) {
+  if (recording_) return recorded_node(ident, std::move(what), where);
   if (ident != 0) tracker_.describe(ident, what, where);
   auto n = graph_.make_node(ident, std::move(what), where, inputs);
   // A program that never waits still gets its graph pruned.
@@ -202,17 +205,19 @@ void ControllerState::remember_mesh(const std::string& key, const std::shared_pt
 
 void ControllerState::ensure_mesh(MeshState& mesh) {
   check_epoch(mesh.epoch, "mesh");
+  if (recording_) recording_->meshes.push_back(mesh.shared_from_this());
   if (mesh.created) return;
   mesh.created = true;
-  append(mesh.dests,
+  append_now(mesh.dests,
          protocol::CreateDeviceMesh{.result = mesh.ref, .names = mesh.names, .ranks = mesh.ranks, .device = mesh.kind});
 }
 
 void ControllerState::ensure_stream(StreamState& stream) {
   check_epoch(stream.epoch, "stream");
+  if (recording_) recording_->streams.push_back(stream.shared_from_this());
   if (stream.created) return;
   stream.created = true;
-  append(workers_, protocol::CreateStream{.result = stream.ref, .is_default = stream.is_default});
+  append_now(workers_, protocol::CreateStream{.result = stream.ref, .is_default = stream.is_default});
 }
 
 void ControllerState::send_deferred_drops() {
@@ -229,6 +234,7 @@ void ControllerState::flush_deferred() {
 
 void ControllerState::append(const std::vector<int>& dests, protocol::Command c, Ident ident) {
   send_deferred_drops();  // implicit drops first: the origin's next use must find the borrow dropped
+  if (recording_) return capture(dests, std::move(c));
   // Recorded before the batcher may send it: replies are read on this thread only.
   if (ident != 0) tracker_.sent(dests, ident);
   batcher_.append(dests, std::move(c));
@@ -277,6 +283,7 @@ void ControllerState::poll_replies() {
 }
 
 void ControllerState::request_status(Ident ident, bool idle_too) {
+  refuse_in_recording("waiting for the workers");
   // A status tree node reports when asked (and about once a second), not when it runs
   // out of work: with the tree every laggard is asked at once.
   const std::vector<int> lagging = tracker_.to_ask(ident, idle_too || tree_.has_value());
@@ -293,6 +300,7 @@ void ControllerState::request_status(Ident ident, bool idle_too) {
 
 void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<double>> timeout,
                                const std::string& what) {
+  refuse_in_recording(what);
   flush_deferred();
   const auto start = std::chrono::steady_clock::now();
   Backoff backoff;
@@ -369,6 +377,7 @@ std::string ControllerState::unhandled_dumps(const std::exception_ptr& error) co
 }
 
 void ControllerState::restart_workers() {
+  refuse_in_recording("restart_workers");
   flush_deferred();
   tracker_.expect_restart();
   append(workers_, protocol::Exit{.restart = true});

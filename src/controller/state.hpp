@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -33,7 +34,7 @@ using protocol::Ident;
 // A mesh is a value with a lifetime: when the last handle (Mesh, DTensor, the
 // session's cache of recent meshes) drops, its destructor queues the workers' delete,
 // which frees the WorkerMesh and its communicators.
-struct MeshState {
+struct MeshState : std::enable_shared_from_this<MeshState> {
   ~MeshState();
   std::weak_ptr<ControllerState> controller;
   std::uint64_t epoch = 0;
@@ -61,7 +62,7 @@ struct MeshState {
 };
 
 // As MeshState: the last handle (a Stream, a tensor on it) frees it on the workers.
-struct StreamState {
+struct StreamState : std::enable_shared_from_this<StreamState> {
   ~StreamState();
   std::weak_ptr<ControllerState> controller;
   std::uint64_t epoch = 0;
@@ -71,11 +72,14 @@ struct StreamState {
   bool created = false;
 };
 
-struct TensorState {
+struct TensorState : std::enable_shared_from_this<TensorState> {
   ~TensorState();
   std::weak_ptr<ControllerState> controller;
   std::uint64_t epoch = 0;
   Ref ref;
+  // Made inside a recording (its number): a formal or a value of the recorded step, which
+  // exists on the workers only within a replay. Never deleted; refused outside it.
+  std::uint64_t recorded = 0;
   TensorMeta meta;
   std::shared_ptr<MeshState> home;  // the mesh whose ranks hold the value
   std::shared_ptr<StreamState> stream;
@@ -95,6 +99,9 @@ struct TensorState {
     std::source_location where{};  // the borrow() call, named by an implicit drop
   } borrow;
 };
+
+struct RecordingContext;
+struct RecordingState;
 
 struct FutureState {
   std::weak_ptr<ControllerState> controller;
@@ -124,12 +131,41 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   std::uint64_t epoch() const noexcept { return epoch_; }
 
   Ref new_ref() { return Ref{next_ref_++}; }
-  Ident new_ident(const char* label = nullptr) { return tracker_.new_ident(label); }
+  // `n` consecutive refs (a replay's values); the first.
+  std::uint64_t new_refs(std::uint64_t n) {
+    const std::uint64_t first = next_ref_;
+    next_ref_ += n;
+    return first;
+  }
+  // A tensor's ref: inside a recording, the next local slot of the recording.
+  Ref new_tensor_ref();
+  // Inside a recording, an ident offset of it (marked with protocol::kLocalRef).
+  Ident new_ident(const char* label = nullptr);
   void check_epoch(std::uint64_t e, std::string_view what) const;
 
   // Queues `c` for `dests`; `ident`, when non-zero, is recorded as outstanding on every
-  // destination.
+  // destination. Inside a recording the command is recorded instead.
   void append(const std::vector<int>& dests, protocol::Command c, Ident ident = 0);
+  // Queues `c` now, also inside a recording (meshes, streams, the recording itself).
+  void append_now(const std::vector<int>& dests, protocol::Command c);
+  // `ident` is outstanding on `dests`, sent inside a command that is not its own (a replay).
+  void sent(const std::vector<int>& dests, Ident ident) { tracker_.sent(dests, ident); }
+
+  // Recorded steps (controller/recording.cpp). The recording being made, or null.
+  RecordingContext* recording() const noexcept { return recording_.get(); }
+  // UsageError when a recording is being made: `what` needs a value back, or is not recordable.
+  void refuse_in_recording(std::string_view what) const;
+  // Every use of a tensor passes here: inside a recording a tensor from outside is
+  // captured (kept, and named by its own ref in the recorded commands); a tensor made in
+  // a recording is refused outside it.
+  void note_use(TensorState& t, std::string_view what);
+  // A tensor made now: inside a recording, one of its values.
+  void note_new(const std::shared_ptr<TensorState>& t);
+  // Records the commands `body` issues on formals like `examples`.
+  std::shared_ptr<RecordingState> record(const std::vector<DTensor>& examples,
+                                         const std::function<std::vector<DTensor>(const std::vector<DTensor>&)>& body,
+                                         const std::source_location& where);
+  std::vector<DTensor> replay(RecordingState& r, const std::vector<DTensor>& inputs, const std::source_location& where);
   void flush() { batcher_.flush(); }
   void flush_deferred();
   // For handle destructors: work for the next command, sent with it.
@@ -157,6 +193,11 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
                                   std::initializer_list<std::shared_ptr<Node>> inputs) {
     return make_node(ident, std::move(what), where, std::span(inputs.begin(), inputs.size()));
   }
+  // A replayed command's node: `what` at `where` in the recorded function, run by the
+  // replay at `replayed_at`.
+  std::shared_ptr<Node> make_replay_node(Ident ident, const Words& what, const std::source_location& where,
+                                         const std::source_location& replayed_at,
+                                         std::span<const std::shared_ptr<Node>> inputs);
   // The same, safe from a destructor: never polls the transport.
   std::shared_ptr<Node> make_node_quietly(Words what, const std::source_location& where,
                                           std::initializer_list<std::shared_ptr<Node>> inputs) {
@@ -219,11 +260,21 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   std::unordered_map<std::string, std::weak_ptr<MeshState>> meshes_;
   std::deque<std::shared_ptr<MeshState>> recent_meshes_;
   std::vector<std::pair<std::vector<int>, Ref>> pending_drops_;  // defer_drop's, sent by send_deferred_drops
+  std::unique_ptr<RecordingContext> recording_;
+  // Inside a recording: `c` joins it (append's work), and a node made at record time.
+  void capture(const std::vector<int>& dests, protocol::Command c);
+  std::shared_ptr<Node> recorded_node(Ident ident, Words what, const std::source_location& where);
+  std::uint64_t recordings_made_ = 0;
 
   // Appends a BorrowDrop for each deferred drop (defer_drop), ahead of what follows.
   void send_deferred_drops();
 };
 
 std::vector<int> to_dests(const NDSlice& slice);
+
+// The checks every use of a tensor passes (stream, ranks, borrows, recordings), and the
+// BorrowFirstUse it may need.
+void use_tensor(ControllerState& ctl, TensorState& t, const MeshState& mesh, const StreamState& stream, bool mutate,
+                std::string_view what);
 
 }  // namespace meshrt::detail

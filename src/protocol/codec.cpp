@@ -34,11 +34,17 @@ bool operator==(const CommandGroup& a, const CommandGroup& b) {
   return a.commands == b.commands;
 }
 
+bool operator==(const DefineRecording& a, const DefineRecording& b) {
+  return a.recording == b.recording && a.formals == b.formals && a.locals == b.locals && a.idents == b.idents &&
+         a.temporaries == b.temporaries && a.commands == b.commands;
+}
+
 namespace {
 
 constexpr std::string_view kCommandNames[] = {
     "CreateDeviceMesh", "CreateStream", "CallFunction", "FetchValue",   "Reduce",        "SendTensor", "BorrowCreate",
-    "BorrowFirstUse",   "BorrowDrop",   "DeleteRefs",   "CommandGroup", "RequestStatus", "Exit"};
+    "BorrowFirstUse",   "BorrowDrop",   "DeleteRefs",   "CommandGroup", "RequestStatus", "Exit",
+    "DefineRecording",  "CallRecording"};
 constexpr std::string_view kReplyNames[] = {"Status", "RemoteFunctionFailed", "FetchResult", "Restarted", "TreeStatus"};
 static_assert(std::size(kCommandNames) == std::variant_size_v<Command>);
 static_assert(std::size(kReplyNames) == std::variant_size_v<Reply>);
@@ -75,6 +81,8 @@ enum class CommandTag : std::uint8_t {
   CommandGroup = 10,
   RequestStatus = 11,
   Exit = 12,
+  DefineRecording = 13,
+  CallRecording = 14,
 };
 static_assert(static_cast<std::uint8_t>(CommandTag::CreateDeviceMesh) == tag_of<CreateDeviceMesh, Command>);
 static_assert(static_cast<std::uint8_t>(CommandTag::CreateStream) == tag_of<CreateStream, Command>);
@@ -89,6 +97,8 @@ static_assert(static_cast<std::uint8_t>(CommandTag::DeleteRefs) == tag_of<Delete
 static_assert(static_cast<std::uint8_t>(CommandTag::CommandGroup) == tag_of<CommandGroup, Command>);
 static_assert(static_cast<std::uint8_t>(CommandTag::RequestStatus) == tag_of<RequestStatus, Command>);
 static_assert(static_cast<std::uint8_t>(CommandTag::Exit) == tag_of<Exit, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::DefineRecording) == tag_of<DefineRecording, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::CallRecording) == tag_of<CallRecording, Command>);
 
 enum class ReplyTag : std::uint8_t {
   Status = 0,
@@ -293,6 +303,21 @@ class Writer {
   }
   void body(const RequestStatus& m) { pod(m.ident); }
   void body(const Exit& m) { boolean(m.restart); }
+  void body(const DefineRecording& m) {
+    ref(m.recording);
+    pod(m.formals);
+    pod(m.locals);
+    pod(m.idents);
+    refs(m.temporaries, "DefineRecording temporaries");
+    length(m.commands.size(), "DefineRecording commands");
+    for (const Command& c : m.commands) command(c);
+  }
+  void body(const CallRecording& m) {
+    ref(m.recording);
+    refs(m.actuals, "CallRecording actuals");
+    pod(m.ref_base);
+    pod(m.ident_base);
+  }
   void body(const Status& m) {
     pod(m.first_uncompleted_ident);
     pod(m.live_values);
@@ -672,6 +697,38 @@ class Reader {
         return RequestStatus{pod<Ident>("RequestStatus.ident")};
       case CommandTag::Exit:
         return Exit{boolean("Exit.restart")};
+      case CommandTag::DefineRecording: {
+        // Its commands are decoded as if at the deepest level: no group or recording in them.
+        if (depth >= kMaxDepth) fail_at(at, "DefineRecording", "expected it in a batch, found it inside a recording");
+        DefineRecording m;
+        m.recording = ref("DefineRecording.recording");
+        m.formals = pod<std::uint32_t>("DefineRecording.formals");
+        m.locals = pod<std::uint64_t>("DefineRecording.locals");
+        m.idents = pod<std::uint64_t>("DefineRecording.idents");
+        m.temporaries = refs("DefineRecording.temporaries");
+        const std::size_t n = length("DefineRecording.commands", 1);
+        m.commands.reserve(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          const std::size_t c_at = pos_;
+          m.commands.push_back(command(kMaxDepth));
+          const Command& c = m.commands.back();
+          if (!std::holds_alternative<CallFunction>(c) && !std::holds_alternative<Reduce>(c) &&
+              !std::holds_alternative<SendTensor>(c) && !std::holds_alternative<BorrowCreate>(c) &&
+              !std::holds_alternative<BorrowFirstUse>(c) && !std::holds_alternative<BorrowDrop>(c)) {
+            fail_at(c_at, "DefineRecording.commands",
+                    fmt::format("expected a call, reduction, send or borrow command, found {}", name(c)));
+          }
+        }
+        return m;
+      }
+      case CommandTag::CallRecording: {
+        CallRecording m;
+        m.recording = ref("CallRecording.recording");
+        m.actuals = refs("CallRecording.actuals");
+        m.ref_base = pod<std::uint64_t>("CallRecording.ref_base");
+        m.ident_base = pod<Ident>("CallRecording.ident_base");
+        return m;
+      }
       default:
         fail_at(at, "command tag",
                 fmt::format("expected a command tag in 0..{}, found {}", std::size(kCommandNames) - 1, tag));

@@ -13,6 +13,7 @@
 
 #include "meshrt/internal/control.hpp"
 #include "meshrt/internal/protocol.hpp"
+#include "worker/recordings.hpp"
 
 namespace meshrt::detail {
 
@@ -49,13 +50,16 @@ class Inbox {
   // Queues the envelopes that are next in number.
   void run_early(Reporter& reporter);
   void undecodable(const ProtocolError& e, std::size_t size, int from, Reporter& reporter);
-  // Queues a command (a group's commands one by one) and records it; by rvalue and
-  // emplaced, as a Command is a few hundred bytes.
+  // Queues a command (a group's commands one by one, a replay's recorded commands) and
+  // records it; by rvalue and emplaced, as a Command is a few hundred bytes. A
+  // DefineRecording is kept, not queued: the replays that follow it expand here.
   void enqueue(protocol::Command&& command);
+  void enqueue_one(protocol::Command&& command, std::uint64_t replay = 0, std::uint32_t step = 0);
 
   control::Transport& channel_;
   Monitor& monitor_;
   int rank_;
+  Recordings recordings_{rank_};
   // Boost's deque with 32 commands per block: one allocation per block, not per command,
   // and blocks go back as they empty (a vector would keep its longest queue's room).
   boost::container::deque<Queued, void, boost::container::deque_options_t<boost::container::block_size<32u>>> queue_;

@@ -50,6 +50,8 @@ CommandRecord& Monitor::claim_slot(Clock::time_point arrived) {
   slot.dim.clear();
   slot.bytes = 0;
   slot.peers.clear();
+  slot.replay = 0;
+  slot.replay_step = 0;
   slot.at.queued = arrived;
   slot.at.started = slot.at.ended = {};
   slot.state = CommandState::Queued;
@@ -106,6 +108,7 @@ std::string Monitor::line(const CommandRecord& r, Clock::time_point now) {
   if (r.ident) what += fmt::format(" (invocation {})", r.ident);
   if (r.result) what += fmt::format(" [result ref {}]", r.result);
   if (!r.dim.empty()) what += fmt::format(" dim '{}'", r.dim);
+  if (r.replay) what += fmt::format(" (replay of recording {}, command {})", r.replay, r.replay_step);
   const double age = seconds(now - r.at.queued);
   std::string timing;
   switch (r.state) {
@@ -137,6 +140,7 @@ nlohmann::json Monitor::state() const {
     j["current"] = {
         {"kind", r->kind}, {"name", r->name},   {"ident", r->ident}, {"result", r->result},
         {"dim", r->dim},   {"peers", r->peers}, {"bytes", r->bytes}, {"seconds", seconds(now - r->at.started)}};
+    if (r->replay) j["current"]["replay"] = {{"recording", r->replay}, {"command", r->replay_step}};
   } else {
     j["current"] = nullptr;
   }

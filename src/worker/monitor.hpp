@@ -32,6 +32,9 @@ struct CommandRecord {
   std::string dim;
   std::uint64_t bytes = 0;
   std::vector<int> peers;  // world ranks taking part in a collective or send
+  // A command run by a replay: the recording's ref and the command's place in it (from 1).
+  std::uint64_t replay = 0;
+  std::uint32_t replay_step = 0;
   struct Times {
     std::chrono::steady_clock::time_point queued{}, started{}, ended{};
   } at;

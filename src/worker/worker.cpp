@@ -303,6 +303,8 @@ struct Worker::Impl {
   }
 
   void run(CommandGroup&) {}  // flattened when it arrives (Inbox)
+  void run(DefineRecording&) {}  // kept by the Inbox
+  void run(CallRecording&) {}    // expanded by the Inbox
 
   void run(RequestStatus& c) { reporter.asked(c.ident, env.size()); }
 
