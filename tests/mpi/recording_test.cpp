@@ -1,0 +1,281 @@
+// Recorded steps (Controller::record): every command kind inside a recording gives what
+// the same commands issued one by one give; replays interleave with ordinary calls and
+// feed one another; a failure inside a replay on one rank of four poisons exactly its
+// dependents and names the recorded line and the replay's; what a recording cannot hold is
+// refused at the call; 10^5 replays leave the workers' values and the controller's memory
+// flat. Runs at 4 ranks as a 2x2 mesh; with MESHRT_TEST_PLACEMENT=emulated (and
+// MESHRT_ACCELERATOR=emulated) on the emulated accelerator (recording_emulated).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "runtime_support.hpp"
+
+using namespace meshrt;
+using meshrt::test::session;
+
+MESHRT_RUNTIME_TEST_ENVIRONMENT();
+
+namespace {
+
+DeviceKind placement() {
+  const char* p = std::getenv("MESHRT_TEST_PLACEMENT");
+  return p != nullptr && std::string(p) == "emulated" ? DeviceKind::Emulated : DeviceKind::Cpu;
+}
+
+Mesh mesh2x2(Controller& ctl) {
+  return ctl.world_mesh({{"host", 2}, {"gpu", ctl.world_size() / 2}}, placement());
+}
+
+// Every shard of `t` (float32), rank by rank in row-major order of the mesh.
+std::vector<float> shards(Controller& ctl, const DTensor& t) {
+  std::vector<float> out;
+  const NDSlice& ranks = t.mesh().ranks();
+  for (auto rank : ranks) {
+    const auto c = ranks.coordinates(rank);
+    const Tensor v = ctl.fetch_shard(t, {{"host", c[0]}, {"gpu", c[1]}}).get();
+    const auto s = v.span<float>();
+    out.insert(out.end(), s.begin(), s.end());
+  }
+  return out;
+}
+
+// The step every test records: a call, a reduction over each dimension (one in place on a
+// temporary), a rotation, and a borrow onto another stream; mutates `acc` (captured).
+std::vector<DTensor> step(Controller& ctl, Mesh& mesh, const DTensor& x, DTensor& acc) {
+  DTensor y = mesh.call("meshrt.scale", x, 2.0);
+  DTensor g = y.reduce("gpu", Reduction::Sum);
+  g.reduce_("host", Reduction::Avg);
+  DTensor r = g.rotate("gpu", 1);
+  Stream side = ctl.stream("side");
+  DTensor b = side.borrow(r);
+  DTensor c = mesh.call_on(side, "meshrt.scale", {b, 0.5})[0];
+  b.drop();
+  DTensor back = ctl.default_stream().borrow(c);
+  DTensor out = mesh.call("meshrt.copy", back);
+  back.drop();
+  mesh.call("meshrt.add_", acc, out);
+  DTensor h = x.reduce("host", Reduction::Sum, true);  // reduce_scatter
+  return {out, h};
+}
+
+TEST(Recording, ReplaysGiveWhatTheCommandsGiveOneByOne) {
+  session([](Controller& ctl) {
+    Mesh mesh = mesh2x2(ctl);
+    DTensor acc_a = mesh.call("meshrt.zeros", {2}, DType::Float32);
+    DTensor acc_b = mesh.call("meshrt.zeros", {2}, DType::Float32);
+    DTensor x0 = mesh.call("test.pattern", {2}, DType::Float32);
+    Recording rec = ctl.record({x0}, [&](const std::vector<DTensor>& in) { return step(ctl, mesh, in[0], acc_b); });
+    EXPECT_EQ(rec.num_inputs(), 1u);
+    EXPECT_EQ(rec.num_outputs(), 2u);
+    EXPECT_GE(rec.num_commands(), 10u);
+    DTensor x = x0;
+    for (int i = 0; i < 5; ++i) {
+      const std::vector<DTensor> want = step(ctl, mesh, x, acc_a);
+      const std::vector<DTensor> got = rec({x});
+      ASSERT_EQ(got.size(), 2u);
+      EXPECT_EQ(got[0].meta(), want[0].meta());
+      EXPECT_EQ(shards(ctl, got[0]), shards(ctl, want[0])) << "replay " << i;
+      EXPECT_EQ(shards(ctl, got[1]), shards(ctl, want[1])) << "replay " << i;
+      EXPECT_EQ(shards(ctl, acc_b), shards(ctl, acc_a)) << "the captured tensor, after replay " << i;
+      x = mesh.call("meshrt.scale", got[0], 1.5);  // the next input depends on this replay's result
+    }
+    ctl.synchronize();
+  });
+}
+
+TEST(Recording, ResultsFeedReplaysAndOrdinaryCalls) {
+  session([](Controller& ctl) {
+    Mesh mesh = mesh2x2(ctl);
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
+    Recording twice = ctl.record({x}, [&](const std::vector<DTensor>& in) {
+      return std::vector<DTensor>{mesh.call("meshrt.scale", in[0], 2.0), in[0]};
+    });
+    DTensor v = x;
+    for (int i = 0; i < 10; ++i) {
+      auto out = twice({v});
+      EXPECT_EQ(shards(ctl, out[1]), shards(ctl, v)) << "an input returned is the input";
+      v = mesh.call("meshrt.scale", out[0], 0.5);  // ordinary, between replays
+      v = twice({v})[0];
+    }
+    const std::vector<float> got = shards(ctl, v), start = shards(ctl, x);
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_FLOAT_EQ(got[i], start[i] * 1024.0f);
+    // Replays leave no temporaries behind: only what handles hold.
+    const DTensor keep = twice({x})[0];
+    ctl.synchronize();
+    const std::uint64_t before = ctl.live_values(1);
+    for (int i = 0; i < 50; ++i) (void)twice({keep});
+    ctl.synchronize();
+    EXPECT_LE(ctl.live_values(1), before + 1);
+  });
+}
+
+TEST(Recording, AFailureInAReplayPoisonsItsDependentsAndNamesBothLines) {
+  session([](Controller& ctl) {
+    Mesh mesh = mesh2x2(ctl);
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
+    const int bad = 2;
+    int recorded_line = 0;
+    Recording rec = ctl.record({x}, [&](const std::vector<DTensor>& in) {
+      DTensor fine = mesh.call("meshrt.scale", in[0], 3.0).reduce("gpu", Reduction::Sum);
+      recorded_line = __LINE__ + 1;
+      DTensor f = mesh.call("meshrt.fail", "boom in the middle", std::vector<std::int64_t>{bad});
+      DTensor joined = f.reduce("gpu", Reduction::Sum);  // the bad rank joins it with zeros
+      DTensor after = mesh.call("meshrt.scale", joined, 1.0);
+      return std::vector<DTensor>{after, fine};
+    });
+    const int replay_line = __LINE__ + 1;
+    const auto out = rec({x});
+    const NDSlice& ranks = mesh.ranks();
+    for (auto rank : ranks) {
+      const auto c = ranks.coordinates(rank);
+      try {
+        ctl.fetch_shard(out[0], {{"host", c[0]}, {"gpu", c[1]}}).get();
+        ADD_FAILURE() << "expected RemoteError at rank " << rank;
+      } catch (const RemoteError& e) {
+        EXPECT_EQ(e.function(), "meshrt.fail");
+        EXPECT_EQ(e.ranks(), std::vector<int>{bad});
+        EXPECT_NE(e.issued_at().find("recording_test.cpp:" + std::to_string(recorded_line)), std::string::npos)
+            << e.issued_at();
+        EXPECT_NE(e.issued_at().find("replayed at recording_test.cpp:" + std::to_string(replay_line)),
+                  std::string::npos)
+            << e.issued_at();
+      }
+    }
+    // The replay's other result does not depend on the failure.
+    const std::vector<float> fine = shards(ctl, out[1]);
+    EXPECT_EQ(fine.size(), 8u);
+    ctl.synchronize();  // the fetches raised the failure: it is observed
+    // The workers live on: another replay's good half; its failure, not fetched, is
+    // raised by the next synchronize.
+    EXPECT_EQ(shards(ctl, rec({x})[1]), fine);
+    EXPECT_THROW(ctl.synchronize(), RemoteError);
+    ctl.synchronize();
+  });
+}
+
+TEST(Recording, WhatARecordingCannotHoldIsRefusedAtTheCall) {
+  session([](Controller& ctl) {
+    Mesh mesh = mesh2x2(ctl);
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
+    auto refused = [&](const std::function<void()>& f, const std::string& part) {
+      try {
+        f();
+        ADD_FAILURE() << "expected UsageError with \"" << part << "\"";
+      } catch (const UsageError& e) {
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("recording_test.cpp:"), std::string::npos) << e.what();
+      }
+    };
+    refused(
+        [&] {
+          ctl.record({x}, [&](const std::vector<DTensor>& in) {
+            (void)ctl.fetch_shard(in[0], {{"host", 0}, {"gpu", 0}});
+            return in;
+          });
+        },
+        "fetch_shard inside a recording");
+    refused(
+        [&] {
+          ctl.record({x}, [&](const std::vector<DTensor>& in) {
+            ctl.synchronize();
+            return in;
+          });
+        },
+        "synchronize inside a recording");
+    DTensor leaked;
+    Recording rec = ctl.record({x}, [&](const std::vector<DTensor>& in) {
+      leaked = mesh.call("meshrt.scale", in[0], 2.0);
+      return std::vector<DTensor>{leaked};
+    });
+    refused([&] { (void)leaked.reduce("gpu", Reduction::Sum); }, "made inside a recording");
+    DTensor other = mesh.call("test.pattern", {3}, DType::Float32);
+    refused([&] { (void)rec({other}); }, "expected float32[2]");
+    refused([&] { (void)rec({}); }, "expected 1 input(s), found 0");
+    refused(
+        [&] {
+          ctl.record({x}, [&](const std::vector<DTensor>& in) {
+            DTensor b = ctl.stream("side").borrow(in[0]);
+            return std::vector<DTensor>{mesh.call_on(ctl.stream("side"), "meshrt.scale", {b, 1.0})[0]};
+          });
+        },
+        "was not dropped");
+    // Nothing refused was sent: the session goes on, and x is intact.
+    EXPECT_EQ(shards(ctl, rec({x})[0]).size(), 8u);
+    ctl.synchronize();
+  });
+}
+
+TEST(Recording, RestartDropsRecordings) {
+  session([](Controller& ctl) {
+    Mesh mesh = mesh2x2(ctl);
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
+    Recording rec = ctl.record(
+        {x}, [&](const std::vector<DTensor>& in) { return std::vector<DTensor>{mesh.call("meshrt.copy", in[0])}; });
+    (void)rec({x});
+    ctl.restart_workers();
+    Mesh fresh = mesh2x2(ctl);
+    DTensor y = fresh.call("test.pattern", {2}, DType::Float32);
+    EXPECT_THROW((void)rec({y}), UsageError);
+    Recording again = ctl.record(
+        {y}, [&](const std::vector<DTensor>& in) { return std::vector<DTensor>{fresh.call("meshrt.copy", in[0])}; });
+    EXPECT_EQ(shards(ctl, again({y})[0]), shards(ctl, y));
+  });
+}
+
+TEST(Recording, TheFlightRecorderNamesTheReplay) {
+  session([](Controller& ctl) {
+    Mesh mesh = mesh2x2(ctl);
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
+    Recording rec = ctl.record({x}, [&](const std::vector<DTensor>& in) {
+      return std::vector<DTensor>{in[0].reduce("gpu", Reduction::Sum)};
+    });
+    (void)rec({x});
+    ctl.synchronize();
+    const std::string dump = ctl.dump_flight_recorder();
+    EXPECT_NE(dump.find("Reduce all_reduce sum"), std::string::npos) << dump;
+    EXPECT_NE(dump.find("(replay of recording"), std::string::npos) << dump;
+  });
+}
+
+std::uint64_t resident_kib() {
+  std::ifstream statm("/proc/self/statm");
+  std::uint64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * 4;
+}
+
+TEST(Recording, ManyReplaysKeepMemoryFlat) {
+  session([](Controller& ctl) {
+    Mesh mesh = mesh2x2(ctl);
+    DTensor x = mesh.call("meshrt.zeros", {2}, DType::Float32);
+    Recording rec = ctl.record({x}, [&](const std::vector<DTensor>& in) {
+      DTensor t = mesh.call("meshrt.scale", in[0], 1.0);
+      return std::vector<DTensor>{t.reduce("gpu", Reduction::Sum)};
+    });
+    // A loop that waits now and then (as one that fetches its loss does): the controller
+    // is never more than 10^4 replays ahead, so what it and worker 0 buffer is bounded.
+    const int n = 100000, every = 10000;
+    DTensor v = x;
+    std::uint64_t values = 0, rss = 0;
+    for (int i = 0; i < n; ++i) {
+      v = rec({v})[0];
+      if ((i + 1) % every == 0) {
+        ctl.synchronize();
+        if (i + 1 == 2 * every) {  // after a warm-up
+          values = ctl.live_values(1);
+          rss = resident_kib();
+        }
+      }
+    }
+    EXPECT_LE(ctl.live_values(1), values) << "values on a worker grow with replays";
+    // Growth bound, not a timing: the controller's graph and tracker are pruned as the
+    // frontier passes.
+    EXPECT_LE(resident_kib(), rss + 16 * 1024) << "the controller's resident memory grew by more than 16 MiB";
+    EXPECT_EQ(shards(ctl, v), std::vector<float>(8, 0.0f));
+  });
+}
+
+}  // namespace
