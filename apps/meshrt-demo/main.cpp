@@ -154,9 +154,8 @@ void train(meshrt::Controller& ctl, const Options& o) {
   meshrt::Recording recorded;
   if (o.record) {
     const meshrt::DTensor counter = mesh.call("meshrt.full", std::vector<std::int64_t>{}, meshrt::DType::Int64, 0);
-    recorded = ctl.record({}, [&](const std::vector<meshrt::DTensor>&) {
-      return std::vector<meshrt::DTensor>{sgd_step(counter)};
-    });
+    recorded = ctl.record(
+        {}, [&](const std::vector<meshrt::DTensor>&) { return std::vector<meshrt::DTensor>{sgd_step(counter)}; });
   }
   for (std::int64_t step = 0; step < t.steps; ++step) {
     const meshrt::DTensor loss_shard = o.record ? recorded({})[0] : sgd_step(step);

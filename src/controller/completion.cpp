@@ -37,7 +37,8 @@ void CompletionTracker::describe(Ident ident, const Words& what, const std::sour
 std::string CompletionTracker::describe_ident(Ident ident) const {
   const IdentInfo* i = info(ident);
   if (i == nullptr) return "?";
-  if (!i->what.empty()) return fmt::format("{}, issued at {}", i->what.str(), detail::describe(i->where, i->replayed_at));
+  if (!i->what.empty())
+    return fmt::format("{}, issued at {}", i->what.str(), detail::describe(i->where, i->replayed_at));
   return i->label ? i->label : "?";
 }
 

@@ -29,8 +29,8 @@ using protocol::Ident;
 // from others without one (a reduction, a send, a borrow).
 struct Node {
   Ident ident = 0;
-  Words what;                  // "meshrt.fail", "reduce sum over 'gpu'", "fetch"
-  std::source_location where;  // the controller call that issued it (formatted only for errors)
+  Words what;                          // "meshrt.fail", "reduce sum over 'gpu'", "fetch"
+  std::source_location where;          // the controller call that issued it (formatted only for errors)
   std::source_location replayed_at{};  // the replay that ran it, when `where` is in a recorded function
   std::string issued_at() const;
   std::vector<std::shared_ptr<Node>> inputs;

@@ -236,9 +236,10 @@ std::shared_ptr<RecordingState> ControllerState::record(
   in_recording(where, [&] {
     for (const auto& v : c.values) {
       if (v && v->borrow.origin && !v->borrow.dropped) {
-        throw UsageError(fmt::format("record: a borrow made at {} on stream '{}' was not dropped; drop it inside the "
-                                     "recorded function",
-                                     describe(v->borrow.where), v->stream->name));
+        throw UsageError(
+            fmt::format("record: a borrow made at {} on stream '{}' was not dropped; drop it inside the "
+                        "recorded function",
+                        describe(v->borrow.where), v->stream->name));
       }
     }
     for (std::size_t i = 0; i < results.size(); ++i) {
@@ -315,7 +316,8 @@ std::vector<DTensor> ControllerState::replay(RecordingState& r, const std::vecto
     if (!in.state_) throw UsageError(what + " is an undefined DTensor");
     const TensorState& t = *in.state_;
     if (!(t.meta == f.meta)) {
-      throw UsageError(fmt::format("{}: expected {} as recorded, found {}", what, f.meta.to_string(), t.meta.to_string()));
+      throw UsageError(
+          fmt::format("{}: expected {} as recorded, found {}", what, f.meta.to_string(), t.meta.to_string()));
     }
     if (!(in.mesh_->ranks == f.mesh->ranks) || in.mesh_->names != f.mesh->names || !(t.home->ranks == f.home->ranks)) {
       throw UsageError(fmt::format("{}: expected a tensor on mesh {} as recorded, found one on mesh {}", what,
@@ -360,8 +362,7 @@ std::vector<DTensor> ControllerState::replay(RecordingState& r, const std::vecto
         node(rc.writes[0]) = node(rc.reads[0]);
         break;
       case RecordedCommand::Flow::Join: {
-        auto n = graph_.make_node(0, "drop of a mutable borrow", rc.where,
-                                  {node(rc.writes[0]), node(rc.reads[0])});
+        auto n = graph_.make_node(0, "drop of a mutable borrow", rc.where, {node(rc.writes[0]), node(rc.reads[0])});
         n->replayed_at = where;
         node(rc.writes[0]) = n;
         break;
@@ -373,8 +374,9 @@ std::vector<DTensor> ControllerState::replay(RecordingState& r, const std::vecto
   std::vector<Ref> actuals;
   actuals.reserve(inputs.size());
   for (const DTensor& in : inputs) actuals.push_back(in.state_->ref);
-  append_now(r.dests, protocol::CallRecording{
-                          .recording = r.ref, .actuals = std::move(actuals), .ref_base = ref_base, .ident_base = ident_base});
+  append_now(r.dests,
+             protocol::CallRecording{
+                 .recording = r.ref, .actuals = std::move(actuals), .ref_base = ref_base, .ident_base = ident_base});
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     if (r.inputs[i].mutated) inputs[i].state_->node = local[i];
   }

@@ -1,4 +1,4 @@
-// Recorded steps on the controller (docs/ARCHITECTURE.md section 3.8): what a recording
+// Recorded steps on the controller (docs/ARCHITECTURE.md section 3.9): what a recording
 // keeps while it is made (RecordingContext) and after (RecordingState), so a replay builds
 // the dependency graph's nodes, the completion tracker's idents and the results of the
 // step without running the recorded function or its shape functions again.
@@ -71,7 +71,7 @@ struct RecordingContext {
   std::uint64_t next_slot = 0;
   Ident next_offset = 1;
   std::vector<std::pair<Words, std::source_location>> described;  // by ident offset - 1
-  std::vector<std::shared_ptr<TensorState>> values;                // by slot: formals and locals
+  std::vector<std::shared_ptr<TensorState>> values;               // by slot: formals and locals
   struct Captured {
     std::shared_ptr<TensorState> state;
     std::shared_ptr<Node> node;  // as it was before the recording (restored after it)

@@ -1,8 +1,8 @@
 // The controller's session: handles' states and the glue between the batcher, the
 // completion tracker, the dependency graph and diagnostics (docs/ARCHITECTURE.md sections 3 and 6).
 #include "controller/state.hpp"
-#include "controller/recording.hpp"
 #include "common/checks.hpp"
+#include "controller/recording.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -208,8 +208,8 @@ void ControllerState::ensure_mesh(MeshState& mesh) {
   if (recording_) recording_->meshes.push_back(mesh.shared_from_this());
   if (mesh.created) return;
   mesh.created = true;
-  append_now(mesh.dests,
-         protocol::CreateDeviceMesh{.result = mesh.ref, .names = mesh.names, .ranks = mesh.ranks, .device = mesh.kind});
+  append_now(mesh.dests, protocol::CreateDeviceMesh{
+                             .result = mesh.ref, .names = mesh.names, .ranks = mesh.ranks, .device = mesh.kind});
 }
 
 void ControllerState::ensure_stream(StreamState& stream) {

@@ -42,9 +42,9 @@ bool operator==(const DefineRecording& a, const DefineRecording& b) {
 namespace {
 
 constexpr std::string_view kCommandNames[] = {
-    "CreateDeviceMesh", "CreateStream", "CallFunction", "FetchValue",   "Reduce",        "SendTensor", "BorrowCreate",
-    "BorrowFirstUse",   "BorrowDrop",   "DeleteRefs",   "CommandGroup", "RequestStatus", "Exit",
-    "DefineRecording",  "CallRecording"};
+    "CreateDeviceMesh", "CreateStream",  "CallFunction",   "FetchValue",      "Reduce",
+    "SendTensor",       "BorrowCreate",  "BorrowFirstUse", "BorrowDrop",      "DeleteRefs",
+    "CommandGroup",     "RequestStatus", "Exit",           "DefineRecording", "CallRecording"};
 constexpr std::string_view kReplyNames[] = {"Status", "RemoteFunctionFailed", "FetchResult", "Restarted", "TreeStatus"};
 static_assert(std::size(kCommandNames) == std::variant_size_v<Command>);
 static_assert(std::size(kReplyNames) == std::variant_size_v<Reply>);

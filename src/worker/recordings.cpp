@@ -66,7 +66,8 @@ struct Instance {
 void check(const DefineRecording& d, const Command& c, std::size_t index) {
   const std::uint64_t slots = std::uint64_t{d.formals} + d.locals;
   auto bad = [&](std::string what) {
-    throw ProtocolError(fmt::format("DefineRecording {}: command {} ({}): {}", d.recording.id, index + 1, name(c), what));
+    throw ProtocolError(
+        fmt::format("DefineRecording {}: command {} ({}): {}", d.recording.id, index + 1, name(c), what));
   };
   auto ref = [&](Ref r) {
     if ((r.id & kLocalRef) != 0 && (r.id & ~kLocalRef) >= slots)
@@ -82,7 +83,8 @@ void check(const DefineRecording& d, const Command& c, std::size_t index) {
           ident(m.ident);
           for (Ref r : m.results) ref(r);
           for (Ref r : m.mutates) ref(r);
-          for (const Value& a : m.args) a.for_each_leaf([&](const Value& leaf) {
+          for (const Value& a : m.args)
+            a.for_each_leaf([&](const Value& leaf) {
               if (leaf.is_ref()) ref(leaf.as_ref());
             });
         } else if constexpr (std::is_same_v<C, Reduce> || std::is_same_v<C, SendTensor>) {
@@ -111,7 +113,8 @@ void Recordings::define(DefineRecording&& d) {
   }
   const std::uint64_t id = d.recording.id;
   if (!recordings_.emplace(id, std::make_shared<const DefineRecording>(std::move(d))).second) {
-    throw ProtocolError(fmt::format("DefineRecording {} reached rank {}, which already has a recording {}", id, rank_, id));
+    throw ProtocolError(
+        fmt::format("DefineRecording {} reached rank {}, which already has a recording {}", id, rank_, id));
   }
 }
 
@@ -119,13 +122,13 @@ void Recordings::expand(const CallRecording& call,
                         const std::function<void(Command&&, std::uint32_t step)>& queue) const {
   const auto it = recordings_.find(call.recording.id);
   if (it == recordings_.end()) {
-    throw ProtocolError(
-        fmt::format("CallRecording of recording {} reached rank {}, which has no such recording", call.recording.id, rank_));
+    throw ProtocolError(fmt::format("CallRecording of recording {} reached rank {}, which has no such recording",
+                                    call.recording.id, rank_));
   }
   const DefineRecording& d = *it->second;
   if (call.actuals.size() != d.formals) {
-    throw ProtocolError(fmt::format("CallRecording of recording {}: expected {} actual refs, found {}", call.recording.id,
-                                    d.formals, call.actuals.size()));
+    throw ProtocolError(fmt::format("CallRecording of recording {}: expected {} actual refs, found {}",
+                                    call.recording.id, d.formals, call.actuals.size()));
   }
   const Instance instance{call.actuals, d.formals, call.ref_base, call.ident_base};
   for (std::size_t i = 0; i < d.commands.size(); ++i) queue(instance(d.commands[i]), static_cast<std::uint32_t>(i + 1));

@@ -1,4 +1,4 @@
-// A worker's recorded steps (docs/ARCHITECTURE.md section 3.8): the commands of each
+// A worker's recorded steps (docs/ARCHITECTURE.md section 3.9): the commands of each
 // DefineRecording, decoded and checked once, and their instantiation for a replay. A
 // CallRecording becomes the recorded commands with the replay's refs and idents, and a
 // DeleteRefs of the step's temporaries at its end: queued as if the controller had sent

@@ -302,7 +302,7 @@ struct Worker::Impl {
     for (Ref r : c.refs) env.undefine(r.id);
   }
 
-  void run(CommandGroup&) {}  // flattened when it arrives (Inbox)
+  void run(CommandGroup&) {}     // flattened when it arrives (Inbox)
   void run(DefineRecording&) {}  // kept by the Inbox
   void run(CallRecording&) {}    // expanded by the Inbox
 

@@ -229,9 +229,8 @@ TEST(Recording, TheFlightRecorderNamesTheReplay) {
   session([](Controller& ctl) {
     Mesh mesh = mesh2x2(ctl);
     DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
-    Recording rec = ctl.record({x}, [&](const std::vector<DTensor>& in) {
-      return std::vector<DTensor>{in[0].reduce("gpu", Reduction::Sum)};
-    });
+    Recording rec = ctl.record(
+        {x}, [&](const std::vector<DTensor>& in) { return std::vector<DTensor>{in[0].reduce("gpu", Reduction::Sum)}; });
     (void)rec({x});
     ctl.synchronize();
     const std::string dump = ctl.dump_flight_recorder();

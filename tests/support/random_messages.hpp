@@ -133,6 +133,16 @@ class RandomMessages {
       }
       case 11:
         return RequestStatus{rng_()};
+      case 13: {
+        // Only the recordable kinds may be recorded (the decoder refuses the others).
+        DefineRecording d{ref(), static_cast<std::uint32_t>(uniform(0, 4)), rng_(), rng_(), refs(5), {}};
+        constexpr int kRecordable[] = {2, 4, 5, 6, 7, 8};
+        for (int i = 0, n = static_cast<int>(uniform(0, 4)); i < n; ++i)
+          d.commands.push_back(command(kRecordable[uniform(0, 5)], depth + 1));
+        return d;
+      }
+      case 14:
+        return CallRecording{ref(), refs(4), rng_(), rng_()};
       default:
         return Exit{coin()};
     }

@@ -100,7 +100,7 @@ TEST(Protocol, HeaderErrors) {
   expect_contains(protocol_error([&] { decode_reply(good); }), "expected frame kind 2 (reply), found 1");
   b = good;
   b[4] = std::byte{99};
-  expect_contains(protocol_error([&] { decode_command(b); }), "expected a command tag in 0..12, found 99");
+  expect_contains(protocol_error([&] { decode_command(b); }), "expected a command tag in 0..14, found 99");
   b = encode(Reply{Restarted{}});
   b[4] = std::byte{5};
   expect_contains(protocol_error([&] { decode_reply(b); }), "expected a reply tag in 0..4, found 5");

@@ -138,7 +138,7 @@ struct Exit {
   friend bool operator==(const Exit&, const Exit&) = default;
 };
 
-// Recorded steps (docs/ARCHITECTURE.md section 3.8). Inside a DefineRecording's commands
+// Recorded steps (docs/ARCHITECTURE.md section 3.9). Inside a DefineRecording's commands
 // a ref with kLocalRef set names a slot of the recording: slots below `formals` are the
 // replay's actual inputs, the others are fresh refs of each replay (ref_base + slot -
 // formals); other refs (meshes, streams, tensors the recorded code captured) name
@@ -151,17 +151,17 @@ struct DefineRecording;
 struct CallRecording;
 
 using Command = std::variant<CreateDeviceMesh, CreateStream, CallFunction, FetchValue, Reduce, SendTensor, BorrowCreate,
-                             BorrowFirstUse, BorrowDrop, DeleteRefs, CommandGroup, RequestStatus, Exit,
-                             DefineRecording, CallRecording>;
+                             BorrowFirstUse, BorrowDrop, DeleteRefs, CommandGroup, RequestStatus, Exit, DefineRecording,
+                             CallRecording>;
 
 // A recording's commands for this rank, kept under `recording` until a DeleteRefs names
 // it. Only CallFunction, Reduce, SendTensor and the borrow commands may be recorded.
 struct DefineRecording {
   Ref recording;
   std::uint32_t formals = 0;
-  std::uint64_t locals = 0;             // slots formals .. formals + locals - 1
-  std::uint64_t idents = 0;             // ident offsets 1 .. idents
-  std::vector<Ref> temporaries;         // local refs deleted at the end of each replay
+  std::uint64_t locals = 0;      // slots formals .. formals + locals - 1
+  std::uint64_t idents = 0;      // ident offsets 1 .. idents
+  std::vector<Ref> temporaries;  // local refs deleted at the end of each replay
   std::vector<Command> commands;
   friend bool operator==(const DefineRecording& a, const DefineRecording& b);
 };
