@@ -23,8 +23,7 @@ MESHRT_RUNTIME_TEST_ENVIRONMENT();
 namespace {
 
 DeviceKind placement() {
-  const char* p = std::getenv("MESHRT_TEST_PLACEMENT");
-  return p != nullptr && std::string(p) == "emulated" ? DeviceKind::Emulated : DeviceKind::Cpu;
+  return test::test_placement();
 }
 
 struct Case {

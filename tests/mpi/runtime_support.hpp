@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdlib>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "meshrt/meshrt.hpp"
 
@@ -26,6 +28,13 @@ class RuntimeEnvironment : public ::testing::Environment {
   }
   void TearDown() override { runtime_slot().reset(); }
 };
+
+// Where a suite's meshes go: MESHRT_TEST_PLACEMENT=emulated places them on the emulated
+// accelerator (the suite's *_emulated run, with MESHRT_ACCELERATOR=emulated), else the CPU.
+inline DeviceKind test_placement() {
+  const char* p = std::getenv("MESHRT_TEST_PLACEMENT");
+  return p != nullptr && std::string(p) == "emulated" ? DeviceKind::Emulated : DeviceKind::Cpu;
+}
 
 // Runs `body` as the controller of one session.
 inline void session(const std::function<void(Controller&)>& body) {
