@@ -319,6 +319,19 @@ class Mesh:
         """The array split along its first axis: coordinate i along dim holds shard i."""
     def __eq__(self, other: object) -> bool: ...
 
+class Recording:
+    """A recorded step (Controller.record): call it with tensors like the examples to replay it."""
+
+    def __call__(self, *inputs: DTensor) -> Any:
+        """Replays the step; returns fresh results in the form the recorded function returned them
+        (a DTensor, None, or a tuple)."""
+    @property
+    def num_inputs(self) -> int: ...
+    @property
+    def num_outputs(self) -> int: ...
+    @property
+    def num_commands(self) -> int: ...
+
 class Controller:
     """The program on rank 0 drives every worker through it (main's argument in meshrt.run)."""
 
@@ -333,6 +346,10 @@ class Controller:
     def default_stream(self) -> Stream: ...
     def fetch_shard(self, t: DTensor, /, preprocess: str | None = None, **coordinates: int) -> Future:
         """fetch_shard(t, dp=0, tp=1): a Future of t's local tensor at those coordinates."""
+    def record(self, examples: Sequence[DTensor], body: Callable[..., Any]) -> Recording:
+        """record([x], lambda x: ...): runs body once on formal tensors like the examples and keeps the
+        commands it issues; the Recording replays them with one command. Fetches and synchronize
+        inside are refused; tensors from outside are captured."""
     def synchronize(self, timeout: float | None = None) -> None:
         """Waits for all issued work; raises one RemoteError for the failures no Future reported."""
     def restart_workers(self) -> None:

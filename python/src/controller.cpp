@@ -309,6 +309,35 @@ py::list to_list(std::vector<DTensor> ts) {
   return out;
 }
 
+// A recording and the form its function returned: one DTensor, None, or a tuple of them
+// (a list returns as a tuple); each replay returns the same form.
+struct PyRecording {
+  Recording recording;
+  enum class Form { One, None, Tuple } form = Form::Tuple;
+};
+
+std::vector<DTensor> to_tensors(py::handle obj, const char* what, const std::source_location& where) {
+  std::vector<DTensor> out;
+  auto one = [&](py::handle item) {
+    if (!py::isinstance<DTensor>(item)) usage(where, fmt::format("{}: expected DTensors, found {}", what, found(item)));
+    out.push_back(item.cast<DTensor>());
+  };
+  if (py::isinstance<py::tuple>(obj) || py::isinstance<py::list>(obj)) {
+    for (py::handle item : obj) one(item);
+  } else if (!obj.is_none()) {
+    one(obj);
+  }
+  return out;
+}
+
+py::object in_form(std::vector<DTensor> out, PyRecording::Form form) {
+  if (form == PyRecording::Form::None) return py::none();
+  if (form == PyRecording::Form::One) return py::cast(std::move(out.front()));
+  py::tuple t(out.size());
+  for (std::size_t i = 0; i < out.size(); ++i) t[i] = py::cast(std::move(out[i]));
+  return t;
+}
+
 py::list ranks_of(const NDSlice& s) {
   py::list out;
   for (auto r : s) out.append(static_cast<std::int64_t>(r));
@@ -606,6 +635,22 @@ void bind_controller(py::module_& m) {
       .def("__str__", &MeshPermutation::to_string)
       .def("__repr__", [](const MeshPermutation& p) { return "meshrt.MeshPermutation(" + p.to_string() + ")"; });
 
+  py::class_<PyRecording, Holder<PyRecording>>(
+      m, "Recording", "A recorded step (ctl.record): call it with tensors like the examples to replay it.")
+      .def(
+          "__call__",
+          [](const PyRecording& r, py::args inputs) {
+            const auto where = caller_site();
+            std::vector<DTensor> in = to_tensors(inputs, "replay", where);
+            std::vector<DTensor> out = released([&] { return r.recording(in, where); });
+            return in_form(std::move(out), r.form);
+          },
+          "Replays the step on tensors of the same metas, meshes and streams as the examples; returns fresh "
+          "results in the form the recorded function returned them.")
+      .def_property_readonly("num_inputs", [](const PyRecording& r) { return r.recording.num_inputs(); })
+      .def_property_readonly("num_outputs", [](const PyRecording& r) { return r.recording.num_outputs(); })
+      .def_property_readonly("num_commands", [](const PyRecording& r) { return r.recording.num_commands(); });
+
   py::class_<Future<Tensor>, Holder<Future<Tensor>>>(m, "Future", "A tensor that will come back from the workers.")
       .def(
           "result",
@@ -861,6 +906,35 @@ void bind_controller(py::module_& m) {
           py::arg("t"), py::pos_only(), py::arg("preprocess") = py::none(),
           "fetch_shard(t, dp=0, tp=1): a Future of t's local tensor at those coordinates, optionally through a "
           "registered function on the worker.")
+      .def(
+          "record",
+          [](const ControllerHandle& h, py::handle examples, const py::function& body) {
+            const auto where = caller_site();
+            const std::vector<DTensor> ex = to_tensors(examples, "record: examples", where);
+            Controller& ctl = h.get();
+            auto r = Holder<PyRecording>(new PyRecording());
+            // With the GIL held and without the controller lock: the body's calls take it
+            // one by one, as outside a recording.
+            r->recording = at_site(where, [&] {
+              return ctl.record(
+                  ex,
+                  [&](const std::vector<DTensor>& formals) {
+                    py::tuple args(formals.size());
+                    for (std::size_t i = 0; i < formals.size(); ++i) args[i] = py::cast(formals[i]);
+                    const py::object out = body(*args);
+                    r->form = out.is_none()                  ? PyRecording::Form::None
+                              : py::isinstance<DTensor>(out) ? PyRecording::Form::One
+                                                             : PyRecording::Form::Tuple;
+                    return to_tensors(out, "record: the function's result", where);
+                  },
+                  where);
+            });
+            return r;
+          },
+          py::arg("examples"), py::arg("body"),
+          "record([x], lambda x: ...): runs body once on formal tensors like the examples and keeps the commands "
+          "it issues; the Recording returned replays them with one command. Fetches and synchronize inside are "
+          "refused; tensors from outside are captured.")
       .def(
           "synchronize",
           [](const ControllerHandle& h, std::optional<double> timeout) {

@@ -492,3 +492,53 @@ def test_ctrl_c_on_a_worker_rank_is_raised_when_the_session_ends():
     else:
         with pytest.raises(KeyboardInterrupt):
             meshrt.run(main)
+
+
+def test_record_replays_a_step_and_names_both_lines():
+    def main(ctl):
+        for kind in KINDS:
+            mesh = ctl.world_mesh({"x": 2, "y": 2}, kind)
+            acc = mesh.call("meshrt.zeros", [2], "float32")
+            x = mesh.call("meshrt.full", [2], "float32", 1.0)
+
+            def step(v):
+                y = mesh.call("meshrt.scale", v, 2.0).reduce("y", "sum")
+                mesh.call("meshrt.add_", acc, y)  # the captured acc changes at every replay
+                return y
+
+            rec = ctl.record([x], step)
+            assert (rec.num_inputs, rec.num_outputs) == (1, 1) and rec.num_commands == 3
+            v = x
+            for _ in range(3):
+                v = rec(v)
+            assert value(ctl, v, x=1, y=0).tolist() == [64.0, 64.0]  # times 2, summed over 2 ranks: 4^3
+            assert value(ctl, acc, x=0, y=1).tolist() == [4.0 + 16.0 + 64.0] * 2
+            # The forms: None and tuples come back as recorded.
+            pair = ctl.record([x], lambda v: (v, mesh.call("meshrt.copy", v)))
+            a, b = pair(x)
+            assert value(ctl, b, x=0, y=0).tolist() == [1.0, 1.0]
+            assert ctl.record([], lambda: None)() is None
+
+        mesh = ctl.world_mesh({"x": 4})
+        x = mesh.call("meshrt.full", [2], "float32", 1.0)
+        # Refused inside: a fetch, named by its line.
+        line = here() + 2
+        with pytest.raises(meshrt.UsageError, match=r"fetch_shard inside a recording") as e:
+            ctl.record([x], lambda v: ctl.fetch_shard(v, x=0))
+        assert site(line) in str(e.value)
+        # A failure inside a replay names the recorded line and the replay's.
+        def failing(v):
+            return mesh.call("meshrt.fail", "inside the replay", [2])
+        recorded = failing.__code__.co_firstlineno + 1
+        rec = ctl.record([x], failing)
+        line = here() + 1
+        out = rec(x)
+        with pytest.raises(meshrt.RemoteError) as e:
+            ctl.fetch_shard(out, x=2).result(timeout=60)
+        assert e.value.issued_at == f"{site(recorded, 'failing')}, replayed at {site(line)}"
+        assert e.value.ranks == [2]
+        ctl.synchronize()
+        with pytest.raises(meshrt.UsageError, match=r"expected float32\[2\] on cpu as recorded"):
+            rec(mesh.call("meshrt.full", [3], "float32", 1.0))
+
+    meshrt.run(main)
