@@ -7,6 +7,7 @@
 // MESHRT_ACCELERATOR=emulated) on the emulated accelerator (recording_emulated).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -235,6 +236,42 @@ TEST(Recording, TheFlightRecorderNamesTheReplay) {
     const std::string dump = ctl.dump_flight_recorder();
     EXPECT_NE(dump.find("Reduce all_reduce sum"), std::string::npos) << dump;
     EXPECT_NE(dump.find("(replay of recording"), std::string::npos) << dump;
+  });
+}
+
+TEST(Recording, TheDesyncReportNamesTheReplayedLine) {
+  session([](Controller& ctl) {
+    Mesh mesh = mesh2x2(ctl);
+    const int slow = ctl.world_size() - 1;
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
+    double seconds = 0.0;
+    Recording rec = ctl.record({x}, [&](const std::vector<DTensor>& in) {
+      DTensor s = mesh.call("test.sleep", seconds, std::vector<std::int64_t>{slow});
+      return std::vector<DTensor>{s.reduce("gpu", Reduction::Sum), in[0]};
+    });
+    // The sleep's length is recorded with the call: a second recording sleeps 2 s. The
+    // first replay makes the communicators, so the timed part is the sleep alone.
+    (void)rec({x});
+    ctl.synchronize();
+    seconds = 2.0;
+    Recording slow_rec = ctl.record({x}, [&](const std::vector<DTensor>& in) {
+      DTensor s = mesh.call("test.sleep", seconds, std::vector<std::int64_t>{slow});
+      return std::vector<DTensor>{s.reduce("gpu", Reduction::Sum), in[0]};
+    });
+    const int replay_line = __LINE__ + 1;
+    const auto out = slow_rec({x});
+    auto fut = ctl.fetch_shard(out[0], {{"host", 0}, {"gpu", 0}});
+    try {
+      fut.get(std::chrono::milliseconds(300));
+      ADD_FAILURE() << "expected a TimeoutError";
+    } catch (const TimeoutError& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.missing_ranks(), std::vector<int>{slow}) << what;
+      EXPECT_NE(what.find("desync report"), std::string::npos) << what;
+      EXPECT_NE(what.find("replayed at recording_test.cpp:" + std::to_string(replay_line)), std::string::npos)
+          << what;
+    }
+    EXPECT_EQ(fut.get().item(), 0.0f);
   });
 }
 
