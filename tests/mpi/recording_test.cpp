@@ -268,8 +268,7 @@ TEST(Recording, TheDesyncReportNamesTheReplayedLine) {
       const std::string what = e.what();
       EXPECT_EQ(e.missing_ranks(), std::vector<int>{slow}) << what;
       EXPECT_NE(what.find("desync report"), std::string::npos) << what;
-      EXPECT_NE(what.find("replayed at recording_test.cpp:" + std::to_string(replay_line)), std::string::npos)
-          << what;
+      EXPECT_NE(what.find("replayed at recording_test.cpp:" + std::to_string(replay_line)), std::string::npos) << what;
     }
     EXPECT_EQ(fut.get().item(), 0.0f);
   });
