@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <variant>
 
+#include "common/trace.hpp"
 #include "controller/site.hpp"
 #include "meshrt/controller.hpp"
 
@@ -138,6 +139,7 @@ std::shared_ptr<Node> ControllerState::make_replay_node(Ident ident, const Words
                                                         const std::source_location& replayed_at,
                                                         std::span<const std::shared_ptr<Node>> inputs) {
   tracker_.describe(ident, what, where, replayed_at);
+  if (trace::enabled()) trace_call(ident, what, where, replayed_at);
   auto n = graph_.make_node(ident, what, where, inputs);
   n->replayed_at = replayed_at;
   if (graph_.prune_due()) poll_replies();

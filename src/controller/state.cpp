@@ -15,6 +15,7 @@
 #include <fstream>
 
 #include "common/backoff.hpp"
+#include "common/trace.hpp"
 #include "meshrt/internal/controller.hpp"
 #include "meshrt/internal/settings.hpp"
 #include "meshrt/log.hpp"
@@ -148,6 +149,7 @@ std::shared_ptr<Node> ControllerState::make_node(Ident ident, Words what, const 
                                                  std::span<const std::shared_ptr<Node>> inputs) {
   if (recording_) return recorded_node(ident, std::move(what), where);
   if (ident != 0) tracker_.describe(ident, what, where);
+  if (ident != 0 && trace::enabled()) trace_call(ident, what, where, {});
   auto n = graph_.make_node(ident, std::move(what), where, inputs);
   // A program that never waits still gets its graph pruned.
   if (graph_.prune_due()) poll_replies();
@@ -298,9 +300,38 @@ void ControllerState::request_status(Ident ident, bool idle_too) {
   flush();
 }
 
+void ControllerState::trace_call(Ident ident, const Words& what, const std::source_location& where,
+                                 const std::source_location& replayed_at) {
+  trace::Event e;
+  e.track = trace::Track::Controller;
+  e.kind = trace::Kind::Call;
+  e.start_ns = e.end_ns = trace::now_ns();
+  e.ident = ident;
+  e.where = where;
+  e.replayed_at = replayed_at;
+  trace::Event::copy(e.name, sizeof e.name, what.str());
+  trace::record(e);
+}
+
 void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<double>> timeout,
                                const std::string& what) {
   refuse_in_recording(what);
+  // The wait as a span of the controller's track, however it ends.
+  struct Traced {
+    std::int64_t start = trace::enabled() ? trace::now_ns() : 0;
+    const std::string& what;
+    Ident ident;
+    ~Traced() {
+      if (start == 0) return;
+      trace::Event e;
+      e.kind = trace::Kind::Wait;
+      e.start_ns = start;
+      e.end_ns = trace::now_ns();
+      e.ident = ident;
+      trace::Event::copy(e.name, sizeof e.name, what);
+      trace::record(e);
+    }
+  } traced{.what = what, .ident = ident};
   flush_deferred();
   const auto start = std::chrono::steady_clock::now();
   Backoff backoff;

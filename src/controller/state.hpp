@@ -263,6 +263,9 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   std::unique_ptr<RecordingContext> recording_;
   // Inside a recording: `c` joins it (append's work), and a node made at record time.
   void capture(const std::vector<int>& dests, protocol::Command c);
+  // MESHRT_TRACE: a call with an ident, on the controller's track.
+  static void trace_call(Ident ident, const Words& what, const std::source_location& where,
+                         const std::source_location& replayed_at);
   std::shared_ptr<Node> recorded_node(Ident ident, Words what, const std::source_location& where);
   std::uint64_t recordings_made_ = 0;
 

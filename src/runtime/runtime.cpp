@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/checks.hpp"
+#include "common/trace.hpp"
 #include "controller/state.hpp"
 #include "meshrt/internal/comm.hpp"
 #include "meshrt/internal/control.hpp"
@@ -25,6 +26,7 @@
 #include "meshrt/log.hpp"
 #include "runtime/network_check.hpp"
 #include "runtime/peer_watch.hpp"
+#include "runtime/trace_file.hpp"
 
 namespace meshrt {
 
@@ -94,6 +96,10 @@ struct Runtime::Impl {
   // the signal handlers (ranks that run a worker).
   std::unique_ptr<WorkerWatch> watch;
   std::unique_ptr<detail::PeerWatch> peers;  // the heartbeat ring (MESHRT_PEER_TIMEOUT)
+  // MESHRT_TRACE (rank 0's path; on when any rank has it set) and the clocks measured at start.
+  std::string trace_path;
+  bool tracing = false;
+  detail::ClockOffsets clocks;
 
   bool runs_worker() const { return !(options.dedicated_controller && rank == 0); }
 
@@ -184,6 +190,15 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
       }
     });
     i.peers = std::make_unique<detail::PeerWatch>(MPI_COMM_WORLD, settings::kPeerTimeout.get(), i.provided);
+    // The timeline: on for every rank when rank 0 asks for it (its path is the file's).
+    i.trace_path = settings::kTrace.get();
+    int on = i.rank == 0 && !i.trace_path.empty() ? 1 : 0;
+    MESHRT_MPI_CHECK(MPI_Bcast(&on, 1, MPI_INT, 0, i.world));
+    if (on != 0) {
+      i.tracing = true;
+      i.clocks = detail::measure_clock_offsets(i.world);
+      detail::trace::enable();
+    }
   } catch (...) {
     i.peers.reset();
     i.watch.reset();
@@ -194,6 +209,18 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
 }
 
 Runtime::~Runtime() {
+  if (impl_->tracing) {
+    // Every rank reaches here once its sessions are over: the gather is collective.
+    try {
+      const std::uint64_t n = detail::write_trace_file(impl_->world, impl_->trace_path, impl_->clocks);
+      if (impl_->rank == 0) {
+        std::fprintf(stderr, "meshrt: wrote the timeline of %d ranks (%llu events) to %s\n", impl_->size,
+                     static_cast<unsigned long long>(n), impl_->trace_path.c_str());
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "meshrt: rank %d: MESHRT_TRACE: %s\n", impl_->rank, e.what());
+    }
+  }
   impl_->peers.reset();
   impl_->watch.reset();
   impl_->free_comms();

@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include "common/trace.hpp"
+
 namespace meshrt::detail {
 namespace {
 
@@ -76,12 +78,30 @@ void Monitor::describe(std::uint64_t seq, std::string_view name, std::span<const
   if (bytes) r.bytes = bytes;
 }
 
+void Monitor::trace_command(const CommandRecord& r) {
+  trace::Event e;
+  e.track = trace::Track::Worker;
+  e.kind = trace::Kind::Command;
+  e.start_ns = trace::ns(r.at.started);
+  e.end_ns = trace::ns(r.at.ended);
+  e.queued_ns = trace::ns(r.at.queued);
+  e.ident = r.ident;
+  e.bytes = r.bytes;
+  e.replay = r.replay;
+  e.failed = r.state == CommandState::Failed;
+  trace::Event::copy(e.type, sizeof e.type, r.kind);
+  trace::Event::copy(e.name, sizeof e.name, r.name);
+  trace::Event::copy(e.dim, sizeof e.dim, r.dim);
+  trace::record(e);
+}
+
 void Monitor::finished(std::uint64_t seq, bool failed) {
   std::lock_guard lock(mutex_);
   CommandRecord& r = ring_[seq % capacity_];
   if (r.seq == seq) {
     r.state = failed ? CommandState::Failed : CommandState::Done;
     r.at.ended = Clock::now();
+    if (trace::enabled()) trace_command(r);
   }
   // The operation still in flight, if any, is current again. InFlight clears in_flight
   // before it finishes that operation itself, so this is never `seq`.

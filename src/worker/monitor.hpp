@@ -86,6 +86,8 @@ class Monitor {
 
  private:
   static std::string line(const CommandRecord& r, std::chrono::steady_clock::time_point now);
+  // MESHRT_TRACE: the finished command `r` as a timeline event.
+  static void trace_command(const CommandRecord& r);
   // The next seq's slot, reset to a queued record of it (name, dim and peers emptied with
   // their capacity kept). Under mutex_.
   CommandRecord& claim_slot(std::chrono::steady_clock::time_point arrived);

@@ -10,6 +10,9 @@
 //   busy        rank 2 sleeps in a kernel past MESHRT_PEER_TIMEOUT: nothing ends, the
 //               heartbeats come from a thread of their own
 //   usr1        a worker receives SIGUSR1 and writes its flight recorder to its log
+//   trace       a known program for the timeline's test (MESHRT_TRACE): calls, a reduce
+//               over each dimension of a 2x2 mesh, a to_mesh, a fetch, a kernel that fails
+//               on rank 1 and rank 3 sleeping 0.3 s before an all_reduce over 'gpu'
 //   plain       does a little work (with MESHRT_EXTRA_FUNCTION defined at compile time
 //               the binary has one more function: the handshake must refuse to start)
 #include <cstdio>
@@ -71,6 +74,23 @@ int main(int argc, char** argv) {
           DTensor s = mesh.call("test.sleep", 3.0, {2});
           ctl.fetch_shard(s.reduce("w", Reduction::Sum), {{"w", 0}}).get();
           std::printf("busy: done\n");
+        }
+        if (mode == "trace") {
+          Mesh m = ctl.world_mesh({{"host", 2}, {"gpu", n / 2}});
+          DTensor a = m.call("test.pattern", {4}, DType::Float32);
+          DTensor b = m.call("meshrt.scale", a, 2.0).reduce("gpu", Reduction::Sum);
+          DTensor c = b.reduce("host", Reduction::Max);
+          (void)ctl.fetch_shard(c, {{"host", 1}, {"gpu", 1}}).get();
+          DTensor moved = a.slice_mesh("host", 0).to_mesh(m.slice("host", 1));
+          (void)ctl.fetch_shard(moved, {{"gpu", 0}}).get();
+          DTensor bad = m.call("meshrt.fail", "failed on purpose", {1});
+          try {
+            ctl.synchronize();
+          } catch (const RemoteError&) {
+          }
+          DTensor s = m.call("test.sleep", 0.3, {3});
+          (void)ctl.fetch_shard(s.reduce("gpu", Reduction::Sum), {{"host", 0}, {"gpu", 0}}).get();
+          std::printf("trace: done\n");
         }
         if (mode == "usr1") {
           mesh.call("test.usr1", {1});

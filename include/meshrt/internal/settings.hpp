@@ -63,6 +63,11 @@ inline constexpr Setting<std::string> kLogLevel{{
 inline constexpr Setting<std::string> kLogDir{{
     .name = "MESHRT_LOG_DIR", .default_value = "",
     .description = "If set, each rank also logs to <dir>/meshrt.rank<N>.<host>.log"}};
+inline constexpr Setting<std::string> kTrace{{
+    .name = "MESHRT_TRACE", .default_value = "",
+    .description = "If set, every rank records what it does (controller calls and waits, each worker's commands) "
+                   "and rank 0 writes one Chrome-trace JSON file here at the end of the run, clocks aligned "
+                   "(docs/running.md, \"A timeline of the run\")"}};
 inline constexpr Setting<Seconds> kGroupTimeout{{
     .name = "MESHRT_GROUP_TIMEOUT", .default_value = "300",
     .description = "Default timeout of StatelessGroup operations, seconds (0 = none)",

@@ -1,0 +1,30 @@
+// The timeline's file (docs/running.md, "A timeline of the run"): the clock offsets of
+// every rank measured at start, and at the end every rank's events gathered to rank 0 and
+// written there as one Chrome-trace JSON file (Perfetto's UI and chrome://tracing open it
+// as it is): a process per rank, a controller and a worker track, flow arrows from each
+// controller call to every rank's execution of it.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace meshrt::detail {
+
+struct ClockOffsets {
+  // On rank 0, per rank: its steady clock minus rank 0's (ns), and how far that may be
+  // off (half the shortest round trip it was measured over).
+  std::vector<std::int64_t> offset_ns, residual_ns;
+};
+
+// Collective over `comm`: 16 round trips between rank 0 and each other rank.
+ClockOffsets measure_clock_offsets(MPI_Comm comm);
+
+// Collective over `comm`: gathers the events every thread recorded (trace::take_all) and
+// rank 0 writes them to `path`; returns the number of events written on rank 0 (0
+// elsewhere). Throws on rank 0 when the file cannot be written.
+std::uint64_t write_trace_file(MPI_Comm comm, const std::string& path, const ClockOffsets& clocks);
+
+}  // namespace meshrt::detail

@@ -1,0 +1,68 @@
+#!/usr/bin/python3
+"""The timeline of a known program (runtime_program trace, 4 ranks as a 2x2 mesh):
+
+    trace_test.py MESHRT_TRACE_TOOL MPIEXEC -n 4 RUNTIME_PROGRAM
+
+runs it with MESHRT_TRACE set, then checks the file: the format (meshrt-trace check:
+every event of a known phase and fields, a process per rank, flows that start where
+they end, no execution before its call after alignment), every invocation of the whole
+mesh on every rank, the failed kernel marked on rank 1 only, rank 3's sleep making it
+the one late rank in the next all_reduce, and meshrt-trace summary naming it."""
+import importlib.machinery
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def main():
+    tool, command = sys.argv[1], sys.argv[2:]
+    loader = importlib.machinery.SourceFileLoader("meshrt_trace", tool)
+    spec = importlib.util.spec_from_loader("meshrt_trace", loader)
+    mt = importlib.util.module_from_spec(spec)
+    loader.exec_module(mt)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        env = dict(os.environ, MESHRT_TRACE=path)
+        run = subprocess.run(command + ["trace"], env=env, capture_output=True, text=True, timeout=90)
+        sys.stdout.write(run.stdout)
+        sys.stderr.write(run.stderr)
+        assert run.returncode == 0, f"the program failed ({run.returncode})"
+        assert "meshrt: wrote the timeline of 4 ranks" in run.stderr, run.stderr
+        trace = mt.load(path)
+        summary = subprocess.run([sys.executable, tool, "summary", path], capture_output=True, text=True, check=True)
+    print(summary.stdout)
+
+    problems, ran = mt.check(trace, 4)
+    assert not problems, "\n".join(problems)
+    spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    commands = [e for e in spans if e["tid"] == 1]
+    calls = {e["args"]["ident"]: e for e in spans if e["tid"] == 0 and e["cat"] == "call"}
+    # Every call of the 2x2 mesh (test.pattern, the scale, both reduces, the failing kernel
+    # and the sleep) ran on all four ranks, and its span names the function.
+    for name in ("test.pattern", "meshrt.scale", "meshrt.fail", "test.sleep"):
+        idents = [i for i, c in calls.items() if c["name"] == name]
+        assert len(idents) == 1, f"expected one call of {name}, found {len(idents)}"
+        assert ran[idents[0]] == {0, 1, 2, 3}, f"{name} ran on ranks {sorted(ran[idents[0]])}, expected 0-3"
+        assert calls[idents[0]]["args"]["site"].startswith("runtime_programs.cpp:"), calls[idents[0]]
+    # The failure, marked on rank 1 only.
+    failed = [(e["pid"], e["name"]) for e in commands if e["args"].get("failed")]
+    assert failed == [(1, "CallFunction meshrt.fail")], f"expected the failed kernel on rank 1 only, found {failed}"
+    # The straggler: rank 3 starts the all_reduce after its 0.3 s sleep, its peer at once.
+    late = mt.stragglers(trace)
+    assert late, "no collective on several ranks"
+    worst_us, ident, rank, name = late[0]
+    assert rank == 3 and worst_us >= 200e3, f"expected rank 3 late by >= 200 ms, found rank {rank} by {worst_us} us"
+    by_rank = mt.collectives(trace)[ident]
+    first = min(e["ts"] for e in by_rank.values())
+    for r, e in by_rank.items():
+        if r != 3:
+            assert e["ts"] - first < 100e3, f"rank {r} also started late: {e['ts'] - first} us"
+    assert "rank 3 (rank 3 on" in summary.stdout.split("worst stragglers")[1].splitlines()[1], summary.stdout
+    print("trace_test: ok")
+
+
+if __name__ == "__main__":
+    main()
