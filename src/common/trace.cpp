@@ -1,23 +1,55 @@
 #include "common/trace.hpp"
 
-#include <array>
+#include <sys/mman.h>
+
+#include <cstddef>
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
+#include <unordered_map>
 
 namespace meshrt::detail::trace {
 namespace {
 
-constexpr std::size_t kBlock = 4096;
+std::atomic<std::size_t> capacity{std::size_t{1} << 18};
 
-// One thread's events, in blocks, kept by the registry after the thread ends.
-struct Buffer {
-  std::vector<std::unique_ptr<std::array<Event, kBlock>>> blocks;
-  std::size_t used = kBlock;  // in the last block
+// One thread's ring: mapped whole, with its pages present (MAP_POPULATE), at the thread's
+// first event. Touching fresh memory as it fills cost a page fault every 64 events, which
+// on a virtual machine was most of what recording cost.
+struct Ring {
+  Event* events = nullptr;
+  std::size_t slots = 0;
+  std::size_t next = 0;  // the slot the next event goes to
+  std::uint64_t written = 0;
+  ~Ring() { release(); }
+  void map(std::size_t n) {
+    void* p =
+        mmap(nullptr, n * sizeof(Event), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    events = static_cast<Event*>(p);
+    slots = n;
+  }
+  void release() {
+    if (events != nullptr) munmap(events, slots * sizeof(Event));
+    events = nullptr;
+    slots = next = 0;
+    written = 0;
+  }
+};
+
+// Looked up by string_view: a name already in the table costs a hash, no allocation.
+struct NameHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
 };
 
 struct Registry {
   std::mutex mutex;
-  std::vector<std::shared_ptr<Buffer>> buffers;
+  std::vector<std::shared_ptr<Ring>> rings;
+  std::unordered_map<std::string, std::uint64_t, NameHash, std::equal_to<>> by_name;
+  std::vector<std::string> names;
 };
 
 Registry& registry() {
@@ -25,42 +57,60 @@ Registry& registry() {
   return r;
 }
 
-Buffer& this_thread() {
-  thread_local std::shared_ptr<Buffer> mine = [] {
-    auto b = std::make_shared<Buffer>();
+Ring& this_thread() {
+  thread_local std::shared_ptr<Ring> mine = [] {
+    auto r = std::make_shared<Ring>();
     std::lock_guard lock(registry().mutex);
-    registry().buffers.push_back(b);
-    return b;
+    registry().rings.push_back(r);
+    return r;
   }();
   return *mine;
 }
 
 }  // namespace
 
-void enable() noexcept {
+void enable(std::size_t events) noexcept {
+  capacity.store(events < 4096 ? 4096 : events);
   enabled_flag().store(true, std::memory_order_relaxed);
 }
 
-void record(const Event& e) {
-  Buffer& b = this_thread();
-  if (b.used == kBlock) {
-    b.blocks.push_back(std::make_unique<std::array<Event, kBlock>>());
-    b.used = 0;
-  }
-  (*b.blocks.back())[b.used++] = e;
+std::uint64_t intern(std::string_view name) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  if (const auto it = r.by_name.find(name); it != r.by_name.end()) return it->second;
+  r.by_name.emplace(std::string(name), r.names.size());
+  r.names.emplace_back(name);
+  return r.names.size() - 1;
 }
 
-std::vector<Event> take_all() {
-  std::vector<Event> out;
+std::vector<std::string> names() {
   std::lock_guard lock(registry().mutex);
-  for (auto& b : registry().buffers) {
-    for (std::size_t i = 0; i < b->blocks.size(); ++i) {
-      const std::size_t n = i + 1 == b->blocks.size() ? b->used : kBlock;
-      out.insert(out.end(), b->blocks[i]->begin(), b->blocks[i]->begin() + static_cast<std::ptrdiff_t>(n));
+  return registry().names;
+}
+
+void record(const Event& e) {
+  Ring& r = this_thread();
+  if (r.events == nullptr) r.map(capacity.load(std::memory_order_relaxed));
+  if (r.next == r.slots) r.next = 0;  // full: the oldest go
+  std::memcpy(static_cast<void*>(&r.events[r.next]), &e, sizeof(Event));
+  ++r.next;
+  ++r.written;
+}
+
+std::vector<Event> take_all(std::uint64_t* dropped) {
+  std::vector<Event> out;
+  std::uint64_t lost = 0;
+  std::lock_guard lock(registry().mutex);
+  for (auto& r : registry().rings) {
+    if (r->events == nullptr) continue;
+    if (r->written > r->slots) {  // wrapped: the oldest kept start at `next`
+      lost += r->written - r->slots;
+      out.insert(out.end(), r->events + r->next, r->events + r->slots);
     }
-    b->blocks.clear();
-    b->used = kBlock;
+    out.insert(out.end(), r->events, r->events + r->next);
+    r->release();
   }
+  if (dropped != nullptr) *dropped = lost;
   return out;
 }
 

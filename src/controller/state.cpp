@@ -307,9 +307,9 @@ void ControllerState::trace_call(Ident ident, const Words& what, const std::sour
   e.kind = trace::Kind::Call;
   e.start_ns = e.end_ns = trace::now_ns();
   e.ident = ident;
-  e.where = where;
-  e.replayed_at = replayed_at;
-  trace::Event::copy(e.name, sizeof e.name, what.str());
+  e.a = trace::intern(what.str());
+  e.b = trace::Event::site(where);
+  e.c = trace::Event::site(replayed_at);
   trace::record(e);
 }
 
@@ -328,7 +328,7 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
       e.start_ns = start;
       e.end_ns = trace::now_ns();
       e.ident = ident;
-      trace::Event::copy(e.name, sizeof e.name, what);
+      e.a = trace::intern(what);
       trace::record(e);
     }
   } traced{.what = what, .ident = ident};

@@ -905,6 +905,10 @@ std::vector<std::byte> to_vector(F&& encode_fn) {
 
 }  // namespace
 
+std::string_view command_name(std::size_t tag) noexcept {
+  return tag < std::size(kCommandNames) ? kCommandNames[tag] : std::string_view("?");
+}
+
 std::string_view name(const Command& c) noexcept {
   return kCommandNames[c.index()];
 }

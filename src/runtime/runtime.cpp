@@ -197,7 +197,7 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
     if (on != 0) {
       i.tracing = true;
       i.clocks = detail::measure_clock_offsets(i.world);
-      detail::trace::enable();
+      detail::trace::enable(static_cast<std::size_t>(settings::kTraceEvents.get()));
     }
   } catch (...) {
     i.peers.reset();
@@ -212,7 +212,11 @@ Runtime::~Runtime() {
   if (impl_->tracing) {
     // Every rank reaches here once its sessions are over: the gather is collective.
     try {
-      const std::uint64_t n = detail::write_trace_file(impl_->world, impl_->trace_path, impl_->clocks);
+      const std::uint64_t n =
+          detail::write_trace_file(impl_->world, impl_->trace_path, impl_->clocks,
+                                   [](const std::source_location& where, const std::source_location& replayed_at) {
+                                     return detail::describe(where, replayed_at);
+                                   });
       if (impl_->rank == 0) {
         std::fprintf(stderr, "meshrt: wrote the timeline of %d ranks (%llu events) to %s\n", impl_->size,
                      static_cast<unsigned long long>(n), impl_->trace_path.c_str());

@@ -8,14 +8,14 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
-#include <set>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "common/checks.hpp"
 #include "common/trace.hpp"
-#include "controller/site.hpp"
 #include "meshrt/error.hpp"
+#include "meshrt/internal/protocol.hpp"
 
 namespace meshrt::detail {
 
@@ -61,15 +61,17 @@ ClockOffsets measure_clock_offsets(MPI_Comm comm) {
 
 namespace {
 
-std::string command_name(const trace::Event& e) {
-  std::string n = e.type;
-  if (e.name[0] != '\0') n += fmt::format(" {}", e.name);
+// "Reduce reduce sum over 'gpu'": the command's kind, and what the controller called it.
+std::string command_name(const trace::Event& e, const std::map<std::uint64_t, std::string>& calls) {
+  std::string n(protocol::command_name(e.type));
+  if (const auto it = calls.find(e.ident); e.ident != 0 && it != calls.end()) n += " " + it->second;
   return n;
 }
 
 // The events of every rank, as Chrome's trace event format: X spans, s/f flows, M names.
 nlohmann::json chrome_trace(const std::vector<std::vector<trace::Event>>& ranks, const std::vector<std::string>& hosts,
-                            const ClockOffsets& clocks) {
+                            const std::vector<std::string>& names, const ClockOffsets& clocks, std::uint64_t dropped,
+                            const SiteWords& site) {
   using nlohmann::json;
   // Aligned to rank 0's clock, from the first event.
   auto aligned = [&](std::size_t r, std::int64_t t) { return t - clocks.offset_ns[r]; };
@@ -81,9 +83,10 @@ nlohmann::json chrome_trace(const std::vector<std::vector<trace::Event>>& ranks,
   }
   auto us = [&](std::size_t r, std::int64_t t) { return static_cast<double>(aligned(r, t) - base) / 1000.0; };
   json events = json::array();
-  std::set<std::uint64_t> calls;  // idents the controller issued (flows start there)
+  auto name_of = [&](std::uint64_t i) { return i < names.size() ? names[i] : std::string("?"); };
+  std::map<std::uint64_t, std::string> calls;  // idents the controller issued (flows start there), by name
   for (const trace::Event& e : ranks[0]) {
-    if (e.track == trace::Track::Controller && e.kind == trace::Kind::Call) calls.insert(e.ident);
+    if (e.track == trace::Track::Controller && e.kind == trace::Kind::Call) calls[e.ident] = name_of(e.a);
   }
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     const int pid = static_cast<int>(r);
@@ -103,10 +106,11 @@ nlohmann::json chrome_trace(const std::vector<std::vector<trace::Event>>& ranks,
       switch (e.kind) {
         case trace::Kind::Call: {
           json args{{"ident", e.ident}};
-          if (r == 0 && e.where.line() != 0) args["site"] = describe(e.where, e.replayed_at);
+          const std::source_location where = trace::Event::site(e.b);
+          if (r == 0 && where.line() != 0) args["site"] = site(where, trace::Event::site(e.c));
           events.push_back({{"ph", "X"},
                             {"cat", "call"},
-                            {"name", e.name},
+                            {"name", name_of(e.a)},
                             {"pid", pid},
                             {"tid", 0},
                             {"ts", ts},
@@ -124,7 +128,7 @@ nlohmann::json chrome_trace(const std::vector<std::vector<trace::Event>>& ranks,
         case trace::Kind::Wait:
           events.push_back({{"ph", "X"},
                             {"cat", "wait"},
-                            {"name", fmt::format("wait: {}", e.name)},
+                            {"name", "wait: " + name_of(e.a)},
                             {"pid", pid},
                             {"tid", 0},
                             {"ts", ts},
@@ -133,13 +137,12 @@ nlohmann::json chrome_trace(const std::vector<std::vector<trace::Event>>& ranks,
           break;
         case trace::Kind::Command: {
           json args{{"ident", e.ident}, {"queued_us", static_cast<double>(e.start_ns - e.queued_ns) / 1000.0}};
-          if (e.bytes) args["bytes"] = e.bytes;
-          if (e.dim[0] != '\0') args["dim"] = e.dim;
-          if (e.replay) args["replay"] = e.replay;
+          if (e.a) args["bytes"] = e.a;
+          if (e.b) args["replay"] = e.b;
           if (e.failed) args["failed"] = true;
           events.push_back({{"ph", "X"},
                             {"cat", e.failed ? "command,failed" : "command"},
-                            {"name", command_name(e)},
+                            {"name", command_name(e, calls)},
                             {"pid", pid},
                             {"tid", 1},
                             {"ts", ts},
@@ -165,16 +168,23 @@ nlohmann::json chrome_trace(const std::vector<std::vector<trace::Event>>& ranks,
   return json{{"traceEvents", std::move(events)},
               {"displayTimeUnit", "ms"},
               {"otherData",
-               {{"meshrt", {{"ranks", ranks.size()}, {"clock_residual_us", static_cast<double>(residual) / 1000.0}}}}}};
+               {{"meshrt",
+                 {{"ranks", ranks.size()},
+                  {"clock_residual_us", static_cast<double>(residual) / 1000.0},
+                  {"dropped_events", dropped}}}}}};
 }
 
 }  // namespace
 
-std::uint64_t write_trace_file(MPI_Comm comm, const std::string& path, const ClockOffsets& clocks) {
+std::uint64_t write_trace_file(MPI_Comm comm, const std::string& path, const ClockOffsets& clocks,
+                               const SiteWords& site) {
   int rank = 0, size = 1;
   MESHRT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   MESHRT_MPI_CHECK(MPI_Comm_size(comm, &size));
-  std::vector<trace::Event> mine = trace::take_all();
+  std::uint64_t dropped = 0;
+  std::vector<trace::Event> mine = trace::take_all(&dropped);
+  std::uint64_t all_dropped = 0;
+  MESHRT_MPI_CHECK(MPI_Reduce(&dropped, &all_dropped, 1, MPI_UINT64_T, MPI_SUM, 0, comm));
   // What MPI can count in an int: the newest events beyond it are dropped.
   const std::size_t limit = static_cast<std::size_t>(INT_MAX) / sizeof(trace::Event);
   if (mine.size() > limit) mine.resize(limit);
@@ -210,12 +220,14 @@ std::uint64_t write_trace_file(MPI_Comm comm, const std::string& path, const Clo
     const auto first = all.begin() + displs[static_cast<std::size_t>(r)] / static_cast<int>(sizeof(trace::Event));
     ranks[static_cast<std::size_t>(r)].assign(
         first, first + counts[static_cast<std::size_t>(r)] / static_cast<int>(sizeof(trace::Event)));
-    for (trace::Event& e : ranks[static_cast<std::size_t>(r)]) e.where = e.replayed_at = {};
+    for (trace::Event& e : ranks[static_cast<std::size_t>(r)]) {
+      if (e.kind != trace::Kind::Command) e.b = e.c = 0;  // call sites are rank 0's pointers
+    }
   }
   std::uint64_t n = 0;
   for (const auto& r : ranks) n += r.size();
   std::ofstream out(path);
-  out << chrome_trace(ranks, names, clocks).dump() << '\n';
+  out << chrome_trace(ranks, names, trace::names(), clocks, all_dropped, site).dump() << '\n';
   if (!out) throw Error(fmt::format("MESHRT_TRACE={}: cannot write the trace file", path));
   return n;
 }

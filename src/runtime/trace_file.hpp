@@ -8,6 +8,8 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -24,7 +26,10 @@ ClockOffsets measure_clock_offsets(MPI_Comm comm);
 
 // Collective over `comm`: gathers the events every thread recorded (trace::take_all) and
 // rank 0 writes them to `path`; returns the number of events written on rank 0 (0
-// elsewhere). Throws on rank 0 when the file cannot be written.
-std::uint64_t write_trace_file(MPI_Comm comm, const std::string& path, const ClockOffsets& clocks);
+// elsewhere). Throws on rank 0 when the file cannot be written. `site` formats a call's
+// line (and its replay's) as the controller's errors do.
+using SiteWords = std::function<std::string(const std::source_location&, const std::source_location&)>;
+std::uint64_t write_trace_file(MPI_Comm comm, const std::string& path, const ClockOffsets& clocks,
+                               const SiteWords& site);
 
 }  // namespace meshrt::detail

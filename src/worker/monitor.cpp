@@ -45,6 +45,7 @@ CommandRecord& Monitor::claim_slot(Clock::time_point arrived) {
   slot.seq = seq;
   slot.ident = 0;
   slot.kind = "";
+  slot.tag = 0;
   slot.name.clear();
   slot.result = 0;
   slot.mesh = 0;
@@ -86,12 +87,10 @@ void Monitor::trace_command(const CommandRecord& r) {
   e.end_ns = trace::ns(r.at.ended);
   e.queued_ns = trace::ns(r.at.queued);
   e.ident = r.ident;
-  e.bytes = r.bytes;
-  e.replay = r.replay;
+  e.a = r.bytes;
+  e.b = r.replay;
+  e.type = r.tag;
   e.failed = r.state == CommandState::Failed;
-  trace::Event::copy(e.type, sizeof e.type, r.kind);
-  trace::Event::copy(e.name, sizeof e.name, r.name);
-  trace::Event::copy(e.dim, sizeof e.dim, r.dim);
   trace::record(e);
 }
 

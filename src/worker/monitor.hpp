@@ -25,6 +25,7 @@ struct CommandRecord {
   std::uint64_t seq = 0;     // arrival number on this worker
   std::uint64_t ident = 0;   // the invocation's ident, 0 for commands without one
   const char* kind = "";     // "CallFunction", "Reduce", ... (static strings)
+  std::uint8_t tag = 0;      // the command's protocol tag (the timeline's)
   std::string name;          // function name, or what a collective does
   std::uint64_t result = 0;  // the result ref: the same command has the same one on every rank
   std::uint64_t mesh = 0;

@@ -11,6 +11,7 @@ using namespace protocol;
 
 void record(const Command& command, CommandRecord& r) {
   r.kind = name(command).data();
+  r.tag = static_cast<std::uint8_t>(command.index());
   std::visit(
       [&r](const auto& c) {
         using C = std::decay_t<decltype(c)>;

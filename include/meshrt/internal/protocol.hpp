@@ -301,6 +301,8 @@ struct QueryAnswer {
 
 // "CallFunction", "FetchResult", ...
 std::string_view name(const Command& c) noexcept;
+// The name of the command with wire tag `tag` (its index in Command), or "?".
+std::string_view command_name(std::size_t tag) noexcept;
 std::string_view name(const Reply& r) noexcept;
 
 // ------------------------------------------------------------------ codec

@@ -68,6 +68,11 @@ inline constexpr Setting<std::string> kTrace{{
     .description = "If set, every rank records what it does (controller calls and waits, each worker's commands) "
                    "and rank 0 writes one Chrome-trace JSON file here at the end of the run, clocks aligned "
                    "(docs/running.md, \"A timeline of the run\")"}};
+inline constexpr Setting<std::int64_t> kTraceEvents{{
+    .name = "MESHRT_TRACE_EVENTS", .default_value = "262144",
+    .description = "With MESHRT_TRACE: the events each thread keeps, the newest (64 bytes each, mapped when the "
+                   "thread records its first; the file says how many older ones were dropped)",
+    .kind = Kind::Integer, .min = 4096, .max = std::int64_t{1} << 32}};
 inline constexpr Setting<Seconds> kGroupTimeout{{
     .name = "MESHRT_GROUP_TIMEOUT", .default_value = "300",
     .description = "Default timeout of StatelessGroup operations, seconds (0 = none)",
