@@ -22,19 +22,15 @@ MESHRT_RUNTIME_TEST_ENVIRONMENT();
 
 namespace {
 
-DeviceKind placement() {
-  return test::test_placement();
-}
-
 struct Case {
   std::string mode;
   std::vector<std::string> expect;  // parts of the worker's message
 };
 
 void expect_poisoned_everywhere(Controller& ctl, const Case& c, int bad) {
-  Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", ctl.world_size() / 2}}, placement());
+  Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", ctl.world_size() / 2}}, test::test_placement());
   DTensor f = mesh.call("test.misbehave", c.mode, {bad});
-  ASSERT_EQ(f.meta().device().kind(), placement()) << "the mesh's placement reaches its calls";
+  ASSERT_EQ(f.meta().device().kind(), test::test_placement()) << "the mesh's placement reaches its calls";
   DTensor g = f.reduce("gpu", Reduction::Sum);   // the bad rank joins it too
   DTensor h = g.reduce("host", Reduction::Max);  // and a chain behind it
   DTensor unrelated = mesh.call("test.pattern", {2}, DType::Float32);
@@ -94,7 +90,7 @@ TEST(KernelFailure, BrokenPromiseOnOneRankFailsOnlyThatCall) {
 
 TEST(KernelFailure, UnobservedFailureIsRaisedBySynchronize) {
   session([](Controller& ctl) {
-    Mesh mesh = ctl.world_mesh({{"all", ctl.world_size()}}, placement());
+    Mesh mesh = ctl.world_mesh({{"all", ctl.world_size()}}, test::test_placement());
     DTensor f = mesh.call("test.misbehave", "throw42", {1});
     DTensor g = f.reduce("all", Reduction::Sum);
     try {

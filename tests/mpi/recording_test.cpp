@@ -21,12 +21,8 @@ MESHRT_RUNTIME_TEST_ENVIRONMENT();
 
 namespace {
 
-DeviceKind placement() {
-  return test::test_placement();
-}
-
 Mesh mesh2x2(Controller& ctl) {
-  return ctl.world_mesh({{"host", 2}, {"gpu", ctl.world_size() / 2}}, placement());
+  return ctl.world_mesh({{"host", 2}, {"gpu", ctl.world_size() / 2}}, test::test_placement());
 }
 
 // Every shard of `t` (float32), rank by rank in row-major order of the mesh.
