@@ -48,6 +48,9 @@ void add_pair(const Context& ctx, Pair pair);
 // Message sizes 8 B, 64 B, ... up to `max_bytes` (x8 steps, plus 1 MiB).
 std::vector<std::size_t> sizes_up_to(std::size_t max_bytes, bool quick);
 
+// "--name=value" from a suite's arguments: the value, or "" when it is not given.
+std::string flag(int argc, char** argv, const std::string& name);
+
 struct Suite {
   const char* name;
   const char* description;

@@ -203,6 +203,14 @@ void print_collective_rows(const std::vector<CollectiveRow>& rows, int ranks, co
   std::fflush(stdout);
 }
 
+std::string flag(int argc, char** argv, const std::string& name) {
+  const std::string prefix = "--" + name + "=";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) return argv[i] + prefix.size();
+  }
+  return "";
+}
+
 std::vector<std::size_t> sizes_up_to(std::size_t max_bytes, bool quick) {
   std::vector<std::size_t> out;
   for (std::size_t b = 8; b <= max_bytes; b *= quick ? 64 : 8) out.push_back(b);

@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -121,16 +120,9 @@ double run_mpi(MPI_Comm comm) {
   return slowest / kOps;
 }
 
-std::string reps_flag(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--reps=", 7) == 0) return argv[i] + 7;
-  }
-  return "";
-}
-
 int run_recorded(Context& ctx, int argc, char** argv, const std::string&) {
-  const std::string flag = reps_flag(argc, argv);
-  const int reps = flag.empty() ? (ctx.quick ? 1 : 5) : std::max(1, std::stoi(flag));
+  const std::string reps_flag = flag(argc, argv, "reps");
+  const int reps = reps_flag.empty() ? (ctx.quick ? 1 : 5) : std::max(1, std::stoi(reps_flag));
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Comm_dup(ctx.comm, &comm);
   Sample s;

@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -179,15 +178,6 @@ void run_mpi(const Context& ctx, MPI_Comm comm, std::vector<Point>& points) {
   }
   in = {};
   out = {};
-}
-
-// "--name=value" from the arguments, or "".
-std::string flag(int argc, char** argv, const std::string& name) {
-  const std::string prefix = "--" + name + "=";
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) return argv[i] + prefix.size();
-  }
-  return "";
 }
 
 int run_runtime_collectives(Context& ctx, int argc, char** argv, const std::string& json_path) {
