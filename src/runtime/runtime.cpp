@@ -222,7 +222,7 @@ Runtime::~Runtime() {
                      static_cast<unsigned long long>(n), impl_->trace_path.c_str());
       }
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "meshrt: rank %d: MESHRT_TRACE: %s\n", impl_->rank, e.what());
+      std::fprintf(stderr, "meshrt: rank %d: the timeline was not written: %s\n", impl_->rank, e.what());
     }
   }
   impl_->peers.reset();

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstring>
 #include <fstream>
@@ -228,7 +229,10 @@ std::uint64_t write_trace_file(MPI_Comm comm, const std::string& path, const Clo
   for (const auto& r : ranks) n += r.size();
   std::ofstream out(path);
   out << chrome_trace(ranks, names, trace::names(), clocks, all_dropped, site).dump() << '\n';
-  if (!out) throw Error(fmt::format("MESHRT_TRACE={}: cannot write the trace file", path));
+  if (!out) {
+    throw Error(fmt::format("MESHRT_TRACE={}: expected a file rank 0 can write, found it cannot: {}", path,
+                            std::strerror(errno)));
+  }
   return n;
 }
 
