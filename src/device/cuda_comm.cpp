@@ -146,7 +146,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::optional<std::string> async_error() override {
-    if (comm_ == nullptr) return fmt::format("{} is destroyed", describe());
+    if (comm_ == nullptr) return fmt::format("{} {}", describe(), aborted_ ? "was aborted" : "is destroyed");
     ncclResult_t state = ncclSuccess;
     const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
     if (rc != ncclSuccess) return fmt::format("{}: ncclCommGetAsyncError: {}", describe(), nccl_message(comm_, rc));
@@ -160,6 +160,7 @@ class NcclCommunicator final : public Communicator {
     if (comm_ == nullptr) return;
     (void)ncclCommAbort(comm_);
     comm_ = nullptr;
+    aborted_ = true;
   }
 
   void destroy() noexcept override {
@@ -198,7 +199,8 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t native(const Stream& stream, const char* what) const {
     Stream::Impl& s = stream_impl(stream, Accelerator::Cuda, what);
     if (comm_ == nullptr) {
-      throw UsageError(fmt::format("{}: expected a live communicator, found it aborted or destroyed", where(what)));
+      throw UsageError(fmt::format("{}: expected a live communicator, found it {}", where(what),
+                                   aborted_ ? "aborted" : "destroyed"));
     }
     if (s.device() != device_) {
       throw UsageError(fmt::format("{}: expected a stream of cuda:{}, found {}", where(what), device_, s.to_string()));
@@ -274,6 +276,7 @@ class NcclCommunicator final : public Communicator {
   int rank_;
   int size_;
   int device_;
+  bool aborted_ = false;  // comm_ is gone: aborted (true) or destroyed
   std::chrono::duration<double> timeout_;  // MESHRT_DEVICE_TIMEOUT: in-progress calls and finalize
 };
 

@@ -392,8 +392,10 @@ class EmulatedCommunicator final : public Communicator {
     }
     {
       std::lock_guard lock(state_->mutex);
-      if (state_->destroyed) {
-        throw UsageError(fmt::format("{}: expected a live communicator, found {} destroyed", what, describe()));
+      // As NCCL's: an aborted or destroyed communicator is gone, and refuses new work.
+      if (state_->destroyed || state_->aborted) {
+        throw UsageError(fmt::format("{} on {}: expected a live communicator, found it {}", what, describe(),
+                                     state_->aborted ? "aborted" : "destroyed"));
       }
       ++state_->pending;
     }
