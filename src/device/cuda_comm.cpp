@@ -276,7 +276,7 @@ class NcclCommunicator final : public Communicator {
   int rank_;
   int size_;
   int device_;
-  bool aborted_ = false;  // comm_ is gone: aborted (true) or destroyed
+  bool aborted_ = false;                   // comm_ is gone: aborted (true) or destroyed
   std::chrono::duration<double> timeout_;  // MESHRT_DEVICE_TIMEOUT: in-progress calls and finalize
 };
 
