@@ -419,6 +419,15 @@ class Controller {
   // Every worker writes its flight recorder (its last MESHRT_FLIGHT_RECORDER commands,
   // with state and times) to its log; returns them, rank by rank.
   std::string dump_flight_recorder();
+  // The timeline (docs/running.md, "A timeline of the run"). write_trace writes every
+  // rank's timeline recorded so far to `path` as one Chrome-trace JSON file and returns the
+  // events written; it does not wait for issued work (synchronize() first for all of it),
+  // so it also shows a job that is stuck. start_trace and stop_trace record part of a run
+  // (MESHRT_TRACE records all of it): both wait for the work issued before them, so what
+  // is issued in between, and only that, is recorded. Refused inside a recording.
+  std::uint64_t write_trace(const std::string& path);
+  void start_trace();
+  void stop_trace();
   // Ends the whole job now (MPI_Abort), after telling the workers why.
   [[noreturn]] void abort(const std::string& reason);
 

@@ -1,6 +1,7 @@
 """meshrt: drive a whole MPI job from one Python program (DESIGN section 11)."""
 
 import builtins
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -358,6 +359,15 @@ class Controller:
         """Frees the memory the workers keep cached; returns the bytes freed on all of them."""
     def dump_flight_recorder(self) -> str:
         """Every worker's last commands (also written to its log), rank by rank."""
+    def write_trace(self, path: str | os.PathLike[str]) -> int:
+        """Writes every rank's timeline recorded so far to `path` (Chrome-trace JSON, for
+        Perfetto's UI or chrome://tracing); returns the events written. Does not wait for
+        issued work."""
+    def start_trace(self) -> None:
+        """Waits for the work issued so far, then every rank starts recording its timeline
+        (MESHRT_TRACE records the whole run)."""
+    def stop_trace(self) -> None:
+        """Waits for the work issued so far, then every rank stops recording its timeline."""
     def abort(self, reason: str) -> None:
         """Ends the whole job now (MPI_Abort), after telling the workers why."""
     @property

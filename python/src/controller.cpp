@@ -966,6 +966,31 @@ void bind_controller(py::module_& m) {
           },
           "Every worker's last commands (also written to its log), rank by rank.")
       .def(
+          "write_trace",
+          [](const ControllerHandle& h, const py::object& path) {
+            Controller& ctl = h.get();
+            const std::string file = py::str(py::module_::import("os").attr("fspath")(path));
+            return released([&] { return ctl.write_trace(file); });
+          },
+          py::arg("path"),
+          "Writes every rank's timeline recorded so far to `path` (Chrome-trace JSON, for Perfetto's UI or "
+          "chrome://tracing); returns the events written. Does not wait for issued work.")
+      .def(
+          "start_trace",
+          [](const ControllerHandle& h) {
+            Controller& ctl = h.get();
+            released([&] { ctl.start_trace(); });
+          },
+          "Waits for the work issued so far, then every rank starts recording its timeline (MESHRT_TRACE "
+          "records the whole run).")
+      .def(
+          "stop_trace",
+          [](const ControllerHandle& h) {
+            Controller& ctl = h.get();
+            released([&] { ctl.stop_trace(); });
+          },
+          "Waits for the work issued so far, then every rank stops recording its timeline.")
+      .def(
           "abort",
           [](const ControllerHandle& h, const std::string& reason) {
             Controller& ctl = h.get();

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <functional>
@@ -21,8 +22,10 @@ std::atomic<std::size_t> capacity{std::size_t{1} << 18};
 struct Ring {
   Event* events = nullptr;
   std::size_t slots = 0;
-  std::size_t next = 0;  // the slot the next event goes to
-  std::uint64_t written = 0;
+  // The slot the next event goes to, and how many were ever written: atomics only so
+  // that snapshot() may read them while the thread records (relaxed stores cost nothing more).
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::uint64_t> written{0};
   ~Ring() { release(); }
   void map(std::size_t n) {
     void* p =
@@ -34,8 +37,9 @@ struct Ring {
   void release() {
     if (events != nullptr) munmap(events, slots * sizeof(Event));
     events = nullptr;
-    slots = next = 0;
-    written = 0;
+    slots = 0;
+    next.store(0);
+    written.store(0);
   }
 };
 
@@ -88,30 +92,57 @@ std::vector<std::string> names() {
   return registry().names;
 }
 
-void record(const Event& e) {
-  Ring& r = this_thread();
-  if (r.events == nullptr) r.map(capacity.load(std::memory_order_relaxed));
-  if (r.next == r.slots) r.next = 0;  // full: the oldest go
-  std::memcpy(static_cast<void*>(&r.events[r.next]), &e, sizeof(Event));
-  ++r.next;
-  ++r.written;
+void disable() noexcept {
+  enabled_flag().store(false, std::memory_order_relaxed);
 }
 
-std::vector<Event> take_all(std::uint64_t* dropped) {
+void record(const Event& e) {
+  Ring& r = this_thread();
+  if (r.events == nullptr) {
+    // The ring is mapped before the registry's readers may see it as non-empty.
+    std::lock_guard lock(registry().mutex);
+    r.map(capacity.load(std::memory_order_relaxed));
+  }
+  std::size_t next = r.next.load(std::memory_order_relaxed);
+  if (next == r.slots) next = 0;  // full: the oldest go
+  std::memcpy(static_cast<void*>(&r.events[next]), &e, sizeof(Event));
+  r.next.store(next + 1, std::memory_order_release);
+  r.written.store(r.written.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+
+namespace {
+
+// Every ring's events, oldest first per ring; `release` empties the rings (take_all).
+// A copy while threads record skips the oldest `margin` of a wrapped ring, which its
+// writer may be overwriting.
+std::vector<Event> collect(std::uint64_t* dropped, bool release, std::size_t margin) {
   std::vector<Event> out;
   std::uint64_t lost = 0;
   std::lock_guard lock(registry().mutex);
   for (auto& r : registry().rings) {
     if (r->events == nullptr) continue;
-    if (r->written > r->slots) {  // wrapped: the oldest kept start at `next`
-      lost += r->written - r->slots;
-      out.insert(out.end(), r->events + r->next, r->events + r->slots);
+    const std::size_t next = r->next.load(std::memory_order_acquire);
+    const std::uint64_t written = r->written.load(std::memory_order_relaxed);
+    if (written > r->slots) {  // wrapped: the oldest kept start at `next`
+      const std::size_t skip = std::min(margin, r->slots - next);
+      lost += written - r->slots + skip;
+      out.insert(out.end(), r->events + next + skip, r->events + r->slots);
     }
-    out.insert(out.end(), r->events, r->events + r->next);
-    r->release();
+    out.insert(out.end(), r->events, r->events + next);
+    if (release) r->release();
   }
   if (dropped != nullptr) *dropped = lost;
   return out;
+}
+
+}  // namespace
+
+std::vector<Event> take_all(std::uint64_t* dropped) {
+  return collect(dropped, true, 0);
+}
+
+std::vector<Event> snapshot(std::uint64_t* dropped) {
+  return collect(dropped, false, 64);
 }
 
 }  // namespace meshrt::detail::trace

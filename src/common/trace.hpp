@@ -34,6 +34,7 @@ struct alignas(64) Event {
   Kind kind = Kind::Call;
   std::uint8_t type = 0;  // a command: its protocol tag
   bool failed = false;
+  bool unfinished = false;  // a command still running when its rank's timeline was dumped
 
   static std::uint64_t site(std::source_location s) noexcept { return std::bit_cast<std::uint64_t>(s); }
   static std::source_location site(std::uint64_t bits) noexcept { return std::bit_cast<std::source_location>(bits); }
@@ -49,6 +50,8 @@ inline bool enabled() noexcept {
 }
 // Starts recording, each thread keeping at most `capacity` events (the newest).
 void enable(std::size_t capacity) noexcept;
+// Stops recording; what was recorded stays until take_all.
+void disable() noexcept;
 
 inline std::int64_t now_ns() noexcept {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -70,5 +73,8 @@ void record(const Event& e);
 // the threads that record have stopped (the end of a run). `dropped`: the events the
 // rings overwrote.
 std::vector<Event> take_all(std::uint64_t* dropped = nullptr);
+// A copy of every thread's events so far, while the threads may still record: the
+// rings stay. An event written during the copy may be left out.
+std::vector<Event> snapshot(std::uint64_t* dropped = nullptr);
 
 }  // namespace meshrt::detail::trace

@@ -898,6 +898,35 @@ std::string Controller::dump_flight_recorder() {
   return state_->dump_flight_recorder();
 }
 
+std::uint64_t Controller::write_trace(const std::string& path) {
+  state_->refuse_in_recording("write_trace");
+  state_->flush_deferred();
+  state_->flush();
+  return state_->write_trace(path);
+}
+
+namespace {
+// Waits for the work issued so far (failures stay for the futures and synchronize()), then
+// every rank starts or stops recording: what is issued in between is recorded, exactly.
+void switch_trace(ControllerState& ctl, bool on, const char* what) {
+  ctl.refuse_in_recording(what);
+  const protocol::Ident ident = ctl.new_ident(what);
+  ctl.flush_deferred();
+  ctl.append(ctl.workers(), protocol::RequestStatus{ident}, ident);
+  ctl.flush();
+  ctl.wait_for(ident, std::nullopt, what);
+  ctl.switch_trace(on);
+}
+}  // namespace
+
+void Controller::start_trace() {
+  switch_trace(*state_, true, "start_trace");
+}
+
+void Controller::stop_trace() {
+  switch_trace(*state_, false, "stop_trace");
+}
+
 void Controller::abort(const std::string& reason) {
   state_->abort_job(reason);
 }

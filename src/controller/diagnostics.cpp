@@ -9,10 +9,12 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 
 #include "common/backoff.hpp"
+#include "common/timeline.hpp"
 #include "controller/batcher.hpp"
 #include "controller/completion.hpp"
 #include "meshrt/internal/control.hpp"
@@ -301,6 +303,80 @@ std::string Diagnostics::dump_flight_recorder() {
   return out;
 }
 
+std::uint64_t Diagnostics::write_trace(const std::string& path) {
+  const trace::Session& session = trace::session();
+  const settings::Seconds wait = std::max(settings::kStateQueryTimeout.get(), settings::Seconds(10));
+  const auto answers = query({.op = protocol::QueryOp::Trace}, wait);
+  std::vector<trace::RankEvents> ranks;
+  std::vector<int> missing;
+  auto add = [&](int rank, trace::RankEvents r) {
+    r.rank = rank;
+    r.calls_here = rank == 0;
+    r.offset_ns = static_cast<std::size_t>(rank) < session.offsets_ns.size() ? session.offsets_ns[rank] : 0;
+    r.residual_ns = static_cast<std::size_t>(rank) < session.residuals_ns.size() ? session.residuals_ns[rank] : 0;
+    ranks.push_back(std::move(r));
+  };
+  // A dedicated controller's rank runs no worker: its own events are here.
+  if (std::find(workers_.begin(), workers_.end(), 0) == workers_.end()) {
+    trace::RankEvents mine{.host = session.host};
+    mine.events = trace::snapshot(&mine.dropped);
+    add(0, std::move(mine));
+  }
+  for (int rank : workers_) {
+    const auto it = answers.find(rank);
+    const std::string* payload = it == answers.end() || !it->second.error.empty() ? nullptr : &it->second.payload;
+    const std::size_t host_end = payload ? payload->find('\0') : std::string::npos;
+    if (host_end == std::string::npos ||
+        (payload->size() - host_end - 1 - sizeof(std::uint64_t)) % sizeof(trace::Event) != 0) {
+      missing.push_back(rank);
+      continue;
+    }
+    trace::RankEvents r{.host = payload->substr(0, host_end)};
+    const char* p = payload->data() + host_end + 1;
+    std::memcpy(&r.dropped, p, sizeof r.dropped);
+    p += sizeof r.dropped;
+    r.events.resize((payload->size() - host_end - 1 - sizeof r.dropped) / sizeof(trace::Event));
+    std::memcpy(static_cast<void*>(r.events.data()), p, r.events.size() * sizeof(trace::Event));
+    add(rank, std::move(r));
+  }
+  std::sort(ranks.begin(), ranks.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  std::uint64_t n = 0;
+  for (const auto& r : ranks) n += r.events.size();
+  if (n == 0 && !trace::enabled()) {
+    throw UsageError(fmt::format(
+        "write_trace(\"{}\"): expected a timeline to write (MESHRT_TRACE=path, or start_trace() before), found none "
+        "recorded",
+        path));
+  }
+  nlohmann::json file = trace::chrome_trace(ranks, trace::names(), false);
+  if (!missing.empty()) file["otherData"]["meshrt"]["missing_ranks"] = missing;
+  trace::write_json(path, file, fmt::format("write_trace(\"{}\")", path));
+  if (!missing.empty()) {
+    throw TimeoutError(
+        fmt::format("write_trace(\"{}\"): expected every rank's timeline, found no answer from rank(s) {} within {} s "
+                    "(MESHRT_STATE_QUERY_TIMEOUT, at least 10 s); the file holds the other {} ranks",
+                    path, fmt::join(missing, ", "), wait.count(), ranks.size()));
+  }
+  return n;
+}
+
+void Diagnostics::switch_trace(bool on) {
+  if (on) trace::enable(trace::session().capacity);  // this process's threads, the controller's among them
+  const settings::Seconds wait = settings::kStateQueryTimeout.get();
+  const auto answers = query({.op = protocol::QueryOp::TraceSwitch, .limit = on ? 1u : 0u}, wait);
+  if (!on) trace::disable();
+  std::vector<int> missing;
+  for (int rank : workers_) {
+    if (!answers.count(rank)) missing.push_back(rank);
+  }
+  if (!missing.empty()) {
+    throw TimeoutError(
+        fmt::format("{}: expected every rank to answer, found no answer from rank(s) {} within {} s "
+                    "(MESHRT_STATE_QUERY_TIMEOUT)",
+                    on ? "start_trace()" : "stop_trace()", fmt::join(missing, ", "), wait.count()));
+  }
+}
+
 void Diagnostics::abort_job(const std::string& reason) {
   // Once on stderr: the log's console sink writes fatal records there unless it is off.
   MESHRT_LOG(fatal) << "aborting the job: " << reason;
@@ -309,8 +385,9 @@ void Diagnostics::abort_job(const std::string& reason) {
     std::fflush(stderr);
   }
   // The workers log the first line only: the rest (a desync report) is the controller's.
+  // Each watch writes its rank's own timeline file first when MESHRT_TRACE is set.
   query({.op = protocol::QueryOp::Abort, .reason = reason.substr(0, reason.find('\n'))},
-        std::chrono::milliseconds(500));
+        trace::session().path.empty() ? std::chrono::milliseconds(500) : std::chrono::milliseconds(5000));
   // The return code is ignored on purpose: MPI_Abort does not return on success, and
   // std::abort below ends this process if it does.
   MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));

@@ -52,6 +52,11 @@ class Diagnostics {
   DesyncReport desync_report(protocol::Ident ident, const std::string& what);
   // Every worker's flight recorder, in rank order (Controller::dump_flight_recorder).
   std::string dump_flight_recorder();
+  // Every rank's timeline so far, written to `path` (Controller::write_trace); the events
+  // written.
+  std::uint64_t write_trace(const std::string& path);
+  // Every rank starts (true) or stops recording its timeline (Controller::start_trace).
+  void switch_trace(bool on);
   [[noreturn]] void abort_job(const std::string& reason);
   // Fan-in: the job's status tree (owned by the ControllerState), so the report can say
   // which ranks a stuck worker cuts off.

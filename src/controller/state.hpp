@@ -226,6 +226,8 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   ControlTraffic traffic() const { return batcher_.traffic(); }
   std::uint64_t flusher_wakeups() { return batcher_.flusher_wakeups(); }
   std::string dump_flight_recorder() { return diagnostics_.dump_flight_recorder(); }
+  std::uint64_t write_trace(const std::string& path) { return diagnostics_.write_trace(path); }
+  void switch_trace(bool on) { diagnostics_.switch_trace(on); }
   [[noreturn]] void abort_job(const std::string& reason) { diagnostics_.abort_job(reason); }
   // The flight recorders the timeout that raised `error` gathered, when they went to no
   // log directory; empty for any other error. Runtime::session prints them once when the

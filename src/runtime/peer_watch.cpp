@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/checks.hpp"
+#include "common/timeline.hpp"
 #include "meshrt/log.hpp"
 
 namespace meshrt::detail {
@@ -113,6 +114,11 @@ void PeerWatch::lost(const std::string& why) {
       "meshrt: rank {} on {}: {}; ending the whole job (MPI_Abort) so that no rank waits for it\n", rank_, host_, why);
   std::fputs(text.c_str(), stderr);
   std::fflush(stderr);
+  // MESHRT_TRACE: this rank's own timeline file (the others are ended by the launcher).
+  if (const std::string dumped = trace::dump_rank(why, {}); !dumped.empty()) {
+    std::fprintf(stderr, "meshrt: rank %d on %s: %s\n", rank_, host_.c_str(), dumped.c_str());
+    std::fflush(stderr);
+  }
   end_job_after_report(1);
 }
 

@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "common/checks.hpp"
+#include "common/timeline.hpp"
 #include "common/trace.hpp"
 #include "controller/state.hpp"
 #include "meshrt/internal/comm.hpp"
 #include "meshrt/internal/control.hpp"
 #include "meshrt/internal/device.hpp"
+#include "meshrt/internal/protocol.hpp"
 #include "meshrt/internal/settings.hpp"
 #include "meshrt/internal/worker.hpp"
 #include "meshrt/log.hpp"
@@ -190,15 +192,37 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
       }
     });
     i.peers = std::make_unique<detail::PeerWatch>(MPI_COMM_WORLD, settings::kPeerTimeout.get(), i.provided);
-    // The timeline: on for every rank when rank 0 asks for it (its path is the file's).
-    i.trace_path = settings::kTrace.get();
-    int on = i.rank == 0 && !i.trace_path.empty() ? 1 : 0;
-    MESHRT_MPI_CHECK(MPI_Bcast(&on, 1, MPI_INT, 0, i.world));
-    if (on != 0) {
-      i.tracing = true;
-      i.clocks = detail::measure_clock_offsets(i.world);
-      detail::trace::enable(static_cast<std::size_t>(settings::kTraceEvents.get()));
+    // The timeline: on for every rank when rank 0 asks for it (its path is the file's, and
+    // the stem of each rank's own file when the job is ended). The clocks are measured in
+    // any case: Controller::start_trace() may turn it on later.
+    {
+      std::string path = i.rank == 0 ? settings::kTrace.get() : std::string();
+      int length = static_cast<int>(path.size());
+      MESHRT_MPI_CHECK(MPI_Bcast(&length, 1, MPI_INT, 0, i.world));
+      path.resize(static_cast<std::size_t>(length));
+      MESHRT_MPI_CHECK(MPI_Bcast(path.data(), length, MPI_CHAR, 0, i.world));
+      i.trace_path = path;
+      i.tracing = !path.empty();
     }
+    i.clocks = detail::measure_clock_offsets(i.world);
+    {
+      char host[256] = {};
+      gethostname(host, sizeof host - 1);
+      detail::trace::set_session(
+          {.rank = i.rank,
+           .size = i.size,
+           .host = host,
+           .path = i.trace_path,
+           .offset_ns = i.clocks.own_offset_ns,
+           .residual_ns = i.clocks.own_residual_ns,
+           .offsets_ns = i.clocks.offset_ns,
+           .residuals_ns = i.clocks.residual_ns,
+           .capacity = static_cast<std::size_t>(settings::kTraceEvents.get()),
+           .site = [](const std::source_location& where,
+                      const std::source_location& replayed_at) { return detail::describe(where, replayed_at); },
+           .command = [](std::uint8_t tag) { return protocol::command_name(tag); }});
+    }
+    if (i.tracing) detail::trace::enable(detail::trace::session().capacity);
   } catch (...) {
     i.peers.reset();
     i.watch.reset();
@@ -212,11 +236,7 @@ Runtime::~Runtime() {
   if (impl_->tracing) {
     // Every rank reaches here once its sessions are over: the gather is collective.
     try {
-      const std::uint64_t n =
-          detail::write_trace_file(impl_->world, impl_->trace_path, impl_->clocks,
-                                   [](const std::source_location& where, const std::source_location& replayed_at) {
-                                     return detail::describe(where, replayed_at);
-                                   });
+      const std::uint64_t n = detail::write_trace_file(impl_->world, impl_->trace_path, impl_->clocks);
       if (impl_->rank == 0) {
         std::fprintf(stderr, "meshrt: wrote the timeline of %d ranks (%llu events) to %s\n", impl_->size,
                      static_cast<unsigned long long>(n), impl_->trace_path.c_str());

@@ -19,17 +19,17 @@ struct ClockOffsets {
   // On rank 0, per rank: its steady clock minus rank 0's (ns), and how far that may be
   // off (half the shortest round trip it was measured over).
   std::vector<std::int64_t> offset_ns, residual_ns;
+  // On every rank: its own.
+  std::int64_t own_offset_ns = 0, own_residual_ns = 0;
 };
 
-// Collective over `comm`: 16 round trips between rank 0 and each other rank.
+// Collective over `comm`: 16 round trips between rank 0 and each other rank, then each
+// rank is told its own offset.
 ClockOffsets measure_clock_offsets(MPI_Comm comm);
 
 // Collective over `comm`: gathers the events every thread recorded (trace::take_all) and
 // rank 0 writes them to `path`; returns the number of events written on rank 0 (0
-// elsewhere). Throws on rank 0 when the file cannot be written. `site` formats a call's
-// line (and its replay's) as the controller's errors do.
-using SiteWords = std::function<std::string(const std::source_location&, const std::source_location&)>;
-std::uint64_t write_trace_file(MPI_Comm comm, const std::string& path, const ClockOffsets& clocks,
-                               const SiteWords& site);
+// elsewhere). Throws on rank 0 when the file cannot be written.
+std::uint64_t write_trace_file(MPI_Comm comm, const std::string& path, const ClockOffsets& clocks);
 
 }  // namespace meshrt::detail

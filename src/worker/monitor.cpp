@@ -79,7 +79,7 @@ void Monitor::describe(std::uint64_t seq, std::string_view name, std::span<const
   if (bytes) r.bytes = bytes;
 }
 
-void Monitor::trace_command(const CommandRecord& r) {
+trace::Event Monitor::trace_event(const CommandRecord& r) {
   trace::Event e;
   e.track = trace::Track::Worker;
   e.kind = trace::Kind::Command;
@@ -91,7 +91,22 @@ void Monitor::trace_command(const CommandRecord& r) {
   e.b = r.replay;
   e.type = r.tag;
   e.failed = r.state == CommandState::Failed;
-  trace::record(e);
+  return e;
+}
+
+std::vector<trace::Event> Monitor::running_events() const {
+  std::lock_guard lock(mutex_);
+  const auto now = Clock::now();
+  std::vector<trace::Event> out;
+  for (const CommandRecord& r : ring_) {
+    if (r.seq == 0 || r.state != CommandState::Running) continue;
+    CommandRecord open = r;
+    open.at.ended = now;
+    trace::Event e = trace_event(open);
+    e.unfinished = true;
+    out.push_back(e);
+  }
+  return out;
 }
 
 void Monitor::finished(std::uint64_t seq, bool failed) {
@@ -100,7 +115,7 @@ void Monitor::finished(std::uint64_t seq, bool failed) {
   if (r.seq == seq) {
     r.state = failed ? CommandState::Failed : CommandState::Done;
     r.at.ended = Clock::now();
-    if (trace::enabled()) trace_command(r);
+    if (trace::enabled()) trace::record(trace_event(r));
   }
   // The operation still in flight, if any, is current again. InFlight clears in_flight
   // before it finishes that operation itself, so this is never `seq`.

@@ -16,6 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/trace.hpp"
+
 namespace meshrt::detail {
 
 enum class CommandState : std::uint8_t { Queued, Running, Done, Failed };
@@ -82,13 +84,16 @@ class Monitor {
   // first, and how many wait queued behind them: what a rank was doing when it was told
   // to end, where the controller's lead fills the ring's newest entries with queued ones.
   std::string recent(std::size_t limit) const;
+  // The commands running now (an operation in flight among them) as timeline events
+  // marked unfinished, ending now: a rank's own timeline file when the job is ended.
+  std::vector<trace::Event> running_events() const;
   // For a fatal signal: the running command, without taking locks (best effort).
   std::string current_unlocked() const;
 
  private:
   static std::string line(const CommandRecord& r, std::chrono::steady_clock::time_point now);
-  // MESHRT_TRACE: the finished command `r` as a timeline event.
-  static void trace_command(const CommandRecord& r);
+  // MESHRT_TRACE: the command `r` as a timeline event.
+  static trace::Event trace_event(const CommandRecord& r);
   // The next seq's slot, reset to a queued record of it (name, dim and peers emptied with
   // their capacity kept). Under mutex_.
   CommandRecord& claim_slot(std::chrono::steady_clock::time_point arrived);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/timeline.hpp"
 #include "meshrt/internal/comm.hpp"
 #include "meshrt/internal/protocol.hpp"
 #include "meshrt/internal/settings.hpp"
@@ -61,6 +62,11 @@ void on_fatal(int sig) {
     for (int i = 0; i < n; ++i) report.append(symbols[i]).append("\n");
   } else {
     report += "(no symbols)\n";
+  }
+  // MESHRT_TRACE: the rank's own timeline file (the monitor's lock may be held here, so
+  // without the running command).
+  if (const std::string dumped = trace::dump_rank(fmt::format("signal {}", sig), {}); !dumped.empty()) {
+    report += fmt::format("meshrt: rank {}: {}\n", rank, dumped);
   }
   report += fmt::format("meshrt: rank {}: ending the whole job (MPI_Abort) so that no rank waits for this one\n", rank);
   write_stderr(report);
@@ -121,9 +127,28 @@ void Watch::loop() {
                            << answer.payload;
           break;
         }
-        case protocol::QueryOp::Abort:
+        case protocol::QueryOp::Abort: {
           // MPI_Abort follows from the controller and ends every process, device work included.
           MESHRT_LOG(fatal) << "the controller is aborting the job: " << query.reason;
+          const std::string dumped = trace::dump_rank("the controller aborted the job", monitor_.running_events());
+          if (!dumped.empty()) {
+            MESHRT_LOG(error) << dumped;
+          }
+        } break;
+        case protocol::QueryOp::Trace: {
+          std::uint64_t dropped = 0;
+          const std::vector<trace::Event> events = trace::snapshot(&dropped);
+          answer.payload = monitor_.host();
+          answer.payload.push_back('\0');
+          answer.payload.append(reinterpret_cast<const char*>(&dropped), sizeof dropped);
+          answer.payload.append(reinterpret_cast<const char*>(events.data()), events.size() * sizeof(trace::Event));
+        } break;
+        case protocol::QueryOp::TraceSwitch:
+          if (query.limit != 0) {
+            trace::enable(trace::session().capacity);
+          } else {
+            trace::disable();
+          }
           break;
       }
     } catch (const std::exception& e) {
@@ -146,6 +171,11 @@ void Watch::loop() {
       "meshrt: rank {} on {}: SIGTERM (scancel, a time limit or the launcher is ending the job); what it did last:\n{}",
       monitor_.rank(), monitor_.host(), monitor_.recent(kSigtermCommands));
   write_stderr(report);  // in one write, at any log level (the job's output keeps it)
+  // MESHRT_TRACE: then the rank's own timeline file, the commands still running included
+  // (a launcher may not wait long after its SIGTERM: the report goes first).
+  if (const std::string dumped = trace::dump_rank("SIGTERM", monitor_.running_events()); !dumped.empty()) {
+    write_stderr(fmt::format("meshrt: rank {} on {}: {}\n", monitor_.rank(), monitor_.host(), dumped));
+  }
   // Then the end SIGTERM would have brought: the default action, on this thread.
   signal(SIGTERM, SIG_DFL);
   raise(SIGTERM);

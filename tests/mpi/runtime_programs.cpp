@@ -13,9 +13,13 @@
 //   trace       a known program for the timeline's test (MESHRT_TRACE): calls, a reduce
 //               over each dimension of a 2x2 mesh, a to_mesh, a fetch, a kernel that fails
 //               on rank 1 and rank 3 sleeping 0.3 s before an all_reduce over 'gpu'
+//   trace_term  for the timeline when a job is ended: a reduce over each dimension of a
+//               2x2 mesh, then rank 2 sleeps 60 s in a kernel (the test sends SIGTERM)
+//   trace_parts start_trace/stop_trace/write_trace(MESHRT_TEST_TRACE_OUT) around part of a run
 //   plain       does a little work (with MESHRT_EXTRA_FUNCTION defined at compile time
 //               the binary has one more function: the handshake must refuse to start)
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -91,6 +95,38 @@ int main(int argc, char** argv) {
           DTensor s = m.call("test.sleep", 0.3, {3});
           (void)ctl.fetch_shard(s.reduce("gpu", Reduction::Sum), {{"host", 0}, {"gpu", 0}}).get();
           std::printf("trace: done\n");
+        }
+        if (mode == "trace_term") {
+          Mesh m = ctl.world_mesh({{"host", 2}, {"gpu", n / 2}});
+          DTensor a = m.call("test.pattern", {4}, DType::Float32);
+          DTensor b = a.reduce("gpu", Reduction::Sum).reduce("host", Reduction::Sum);
+          (void)ctl.fetch_shard(b, {{"host", 0}, {"gpu", 0}}).get();
+          DTensor s = m.call("test.sleep", 60.0, std::vector<std::int64_t>{2});
+          auto last = ctl.fetch_shard(s.reduce("gpu", Reduction::Sum), {{"host", 1}, {"gpu", 0}});
+          std::printf("trace_term: waiting for the end\n");
+          std::fflush(stdout);
+          (void)last.get();
+          throw Error("the job was not ended");
+        }
+        if (mode == "trace_parts") {
+          const char* out = std::getenv("MESHRT_TEST_TRACE_OUT");
+          if (out == nullptr) throw Error("expected MESHRT_TEST_TRACE_OUT");
+          try {
+            ctl.write_trace(out);
+            throw Error("write_trace before any recording did not refuse");
+          } catch (const UsageError& e) {
+            std::printf("trace_parts: refused: %s\n", e.what());
+          }
+          Mesh m = ctl.world_mesh({{"host", 2}, {"gpu", n / 2}});
+          DTensor before = m.call("meshrt.full", {2}, DType::Float32, 1.0);
+          ctl.start_trace();
+          DTensor a = m.call("test.pattern", {4}, DType::Float32);
+          DTensor b = a.reduce("gpu", Reduction::Sum);
+          ctl.stop_trace();
+          DTensor after = m.call("meshrt.scale", b, 3.0);
+          ctl.synchronize();
+          const std::uint64_t events = ctl.write_trace(out);
+          std::printf("trace_parts: wrote %llu events\n", static_cast<unsigned long long>(events));
         }
         if (mode == "usr1") {
           mesh.call("test.usr1", {1});

@@ -6,6 +6,7 @@ line, timeouts, remote failures, dropped and stale handles, Ctrl-C during a wait
 Every test calls meshrt.run once on every rank; the assertions about the run are made in
 main, on rank 0 (an assertion error there is re-raised by run on rank 0)."""
 import ctypes
+import json
 import os
 import pathlib
 import re
@@ -540,5 +541,32 @@ def test_record_replays_a_step_and_names_both_lines():
         ctl.synchronize()
         with pytest.raises(meshrt.UsageError, match=r"expected float32\[2\] on cpu as recorded"):
             rec(mesh.call("meshrt.full", [3], "float32", 1.0))
+
+    meshrt.run(main)
+
+
+def test_part_of_a_run_traced_with_python_lines():
+    path = pathlib.Path(release_path() + ".json")
+
+    def main(ctl):
+        mesh = ctl.world_mesh({"x": 4})
+        ctl.start_trace()
+        line = here() + 1
+        y = mesh.call("meshrt.full", [2], "float32", 1.0).reduce("x", "sum")
+        ctl.stop_trace()
+        mesh.call("meshrt.scale", y, 2.0)
+        ctl.synchronize()
+        try:
+            assert ctl.write_trace(path) > 0
+            trace = json.loads(path.read_text())
+        finally:
+            path.unlink(missing_ok=True)
+        spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+        calls = {e["name"]: e for e in spans if e["cat"] == "call"}
+        assert calls["meshrt.full"]["args"]["site"] == site(line), calls
+        assert "meshrt.scale" not in calls, "a call after stop_trace was recorded"
+        assert {e["pid"] for e in spans if e["name"] == "CallFunction meshrt.full"} == {0, 1, 2, 3}
+        with pytest.raises(meshrt.UsageError, match=r"write_trace inside a recording"):
+            ctl.record([y], lambda v: ctl.write_trace(path))
 
     meshrt.run(main)

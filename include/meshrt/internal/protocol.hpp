@@ -273,11 +273,13 @@ inline std::int64_t tree_parent(std::size_t fanout, std::size_t position) {
 // The controller's questions to every worker's watch thread, answered even while the
 // worker's event loop is stuck inside a function or a collective (worker/watch.cpp).
 enum class QueryOp : std::uint8_t {
-  State = 0,  // what the worker runs now: for the desync report of a timeout
-  Dump = 1,   // log the flight recorder, and send it
-  Abort = 2,  // abort NCCL communicators: the controller is about to end the job
+  State = 0,        // what the worker runs now: for the desync report of a timeout
+  Dump = 1,         // log the flight recorder, and send it
+  Abort = 2,        // abort NCCL communicators: the controller is about to end the job
+  Trace = 3,        // send the rank's timeline so far (Controller::write_trace)
+  TraceSwitch = 4,  // start (limit 1) or stop (limit 0) recording the timeline
 };
-inline constexpr int kNumQueryOps = 3;
+inline constexpr int kNumQueryOps = 5;
 
 struct Query {
   std::uint64_t id = 0;  // echoed by the answer, so the controller can drop stale answers
@@ -293,7 +295,8 @@ struct QueryAnswer {
   QueryOp op = QueryOp::State;
   // State: the Monitor's state as JSON text, open-ended by design (it grows with what the
   // flight recorder knows, and only the desync report reads it); Dump: the flight
-  // recorder's text; Abort: empty.
+  // recorder's text; Abort, TraceSwitch: empty; Trace: the rank's host, a NUL, the count
+  // of events its rings dropped (8 bytes), then its trace events (64 bytes each).
   std::string payload;
   std::string error;  // non-empty: the watch could not answer, and why
   friend bool operator==(const QueryAnswer&, const QueryAnswer&) = default;
