@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "meshrt/error.hpp"
 
@@ -71,6 +72,7 @@ nlohmann::json chrome_trace(const std::vector<RankEvents>& ranks, const std::vec
       events.push_back(
           {{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", 0}, {"args", {{"name", "controller"}}}});
     }
+    std::set<int> streams;  // device stream tracks named so far
     for (const Event& e : r.events) {
       const double ts = us(r, e.start_ns);
       const double dur = std::max(us(r, e.end_ns) - ts, 0.0);
@@ -105,6 +107,42 @@ nlohmann::json chrome_trace(const std::vector<RankEvents>& ranks, const std::vec
                             {"ts", ts},
                             {"dur", dur},
                             {"args", {{"ident", e.ident}}}});
+          break;
+        case Kind::Flush:
+          events.push_back({{"ph", "X"},
+                            {"cat", "batch"},
+                            {"name", fmt::format("send {} command{}", e.b, e.b == 1 ? "" : "s")},
+                            {"pid", pid},
+                            {"tid", 0},
+                            {"ts", ts},
+                            {"dur", dur},
+                            {"args", {{"commands", e.b}, {"ranks", e.c}, {"bytes", e.a}}}});
+          break;
+        case Kind::Device: {
+          const int tid = 16 + static_cast<int>(e.b);
+          if (streams.insert(tid).second) {
+            events.push_back({{"ph", "M"},
+                              {"name", "thread_name"},
+                              {"pid", pid},
+                              {"tid", tid},
+                              {"args", {{"name", fmt::format("emulated:{} stream {}", e.c, e.b)}}}});
+          }
+          const auto call = calls.find(e.ident);
+          json args{{"ident", e.ident}, {"queued_us", static_cast<double>(e.start_ns - e.queued_ns) / 1000.0}};
+          if (e.failed) args["failed"] = true;
+          events.push_back({{"ph", "X"},
+                            {"cat", "device"},
+                            {"name", call != calls.end() ? "task: " + call->second : std::string("task")},
+                            {"pid", pid},
+                            {"tid", tid},
+                            {"ts", ts},
+                            {"dur", dur},
+                            {"args", args}});
+          break;
+        }
+        case Kind::Mark:
+          events.push_back(
+              {{"ph", "i"}, {"s", "p"}, {"cat", "mark"}, {"name", name_of(e.a)}, {"pid", pid}, {"tid", 0}, {"ts", ts}});
           break;
         case Kind::Command: {
           // "Reduce reduce sum over 'gpu'": the command's kind, and what the controller called it.

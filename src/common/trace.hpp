@@ -1,9 +1,9 @@
 // The timeline's records (docs/running.md, "A timeline of the run"): with MESHRT_TRACE
-// set, each thread appends one-cache-line events to a ring of its own (no lock, no
-// allocation once its ring is mapped, no formatting; a call's name is a number in a table
-// of names, a hash lookup); at the end of the run the runtime
-// gathers every rank's events to rank 0, which writes one Chrome-trace file
-// (runtime/trace_file.cpp). Off, recording costs one load of a flag and a branch.
+// set (or after Controller::start_trace), each thread appends one-cache-line events to a
+// ring of its own (no lock, no allocation once its ring is mapped, no formatting; a call's
+// name is a number in a table of names, looked up once per name); a thread that ends
+// leaves its ring, events and all, to the next new thread. The files are written by
+// common/timeline.hpp. Off, recording costs one load of a flag and a branch.
 #pragma once
 
 #include <atomic>
@@ -19,7 +19,10 @@
 namespace meshrt::detail::trace {
 
 enum class Track : std::uint8_t { Controller = 0, Worker = 1 };
-enum class Kind : std::uint8_t { Call = 0, Wait = 1, Command = 2 };
+// Call: a controller call that issued an invocation; Wait: a wait on the controller;
+// Command: a worker's command; Flush: a batch of commands the controller sent; Mark: an
+// instant on the controller (a restart); Device: a task a device stream ran (emulated).
+enum class Kind : std::uint8_t { Call = 0, Wait = 1, Command = 2, Flush = 3, Mark = 4, Device = 5 };
 
 // One cache line: writing an event costs one line, not three.
 struct alignas(64) Event {
@@ -27,9 +30,10 @@ struct alignas(64) Event {
   std::int64_t end_ns = 0;
   std::uint64_t ident = 0;     // a call and the commands that run it share it (the flow)
   std::int64_t queued_ns = 0;  // a command: when it was queued
-  std::uint64_t a = 0;         // a command: its bytes; a call or a wait: its name (intern())
-  std::uint64_t b = 0;         // a command: the recording a replay ran it from; a call: its line
-  std::uint64_t c = 0;         // a call: the replay's line
+  std::uint64_t a = 0;         // a command, a flush: its bytes; a call, a wait, a mark: its name (intern())
+  std::uint64_t b = 0;         // a command: the recording a replay ran it from; a call: its line; a flush:
+                               // commands; a device task: its stream
+  std::uint64_t c = 0;         // a call: the replay's line; a flush: destinations; a device task: its device
   Track track = Track::Controller;
   Kind kind = Kind::Call;
   std::uint8_t type = 0;  // a command: its protocol tag
@@ -52,6 +56,10 @@ inline bool enabled() noexcept {
 void enable(std::size_t capacity) noexcept;
 // Stops recording; what was recorded stays until take_all.
 void disable() noexcept;
+
+// The ident of the command this thread runs now (the worker's), which the device work it
+// enqueues is recorded with.
+inline thread_local std::uint64_t current_ident = 0;
 
 inline std::int64_t now_ns() noexcept {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "common/trace.hpp"
 #include "meshrt/error.hpp"
 #include "meshrt/internal/settings.hpp"
 #include "meshrt/log.hpp"
@@ -119,6 +120,22 @@ void Batcher::flush() {
 
 void Batcher::flush_locked() {
   if (batch_.empty()) return;
+  // MESHRT_TRACE: the batch as a span of the controller's track, however it is sent.
+  struct Traced {
+    std::int64_t start;
+    std::uint64_t commands, ranks, bytes = 0;
+    ~Traced() {
+      if (start == 0) return;
+      trace::Event e;
+      e.kind = trace::Kind::Flush;
+      e.start_ns = start;
+      e.end_ns = trace::now_ns();
+      e.a = bytes;
+      e.b = commands;
+      e.c = ranks;
+      trace::record(e);
+    }
+  } traced{trace::enabled() ? trace::now_ns() : 0, batch_.size(), batch_dests_.size()};
   std::shared_ptr<control::Bytes> bytes;
   if (batch_.size() == 1) {
     bytes = std::make_shared<control::Bytes>(protocol::encode(batch_.front()));
@@ -127,6 +144,7 @@ void Batcher::flush_locked() {
         protocol::encode(protocol::Command{protocol::CommandGroup{std::move(batch_)}}));
   }
   batch_.clear();
+  traced.bytes = bytes->size();
   if (fanout_ == 0) {
     transport_->send(batch_dests_, control::Tag::Command, std::move(bytes));
     return;

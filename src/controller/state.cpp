@@ -307,7 +307,7 @@ void ControllerState::trace_call(Ident ident, const Words& what, const std::sour
   e.kind = trace::Kind::Call;
   e.start_ns = e.end_ns = trace::now_ns();
   e.ident = ident;
-  e.a = trace::intern(what.str());
+  e.a = what.trace_name();
   e.b = trace::Event::site(where);
   e.c = trace::Event::site(replayed_at);
   trace::record(e);
@@ -409,6 +409,13 @@ std::string ControllerState::unhandled_dumps(const std::exception_ptr& error) co
 
 void ControllerState::restart_workers() {
   refuse_in_recording("restart_workers");
+  if (trace::enabled()) {
+    trace::Event e;
+    e.kind = trace::Kind::Mark;
+    e.start_ns = e.end_ns = trace::now_ns();
+    e.a = trace::intern("restart_workers");
+    trace::record(e);
+  }
   flush_deferred();
   tracker_.expect_restart();
   append(workers_, protocol::Exit{.restart = true});

@@ -8,6 +8,7 @@
 #include <new>
 #include <string_view>
 
+#include "common/trace.hpp"
 #include "meshrt/internal/settings.hpp"
 
 namespace meshrt::device {
@@ -102,6 +103,30 @@ void EmulatedStream::enqueue(std::function<void()> task) {
 }
 
 void EmulatedStream::enqueue_communication(std::function<void()> task) {
+  if (detail::trace::enabled()) {
+    // MESHRT_TRACE: the task as a span of this stream's track, with the command that
+    // enqueued it, from its queueing through its run on the stream's thread.
+    task = [task = std::move(task), queued = detail::trace::now_ns(), ident = detail::trace::current_ident,
+            id = shared_->id, device = shared_->device] {
+      detail::trace::Event e;
+      e.track = detail::trace::Track::Worker;
+      e.kind = detail::trace::Kind::Device;
+      e.queued_ns = queued;
+      e.ident = ident;
+      e.b = id;
+      e.c = static_cast<std::uint64_t>(device);
+      e.start_ns = detail::trace::now_ns();
+      struct Record {
+        detail::trace::Event& e;
+        ~Record() {
+          e.end_ns = detail::trace::now_ns();
+          e.failed = std::uncaught_exceptions() > 0 || EmulatedStream::faulted_now();
+          detail::trace::record(e);
+        }
+      } record{e};
+      task();
+    };
+  }
   {
     std::lock_guard lock(shared_->mutex);
     shared_->queue.push_back(std::move(task));

@@ -68,6 +68,7 @@ void Monitor::running(std::uint64_t seq) {
   r.state = CommandState::Running;
   r.at.started = Clock::now();
   current_.store(seq);
+  trace::current_ident = r.ident;
 }
 
 void Monitor::describe(std::uint64_t seq, std::string_view name, std::span<const int> peers, std::uint64_t bytes) {
