@@ -23,11 +23,10 @@ namespace meshrt::detail {
 
 namespace {
 constexpr int kTag = 17;
-constexpr int kRounds = 16;
 constexpr std::size_t kHost = 64;
 }  // namespace
 
-ClockOffsets measure_clock_offsets(MPI_Comm comm) {
+ClockOffsets measure_clock_offsets(MPI_Comm comm, int rounds) {
   int rank = 0, size = 1;
   MESHRT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   MESHRT_MPI_CHECK(MPI_Comm_size(comm, &size));
@@ -37,7 +36,7 @@ ClockOffsets measure_clock_offsets(MPI_Comm comm) {
     c.residual_ns.assign(static_cast<std::size_t>(size), 0);
     for (int r = 1; r < size; ++r) {
       std::int64_t best = std::numeric_limits<std::int64_t>::max();
-      for (int k = 0; k < kRounds; ++k) {
+      for (int k = 0; k < rounds; ++k) {
         const std::int64_t t0 = trace::now_ns();
         std::int64_t t1 = 0;
         MESHRT_MPI_CHECK(MPI_Send(&t0, 1, MPI_INT64_T, r, kTag, comm));
@@ -51,7 +50,7 @@ ClockOffsets measure_clock_offsets(MPI_Comm comm) {
       }
     }
   } else {
-    for (int k = 0; k < kRounds; ++k) {
+    for (int k = 0; k < rounds; ++k) {
       std::int64_t t0 = 0;
       MESHRT_MPI_CHECK(MPI_Recv(&t0, 1, MPI_INT64_T, 0, kTag, comm, MPI_STATUS_IGNORE));
       const std::int64_t t1 = trace::now_ns();

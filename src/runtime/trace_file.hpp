@@ -23,9 +23,9 @@ struct ClockOffsets {
   std::int64_t own_offset_ns = 0, own_residual_ns = 0;
 };
 
-// Collective over `comm`: 16 round trips between rank 0 and each other rank, then each
-// rank is told its own offset.
-ClockOffsets measure_clock_offsets(MPI_Comm comm);
+// Collective over `comm`: `rounds` round trips between rank 0 and each other rank (the
+// shortest one counts), then each rank is told its own offset.
+ClockOffsets measure_clock_offsets(MPI_Comm comm, int rounds);
 
 // Collective over `comm`: gathers the events every thread recorded (trace::take_all) and
 // rank 0 writes them to `path`; returns the number of events written on rank 0 (0
