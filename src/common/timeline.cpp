@@ -197,7 +197,7 @@ void write_json(const std::string& path, const nlohmann::json& trace, std::strin
   }
 }
 
-std::string dump_rank(std::string_view reason, const std::vector<Event>& running) {
+std::string dump_rank(std::string_view reason, const std::vector<Event>& running, bool in_signal) {
   const Session& s = the_session();
   if (s.path.empty()) return "";
   static std::atomic<bool> dumped{false};
@@ -205,10 +205,18 @@ std::string dump_rank(std::string_view reason, const std::vector<Event>& running
   const std::string path = fmt::format("{}.rank{}.json", s.path, s.rank);
   try {
     RankEvents mine{.rank = s.rank, .host = s.host, .offset_ns = s.offset_ns, .residual_ns = s.residual_ns};
-    mine.events = snapshot(&mine.dropped);
+    std::vector<std::string> table;
+    if (in_signal) {
+      if (!try_snapshot(mine.events, &mine.dropped, table)) {
+        return "its timeline was not written: the crashed thread may hold the timeline's table";
+      }
+    } else {
+      mine.events = snapshot(&mine.dropped);
+      table = names();
+    }
     mine.events.insert(mine.events.end(), running.begin(), running.end());
     mine.calls_here = s.rank == 0;
-    nlohmann::json trace = chrome_trace({mine}, names(), true);
+    nlohmann::json trace = chrome_trace({mine}, table, true);
     trace["otherData"]["meshrt"]["rank"] = s.rank;
     trace["otherData"]["meshrt"]["reason"] = std::string(reason);
     write_json(path, trace, fmt::format("MESHRT_TRACE={} (this rank's file)", s.path));

@@ -61,6 +61,7 @@ void write_json(const std::string& path, const nlohmann::json& trace, std::strin
 // This rank's own file, `<MESHRT_TRACE>.rank<N>.json`, while the process is being ended:
 // its events so far, and `running` (commands that had not finished, marked unfinished).
 // Once per process; returns a line for the rank's report ("" when there is no timeline).
-std::string dump_rank(std::string_view reason, const std::vector<Event>& running);
+// `in_signal`: from a fatal signal's handler, which gives up rather than wait for a lock.
+std::string dump_rank(std::string_view reason, const std::vector<Event>& running, bool in_signal = false);
 
 }  // namespace meshrt::detail::trace

@@ -94,9 +94,11 @@ struct Registry {
   std::vector<std::string> names;
 };
 
+// Never destroyed: a thread that ends after the process's statics (a detached stream
+// thread at exit) still gives its ring back.
 Registry& registry() {
-  static Registry r;
-  return r;
+  static Registry* r = new Registry;
+  return *r;
 }
 
 // A thread's hold on its ring: taken at its first event, given back when it ends.
@@ -171,12 +173,12 @@ void record(const Event& e) {
 namespace {
 
 // Every ring's events, oldest first per ring; `release` empties the rings (take_all).
+// Under the registry's lock.
 // A copy while threads record skips the oldest `margin` of a wrapped ring, which its
 // writer may be overwriting.
-std::vector<Event> collect(std::uint64_t* dropped, bool release, std::size_t margin) {
+std::vector<Event> collect_locked(std::uint64_t* dropped, bool release, std::size_t margin) {
   std::vector<Event> out;
   std::uint64_t lost = 0;
-  std::lock_guard lock(registry().mutex);
   for (auto& r : registry().rings) {
     if (r->events == nullptr) continue;
     const std::size_t next = r->next.load(std::memory_order_acquire);
@@ -197,11 +199,21 @@ std::vector<Event> collect(std::uint64_t* dropped, bool release, std::size_t mar
 }  // namespace
 
 std::vector<Event> take_all(std::uint64_t* dropped) {
-  return collect(dropped, true, 0);
+  std::lock_guard lock(registry().mutex);
+  return collect_locked(dropped, true, 0);
 }
 
 std::vector<Event> snapshot(std::uint64_t* dropped) {
-  return collect(dropped, false, 64);
+  std::lock_guard lock(registry().mutex);
+  return collect_locked(dropped, false, Ring::kStage);
+}
+
+bool try_snapshot(std::vector<Event>& events, std::uint64_t* dropped, std::vector<std::string>& names) {
+  std::unique_lock lock(registry().mutex, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  events = collect_locked(dropped, false, Ring::kStage);
+  names = registry().names;
+  return true;
 }
 
 }  // namespace meshrt::detail::trace

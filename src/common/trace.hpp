@@ -84,5 +84,8 @@ std::vector<Event> take_all(std::uint64_t* dropped = nullptr);
 // A copy of every thread's events so far, while the threads may still record: the
 // rings stay. An event written during the copy may be left out.
 std::vector<Event> snapshot(std::uint64_t* dropped = nullptr);
+// snapshot() and names() together, for a signal handler: false, and nothing copied, when
+// another thread holds the table (the handler must not wait for the thread it stopped).
+bool try_snapshot(std::vector<Event>& events, std::uint64_t* dropped, std::vector<std::string>& names);
 
 }  // namespace meshrt::detail::trace

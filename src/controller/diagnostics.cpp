@@ -388,6 +388,13 @@ void Diagnostics::abort_job(const std::string& reason) {
   // Each watch writes its rank's own timeline file first when MESHRT_TRACE is set.
   query({.op = protocol::QueryOp::Abort, .reason = reason.substr(0, reason.find('\n'))},
         trace::session().path.empty() ? std::chrono::milliseconds(500) : std::chrono::milliseconds(5000));
+  // A dedicated controller's rank has no watch to do it (on the others this is a no-op:
+  // its watch has written the file).
+  if (std::find(workers_.begin(), workers_.end(), 0) == workers_.end()) {
+    if (const std::string dumped = trace::dump_rank("the controller aborted the job", {}); !dumped.empty()) {
+      std::fprintf(stderr, "meshrt: rank 0: %s\n", dumped.c_str());
+    }
+  }
   // The return code is ignored on purpose: MPI_Abort does not return on success, and
   // std::abort below ends this process if it does.
   MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));

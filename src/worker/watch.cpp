@@ -65,7 +65,7 @@ void on_fatal(int sig) {
   }
   // MESHRT_TRACE: the rank's own timeline file (the monitor's lock may be held here, so
   // without the running command).
-  if (const std::string dumped = trace::dump_rank(fmt::format("signal {}", sig), {}); !dumped.empty()) {
+  if (const std::string dumped = trace::dump_rank(fmt::format("signal {}", sig), {}, true); !dumped.empty()) {
     report += fmt::format("meshrt: rank {}: {}\n", rank, dumped);
   }
   report += fmt::format("meshrt: rank {}: ending the whole job (MPI_Abort) so that no rank waits for this one\n", rank);

@@ -8,7 +8,9 @@
    rank prints its SIGTERM report and names its own timeline file; `meshrt-trace merge`
    joins the four into one file that passes `meshrt-trace check`, with rank 2's kernel and
    rank 3's all_reduce marked unfinished, and `summary` says so.
-2. Controller::abort: every rank writes its own file before the job ends.
+2. Controller::abort: every rank writes its own file before the job ends; a segfault on
+   rank 2: its crash report names its file, and the others' come from the launcher's
+   SIGTERM.
 3. start_trace / stop_trace / write_trace without MESHRT_TRACE: write_trace before any
    recording is refused, and the file holds exactly what was issued in between, on every
    rank; nothing is written at the end of the run."""
@@ -82,6 +84,18 @@ def abort(tool, mt, command, tmp):
     assert set(trace["otherData"]["meshrt"]["reasons"].values()) == {"the controller aborted the job"}, trace
 
 
+def crash(tool, mt, command, tmp):
+    stem = os.path.join(tmp, "crash.json")
+    run = subprocess.run(command + ["crash"], env=dict(os.environ, MESHRT_TRACE=stem), capture_output=True, text=True,
+                         timeout=60)
+    sys.stderr.write(run.stderr)
+    assert run.returncode != 0, "the job crashed, yet it exited 0"
+    assert re.search(rf"^meshrt: rank 2: its timeline so far \(\d+ events\): {re.escape(stem)}\.rank2\.json",
+                     run.stderr, re.M), "the crashed rank's report names no timeline file"
+    _, trace = merged(tool, mt, tmp, stem)
+    assert trace["otherData"]["meshrt"]["reasons"]["2"] == "signal 11", trace["otherData"]
+
+
 def parts(tool, mt, command, tmp):
     path = os.path.join(tmp, "parts.json")
     env = {k: v for k, v in os.environ.items() if k != "MESHRT_TRACE"}
@@ -108,6 +122,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         sigterm(tool, mt, command, tmp)
         abort(tool, mt, command, tmp)
+        crash(tool, mt, command, tmp)
         parts(tool, mt, command, tmp)
     print("trace_end_test: ok")
 
