@@ -326,7 +326,7 @@ std::uint64_t Diagnostics::write_trace(const std::string& path) {
     const auto it = answers.find(rank);
     const std::string* payload = it == answers.end() || !it->second.error.empty() ? nullptr : &it->second.payload;
     const std::size_t host_end = payload ? payload->find('\0') : std::string::npos;
-    if (host_end == std::string::npos ||
+    if (host_end == std::string::npos || payload->size() < host_end + 1 + sizeof(std::uint64_t) ||
         (payload->size() - host_end - 1 - sizeof(std::uint64_t)) % sizeof(trace::Event) != 0) {
       missing.push_back(rank);
       continue;
