@@ -25,6 +25,7 @@
 #   demo-tree meshrt-demo with the fan-out and status trees on (threshold 0, fan-out 2)
 #   killed    a rank of n2 killed mid-job: the job ends, naming the rank and n2
 #   scancel   the job cancelled mid-run: every rank reports SIGTERM with its last commands
+#             and writes its own timeline file (MESHRT_TRACE); the four merge into one
 #   badnic    OMPI_MCA_btl_tcp_if_include naming an interface no node has: the job fails
 #             at start, each rank naming the setting, its node and the node's interfaces
 #   nodeloss  n2 lost whole (every process of its namespace killed, slurmd included): the
@@ -375,8 +376,13 @@ fi
 # 4b. scancel mid-job: each rank says it got SIGTERM and shows its last commands, on its
 # node, before the job ends (Slurm's KillWait, 2 s here, before SIGKILL). The controller
 # runs far ahead of the workers: a recorder of 10^5 commands still holds the ones that
-# ran behind the queued ones.
-if wanted scancel && start_long_demo scancel MESHRT_FLIGHT_RECORDER=100000; then
+# ran behind the queued ones. With MESHRT_TRACE each rank also writes its own timeline
+# file, and meshrt-trace merges the four into one that passes its check (rings of 4096
+# events: written well within KillWait; so short that the controller's newest calls, far
+# ahead, have not run yet on the workers, whose tails are older: no flows required).
+trace_stem="$TMP/jobs/scancel-trace.json"
+if wanted scancel && start_long_demo scancel MESHRT_FLIGHT_RECORDER=100000 MESHRT_TRACE="$trace_stem" \
+    MESHRT_TRACE_EVENTS=4096; then
     scancel --name=scancel
     wait "$job"; JOB_OUT="$TMP/jobs/scancel.out"
     ok=1
@@ -384,9 +390,15 @@ if wanted scancel && start_long_demo scancel MESHRT_FLIGHT_RECORDER=100000; then
         node=n$(( r / 2 + 1 ))
         expect_line scancel "^meshrt: rank $r on $node: SIGTERM \\(scancel, a time limit or the launcher is ending the job\\); what it did last:" || ok=0
         expect_line scancel "^flight recorder of rank $r on $node \\(the last [0-9]+ commands that ran" || ok=0
+        expect_line scancel "^meshrt: rank $r on $node: its timeline so far \\([0-9]+ events\\): $trace_stem\\.rank$r\\.json" || ok=0
     done
     expect_line scancel "^  #[0-9]+ +(done|running) +(CallFunction|Reduce)" || ok=0
-    [[ $ok == 1 ]] && log "  ok: scancel (each rank reported SIGTERM with its last commands, named by node)"
+    if [[ $ok == 1 ]] && ! merged=$("$REPO_DIR/apps/meshrt-trace/meshrt-trace" merge "$trace_stem" "$trace_stem".rank*.json 2>&1 &&
+        "$REPO_DIR/apps/meshrt-trace/meshrt-trace" check "$trace_stem" --ranks 4 --partial 2>&1); then
+        fail_job scancel "the ranks' timeline files did not merge into a valid one: $merged"
+        ok=0
+    fi
+    [[ $ok == 1 ]] && log "  ok: scancel (each rank reported SIGTERM with its last commands and wrote its timeline, named by node)"
 fi
 
 # 5. A network interface that n1 and n2 lack, named for Open MPI's TCP transport: the
