@@ -336,7 +336,7 @@ std::uint64_t Diagnostics::write_trace(const std::string& path) {
     std::memcpy(&r.dropped, p, sizeof r.dropped);
     p += sizeof r.dropped;
     r.events.resize((payload->size() - host_end - 1 - sizeof r.dropped) / sizeof(trace::Event));
-    std::memcpy(static_cast<void*>(r.events.data()), p, r.events.size() * sizeof(trace::Event));
+    if (!r.events.empty()) std::memcpy(static_cast<void*>(r.events.data()), p, r.events.size() * sizeof(trace::Event));
     add(rank, std::move(r));
   }
   std::sort(ranks.begin(), ranks.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
