@@ -862,22 +862,14 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
 void Controller::synchronize() {
   ControllerState& ctl = *state_;
   ctl.refuse_in_recording("synchronize");
-  const protocol::Ident ident = ctl.new_ident("synchronize");
-  ctl.flush_deferred();
-  ctl.append(ctl.workers(), protocol::RequestStatus{ident}, ident);
-  ctl.flush();
-  ctl.wait_for(ident, std::nullopt, "synchronize");
+  ctl.wait_for_issued(std::nullopt, "synchronize");
   ctl.raise_unobserved_failures();
 }
 
 void Controller::synchronize(std::chrono::duration<double> timeout) {
   ControllerState& ctl = *state_;
   ctl.refuse_in_recording("synchronize");
-  const protocol::Ident ident = ctl.new_ident("synchronize");
-  ctl.flush_deferred();
-  ctl.append(ctl.workers(), protocol::RequestStatus{ident}, ident);
-  ctl.flush();
-  ctl.wait_for(ident, timeout, "synchronize");
+  ctl.wait_for_issued(timeout, "synchronize");
   synchronize();
 }
 
@@ -910,11 +902,7 @@ namespace {
 // every rank starts or stops recording: what is issued in between is recorded, exactly.
 void switch_trace(ControllerState& ctl, bool on, const char* what) {
   ctl.refuse_in_recording(what);
-  const protocol::Ident ident = ctl.new_ident(what);
-  ctl.flush_deferred();
-  ctl.append(ctl.workers(), protocol::RequestStatus{ident}, ident);
-  ctl.flush();
-  ctl.wait_for(ident, std::nullopt, what);
+  ctl.wait_for_issued(std::nullopt, what);
   ctl.switch_trace(on);
 }
 }  // namespace

@@ -439,6 +439,14 @@ void ControllerState::restart_workers() {
   tracker_.restart();
 }
 
+void ControllerState::wait_for_issued(std::optional<std::chrono::duration<double>> timeout, const char* what) {
+  const Ident ident = new_ident(what);
+  flush_deferred();
+  append(workers_, protocol::RequestStatus{ident}, ident);
+  flush();
+  wait_for(ident, timeout, what);
+}
+
 void ControllerState::shutdown(std::chrono::duration<double> timeout) {
   flush_deferred();
   const Ident ident = new_ident("shutdown");

@@ -186,6 +186,9 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   static constexpr std::chrono::milliseconds kAskIdleAfter{1};
   // Waits until frontier() >= ident; throws TimeoutError after `timeout`.
   void wait_for(Ident ident, std::optional<std::chrono::duration<double>> timeout, const std::string& what);
+  // Waits until every worker has run everything issued so far (a RequestStatus to all of
+  // them under a new ident named `what`); failures stay for the futures and synchronize().
+  void wait_for_issued(std::optional<std::chrono::duration<double>> timeout, const char* what);
 
   std::shared_ptr<Node> make_node(Ident ident, Words what, const std::source_location& where,
                                   std::span<const std::shared_ptr<Node>> inputs);
