@@ -74,24 +74,27 @@ def sigterm(tool, mt, command, tmp):
     assert re.search(r"rank 2 \(rank 2 on \S+\): CallFunction test.sleep .*\(SIGTERM\)", summary), summary
 
 
-def abort(tool, mt, command, tmp):
-    stem = os.path.join(tmp, "abort.json")
-    run = subprocess.run(command + ["abort"], env=dict(os.environ, MESHRT_TRACE=stem), capture_output=True, text=True,
+def ended(command, tmp, mode):
+    """Runs `mode` with MESHRT_TRACE, which must end the job with an error: (the files'
+    stem, its stderr)."""
+    stem = os.path.join(tmp, f"{mode}.json")
+    run = subprocess.run(command + [mode], env=dict(os.environ, MESHRT_TRACE=stem), capture_output=True, text=True,
                          timeout=60)
     sys.stderr.write(run.stderr)
-    assert run.returncode != 0, "the job aborted, yet it exited 0"
+    assert run.returncode != 0, f"the job was ended ({mode}), yet it exited 0"
+    return stem, run.stderr
+
+
+def abort(tool, mt, command, tmp):
+    stem, _ = ended(command, tmp, "abort")
     _, trace = merged(tool, mt, tmp, stem)
     assert set(trace["otherData"]["meshrt"]["reasons"].values()) == {"the controller aborted the job"}, trace
 
 
 def crash(tool, mt, command, tmp):
-    stem = os.path.join(tmp, "crash.json")
-    run = subprocess.run(command + ["crash"], env=dict(os.environ, MESHRT_TRACE=stem), capture_output=True, text=True,
-                         timeout=60)
-    sys.stderr.write(run.stderr)
-    assert run.returncode != 0, "the job crashed, yet it exited 0"
+    stem, err = ended(command, tmp, "crash")
     assert re.search(rf"^meshrt: rank 2: its timeline so far \(\d+ events\): {re.escape(stem)}\.rank2\.json",
-                     run.stderr, re.M), "the crashed rank's report names no timeline file"
+                     err, re.M), "the crashed rank's report names no timeline file"
     _, trace = merged(tool, mt, tmp, stem)
     assert trace["otherData"]["meshrt"]["reasons"]["2"] == "signal 11", trace["otherData"]
 
