@@ -197,12 +197,17 @@ void write_json(const std::string& path, const nlohmann::json& trace, std::strin
   }
 }
 
+std::string rank_file() {
+  const Session& s = the_session();
+  return s.path.empty() ? "" : fmt::format("{}.rank{}.json", s.path, s.rank);
+}
+
 std::string dump_rank(std::string_view reason, const std::vector<Event>& running, bool in_signal) {
   const Session& s = the_session();
   if (s.path.empty()) return "";
   static std::atomic<bool> dumped{false};
   if (dumped.exchange(true)) return "";
-  const std::string path = fmt::format("{}.rank{}.json", s.path, s.rank);
+  const std::string path = rank_file();
   try {
     RankEvents mine{.rank = s.rank, .host = s.host, .offset_ns = s.offset_ns, .residual_ns = s.residual_ns};
     std::vector<std::string> table;

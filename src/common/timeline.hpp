@@ -58,7 +58,10 @@ nlohmann::json chrome_trace(const std::vector<RankEvents>& ranks, const std::vec
 // Writes `trace` to `path`; throws Error beginning with `what` (the setting or the call) when it cannot.
 void write_json(const std::string& path, const nlohmann::json& trace, std::string_view what);
 
-// This rank's own file, `<MESHRT_TRACE>.rank<N>.json`, while the process is being ended:
+// This rank's own file, `<MESHRT_TRACE>.rank<N>.json` ("" when there is no timeline).
+std::string rank_file();
+
+// Writes rank_file() while the process is being ended:
 // its events so far, and `running` (commands that had not finished, marked unfinished).
 // Once per process; returns a line for the rank's report ("" when there is no timeline).
 // `in_signal`: from a fatal signal's handler, which gives up rather than wait for a lock.

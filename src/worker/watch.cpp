@@ -167,12 +167,17 @@ void Watch::loop() {
 }
 
 [[noreturn]] void Watch::report_sigterm() {
-  const std::string report = fmt::format(
+  std::string report = fmt::format(
       "meshrt: rank {} on {}: SIGTERM (scancel, a time limit or the launcher is ending the job); what it did last:\n{}",
       monitor_.rank(), monitor_.host(), monitor_.recent(kSigtermCommands));
+  // MESHRT_TRACE: then the rank's own timeline file, the commands still running included.
+  // The report goes first and names the file: a launcher may stop forwarding a rank's
+  // output soon after its SIGTERM (Slurm ends the batch script, and srun with it).
+  if (const std::string file = trace::rank_file(); !file.empty()) {
+    report += fmt::format("meshrt: rank {} on {}: writing its timeline so far to {} (MESHRT_TRACE)\n", monitor_.rank(),
+                          monitor_.host(), file);
+  }
   write_stderr(report);  // in one write, at any log level (the job's output keeps it)
-  // MESHRT_TRACE: then the rank's own timeline file, the commands still running included
-  // (a launcher may not wait long after its SIGTERM: the report goes first).
   if (const std::string dumped = trace::dump_rank("SIGTERM", monitor_.running_events()); !dumped.empty()) {
     write_stderr(fmt::format("meshrt: rank {} on {}: {}\n", monitor_.rank(), monitor_.host(), dumped));
   }

@@ -61,6 +61,8 @@ def sigterm(tool, mt, command, tmp):
     assert job.returncode != 0, "the job was ended, yet it exited 0"
     for r in range(4):
         assert re.search(rf"^meshrt: rank {r} on \S+: SIGTERM \(scancel, a time limit", err, re.M), f"rank {r}"
+        assert re.search(rf"^meshrt: rank {r} on \S+: writing its timeline so far to {re.escape(stem)}\.rank{r}\.json"
+                         rf" \(MESHRT_TRACE\)", err, re.M), f"rank {r}'s report names its file"
         assert re.search(rf"^meshrt: rank {r} on \S+: its timeline so far \(\d+ events\): {re.escape(stem)}"
                          rf"\.rank{r}\.json \(meshrt-trace merge joins", err, re.M), f"rank {r}'s timeline line"
     path, trace = merged(tool, mt, tmp, stem)

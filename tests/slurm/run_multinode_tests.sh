@@ -376,8 +376,10 @@ fi
 # 4b. scancel mid-job: each rank says it got SIGTERM and shows its last commands, on its
 # node, before the job ends (Slurm's KillWait, 2 s here, before SIGKILL). The controller
 # runs far ahead of the workers: a recorder of 10^5 commands still holds the ones that
-# ran behind the queued ones. With MESHRT_TRACE each rank also writes its own timeline
-# file, and meshrt-trace merges the four into one that passes its check (rings of 4096
+# ran behind the queued ones. With MESHRT_TRACE each rank's report names its timeline
+# file, which it writes next (the line it prints once written may be lost: Slurm ends the
+# batch script, and srun with it, a moment after the SIGTERM), and meshrt-trace merges
+# the four files into one that passes its check (rings of 4096
 # events: written well within KillWait; so short that the controller's newest calls, far
 # ahead, have not run yet on the workers, whose tails are older: no flows required).
 trace_stem="$TMP/jobs/scancel-trace.json"
@@ -390,7 +392,8 @@ if wanted scancel && start_long_demo scancel MESHRT_FLIGHT_RECORDER=100000 MESHR
         node=n$(( r / 2 + 1 ))
         expect_line scancel "^meshrt: rank $r on $node: SIGTERM \\(scancel, a time limit or the launcher is ending the job\\); what it did last:" || ok=0
         expect_line scancel "^flight recorder of rank $r on $node \\(the last [0-9]+ commands that ran" || ok=0
-        expect_line scancel "^meshrt: rank $r on $node: its timeline so far \\([0-9]+ events\\): $trace_stem\\.rank$r\\.json" || ok=0
+        expect_line scancel "^meshrt: rank $r on $node: writing its timeline so far to $trace_stem\\.rank$r\\.json \\(MESHRT_TRACE\\)" || ok=0
+        [[ -s "$trace_stem.rank$r.json" ]] || { fail_job scancel "rank $r wrote no $trace_stem.rank$r.json"; ok=0; }
     done
     expect_line scancel "^  #[0-9]+ +(done|running) +(CallFunction|Reduce)" || ok=0
     if [[ $ok == 1 ]] && ! merged=$("$REPO_DIR/apps/meshrt-trace/meshrt-trace" merge "$trace_stem" "$trace_stem".rank*.json 2>&1 &&
