@@ -307,6 +307,28 @@ run "device_data_plane@$NP" 90 gtest mpiexec -n "$NP" device_data_plane
 # (On emulated, as a one-GPU node: one device, so its lines shrink to one rank.)
 MESHRT_EMULATED_DEVICES=1 run runtime_cuda@2 90 gtest mpiexec -n 2 runtime_cuda
 MESHRT_EMULATED_DEVICES=1 run runtime_cuda@4 90 gtest mpiexec -n 4 runtime_cuda
+# The timeline on CUDA: runtime_cuda at 2 ranks with MESHRT_TRACE, then `meshrt-trace
+# check --devices` (Python, outside the bundle): on every rank the GPU work of its
+# commands, timed by CUDA events, as spans of its streams' tracks, each after its call.
+TRACE_FILE=$WORK/cuda-trace.json
+if MESHRT_EMULATED_DEVICES=1 MESHRT_TRACE=$TRACE_FILE run timeline@2 90 gtest mpiexec -n 2 runtime_cuda; then
+  PY=$(command -v python3 || echo /opt/torch/.venv/bin/python3)
+  if [ ! -x "$PY" ]; then
+    record "timeline check" SKIP 0 "no python3 here to run meshrt-trace"
+  elif out=$("$PY" "$ROOT/apps/meshrt-trace/meshrt-trace" check "$TRACE_FILE" --ranks 2 --devices 2>&1) &&
+    tracks=$("$PY" -c 'import json, sys
+t = json.load(open(sys.argv[1]))["traceEvents"]
+names = sorted({e["args"]["name"] for e in t if e.get("name") == "thread_name" and " stream " in e["args"]["name"]})
+spans = [e for e in t if e.get("cat") == "device"]
+busy = sum(e["dur"] for e in spans)
+print("%d device spans, %.0f us, on %d tracks: %s" % (len(spans), busy, len(names), ", ".join(names)))
+sys.exit(0 if spans and all(n.startswith(sys.argv[2]) for n in names) else 1)' "$TRACE_FILE" "$([ "$REHEARSAL" = 1 ] && echo emulated || echo cuda)" 2>&1); then
+    record "timeline check" PASS 0 "${out##*: }; $tracks"
+  else
+    echo "$out $tracks" >"$LOG/timeline-check.txt"
+    record "timeline check" FAIL 0 "${out:0:300} ${tracks:-}" "$LOG/timeline-check.txt"
+  fi
+fi
 run "mpi_group_nccl@$NP" 60 gtest mpiexec -n "$NP" mpi_group_nccl
 [ "$NP" -ge 2 ] && run runtime_overlap@2 90 gtest mpiexec -n 2 runtime_overlap
 

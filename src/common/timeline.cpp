@@ -121,11 +121,12 @@ nlohmann::json chrome_trace(const std::vector<RankEvents>& ranks, const std::vec
         case Kind::Device: {
           const int tid = 16 + static_cast<int>(e.b);
           if (streams.insert(tid).second) {
-            events.push_back({{"ph", "M"},
-                              {"name", "thread_name"},
-                              {"pid", pid},
-                              {"tid", tid},
-                              {"args", {{"name", fmt::format("emulated:{} stream {}", e.c, e.b)}}}});
+            events.push_back(
+                {{"ph", "M"},
+                 {"name", "thread_name"},
+                 {"pid", pid},
+                 {"tid", tid},
+                 {"args", {{"name", fmt::format("{}:{} stream {}", e.type == 1 ? "cuda" : "emulated", e.c, e.b)}}}});
           }
           const auto call = calls.find(e.ident);
           json args{{"ident", e.ident}, {"queued_us", static_cast<double>(e.start_ns - e.queued_ns) / 1000.0}};

@@ -21,7 +21,8 @@ namespace meshrt::detail::trace {
 enum class Track : std::uint8_t { Controller = 0, Worker = 1 };
 // Call: a controller call that issued an invocation; Wait: a wait on the controller;
 // Command: a worker's command; Flush: a batch of commands the controller sent; Mark: an
-// instant on the controller (a restart); Device: a task a device stream ran (emulated).
+// instant on the controller (a restart); Device: a task a device stream ran (emulated), or
+// a command's work on a CUDA stream (device::trace_command_begin).
 enum class Kind : std::uint8_t { Call = 0, Wait = 1, Command = 2, Flush = 3, Mark = 4, Device = 5 };
 
 // One cache line: writing an event costs one line, not three.
@@ -36,7 +37,7 @@ struct alignas(64) Event {
   std::uint64_t c = 0;         // a call: the replay's line; a flush: destinations; a device task: its device
   Track track = Track::Controller;
   Kind kind = Kind::Call;
-  std::uint8_t type = 0;  // a command: its protocol tag
+  std::uint8_t type = 0;  // a command: its protocol tag; a device task: 0 emulated, 1 cuda
   bool failed = false;
   bool unfinished = false;  // a command still running when its rank's timeline was dumped
 

@@ -24,6 +24,10 @@ struct Stream::Impl : std::enable_shared_from_this<Stream::Impl> {
   virtual void synchronize() = 0;
   virtual std::optional<std::string> error() = 0;
   virtual std::string to_string() const = 0;
+  // MESHRT_TRACE: opens, then closes the span of one command's device work on this stream
+  // (trace_command_begin in device.hpp). The emulated stream records each task itself.
+  virtual void trace_open() {}
+  virtual void trace_close() {}
 };
 
 struct Event::Impl {

@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <mutex>
 #include <vector>
 
+#include "common/trace.hpp"
 #include "device/backend.hpp"
 #include "device/pool.hpp"
 #include "meshrt/internal/settings.hpp"
@@ -43,6 +45,40 @@ void CUDART_CB run_host_task(void* p) {
   }
 }
 
+class CudaStream;
+
+// The streams with traced spans not yet recorded (cuda_trace_flush), and how many spans.
+std::mutex g_traced_mutex;
+std::vector<std::weak_ptr<CudaStream>> g_traced;
+std::atomic<std::size_t> g_traced_spans{0};
+
+// Timing events tell how long after another event they completed, on the device's clock.
+// A span's times on the host's clock come from an anchor: an event recorded on an idle
+// stream of its own and waited for, whose completion the host saw a few microseconds
+// after the device did. A new anchor every few seconds: the times are float milliseconds
+// (about a microsecond of resolution 8 s after the anchor).
+struct Anchor {
+  cudaEvent_t event = nullptr;
+  std::int64_t host_ns = 0;
+  Anchor() = default;
+  Anchor(const Anchor&) = delete;
+  Anchor& operator=(const Anchor&) = delete;
+  ~Anchor() {
+    if (event) (void)cudaEventDestroy(event);
+  }
+};
+constexpr std::int64_t kReanchorNs = 4'000'000'000;
+
+// MESHRT_TRACE: one command's device work on a stream, between two timing events, and
+// the command that enqueued it.
+struct TracedSpan {
+  cudaEvent_t begin = nullptr;
+  cudaEvent_t end = nullptr;
+  std::shared_ptr<const Anchor> anchor;  // recorded and complete before `begin`
+  std::int64_t queued_ns = 0;
+  std::uint64_t ident = 0;
+};
+
 class CudaStream final : public Stream::Impl {
  public:
   CudaStream(int device, std::uint64_t id, CachingPool& pool) : device_(device), id_(id), pool_(pool) {
@@ -50,10 +86,90 @@ class CudaStream final : public Stream::Impl {
     MESHRT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~CudaStream() override {
+    // What has run is recorded; spans still running are not waited for.
+    if (traced_) {
+      flush(false);
+      std::lock_guard lock(trace_mutex_);
+      g_traced_spans -= done_.size();
+      for (const TracedSpan& s : done_) spare_.insert(spare_.end(), {s.begin, s.end});
+      if (open_) spare_.push_back(open_->begin);
+      for (cudaEvent_t e : spare_) (void)cudaEventDestroy(e);
+      anchor_.reset();
+      if (anchor_stream_) (void)cudaStreamDestroy(anchor_stream_);
+    }
     // Queued work still runs after cudaStreamDestroy; the pool frees this stream's
     // cached blocks only after a cudaDeviceSynchronize.
     (void)cudaStreamDestroy(stream_);
     pool_.forget_stream(id_);
+  }
+
+  // Called by the worker's thread only. An open span of an earlier command that never
+  // closed it (its stream was made outside a command) is started again.
+  void trace_open() override {
+    CudaDeviceGuard guard(device_);
+    std::lock_guard lock(trace_mutex_);
+    if (!traced_) {
+      traced_ = true;
+      std::lock_guard registry(g_traced_mutex);
+      g_traced.push_back(std::static_pointer_cast<CudaStream>(shared_from_this()));
+    }
+    const std::int64_t now = detail::trace::now_ns();
+    if (!anchor_ || now - anchor_->host_ns > kReanchorNs) reanchor();
+    if (!open_) open_ = TracedSpan{.begin = take_event(), .end = nullptr, .anchor = {}, .queued_ns = 0, .ident = 0};
+    open_->anchor = anchor_;
+    open_->queued_ns = detail::trace::now_ns();
+    open_->ident = detail::trace::current_ident;
+    MESHRT_CUDA_CHECK(cudaEventRecord(open_->begin, stream_));
+  }
+  void trace_close() override {
+    CudaDeviceGuard guard(device_);
+    std::lock_guard lock(trace_mutex_);
+    if (!open_) return;
+    open_->end = take_event();
+    MESHRT_CUDA_CHECK(cudaEventRecord(open_->end, stream_));
+    done_.push_back(*open_);
+    open_.reset();
+    ++g_traced_spans;
+  }
+
+  // Records the spans whose work has ended, oldest first (`wait`: every one, waiting).
+  // From any thread (the watch's for write_trace): the stream's device is made current and
+  // left so, as a guard would restore device 0 on a new thread and make a context there.
+  void flush(bool wait) {
+    std::lock_guard lock(trace_mutex_);
+    if (done_.empty()) return;
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess || current != device_) {
+      if (cudaSetDevice(device_) != cudaSuccess) return;
+    }
+    while (!done_.empty()) {
+      const TracedSpan s = done_.front();
+      const cudaError_t rc = wait ? cudaEventSynchronize(s.end) : cudaEventQuery(s.end);
+      if (rc == cudaErrorNotReady) return;
+      detail::trace::Event e;
+      e.track = detail::trace::Track::Worker;
+      e.kind = detail::trace::Kind::Device;
+      e.type = 1;  // cuda
+      e.queued_ns = s.queued_ns;
+      e.ident = s.ident;
+      e.b = id_;
+      e.c = static_cast<std::uint64_t>(device_);
+      float begin_ms = 0, end_ms = 0;
+      if (rc == cudaSuccess && cudaEventElapsedTime(&begin_ms, s.anchor->event, s.begin) == cudaSuccess &&
+          cudaEventElapsedTime(&end_ms, s.anchor->event, s.end) == cudaSuccess) {
+        // Never before it was enqueued: the anchor's error is the host's lag behind it.
+        const std::int64_t at = s.anchor->host_ns;
+        e.start_ns = std::max(s.queued_ns, at + static_cast<std::int64_t>(static_cast<double>(begin_ms) * 1e6));
+        e.end_ns = std::max(e.start_ns, at + static_cast<std::int64_t>(static_cast<double>(end_ms) * 1e6));
+      } else {
+        e.start_ns = e.end_ns = s.queued_ns;  // the stream failed: a mark where it was enqueued
+        e.failed = true;
+      }
+      detail::trace::record(e);
+      spare_.insert(spare_.end(), {s.begin, s.end});
+      done_.pop_front();  // and its hold on the anchor
+      --g_traced_spans;
+    }
   }
 
   Accelerator accelerator() const noexcept override { return Accelerator::Cuda; }
@@ -86,11 +202,41 @@ class CudaStream final : public Stream::Impl {
   std::string to_string() const override { return fmt::format("cuda:{} stream {}", device_, id_); }
 
  private:
+  // Under trace_mutex_, on a thread where device_ is current.
+  cudaEvent_t take_event() {
+    if (!spare_.empty()) {
+      cudaEvent_t e = spare_.back();
+      spare_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    MESHRT_CUDA_CHECK(cudaEventCreate(&e));  // with timing
+    return e;
+  }
+  // Never waits for this stream's work (which may wait for a peer): the anchor's stream is idle.
+  void reanchor() {
+    if (!anchor_stream_) MESHRT_CUDA_CHECK(cudaStreamCreateWithFlags(&anchor_stream_, cudaStreamNonBlocking));
+    auto anchor = std::make_shared<Anchor>();
+    MESHRT_CUDA_CHECK(cudaEventCreate(&anchor->event));
+    MESHRT_CUDA_CHECK(cudaEventRecord(anchor->event, anchor_stream_));
+    MESHRT_CUDA_CHECK(cudaEventSynchronize(anchor->event));
+    anchor->host_ns = detail::trace::now_ns();
+    anchor_ = std::move(anchor);
+  }
+
   int device_;
   std::uint64_t id_;
   CachingPool& pool_;
   cudaStream_t stream_ = nullptr;
   std::shared_ptr<ErrorSlot> slot_ = std::make_shared<ErrorSlot>();
+  // MESHRT_TRACE
+  std::mutex trace_mutex_;
+  bool traced_ = false;
+  std::optional<TracedSpan> open_;
+  std::deque<TracedSpan> done_;
+  std::vector<cudaEvent_t> spare_;
+  cudaStream_t anchor_stream_ = nullptr;
+  std::shared_ptr<const Anchor> anchor_;
 };
 
 class CudaEvent final : public Event::Impl {
@@ -171,7 +317,10 @@ class CudaBackend final : public Backend {
   Stream create_stream(int device) override {
     check(device, "create_stream");
     touch(device);
-    return Stream(std::make_shared<CudaStream>(device, next_stream_++, *pools_[static_cast<std::size_t>(device)]));
+    auto stream = std::make_shared<CudaStream>(device, next_stream_++, *pools_[static_cast<std::size_t>(device)]);
+    // Made by a command's first device work: the span of that command starts here.
+    if (detail::trace::enabled()) stream->trace_open();
+    return Stream(std::move(stream));
   }
   Event create_event(int device) override {
     check(device, "create_event");
@@ -244,6 +393,19 @@ class CudaBackend final : public Backend {
 };
 
 }  // namespace
+
+void cuda_trace_flush(bool wait) {
+  if (g_traced_spans.load() == 0) return;
+  std::vector<std::shared_ptr<CudaStream>> live;
+  {
+    std::lock_guard lock(g_traced_mutex);
+    std::erase_if(g_traced, [](const std::weak_ptr<CudaStream>& s) { return s.expired(); });
+    for (const auto& s : g_traced) {
+      if (auto p = s.lock()) live.push_back(std::move(p));
+    }
+  }
+  for (const auto& s : live) s->flush(wait);
+}
 
 Backend& cuda_backend() {
   // Never destroyed, as the emulated one: tensors freed at exit return to its pools.

@@ -19,6 +19,8 @@ using detail::CudaDeviceGuard;  // common/cuda_guard.hpp, shared with tensor
 Backend& cuda_backend();
 // cudaGetDeviceCount, 0 when it fails (no driver, no device); makes no context.
 int cuda_visible_devices() noexcept;
+// device::trace_flush for the CUDA streams with spans not yet recorded.
+void cuda_trace_flush(bool wait);
 
 #if MESHRT_HAVE_NCCL
 // ncclCommInitRankConfig with blocking = 0 over `members`, polled against `timeout`.

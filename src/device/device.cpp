@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/trace.hpp"
 #include "device/backend.hpp"
 #include "device/emulated.hpp"
 #include "meshrt/config.hpp"
@@ -335,7 +336,38 @@ void Event::synchronize() const {
 
 // ---------------------------------------------------------------------------- helpers
 
+namespace {
+// The stream of `stream_id` on this rank's CUDA device, if there is one.
+Stream traced_stream(std::uint64_t stream_id) {
+  if (placement().accelerator != Accelerator::Cuda) return Stream();
+  return existing_stream(stream_id, rank_device(Device::Kind::Cuda));
+}
+}  // namespace
+
+// A stream that cannot record an event fails the command's own work too: its span is left out.
+void trace_command_begin(std::uint64_t stream_id) noexcept {
+  if (!detail::trace::enabled()) return;
+  try {
+    if (const Stream s = traced_stream(stream_id); s.defined()) s.impl()->trace_open();
+  } catch (const std::exception&) {
+  }
+}
+
+void trace_command_end(std::uint64_t stream_id) noexcept {
+  try {
+    if (const Stream s = traced_stream(stream_id); s.defined()) s.impl()->trace_close();
+  } catch (const std::exception&) {
+  }
+}
+
+void trace_flush([[maybe_unused]] bool wait) {
+#if MESHRT_HAVE_CUDA
+  cuda_trace_flush(wait);
+#endif
+}
+
 void release_completed() {
+  trace_flush(false);
   if (g_held_count.load() == 0) return;
   std::vector<Held> done;
   {

@@ -17,6 +17,7 @@
 #include "common/timeline.hpp"
 #include "common/trace.hpp"
 #include "meshrt/error.hpp"
+#include "meshrt/internal/device.hpp"
 #include "meshrt/internal/protocol.hpp"
 
 namespace meshrt::detail {
@@ -67,6 +68,7 @@ std::uint64_t write_trace_file(MPI_Comm comm, const std::string& path, const Clo
   MESHRT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   MESHRT_MPI_CHECK(MPI_Comm_size(comm, &size));
   std::uint64_t dropped = 0;
+  device::trace_flush(true);  // the CUDA streams' spans of work that has run by now
   std::vector<trace::Event> mine = trace::take_all(&dropped);
   std::uint64_t all_dropped = 0;
   MESHRT_MPI_CHECK(MPI_Reduce(&dropped, &all_dropped, 1, MPI_UINT64_T, MPI_SUM, 0, comm));

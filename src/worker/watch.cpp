@@ -13,6 +13,7 @@
 
 #include "common/timeline.hpp"
 #include "meshrt/internal/comm.hpp"
+#include "meshrt/internal/device.hpp"
 #include "meshrt/internal/protocol.hpp"
 #include "meshrt/internal/settings.hpp"
 #include "meshrt/internal/worker.hpp"
@@ -137,6 +138,7 @@ void Watch::loop() {
         } break;
         case protocol::QueryOp::Trace: {
           std::uint64_t dropped = 0;
+          device::trace_flush(false);  // the CUDA streams' spans of work that has run
           const std::vector<trace::Event> events = trace::snapshot(&dropped);
           answer.payload = monitor_.host();
           answer.payload.push_back('\0');
@@ -178,6 +180,7 @@ void Watch::loop() {
                           monitor_.host(), file);
   }
   write_stderr(report);  // in one write, at any log level (the job's output keeps it)
+  if (!trace::rank_file().empty()) device::trace_flush(false);
   if (const std::string dumped = trace::dump_rank("SIGTERM", monitor_.running_events()); !dumped.empty()) {
     write_stderr(fmt::format("meshrt: rank {} on {}: {}\n", monitor_.rank(), monitor_.host(), dumped));
   }

@@ -13,6 +13,7 @@
 #include <variant>
 
 #include "common/backoff.hpp"
+#include "common/trace.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/internal/comm.hpp"
 #include "meshrt/internal/control.hpp"
@@ -98,6 +99,18 @@ struct Worker::Impl {
     if (const auto* r = std::get_if<Reduce>(&command)) env.define(r->result, marker);
     if (const auto* s = std::get_if<SendTensor>(&command); s && s->to_ranks.contains(opt.rank))
       env.define(s->result, marker);
+  }
+  // The meshrt stream a command's device work goes to, if it has one.
+  static std::optional<std::uint64_t> stream_of(const Command& command) {
+    return std::visit(
+        [](const auto& c) -> std::optional<std::uint64_t> {
+          if constexpr (requires { c.stream.id; }) {
+            return c.stream.id;
+          } else {
+            return std::nullopt;
+          }
+        },
+        command);
   }
   static Ident ident_of(const Command& command) {
     if (const auto* r = std::get_if<Reduce>(&command)) return r->ident;
@@ -331,6 +344,15 @@ struct Worker::Impl {
     current.seq = q.seq;
     if (q.seq) monitor().running(q.seq);
     current.failed = false;
+    // MESHRT_TRACE on CUDA: the device work this command enqueues on its stream is one span.
+    const std::optional<std::uint64_t> traced = detail::trace::enabled() ? stream_of(command) : std::nullopt;
+    if (traced) device::trace_command_begin(*traced);
+    struct CloseSpan {
+      std::optional<std::uint64_t> stream;
+      ~CloseSpan() {
+        if (stream) device::trace_command_end(*stream);
+      }
+    } close_span{traced};
     try {
       const bool started = std::holds_alternative<Reduce>(command) || std::holds_alternative<SendTensor>(command);
       execute(command);

@@ -5,6 +5,7 @@
 // MESHRT_ACCELERATOR=cuda runs the same tests on the cuda backend (NCCL; one GPU per
 // rank, scripts/gpu-check.sh); the emulator's own checks (a host pointer as an
 // asynchronous error, its device count) run on emulated only.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -18,6 +19,7 @@
 #include "../support/devices.hpp"
 #include "../support/expect_error.hpp"
 #include "../support/mpi_world.hpp"
+#include "common/trace.hpp"
 #include "meshrt/internal/device.hpp"
 #include "meshrt/internal/settings.hpp"
 
@@ -379,6 +381,69 @@ TEST(DeviceComm, AnAbortedCommunicatorFailsLaterWork) {
   EXPECT_FALSE(other.error());
   ASSERT_TRUE(s.comm->async_error());
   expect_contains(*s.comm->async_error(), "was aborted");
+}
+
+// MESHRT_TRACE: a worker command's device work (trace_command_begin/end around it) is
+// recorded on its stream's track with the command's ident, inside the host's window of the
+// run: on cuda one span per command from two CUDA events on the GPU's clock (also for a
+// stream the command itself makes), on emulated each task the stream ran. Nothing when off.
+TEST(DeviceTrace, ACommandsDeviceWorkIsRecordedOnItsStreamWithItsIdent) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
+  OnEmulated s;
+  const device::Placement before_test = device::placement();
+  device::set_placement({under_test(), s.device});
+  namespace trace = detail::trace;
+  const std::size_t n = std::size_t{1} << 18;
+  const std::int64_t start = trace::now_ns();
+  trace::enable(1024);
+  auto command = [&](std::uint64_t ident, std::uint64_t stream_id, Stream* made) {
+    trace::current_ident = ident;
+    device::trace_command_begin(stream_id);
+    const Stream st = device::stream_for(stream_id, s.where());
+    if (made) *made = st;
+    Tensor t = device::zeros(TensorMeta({static_cast<std::int64_t>(n)}, DType::Float32, s.where()), st);
+    s.comm->all_reduce(t.raw_data(), t.raw_data(), n, DType::Float32, Reduction::Sum, st);
+    device::trace_command_end(stream_id);
+    st.synchronize();
+    EXPECT_FALSE(st.error());
+  };
+  Stream existing = device::stream_for(9001, s.where());
+  command(42, 9001, nullptr);
+  Stream made;
+  command(43, 9002, &made);  // its first use makes the stream
+  device::trace_flush(true);
+  trace::disable();
+  command(44, 9001, nullptr);
+  device::trace_flush(true);
+  const std::int64_t end = trace::now_ns();
+  const std::vector<trace::Event> events = trace::take_all();
+  trace::current_ident = 0;
+  device::release_stream(9001);
+  device::release_stream(9002);
+  device::set_placement(before_test);
+
+  const bool cuda = under_test() == Accelerator::Cuda;
+  // The timeline names a span's track as the device layer names its stream.
+  for (const auto& [ident, stream] : {std::pair{42, existing.to_string()}, std::pair{43, made.to_string()}}) {
+    std::size_t spans = 0;
+    for (const trace::Event& e : events) {
+      if (e.kind != trace::Kind::Device || e.ident != static_cast<std::uint64_t>(ident)) continue;
+      ++spans;
+      EXPECT_EQ(e.type, cuda ? 1 : 0) << "command " << ident;
+      EXPECT_EQ(fmt::format("{}:{} stream {}", e.type == 1 ? "cuda" : "emulated", e.c, e.b), stream);
+      EXPECT_FALSE(e.failed) << "command " << ident;
+      EXPECT_LE(start, e.queued_ns) << "command " << ident;
+      EXPECT_LE(e.queued_ns, e.start_ns) << "command " << ident;
+      EXPECT_LE(e.start_ns, e.end_ns) << "command " << ident;
+      EXPECT_LE(e.end_ns, end) << "command " << ident;
+    }
+    if (cuda) {
+      EXPECT_EQ(spans, 1u) << "command " << ident << ": one span of its work on the GPU";
+    } else {
+      EXPECT_GE(spans, 2u) << "command " << ident << ": its zeros and its all_reduce";
+    }
+  }
+  for (const trace::Event& e : events) EXPECT_NE(e.ident, 44u) << "recorded while the timeline was off";
 }
 
 // One visible device per rank, as the Slurm GPU templates give each rank one GPU: every

@@ -96,6 +96,17 @@ void enter_worker_thread() noexcept;
 // the device layer's own calls do too. Never blocks.
 void release_completed();
 
+// MESHRT_TRACE on CUDA: the device work one worker command enqueues on meshrt stream
+// `stream_id` becomes one span of that device stream's track, from when the stream reached
+// it to when the GPU ended it (two CUDA events), recorded once it has run (trace_flush; the worker's
+// every turn through release_completed). Only on a stream that exists (or that the command
+// creates): they make no stream and no context; begin does nothing while the timeline is
+// off. The emulated stream records each task itself; a rank without CUDA records nothing here.
+void trace_command_begin(std::uint64_t stream_id) noexcept;
+void trace_command_end(std::uint64_t stream_id) noexcept;
+// Records the spans whose device work has ended; `wait`: all of them, waiting for the work.
+void trace_flush(bool wait);
+
 // That stream if it exists already, else an undefined one: creates nothing (no context).
 Stream existing_stream(std::uint64_t stream_id, const Device& device);
 void release_stream(std::uint64_t stream_id);
