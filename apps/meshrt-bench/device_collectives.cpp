@@ -18,6 +18,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench.hpp"
@@ -46,7 +47,15 @@ struct Setup {
 };
 
 #if MESHRT_HAVE_NCCL
-void nccl_check(ncclResult_t rc, const char* what) {
+// With NCCL_COMM_BLOCKING=0 in the environment the by-hand communicator is non-blocking
+// too: a call may return ncclInProgress, and `comm`'s state says when it has finished.
+void nccl_check(ncclResult_t rc, const char* what, ncclComm_t comm = nullptr) {
+  while (rc == ncclInProgress && comm != nullptr) {
+    std::this_thread::yield();
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t got = ncclCommGetAsyncError(comm, &state);
+    rc = got != ncclSuccess ? got : state;
+  }
   if (rc != ncclSuccess) {
     throw std::runtime_error(std::string("device-collectives: ") + what + " by hand: expected ncclSuccess, found " +
                              ncclGetErrorString(rc));
@@ -117,7 +126,8 @@ Setup& setup(const Context& ctx) {
       ncclUniqueId id;
       if (ctx.rank == 0) nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
       MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, ctx.comm);
-      nccl_check(ncclCommInitRank(&out->nccl, ctx.size, id, ctx.rank), "ncclCommInitRank");
+      const ncclResult_t rc = ncclCommInitRank(&out->nccl, ctx.size, id, ctx.rank);
+      nccl_check(rc, "ncclCommInitRank", out->nccl);
       cuda_check(cudaStreamCreateWithFlags(&out->cuda_stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     }
 #endif
@@ -200,7 +210,7 @@ void by_hand(Setup& s, Op op, std::size_t whole, std::size_t per_rank, int rank,
         if (rank >= h && rank < 2 * h) rc = ncclRecv(out, whole, ncclFloat, rank - h, s.nccl, s.cuda_stream);
         break;
     }
-    nccl_check(rc, "the NCCL call");
+    nccl_check(rc, "the NCCL call", s.nccl);
     cuda_check(cudaStreamSynchronize(s.cuda_stream), "cudaStreamSynchronize");
     return;
   }
