@@ -176,7 +176,7 @@ class NcclCommunicator final : public Communicator {
       (void)ncclCommFinalize(comm_);
       ncclResult_t state = ncclInProgress;
       const bool settled =
-          detail::Backoff(detail::kInFlight)
+          detail::Backoff(detail::kControl)  // yielding to NCCL's thread, as check() does
               .poll_until(
                   [&] { return ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress; },
                   detail::deadline_after(timeout_));
@@ -212,11 +212,14 @@ class NcclCommunicator final : public Communicator {
   // once ncclCommGetAsyncError says so, and nothing else may be issued before. The first
   // call on a communicator may connect to its peers there, so a peer that never posts
   // its part holds it up: polled against MESHRT_DEVICE_TIMEOUT, then aborted (the data
-  // plane drops it).
+  // plane drops it). Polled yielding from the first poll, never spinning: what is in
+  // progress runs on a thread NCCL starts (each group end of a non-blocking communicator),
+  // which inherits this thread's CPU binding; a rank bound to one core that spins starves
+  // it for the whole spin.
   void check(ncclResult_t rc, const char* call) {
     if (rc == ncclInProgress) {
       ncclResult_t state = ncclInProgress;
-      const bool settled = detail::Backoff(detail::kInFlight)
+      const bool settled = detail::Backoff(detail::kControl)
                                .poll_until(
                                    [&] {
                                      rc = ncclCommGetAsyncError(comm_, &state);
