@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "meshrt/error.hpp"
 
@@ -30,9 +32,63 @@ const Session& session() {
   return the_session();
 }
 
-nlohmann::json chrome_trace(const std::vector<RankEvents>& ranks, const std::vector<std::string>& names,
-                            bool absolute) {
-  using nlohmann::json;
+namespace {
+
+// JSON text of `s` without its quotes (invalid UTF-8 replaced, never thrown).
+std::string escaped(std::string_view s) {
+  std::string q = nlohmann::json(std::string(s)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return q.substr(1, q.size() - 2);
+}
+
+// The file, written through a buffer of a few MiB: formatting goes straight to text, with
+// no document in memory (a DOM of 2^18 events took seconds, more than a launcher waits
+// after its SIGTERM).
+class Out {
+ public:
+  Out(const std::string& path, std::string what) : what_(std::move(what)), file_(std::fopen(path.c_str(), "w")) {
+    if (!file_) fail();
+  }
+  ~Out() {
+    if (file_) std::fclose(file_);
+  }
+  Out(const Out&) = delete;
+  Out& operator=(const Out&) = delete;
+
+  template <class... Args>
+  void event(fmt::format_string<Args...> format, Args&&... args) {
+    buf_.append(std::string_view(first_ ? "\n" : ",\n"));
+    first_ = false;
+    fmt::format_to(std::back_inserter(buf_), format, std::forward<Args>(args)...);
+    if (buf_.size() >= kFlush) flush();
+  }
+  void text(std::string_view s) { buf_.append(s); }
+  void close() {
+    flush();
+    std::FILE* f = std::exchange(file_, nullptr);
+    if (std::fclose(f) != 0) fail();
+  }
+
+ private:
+  static constexpr std::size_t kFlush = std::size_t{4} << 20;
+  void flush() {
+    if (buf_.size() != 0 && std::fwrite(buf_.data(), 1, buf_.size(), file_) != buf_.size()) fail();
+    buf_.clear();
+  }
+  [[noreturn]] void fail() {
+    throw Error(fmt::format("{}: expected a file rank {} can write, found it cannot: {}", what_, the_session().rank,
+                            std::strerror(errno)));
+  }
+  std::string what_;
+  std::FILE* file_;
+  fmt::memory_buffer buf_;
+  bool first_ = true;
+};
+
+}  // namespace
+
+void write_chrome_trace(const std::string& path, const std::vector<RankEvents>& ranks,
+                        const std::vector<std::string>& names, bool absolute, std::string_view what,
+                        const nlohmann::json& extra) {
   const Session& session = the_session();
   auto aligned = [](const RankEvents& r, std::int64_t t) { return t - r.offset_ns; };
   std::int64_t base = 0;
@@ -44,158 +100,119 @@ nlohmann::json chrome_trace(const std::vector<RankEvents>& ranks, const std::vec
     }
   }
   auto us = [&](const RankEvents& r, std::int64_t t) { return static_cast<double>(aligned(r, t) - base) / 1000.0; };
-  auto name_of = [&](std::uint64_t i) { return i < names.size() ? names[i] : std::string("?"); };
+  // The names, escaped once.
+  std::vector<std::string> name_text;
+  name_text.reserve(names.size());
+  for (const std::string& n : names) name_text.push_back(escaped(n));
+  const std::string unknown = "?";
+  auto name_of = [&](std::uint64_t i) -> const std::string& { return i < name_text.size() ? name_text[i] : unknown; };
   // Idents the controller issued (flows start there), by name. A rank's own file holds
   // no calls but rank 0's: its flows end at every ident, and a merge keeps those whose
   // call it finds.
-  std::map<std::uint64_t, std::string> calls;
+  std::map<std::uint64_t, const std::string*> calls;
   for (const RankEvents& r : ranks) {
     if (!r.calls_here) continue;
     for (const Event& e : r.events) {
-      if (e.track == Track::Controller && e.kind == Kind::Call) calls[e.ident] = name_of(e.a);
+      if (e.track == Track::Controller && e.kind == Kind::Call) calls[e.ident] = &name_of(e.a);
     }
   }
-  json events = json::array();
+  std::vector<std::string> command_text(256);  // a protocol tag's name, escaped once
+  for (std::size_t t = 0; t < command_text.size(); ++t) {
+    command_text[t] =
+        escaped(session.command ? session.command(static_cast<std::uint8_t>(t)) : std::string_view("command"));
+  }
+
+  Out out(path, std::string(what));
+  out.text("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
   std::int64_t residual = 0;
   std::uint64_t dropped = 0;
   for (const RankEvents& r : ranks) {
     residual = std::max(residual, r.residual_ns);
     dropped += r.dropped;
     const int pid = r.rank;
-    events.push_back({{"ph", "M"},
-                      {"name", "process_name"},
-                      {"pid", pid},
-                      {"args", {{"name", fmt::format("rank {} on {}", r.rank, r.host)}}}});
-    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", 1}, {"args", {{"name", "worker"}}}});
-    if (r.calls_here) {
-      events.push_back(
-          {{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", 0}, {"args", {{"name", "controller"}}}});
-    }
+    out.event(R"({{"ph":"M","name":"process_name","pid":{},"args":{{"name":"rank {} on {}"}}}})", pid, r.rank,
+              escaped(r.host));
+    out.event(R"({{"ph":"M","name":"process_sort_index","pid":{},"args":{{"sort_index":{}}}}})", pid, pid);
+    out.event(R"({{"ph":"M","name":"thread_name","pid":{},"tid":1,"args":{{"name":"worker"}}}})", pid);
+    if (r.calls_here)
+      out.event(R"({{"ph":"M","name":"thread_name","pid":{},"tid":0,"args":{{"name":"controller"}}}})", pid);
     std::set<int> streams;  // device stream tracks named so far
     for (const Event& e : r.events) {
       const double ts = us(r, e.start_ns);
       const double dur = std::max(us(r, e.end_ns) - ts, 0.0);
+      const double queued_us = static_cast<double>(e.start_ns - e.queued_ns) / 1000.0;
       switch (e.kind) {
         case Kind::Call: {
-          json args{{"ident", e.ident}};
+          std::string site;
           const std::source_location where = Event::site(e.b);
-          if (r.calls_here && where.line() != 0 && session.site) args["site"] = session.site(where, Event::site(e.c));
-          events.push_back({{"ph", "X"},
-                            {"cat", "call"},
-                            {"name", name_of(e.a)},
-                            {"pid", pid},
-                            {"tid", 0},
-                            {"ts", ts},
-                            {"dur", 1.0},
-                            {"args", args}});
-          events.push_back({{"ph", "s"},
-                            {"cat", "flow"},
-                            {"name", "dispatch"},
-                            {"id", e.ident},
-                            {"pid", pid},
-                            {"tid", 0},
-                            {"ts", ts}});
+          if (r.calls_here && where.line() != 0 && session.site) {
+            site = fmt::format(R"(,"site":"{}")", escaped(session.site(where, Event::site(e.c))));
+          }
+          out.event(
+              R"({{"ph":"X","cat":"call","name":"{}","pid":{},"tid":0,"ts":{},"dur":1.0,"args":{{"ident":{}{}}}}})",
+              name_of(e.a), pid, ts, e.ident, site);
+          out.event(R"({{"ph":"s","cat":"flow","name":"dispatch","id":{},"pid":{},"tid":0,"ts":{}}})", e.ident, pid,
+                    ts);
           break;
         }
         case Kind::Wait:
-          events.push_back({{"ph", "X"},
-                            {"cat", "wait"},
-                            {"name", "wait: " + name_of(e.a)},
-                            {"pid", pid},
-                            {"tid", 0},
-                            {"ts", ts},
-                            {"dur", dur},
-                            {"args", {{"ident", e.ident}}}});
+          out.event(
+              R"({{"ph":"X","cat":"wait","name":"wait: {}","pid":{},"tid":0,"ts":{},"dur":{},"args":{{"ident":{}}}}})",
+              name_of(e.a), pid, ts, dur, e.ident);
           break;
         case Kind::Flush:
-          events.push_back({{"ph", "X"},
-                            {"cat", "batch"},
-                            {"name", fmt::format("send {} command{}", e.b, e.b == 1 ? "" : "s")},
-                            {"pid", pid},
-                            {"tid", 0},
-                            {"ts", ts},
-                            {"dur", dur},
-                            {"args", {{"commands", e.b}, {"ranks", e.c}, {"bytes", e.a}}}});
+          out.event(
+              R"({{"ph":"X","cat":"batch","name":"send {} command{}","pid":{},"tid":0,"ts":{},"dur":{},"args":{{"commands":{},"ranks":{},"bytes":{}}}}})",
+              e.b, e.b == 1 ? "" : "s", pid, ts, dur, e.b, e.c, e.a);
           break;
         case Kind::Device: {
           const int tid = 16 + static_cast<int>(e.b);
           if (streams.insert(tid).second) {
-            events.push_back(
-                {{"ph", "M"},
-                 {"name", "thread_name"},
-                 {"pid", pid},
-                 {"tid", tid},
-                 {"args", {{"name", fmt::format("{}:{} stream {}", e.type == 1 ? "cuda" : "emulated", e.c, e.b)}}}});
+            out.event(R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":"{}:{} stream {}"}}}})", pid,
+                      tid, e.type == 1 ? "cuda" : "emulated", e.c, e.b);
           }
           const auto call = calls.find(e.ident);
-          json args{{"ident", e.ident}, {"queued_us", static_cast<double>(e.start_ns - e.queued_ns) / 1000.0}};
-          if (e.failed) args["failed"] = true;
-          events.push_back({{"ph", "X"},
-                            {"cat", "device"},
-                            {"name", call != calls.end() ? "task: " + call->second : std::string("task")},
-                            {"pid", pid},
-                            {"tid", tid},
-                            {"ts", ts},
-                            {"dur", dur},
-                            {"args", args}});
+          out.event(
+              R"({{"ph":"X","cat":"device","name":"task{}{}","pid":{},"tid":{},"ts":{},"dur":{},"args":{{"ident":{},"queued_us":{}{}}}}})",
+              call != calls.end() ? ": " : "", call != calls.end() ? *call->second : std::string(), pid, tid, ts, dur,
+              e.ident, queued_us, e.failed ? R"(,"failed":true)" : "");
           break;
         }
         case Kind::Mark:
-          events.push_back(
-              {{"ph", "i"}, {"s", "p"}, {"cat", "mark"}, {"name", name_of(e.a)}, {"pid", pid}, {"tid", 0}, {"ts", ts}});
+          out.event(R"({{"ph":"i","s":"p","cat":"mark","name":"{}","pid":{},"tid":0,"ts":{}}})", name_of(e.a), pid, ts);
           break;
         case Kind::Command: {
           // "Reduce reduce sum over 'gpu'": the command's kind, and what the controller called it.
-          std::string name(session.command ? session.command(e.type) : std::string_view("command"));
           const auto call = calls.find(e.ident);
-          if (e.ident != 0 && call != calls.end()) name += " " + call->second;
-          json args{{"ident", e.ident}, {"queued_us", static_cast<double>(e.start_ns - e.queued_ns) / 1000.0}};
-          if (e.a) args["bytes"] = e.a;
-          if (e.b) args["replay"] = e.b;
-          if (e.failed) args["failed"] = true;
-          if (e.unfinished) args["unfinished"] = true;
-          events.push_back({{"ph", "X"},
-                            {"cat", e.failed       ? "command,failed"
-                                    : e.unfinished ? "command,unfinished"
-                                                   : "command"},
-                            {"name", name},
-                            {"pid", pid},
-                            {"tid", 1},
-                            {"ts", ts},
-                            {"dur", dur},
-                            {"args", args}});
-          if (e.ident != 0 && (absolute || call != calls.end())) {
-            events.push_back({{"ph", "f"},
-                              {"bp", "e"},
-                              {"cat", "flow"},
-                              {"name", "dispatch"},
-                              {"id", e.ident},
-                              {"pid", pid},
-                              {"tid", 1},
-                              {"ts", ts}});
+          const bool named = e.ident != 0 && call != calls.end();
+          std::string extras;
+          if (e.a) extras += fmt::format(R"(,"bytes":{})", e.a);
+          if (e.b) extras += fmt::format(R"(,"replay":{})", e.b);
+          if (e.failed) extras += R"(,"failed":true)";
+          if (e.unfinished) extras += R"(,"unfinished":true)";
+          out.event(
+              R"({{"ph":"X","cat":"{}","name":"{}{}{}","pid":{},"tid":1,"ts":{},"dur":{},"args":{{"ident":{},"queued_us":{}{}}}}})",
+              e.failed       ? "command,failed"
+              : e.unfinished ? "command,unfinished"
+                             : "command",
+              command_text[e.type], named ? " " : "", named ? *call->second : std::string(), pid, ts, dur, e.ident,
+              queued_us, extras);
+          if (e.ident != 0 && (absolute || named)) {
+            out.event(R"({{"ph":"f","bp":"e","cat":"flow","name":"dispatch","id":{},"pid":{},"tid":1,"ts":{}}})",
+                      e.ident, pid, ts);
           }
           break;
         }
       }
     }
   }
-  return json{{"traceEvents", std::move(events)},
-              {"displayTimeUnit", "ms"},
-              {"otherData",
-               {{"meshrt",
-                 {{"ranks", absolute ? session.size : static_cast<int>(ranks.size())},
-                  {"clock_residual_us", static_cast<double>(residual) / 1000.0},
-                  {"dropped_events", dropped}}}}}};
-}
-
-void write_json(const std::string& path, const nlohmann::json& trace, std::string_view what) {
-  std::ofstream out(path);
-  if (out) out << trace.dump() << '\n';
-  if (!out) {
-    throw Error(fmt::format("{}: expected a file rank {} can write, found it cannot: {}", what, the_session().rank,
-                            std::strerror(errno)));
-  }
+  nlohmann::json meshrt{{"ranks", absolute ? session.size : static_cast<int>(ranks.size())},
+                        {"clock_residual_us", static_cast<double>(residual) / 1000.0},
+                        {"dropped_events", dropped}};
+  for (const auto& [key, value] : extra.items()) meshrt[key] = value;
+  out.text(fmt::format("\n],\"otherData\":{}}}\n", nlohmann::json{{"meshrt", meshrt}}.dump(
+                                                       -1, ' ', false, nlohmann::json::error_handler_t::replace)));
+  out.close();
 }
 
 std::string rank_file() {
@@ -222,10 +239,8 @@ std::string dump_rank(std::string_view reason, const std::vector<Event>& running
     }
     mine.events.insert(mine.events.end(), running.begin(), running.end());
     mine.calls_here = s.rank == 0;
-    nlohmann::json trace = chrome_trace({mine}, table, true);
-    trace["otherData"]["meshrt"]["rank"] = s.rank;
-    trace["otherData"]["meshrt"]["reason"] = std::string(reason);
-    write_json(path, trace, fmt::format("MESHRT_TRACE={} (this rank's file)", s.path));
+    write_chrome_trace(path, {mine}, table, true, fmt::format("MESHRT_TRACE={} (this rank's file)", s.path),
+                       {{"rank", s.rank}, {"reason", std::string(reason)}});
     return fmt::format("its timeline so far ({} events): {} (meshrt-trace merge joins the ranks' files)",
                        mine.events.size(), path);
   } catch (const std::exception& e) {

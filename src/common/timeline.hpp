@@ -49,14 +49,16 @@ struct RankEvents {
   bool calls_here = false;  // rank 0's process: its Call and Wait events are the controller's
 };
 
-// Chrome's trace event format: X spans, s/f flows, M names; a process per rank. `names`:
-// the controller's table of call names (trace::names() on rank 0). Times are microseconds
-// of rank 0's clock: from the first event, or (`absolute`, a rank's own file) from rank 0's
-// clock's zero, so that the files of several ranks line up when merged.
-nlohmann::json chrome_trace(const std::vector<RankEvents>& ranks, const std::vector<std::string>& names, bool absolute);
-
-// Writes `trace` to `path`; throws Error beginning with `what` (the setting or the call) when it cannot.
-void write_json(const std::string& path, const nlohmann::json& trace, std::string_view what);
+// Writes Chrome's trace event format to `path`: X spans, s/f flows, M names; a process
+// per rank. `names`: the controller's table of call names (trace::names() on rank 0).
+// Times are microseconds of rank 0's clock: from the first event, or (`absolute`, a rank's
+// own file) from rank 0's clock's zero, so that the files of several ranks line up when
+// merged. `extra`: more fields of otherData.meshrt. Streamed as text (no document in
+// memory); throws Error beginning with `what` (the setting or the call) when it cannot
+// write the file.
+void write_chrome_trace(const std::string& path, const std::vector<RankEvents>& ranks,
+                        const std::vector<std::string>& names, bool absolute, std::string_view what,
+                        const nlohmann::json& extra = nlohmann::json::object());
 
 // This rank's own file, `<MESHRT_TRACE>.rank<N>.json` ("" when there is no timeline).
 std::string rank_file();

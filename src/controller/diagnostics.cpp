@@ -348,9 +348,9 @@ std::uint64_t Diagnostics::write_trace(const std::string& path) {
         "recorded",
         path));
   }
-  nlohmann::json file = trace::chrome_trace(ranks, trace::names(), false);
-  if (!missing.empty()) file["otherData"]["meshrt"]["missing_ranks"] = missing;
-  trace::write_json(path, file, fmt::format("write_trace(\"{}\")", path));
+  nlohmann::json extra = nlohmann::json::object();
+  if (!missing.empty()) extra["missing_ranks"] = missing;
+  trace::write_chrome_trace(path, ranks, trace::names(), false, fmt::format("write_trace(\"{}\")", path), extra);
   if (!missing.empty()) {
     throw TimeoutError(
         fmt::format("write_trace(\"{}\"): expected every rank's timeline, found no answer from rank(s) {} within {} s "

@@ -115,7 +115,7 @@ std::uint64_t write_trace_file(MPI_Comm comm, const std::string& path, const Clo
     n += re.events.size();
   }
   ranks[0].dropped = all_dropped;
-  trace::write_json(path, trace::chrome_trace(ranks, trace::names(), false), fmt::format("MESHRT_TRACE={}", path));
+  trace::write_chrome_trace(path, ranks, trace::names(), false, fmt::format("MESHRT_TRACE={}", path));
   return n;
 }
 
