@@ -342,22 +342,23 @@ Stream traced_stream(std::uint64_t stream_id) {
   if (placement().accelerator != Accelerator::Cuda) return Stream();
   return existing_stream(stream_id, rank_device(Device::Kind::Cuda));
 }
-}  // namespace
 
-// A stream that cannot record an event fails the command's own work too: its span is left out.
-void trace_command_begin(std::uint64_t stream_id) noexcept {
-  if (!detail::trace::enabled()) return;
+// `step` on the stream of `stream_id` on this rank's CUDA device, if there is one. A stream
+// that cannot record an event fails the command's own work too: its span is left out.
+void on_traced_stream(std::uint64_t stream_id, void (Stream::Impl::*step)()) noexcept {
   try {
-    if (const Stream s = traced_stream(stream_id); s.defined()) s.impl()->trace_open();
+    if (const Stream s = traced_stream(stream_id); s.defined()) (s.impl()->*step)();
   } catch (const std::exception&) {
   }
 }
+}  // namespace
+
+void trace_command_begin(std::uint64_t stream_id) noexcept {
+  if (detail::trace::enabled()) on_traced_stream(stream_id, &Stream::Impl::trace_open);
+}
 
 void trace_command_end(std::uint64_t stream_id) noexcept {
-  try {
-    if (const Stream s = traced_stream(stream_id); s.defined()) s.impl()->trace_close();
-  } catch (const std::exception&) {
-  }
+  on_traced_stream(stream_id, &Stream::Impl::trace_close);
 }
 
 void trace_flush([[maybe_unused]] bool wait) {

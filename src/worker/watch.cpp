@@ -175,12 +175,13 @@ void Watch::loop() {
   // MESHRT_TRACE: then the rank's own timeline file, the commands still running included.
   // The report goes first and names the file: a launcher may stop forwarding a rank's
   // output soon after its SIGTERM (Slurm ends the batch script, and srun with it).
-  if (const std::string file = trace::rank_file(); !file.empty()) {
+  const std::string file = trace::rank_file();
+  if (!file.empty()) {
     report += fmt::format("meshrt: rank {} on {}: writing its timeline so far to {} (MESHRT_TRACE)\n", monitor_.rank(),
                           monitor_.host(), file);
   }
   write_stderr(report);  // in one write, at any log level (the job's output keeps it)
-  if (!trace::rank_file().empty()) device::trace_flush(false);
+  if (!file.empty()) device::trace_flush(false);
   if (const std::string dumped = trace::dump_rank("SIGTERM", monitor_.running_events()); !dumped.empty()) {
     write_stderr(fmt::format("meshrt: rank {} on {}: {}\n", monitor_.rank(), monitor_.host(), dumped));
   }
