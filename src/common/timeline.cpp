@@ -1,6 +1,7 @@
 #include "common/timeline.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <atomic>
@@ -188,6 +189,11 @@ void write_chrome_trace(const std::string& path, const std::vector<RankEvents>& 
           std::string extras;
           if (e.a) extras += fmt::format(R"(,"bytes":{})", e.a);
           if (e.b) extras += fmt::format(R"(,"replay":{})", e.b);
+          if (e.c) {
+            const Peers peers = decode_peers(e.c);
+            extras += peers.ranks.empty() ? fmt::format(R"(,"peer_count":{})", peers.count)
+                                          : fmt::format(R"(,"peers":[{}])", fmt::join(peers.ranks, ","));
+          }
           if (e.failed) extras += R"(,"failed":true)";
           if (e.unfinished) extras += R"(,"unfinished":true)";
           out.event(

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -133,6 +134,65 @@ Ring& this_thread() {
 void enable(std::size_t events) noexcept {
   capacity.store(events < 4096 ? 4096 : events);
   enabled_flag().store(true, std::memory_order_relaxed);
+}
+
+namespace {
+// encode_peers' word: the form in the top two bits.
+constexpr std::uint64_t kRun = 1, kSet = 2, kCounted = 3;
+constexpr int kFirstBits = 20, kStepBits = 21, kCountBits = 21;
+constexpr std::int64_t field_max(int bits) {
+  return (std::int64_t{1} << bits) - 1;
+}
+}  // namespace
+
+std::uint64_t encode_peers(std::span<const int> peers) noexcept {
+  if (peers.empty()) return 0;
+  const auto n = static_cast<std::int64_t>(peers.size());
+  const std::int64_t first = peers[0];
+  const std::int64_t step = n > 1 ? std::int64_t{peers[1]} - first : 0;
+  bool run = first >= 0 && first <= field_max(kFirstBits) && n <= field_max(kCountBits) &&
+             std::abs(step) <= field_max(kStepBits - 1);
+  for (std::int64_t i = 1; run && i < n; ++i)
+    run = std::int64_t{peers[static_cast<std::size_t>(i)]} == first + i * step;
+  if (run) {
+    const auto step_bits = static_cast<std::uint64_t>(step) & static_cast<std::uint64_t>(field_max(kStepBits));
+    return kRun << 62 | static_cast<std::uint64_t>(first) << (kStepBits + kCountBits) | step_bits << kCountBits |
+           static_cast<std::uint64_t>(n);
+  }
+  std::uint64_t set = 0;
+  for (const int r : peers) {
+    if (r < 0 || r >= 62) return kCounted << 62 | static_cast<std::uint64_t>(std::min<std::int64_t>(n, field_max(62)));
+    set |= std::uint64_t{1} << r;
+  }
+  return kSet << 62 | set;
+}
+
+Peers decode_peers(std::uint64_t word) {
+  Peers out;
+  const std::uint64_t body = word & ((std::uint64_t{1} << 62) - 1);
+  switch (word >> 62) {
+    case kRun: {
+      const auto first = static_cast<std::int64_t>(body >> (kStepBits + kCountBits));
+      std::int64_t step = static_cast<std::int64_t>(body >> kCountBits) & field_max(kStepBits);
+      if (step > field_max(kStepBits - 1)) step -= std::int64_t{1} << kStepBits;  // the sign
+      out.count = static_cast<std::size_t>(body & static_cast<std::uint64_t>(field_max(kCountBits)));
+      for (std::size_t i = 0; i < out.count; ++i)
+        out.ranks.push_back(static_cast<int>(first + static_cast<std::int64_t>(i) * step));
+      break;
+    }
+    case kSet:
+      for (int r = 0; r < 62; ++r) {
+        if (body >> r & 1) out.ranks.push_back(r);
+      }
+      out.count = out.ranks.size();
+      break;
+    case kCounted:
+      out.count = static_cast<std::size_t>(body);
+      break;
+    default:
+      break;
+  }
+  return out;
 }
 
 std::uint64_t intern(std::string_view name) {

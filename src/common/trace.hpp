@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <source_location>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -34,7 +35,8 @@ struct alignas(64) Event {
   std::uint64_t a = 0;         // a command, a flush: its bytes; a call, a wait, a mark: its name (intern())
   std::uint64_t b = 0;         // a command: the recording a replay ran it from; a call: its line; a flush:
                                // commands; a device task: its stream
-  std::uint64_t c = 0;         // a call: the replay's line; a flush: destinations; a device task: its device
+  std::uint64_t c = 0;         // a call: the replay's line; a flush: destinations; a device task: its device;
+                               // a command: its peers (encode_peers)
   Track track = Track::Controller;
   Kind kind = Kind::Call;
   std::uint8_t type = 0;  // a command: its protocol tag; a device task: 0 emulated, 1 cuda
@@ -69,6 +71,16 @@ inline std::int64_t now_ns() noexcept {
 inline std::int64_t ns(std::chrono::steady_clock::time_point t) noexcept {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
+
+// A command's peers (the world ranks of a collective's line, a send's partners) in one
+// word, for Event::c without allocating: an arithmetic run (first, step, count) when they
+// form one, else the set of them when all are below 62, else their count alone; 0: none.
+std::uint64_t encode_peers(std::span<const int> peers) noexcept;
+struct Peers {
+  std::vector<int> ranks;  // in the order recorded (a set: ascending); empty when only counted
+  std::size_t count = 0;
+};
+Peers decode_peers(std::uint64_t word);
 
 // The number of `name` in this process's table of names (a hash lookup; the name is
 // copied the first time only).

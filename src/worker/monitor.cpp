@@ -90,6 +90,7 @@ trace::Event Monitor::trace_event(const CommandRecord& r) {
   e.ident = r.ident;
   e.a = r.bytes;
   e.b = r.replay;
+  e.c = trace::encode_peers(r.peers);
   e.type = r.tag;
   e.failed = r.state == CommandState::Failed;
   return e;

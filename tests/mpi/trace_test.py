@@ -6,8 +6,9 @@
 runs it with MESHRT_TRACE set, then checks the file: the format (meshrt-trace check:
 every event of a known phase and fields, a process per rank, flows that start where
 they end, no execution before its call after alignment), every invocation of the whole
-mesh on every rank, the failed kernel marked on rank 1 only, rank 3's sleep making it
-the one late rank in the next all_reduce, and meshrt-trace summary naming it."""
+mesh on every rank, each collective's and send's peers, the failed kernel marked on rank
+1 only, rank 3's sleep making it the one late rank of its line in the next all_reduce
+(rank 2 waiting for it), and meshrt-trace summary naming it."""
 import importlib.machinery
 import importlib.util
 import json
@@ -50,11 +51,27 @@ def main():
     # The failure, marked on rank 1 only.
     failed = [(e["pid"], e["name"]) for e in commands if e["args"].get("failed")]
     assert failed == [(1, "CallFunction meshrt.fail")], f"expected the failed kernel on rank 1 only, found {failed}"
+    # Each collective names its peers, the line of its dimension in the 2x2 mesh (rank =
+    # 2 * host + gpu), in the line's order, or the whole job for the program's first reduce
+    # (over 'w'); the to_mesh from host 0 to host 1, its partner.
+    lines = {"gpu": lambda r: [r - r % 2, r - r % 2 + 1], "host": lambda r: [r % 2, r % 2 + 2],
+             "w": lambda r: [0, 1, 2, 3]}
+    for e in commands:
+        kind = e["name"].split(" ")[0]
+        if kind == "Reduce":
+            dim = e["name"].split("over '")[1].rstrip("'")
+            assert e["args"].get("peers") == lines[dim](e["pid"]), f"rank {e['pid']}: {e}"
+        elif kind == "SendTensor":
+            assert e["args"].get("peers") == [(e["pid"] + 2) % 4], f"rank {e['pid']}: {e}"
+    assert {e["name"].split(" ")[0] for e in commands} >= {"Reduce", "SendTensor"}, "no collective or send"
     # The straggler: rank 3 starts the all_reduce after its 0.3 s sleep, its peer at once.
     late = mt.stragglers(trace)
     assert late, "no collective on several ranks"
-    worst_us, ident, rank, name = late[0]
+    worst_us, ident, rank, name, group = late[0]
     assert rank == 3 and worst_us >= 200e3, f"expected rank 3 late by >= 200 ms, found rank {rank} by {worst_us} us"
+    assert group == [2, 3], f"expected the straggler among the 'gpu' line of ranks 2 and 3, found {group}"
+    waits = mt.waiting(trace)
+    assert waits[(2, ident)] >= 200e3, f"rank 2 waited {waits[(2, ident)]} us for rank 3, expected >= 200 ms"
     by_rank = mt.collectives(trace)[ident]
     first = min(e["ts"] for e in by_rank.values())
     for r, e in by_rank.items():
