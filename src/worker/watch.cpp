@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -43,7 +44,13 @@ void on_sigusr1(int) {
 // SIGTERM (scancel, a time limit, a launcher ending the job) is reported by the watch
 // thread, which may take the monitor's lock: the handler only sets the flag.
 std::atomic<bool> g_term_requested{false};
+// When the first SIGTERM arrived (CLOCK_MONOTONIC, steady_clock's; async-signal-safe).
+std::atomic<std::int64_t> g_term_arrived_ns{0};
 void on_sigterm(int) {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  std::int64_t none = 0;
+  g_term_arrived_ns.compare_exchange_strong(none, std::int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec);
   g_term_requested.store(true);
 }
 
@@ -185,6 +192,12 @@ void Watch::loop() {
   if (const std::string dumped = trace::dump_rank("SIGTERM", monitor_.running_events()); !dumped.empty()) {
     write_stderr(fmt::format("meshrt: rank {} on {}: {}\n", monitor_.rank(), monitor_.host(), dumped));
   }
+  // The launcher SIGTERMs every rank at once, and Open MPI's mpiexec sends SIGKILL to all
+  // of them as soon as one has exited (its wait of odls_base_sigkill_timeout ends with
+  // that child): a rank done first would cut the others' reports short. So each stays
+  // until kSigtermLinger after its SIGTERM arrived.
+  std::this_thread::sleep_until(
+      std::chrono::steady_clock::time_point(std::chrono::nanoseconds(g_term_arrived_ns.load())) + kSigtermLinger);
   // Then the end SIGTERM would have brought: the default action, on this thread.
   signal(SIGTERM, SIG_DFL);
   raise(SIGTERM);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <thread>
 
@@ -24,6 +25,9 @@ class Watch {
  private:
   // Commands of the flight recorder a SIGTERM report shows.
   static constexpr std::size_t kSigtermCommands = 20;
+  // How long after its SIGTERM a rank that has written its report waits before it ends,
+  // so that the slower ranks write theirs (mpiexec's SIGKILL follows 1 s after SIGTERM).
+  static constexpr std::chrono::milliseconds kSigtermLinger{900};
   void loop();
   // On SIGTERM: the rank's last commands to stderr and its log, then SIGTERM's own end.
   [[noreturn]] void report_sigterm();
