@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdint>
 #include <cstring>
 #include <ctime>
 #include <string>
@@ -42,16 +43,14 @@ void on_sigusr1(int) {
 }
 
 // SIGTERM (scancel, a time limit, a launcher ending the job) is reported by the watch
-// thread, which may take the monitor's lock: the handler only sets the flag.
-std::atomic<bool> g_term_requested{false};
-// When the first SIGTERM arrived (CLOCK_MONOTONIC, steady_clock's; async-signal-safe).
+// thread, which may take the monitor's lock: the handler only notes when the first one
+// arrived (CLOCK_MONOTONIC, steady_clock's; async-signal-safe), zero until then.
 std::atomic<std::int64_t> g_term_arrived_ns{0};
 void on_sigterm(int) {
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);
   std::int64_t none = 0;
   g_term_arrived_ns.compare_exchange_strong(none, std::int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec);
-  g_term_requested.store(true);
 }
 
 // Crash-time reporting is best effort: formatting allocates, which a signal handler
@@ -102,7 +101,7 @@ void Watch::loop() {
     if (g_dump_requested.exchange(false)) {
       MESHRT_LOG(warning) << "SIGUSR1: " << monitor_.dump();
     }
-    if (g_term_requested.load()) report_sigterm();
+    if (g_term_arrived_ns.load() != 0) report_sigterm();
     bool got = false;
     try {
       got = control_->try_receive(control::kControllerRank, control::Tag::Query, buf);
