@@ -8,6 +8,12 @@ import atexit as _atexit
 import os as _os
 import sys as _sys
 
+# threading must first be imported on the main thread: the module that first imports it
+# makes the importing thread its "main thread", and a worker thread importing it (numpy
+# does, when a kernel first makes an array) leaves the interpreter's exit waiting for a
+# thread that never ends.
+import threading as _threading  # noqa: E402,F401
+
 # Open MPI loads its components as plugins that resolve symbols of libmpi: libmpi (loaded
 # with the extension module) must be global, as mpi4py makes it.
 _flags = _sys.getdlopenflags()

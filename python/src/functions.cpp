@@ -454,6 +454,15 @@ void register_python_function(const std::string& name, const py::object& kernel,
     throw UsageError(fmt::format("{}: expected a callable shape function (shape=...), found {}", where,
                                  qualified_name(py::type::handle_of(shape))));
   }
+  // numpy's C API (pybind11 loads it at the first array) is loaded here, on the
+  // registering thread, rather than by the first kernel on a worker thread: an import there
+  // runs module code off the main thread (see python/meshrt/__init__.py for what that did).
+  try {
+    (void)py::detail::npy_api::get();
+  } catch (const py::error_already_set& e) {
+    throw UsageError(
+        fmt::format("{}: a Python kernel needs numpy, which does not import: {}", where, exception_line(e)));
+  }
   if (torch && g_torch.from_numpy == nullptr) {
     try {
       py::module_ t = py::module_::import("torch");

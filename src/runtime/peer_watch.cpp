@@ -19,6 +19,8 @@ constexpr char kGoodbye = 'g';
 // Between two looks at the predecessor and the clock; a beat goes out each interval.
 constexpr std::chrono::milliseconds kTick{50};
 constexpr std::chrono::duration<double> kLongestInterval{1.0};
+// How long a rank that has said goodbye waits quietly for its predecessor's.
+constexpr std::chrono::seconds kGoodbyeQuiet{10};
 
 using Clock = std::chrono::steady_clock;
 
@@ -73,6 +75,8 @@ void PeerWatch::loop() {
   auto next_beat = heard;
   bool said_goodbye = false;
   bool prev_gone = false;  // the predecessor's goodbye came
+  Clock::time_point goodbye_at{};
+  bool said_waiting = false;
   for (;;) {
     const auto now = Clock::now();
     int sent = 1;
@@ -82,6 +86,7 @@ void PeerWatch::loop() {
     // One message in flight at a time; the last one is the goodbye.
     if (sent && !said_goodbye && (stop_.load() || now >= next_beat)) {
       said_goodbye = stop_.load();
+      if (said_goodbye) goodbye_at = now;
       out = said_goodbye ? kGoodbye : kBeat;
       check(MPI_Isend(&out, 1, MPI_CHAR, next_, kTag, comm_, &send), to_next);
       next_beat = now + std::chrono::duration_cast<Clock::duration>(interval);
@@ -105,6 +110,19 @@ void PeerWatch::loop() {
                       prev_, prev_host_, timeout_.count()));
     }
     if (said_goodbye && prev_gone && (sent || send == MPI_REQUEST_NULL)) return;
+    // A live predecessor that never reaches its shutdown (a process stuck after its
+    // program's end) keeps this rank, and the job, waiting: say so once.
+    if (said_goodbye && !prev_gone && !said_waiting && Clock::now() - goodbye_at > kGoodbyeQuiet) {
+      said_waiting = true;
+      std::fputs(fmt::format("meshrt: rank {} on {} has finished and waits for rank {} on {} to finish too: its "
+                             "heartbeats still come, but {} s after this rank's shutdown its process has not reached "
+                             "meshrt's shutdown (is it still running the program after meshrt.run or Runtime "
+                             "returned: a thread that is not a daemon, a call that blocks at exit?)\n",
+                             rank_, host_, prev_, prev_host_, kGoodbyeQuiet.count())
+                     .c_str(),
+                 stderr);
+      std::fflush(stderr);
+    }
     std::this_thread::sleep_for(stop_.load() ? std::chrono::milliseconds(1) : kTick);
   }
 }
