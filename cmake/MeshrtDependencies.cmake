@@ -48,7 +48,7 @@ if(NOT _meshrt_cuda STREQUAL "OFF")
   endif()
 endif()
 
-# The Python package (python/, DESIGN section 11): Debian's own Python 3 (the interpreter its
+# The Python package (python/, docs/python.md): Debian's own Python 3 (the interpreter its
 # python3-* packages install into, /usr/bin/python3), never the first python3 on PATH, and
 # Debian's pybind11. AUTO builds it when both are found.
 set(MESHRT_HAVE_PYTHON OFF)

@@ -22,12 +22,12 @@
 #include <initializer_list>
 #include <memory>
 #include <optional>
-#include <source_location>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "meshrt/call_site.hpp"
 #include "meshrt/error.hpp"
 #include "meshrt/ndslice.hpp"
 #include "meshrt/reduction.hpp"
@@ -82,12 +82,11 @@ class RemoteError : public Error {
 
 // A registered function's name, with the controller call site that named it.
 struct FunctionName {
-  FunctionName(const char* n, std::source_location l = std::source_location::current()) : name(n), where(l) {}
-  FunctionName(std::string n, std::source_location l = std::source_location::current())
-      : name(std::move(n)), where(l) {}
-  FunctionName(std::string_view n, std::source_location l = std::source_location::current()) : name(n), where(l) {}
+  FunctionName(const char* n, CallSite l = std::source_location::current()) : name(n), where(l) {}
+  FunctionName(std::string n, CallSite l = std::source_location::current()) : name(std::move(n)), where(l) {}
+  FunctionName(std::string_view n, CallSite l = std::source_location::current()) : name(n), where(l) {}
   std::string name;
-  std::source_location where;
+  CallSite where;
 };
 
 // One argument of a remote call: a DTensor, a number, a string, a bool, a dtype, a shape,
@@ -130,8 +129,7 @@ class Stream {
   const std::string& name() const;
   // A handle to `t` usable on this stream. A mutable borrow needs that no other borrow of
   // `t` is active; while it is, only this stream may use `t`. End it with drop().
-  DTensor borrow(const DTensor& t, bool mutable_borrow = false,
-                 std::source_location where = std::source_location::current()) const;
+  DTensor borrow(const DTensor& t, bool mutable_borrow = false, CallSite where = std::source_location::current()) const;
   friend bool operator==(const Stream& a, const Stream& b) noexcept { return a.state_ == b.state_; }
 
  private:
@@ -187,26 +185,24 @@ class DTensor {
 
   // The reduction over mesh dimension `dim` (docs/ARCHITECTURE.md section 3.6's table).
   DTensor reduce(std::string_view dim, Reduction reduction, bool scatter = false,
-                 std::source_location where = std::source_location::current()) const;
+                 CallSite where = std::source_location::current()) const;
   // In place (sum..bxor without scatter, and stack with scatter): this handle's value
   // changes; handles that share it see the change.
   DTensor& reduce_(std::string_view dim, Reduction reduction, bool scatter = false,
-                   std::source_location where = std::source_location::current());
+                   CallSite where = std::source_location::current());
   // The same values, sent positionally to `target` (a mesh of the same sizes).
-  DTensor to_mesh(const Mesh& target, std::source_location where = std::source_location::current()) const;
+  DTensor to_mesh(const Mesh& target, CallSite where = std::source_location::current()) const;
   // The same values, sent to `target` (a mesh of the same sizes, or this tensor's own
   // mesh) in the rank order `p` says: one SendTensor in which a rank may both send and
   // receive. The result lives on `target`.
-  DTensor to_mesh(const Mesh& target, const MeshPermutation& p,
-                  std::source_location where = std::source_location::current()) const;
+  DTensor to_mesh(const Mesh& target, const MeshPermutation& p, CallSite where = std::source_location::current()) const;
   // to_mesh(mesh(), MeshPermutation::rotate(dim, shift)): each rank's tensor moves `shift`
   // coordinates along `dim` (ring attention, pipeline loops: `x = x.rotate("sp", 1)`).
-  DTensor rotate(std::string_view dim, std::int64_t shift,
-                 std::source_location where = std::source_location::current()) const;
+  DTensor rotate(std::string_view dim, std::int64_t shift, CallSite where = std::source_location::current()) const;
   // The part of this tensor on the sub-mesh where `dim` == index.
   DTensor slice_mesh(std::string_view dim, std::int64_t index) const;
   // Ends a borrow: the origin stream may use the tensor again (and waits for this one).
-  void drop(std::source_location where = std::source_location::current());
+  void drop(CallSite where = std::source_location::current());
 
  private:
   friend class Arg;
@@ -217,7 +213,7 @@ class DTensor {
   friend struct detail::RecordingState;
   DTensor(std::shared_ptr<detail::TensorState> s, std::shared_ptr<detail::MeshState> mesh)
       : state_(std::move(s)), mesh_(std::move(mesh)) {}
-  DTensor send_to_mesh(const Mesh& target, const MeshPermutation* permutation, const std::source_location& where) const;
+  DTensor send_to_mesh(const Mesh& target, const MeshPermutation* permutation, const CallSite& where) const;
   std::shared_ptr<detail::TensorState> state_;
   std::shared_ptr<detail::MeshState> mesh_;  // the (sub-)mesh this handle covers
 };
@@ -243,7 +239,7 @@ class Mesh {
   // One dimension `name` over all ranks, in row-major order of this mesh's coordinates.
   Mesh flatten(std::string name) const;
   // Each rank's coordinate along `dim`, as an int64 0-d tensor.
-  DTensor rank(std::string_view dim, std::source_location where = std::source_location::current()) const;
+  DTensor rank(std::string_view dim, CallSite where = std::source_location::current()) const;
 
   // Runs a registered function on every rank. Tensor arguments must be on this mesh and
   // on one stream (the call runs there; with no tensor arguments, the default stream).
@@ -278,11 +274,10 @@ class Mesh {
   // command, to every rank of the mesh: fine for parameters and small inputs; load large
   // data on the workers instead (a registered function that reads the file).
   // The controller's tensor `t`, copied to every rank (on the mesh's device).
-  DTensor from_host(const Tensor& t, std::source_location where = std::source_location::current()) const;
+  DTensor from_host(const Tensor& t, CallSite where = std::source_location::current()) const;
   // `t` split along its first axis into size(dim) equal shards: the ranks at coordinate i
   // along `dim` hold shard i (the same shard along the other dimensions).
-  DTensor scatter(std::string_view dim, const Tensor& t,
-                  std::source_location where = std::source_location::current()) const;
+  DTensor scatter(std::string_view dim, const Tensor& t, CallSite where = std::source_location::current()) const;
   // The same on an explicit stream.
   std::vector<DTensor> call_on(const Stream& stream, FunctionName fn, std::vector<Arg> args) const;
 
@@ -319,7 +314,7 @@ class Recording {
   // results: fresh tensors, or the input or captured tensor the function returned. A
   // failure in a replayed command names the line in the recorded function and `where`.
   std::vector<DTensor> operator()(const std::vector<DTensor>& inputs,
-                                  std::source_location where = std::source_location::current()) const;
+                                  CallSite where = std::source_location::current()) const;
   std::size_t num_inputs() const;
   std::size_t num_outputs() const;
   // The commands recorded (on all ranks together): what each replay saves sending.
@@ -375,7 +370,7 @@ class Controller {
   // `kind` places it (docs/ARCHITECTURE.md section 7): its calls make tensors on each rank's own
   // device of that kind, and its slices keep it.
   Mesh world_mesh(std::vector<std::pair<std::string, std::int64_t>> dims, DeviceKind kind = DeviceKind::Cpu,
-                  std::source_location where = std::source_location::current());
+                  CallSite where = std::source_location::current());
   // The job's accelerator (MESHRT_ACCELERATOR; cpu when there is none), to place meshes on.
   DeviceKind accelerator() const;
   // The stream `name` (created on first use); "default" is where work runs by default.
@@ -389,7 +384,7 @@ class Controller {
   // it).
   Future<Tensor> fetch_shard(const DTensor& t, std::vector<std::pair<std::string, std::int64_t>> coords = {},
                              std::optional<std::string> preprocess = std::nullopt,
-                             std::source_location where = std::source_location::current());
+                             CallSite where = std::source_location::current());
 
   // Records the commands `body` issues (calls, reductions, to_mesh, borrows) on formal
   // inputs shaped like `examples` (their metas, meshes and streams; their values are not
@@ -399,7 +394,7 @@ class Controller {
   // a tensor made inside used after it; a borrow made inside must be dropped inside.
   Recording record(const std::vector<DTensor>& examples,
                    const std::function<std::vector<DTensor>(const std::vector<DTensor>&)>& body,
-                   std::source_location where = std::source_location::current());
+                   CallSite where = std::source_location::current());
 
   // Waits for all issued work; raises one RemoteError naming every failure no Future has
   // reported (the first as root, then a count and a list of the others) and marks them

@@ -1,4 +1,4 @@
-"""meshrt: drive a whole MPI job from one Python program (DESIGN section 11).
+"""meshrt: drive a whole MPI job from one Python program (docs/python.md).
 
 Every rank runs the same script under ``mpiexec`` or ``srun`` and calls
 ``meshrt.run(main)``: rank 0 runs ``main(ctl)``, every rank runs a worker.

@@ -1,4 +1,4 @@
-"""Python remote functions: ``@meshrt.function(name, shape=...)`` (DESIGN section 11).
+"""Python remote functions: ``@meshrt.function(name, shape=...)`` (docs/python.md).
 
 Every rank imports the same modules, so the decorator registers the function on every
 rank, before ``meshrt.run`` starts the runtime (whose handshake compares the ranks'

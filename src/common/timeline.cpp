@@ -145,9 +145,9 @@ void write_chrome_trace(const std::string& path, const std::vector<RankEvents>& 
       switch (e.kind) {
         case Kind::Call: {
           std::string site;
-          const std::source_location where = Event::site(e.b);
+          const CallSite where = site_of(e.b);
           if (r.calls_here && where.line() != 0 && session.site) {
-            site = fmt::format(R"(,"site":"{}")", escaped(session.site(where, Event::site(e.c))));
+            site = fmt::format(R"(,"site":"{}")", escaped(session.site(where, site_of(e.c))));
           }
           out.event(
               R"({{"ph":"X","cat":"call","name":"{}","pid":{},"tid":0,"ts":{},"dur":1.0,"args":{{"ident":{}{}}}}})",

@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <source_location>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,11 +14,12 @@
 #include <nlohmann/json.hpp>
 
 #include "common/trace.hpp"
+#include "meshrt/call_site.hpp"
 
 namespace meshrt::detail::trace {
 
 // Formats a call's line (and its replay's) as the controller's errors do.
-using SiteWords = std::function<std::string(const std::source_location&, const std::source_location&)>;
+using SiteWords = std::function<std::string(const CallSite&, const CallSite&)>;
 
 // What this process knows of the job's timeline, set once at start before any thread
 // reads it (Runtime), read-only after.

@@ -11,9 +11,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <tuple>
 #include <unordered_map>
 
 namespace meshrt::detail::trace {
@@ -93,6 +95,8 @@ struct Registry {
   std::vector<std::shared_ptr<Ring>> retired;
   std::unordered_map<std::string, std::uint64_t, NameHash, std::equal_to<>> by_name;
   std::vector<std::string> names;
+  std::map<std::tuple<const char*, const char*, std::uint32_t>, std::uint64_t> by_site;
+  std::vector<CallSite> sites{CallSite()};
 };
 
 // Never destroyed: a thread that ends after the process's statics (a detached stream
@@ -202,6 +206,31 @@ std::uint64_t intern(std::string_view name) {
   r.by_name.emplace(std::string(name), r.names.size());
   r.names.emplace_back(name);
   return r.names.size() - 1;
+}
+
+std::uint64_t intern_site(const CallSite& where) {
+  if (!where.known()) return 0;
+  // The controller issues from one thread, mostly from a few lines in a loop.
+  thread_local CallSite last;
+  thread_local std::uint64_t last_id = 0;
+  if (last_id != 0 && last.file_name() == where.file_name() && last.function_name() == where.function_name() &&
+      last.line() == where.line()) {
+    return last_id;
+  }
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  const auto key = std::make_tuple(where.file_name(), where.function_name(), where.line());
+  auto [it, added] = r.by_site.emplace(key, r.sites.size());
+  if (added) r.sites.push_back(where);
+  last = where;
+  last_id = it->second;
+  return last_id;
+}
+
+CallSite site_of(std::uint64_t id) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  return id < r.sites.size() ? r.sites[id] : CallSite();
 }
 
 std::vector<std::string> names() {

@@ -10,12 +10,13 @@
 #include <bit>
 #include <chrono>
 #include <cstdint>
-#include <source_location>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
+
+#include "meshrt/call_site.hpp"
 
 namespace meshrt::detail::trace {
 
@@ -33,18 +34,15 @@ struct alignas(64) Event {
   std::uint64_t ident = 0;     // a call and the commands that run it share it (the flow)
   std::int64_t queued_ns = 0;  // a command: when it was queued
   std::uint64_t a = 0;         // a command, a flush: its bytes; a call, a wait, a mark: its name (intern())
-  std::uint64_t b = 0;         // a command: the recording a replay ran it from; a call: its line; a flush:
-                               // commands; a device task: its stream
-  std::uint64_t c = 0;         // a call: the replay's line; a flush: destinations; a device task: its device;
-                               // a command: its peers (encode_peers)
+  std::uint64_t b = 0;  // a command: the recording a replay ran it from; a call: its site (intern_site); a flush:
+                        // commands; a device task: its stream
+  std::uint64_t c = 0;  // a call: the replay's line; a flush: destinations; a device task: its device;
+                        // a command: its peers (encode_peers)
   Track track = Track::Controller;
   Kind kind = Kind::Call;
   std::uint8_t type = 0;  // a command: its protocol tag; a device task: 0 emulated, 1 cuda
   bool failed = false;
   bool unfinished = false;  // a command still running when its rank's timeline was dumped
-
-  static std::uint64_t site(std::source_location s) noexcept { return std::bit_cast<std::uint64_t>(s); }
-  static std::source_location site(std::uint64_t bits) noexcept { return std::bit_cast<std::source_location>(bits); }
 };
 static_assert(sizeof(Event) == 64 && std::is_trivially_copyable_v<Event>);
 
@@ -85,6 +83,10 @@ Peers decode_peers(std::uint64_t word);
 // The number of `name` in this process's table of names (a hash lookup; the name is
 // copied the first time only).
 std::uint64_t intern(std::string_view name);
+// A call site as a number in this process's table of sites, which keeps its text's
+// pointers (a site's text outlives the site: call_site.hpp); 0 is the unknown site.
+std::uint64_t intern_site(const CallSite& where);
+CallSite site_of(std::uint64_t id);
 // The table, by number.
 std::vector<std::string> names();
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "controller/site.hpp"
+#include "common/site.hpp"
 #include "meshrt/error.hpp"
 
 namespace meshrt::detail {
@@ -25,8 +25,7 @@ const CompletionTracker::IdentInfo* CompletionTracker::info(Ident ident) const {
   return &what_[ident - first_described_];
 }
 
-void CompletionTracker::describe(Ident ident, const Words& what, const std::source_location& where,
-                                 const std::source_location& replayed_at) {
+void CompletionTracker::describe(Ident ident, const Words& what, const CallSite& where, const CallSite& replayed_at) {
   if (IdentInfo* i = info(ident)) {
     i->what = what;
     i->where = where;

@@ -9,12 +9,12 @@
 #include <cstdint>
 #include <deque>
 #include <map>
-#include <source_location>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "controller/words.hpp"
+#include "meshrt/call_site.hpp"
 #include "meshrt/internal/protocol.hpp"
 
 namespace meshrt::detail {
@@ -28,8 +28,7 @@ class CompletionTracker {
   // A fresh ident; `label` names the runtime's own invocations ("synchronize") in reports.
   Ident new_ident(const char* label = nullptr);
   // What an outstanding ident runs, for reports (forgotten once it is complete).
-  void describe(Ident ident, const Words& what, const std::source_location& where,
-                const std::source_location& replayed_at = {});
+  void describe(Ident ident, const Words& what, const CallSite& where, const CallSite& replayed_at = {});
   std::string describe_ident(Ident ident) const;
   bool described(Ident ident) const { return info(ident) != nullptr; }
   // What `ident` runs and where it was issued ("file:line (function)"), while it is
@@ -97,8 +96,8 @@ class CompletionTracker {
   };
   struct IdentInfo {
     Words what;  // the function's name, or empty
-    std::source_location where{};
-    std::source_location replayed_at{};  // line 0: not run by a replay
+    CallSite where{};
+    CallSite replayed_at{};  // line 0: not run by a replay
     const char* label = nullptr;
   };
   const IdentInfo* info(Ident ident) const;

@@ -157,7 +157,7 @@ constexpr std::uint64_t kFrameRoom = 4096;
 
 // Call-site mistakes name the line of the controller program that made them.
 template <class F>
-auto at_site(const std::source_location& where, F&& f) -> decltype(f()) {
+auto at_site(const CallSite& where, F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const UsageError& e) {
@@ -202,7 +202,7 @@ const std::string& Stream::name() const {
   return state_->name;
 }
 
-DTensor Stream::borrow(const DTensor& t, bool mutable_borrow, std::source_location where) const {
+DTensor Stream::borrow(const DTensor& t, bool mutable_borrow, CallSite where) const {
   return at_site(where, [&] {
     auto ctl = lock(state_->controller);
     if (!t.state_) throw UsageError("borrow: an undefined DTensor");
@@ -256,7 +256,7 @@ Stream DTensor::stream() const {
   return Stream(state_->stream);
 }
 
-DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter, std::source_location where) const {
+DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter, CallSite where) const {
   return at_site(where, [&] {
     if (!state_) throw UsageError("reduce: an undefined DTensor");
     auto ctl = lock(state_->controller);
@@ -282,7 +282,7 @@ DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter,
   });
 }
 
-DTensor& DTensor::reduce_(std::string_view dim, Reduction reduction, bool scatter, std::source_location where) {
+DTensor& DTensor::reduce_(std::string_view dim, Reduction reduction, bool scatter, CallSite where) {
   return at_site(where, [&]() -> DTensor& {
     if (!state_) throw UsageError("reduce_: an undefined DTensor");
     // The same rules as out of place (in place allows all_reduce and all_to_all only);
@@ -391,15 +391,15 @@ std::vector<std::int64_t> MeshPermutation::resolve(const std::vector<std::string
 
 // ------------------------------------------------------------------ to_mesh
 
-DTensor DTensor::to_mesh(const Mesh& target, std::source_location where) const {
+DTensor DTensor::to_mesh(const Mesh& target, CallSite where) const {
   return at_site(where, [&] { return send_to_mesh(target, nullptr, where); });
 }
 
-DTensor DTensor::to_mesh(const Mesh& target, const MeshPermutation& p, std::source_location where) const {
+DTensor DTensor::to_mesh(const Mesh& target, const MeshPermutation& p, CallSite where) const {
   return at_site(where, [&] { return send_to_mesh(target, &p, where); });
 }
 
-DTensor DTensor::rotate(std::string_view dim, std::int64_t shift, std::source_location where) const {
+DTensor DTensor::rotate(std::string_view dim, std::int64_t shift, CallSite where) const {
   return at_site(where, [&] {
     if (!state_) throw UsageError("rotate: an undefined DTensor");
     const MeshPermutation p = MeshPermutation::rotate(std::string(dim), shift);
@@ -407,8 +407,7 @@ DTensor DTensor::rotate(std::string_view dim, std::int64_t shift, std::source_lo
   });
 }
 
-DTensor DTensor::send_to_mesh(const Mesh& target, const MeshPermutation* permutation,
-                              const std::source_location& where) const {
+DTensor DTensor::send_to_mesh(const Mesh& target, const MeshPermutation* permutation, const CallSite& where) const {
   if (!state_) throw UsageError("to_mesh: an undefined DTensor");
   auto ctl = lock(state_->controller);
   const MeshState& from = *mesh_;
@@ -452,7 +451,7 @@ DTensor DTensor::slice_mesh(std::string_view dim, std::int64_t index) const {
   return DTensor(state_, Mesh(mesh_).slice(dim, index).state_);
 }
 
-void DTensor::drop(std::source_location where) {
+void DTensor::drop(CallSite where) {
   return at_site(where, [&] {
     if (!state_) throw UsageError("drop: an undefined DTensor");
     auto ctl = lock(state_->controller);
@@ -583,7 +582,7 @@ Mesh Mesh::flatten(std::string name) const {
   return Mesh(make_mesh(*ctl, state_->kind, {std::move(name)}, NDSlice(r.offset(), {r.len()}, {stride})));
 }
 
-DTensor Mesh::rank(std::string_view dim, std::source_location where) const {
+DTensor Mesh::rank(std::string_view dim, CallSite where) const {
   lock(state_->controller)->check_epoch(state_->epoch, "mesh");
   state_->dim_index(dim);
   return call(FunctionName("meshrt.mesh_coordinate", where), Arg(std::string(dim)));
@@ -599,18 +598,18 @@ DTensor Mesh::one(std::vector<DTensor> outputs) const {
 }
 
 std::vector<DTensor> Mesh::call_n(FunctionName fn, std::vector<Arg> args) const {
-  const std::source_location where = fn.where;
+  const CallSite where = fn.where;
   return at_site(where, [&] { return call_n_impl(std::move(fn), std::move(args)); });
 }
 
-DTensor Mesh::from_host(const Tensor& t, std::source_location where) const {
+DTensor Mesh::from_host(const Tensor& t, CallSite where) const {
   return at_site(where, [&] {
     if (!t.defined()) throw UsageError("from_host: expected a defined tensor, found an undefined one");
     return one(call_n_impl(FunctionName("meshrt.from_host", where), {Arg(t)}));  // Arg copies t
   });
 }
 
-DTensor Mesh::scatter(std::string_view dim, const Tensor& t, std::source_location where) const {
+DTensor Mesh::scatter(std::string_view dim, const Tensor& t, CallSite where) const {
   return at_site(where, [&] {
     const std::int64_t parts = size(dim);  // names the mesh's dimensions when `dim` is not one
     if (!t.defined() || t.shape().empty() || t.shape()[0] % parts != 0) {
@@ -641,7 +640,7 @@ std::vector<DTensor> Mesh::call_n_impl(FunctionName fn, std::vector<Arg> args) c
 }
 
 std::vector<DTensor> Mesh::call_on(const Stream& stream, FunctionName fn, std::vector<Arg> args) const {
-  const std::source_location where = fn.where;
+  const CallSite where = fn.where;
   return at_site(where, [&] { return call_on_impl(stream, std::move(fn), std::move(args)); });
 }
 
@@ -754,8 +753,7 @@ Tensor value_to_tensor(const Value& v) {
 Controller::Controller(std::shared_ptr<ControllerState> state) : state_(std::move(state)) {}
 Controller::~Controller() = default;
 
-Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> dims, DeviceKind kind,
-                            std::source_location where) {
+Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> dims, DeviceKind kind, CallSite where) {
   std::vector<std::string> names;
   std::vector<std::int64_t> sizes;
   std::int64_t product = 1;
@@ -786,7 +784,7 @@ Stream Controller::default_stream() {
 }
 
 Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<std::string, std::int64_t>> coords,
-                                       std::optional<std::string> preprocess, std::source_location where) {
+                                       std::optional<std::string> preprocess, CallSite where) {
   return at_site(where, [&] {
     state_->refuse_in_recording("fetch_shard");
     if (!t.state_) throw UsageError("fetch_shard: an undefined DTensor");

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "controller/site.hpp"
+#include "common/site.hpp"
 #include "meshrt/controller.hpp"
 
 namespace meshrt::detail {
@@ -48,7 +48,7 @@ std::string Failure::describe(Ident ident) const {
                      fmt::join(r, ", "), where, issued_at.empty() ? "" : ", issued at ", issued_at, message);
 }
 
-std::shared_ptr<Node> DependencyGraph::make_node(Ident ident, Words what, const std::source_location& where,
+std::shared_ptr<Node> DependencyGraph::make_node(Ident ident, Words what, const CallSite& where,
                                                  std::span<const std::shared_ptr<Node>> inputs) {
   auto n = std::make_shared<Node>();
   n->ident = ident;

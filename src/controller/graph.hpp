@@ -13,12 +13,12 @@
 #include <map>
 #include <memory>
 #include <set>
-#include <source_location>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "controller/words.hpp"
+#include "meshrt/call_site.hpp"
 #include "meshrt/internal/protocol.hpp"
 
 namespace meshrt::detail {
@@ -29,9 +29,9 @@ using protocol::Ident;
 // from others without one (a reduction, a send, a borrow).
 struct Node {
   Ident ident = 0;
-  Words what;                          // "meshrt.fail", "reduce sum over 'gpu'", "fetch"
-  std::source_location where;          // the controller call that issued it (formatted only for errors)
-  std::source_location replayed_at{};  // the replay that ran it, when `where` is in a recorded function
+  Words what;              // "meshrt.fail", "reduce sum over 'gpu'", "fetch"
+  CallSite where;          // the controller call that issued it (formatted only for errors)
+  CallSite replayed_at{};  // the replay that ran it, when `where` is in a recorded function
   std::string issued_at() const;
   std::vector<std::shared_ptr<Node>> inputs;
   bool clean = false;     // known complete without failure: inputs dropped
@@ -57,10 +57,10 @@ struct Failure {
 class DependencyGraph {
  public:
   // A node for `ident` (0: none) computed from `inputs`; inputs known clean are dropped.
-  std::shared_ptr<Node> make_node(Ident ident, Words what, const std::source_location& where,
+  std::shared_ptr<Node> make_node(Ident ident, Words what, const CallSite& where,
                                   std::span<const std::shared_ptr<Node>> inputs);
   // The same for the inputs in braces at a call site, with no vector to allocate for them.
-  std::shared_ptr<Node> make_node(Ident ident, Words what, const std::source_location& where,
+  std::shared_ptr<Node> make_node(Ident ident, Words what, const CallSite& where,
                                   std::initializer_list<std::shared_ptr<Node>> inputs) {
     return make_node(ident, std::move(what), where, std::span(inputs.begin(), inputs.size()));
   }

@@ -7,8 +7,8 @@
 #include <type_traits>
 #include <variant>
 
+#include "common/site.hpp"
 #include "common/trace.hpp"
-#include "controller/site.hpp"
 #include "meshrt/controller.hpp"
 
 namespace meshrt::detail {
@@ -23,7 +23,7 @@ bool is_local(Ref r) {
 
 // The recorded function's mistake, named with the record() call.
 template <class F>
-auto in_recording(const std::source_location& where, F&& f) -> decltype(f()) {
+auto in_recording(const CallSite& where, F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const UsageError& e) {
@@ -121,7 +121,7 @@ void ControllerState::capture(const std::vector<int>& dests, protocol::Command c
   recording_->commands.push_back(std::move(rc));
 }
 
-std::shared_ptr<Node> ControllerState::recorded_node(Ident ident, Words what, const std::source_location& where) {
+std::shared_ptr<Node> ControllerState::recorded_node(Ident ident, Words what, const CallSite& where) {
   auto n = std::make_shared<Node>();
   n->ident = ident;
   n->where = where;
@@ -134,9 +134,8 @@ std::shared_ptr<Node> ControllerState::recorded_node(Ident ident, Words what, co
   return n;
 }
 
-std::shared_ptr<Node> ControllerState::make_replay_node(Ident ident, const Words& what,
-                                                        const std::source_location& where,
-                                                        const std::source_location& replayed_at,
+std::shared_ptr<Node> ControllerState::make_replay_node(Ident ident, const Words& what, const CallSite& where,
+                                                        const CallSite& replayed_at,
                                                         std::span<const std::shared_ptr<Node>> inputs) {
   tracker_.describe(ident, what, where, replayed_at);
   if (trace::enabled()) trace_call(ident, what, where, replayed_at);
@@ -189,7 +188,7 @@ void classify(const RecordingContext& ctx, RecordedCommand& rc) {
 
 std::shared_ptr<RecordingState> ControllerState::record(
     const std::vector<DTensor>& examples, const std::function<std::vector<DTensor>(const std::vector<DTensor>&)>& body,
-    const std::source_location& where) {
+    const CallSite& where) {
   refuse_in_recording("record");
   auto ctx = std::make_unique<RecordingContext>();
   ctx->serial = ++recordings_made_;
@@ -304,7 +303,7 @@ std::shared_ptr<RecordingState> ControllerState::record(
 }
 
 std::vector<DTensor> ControllerState::replay(RecordingState& r, const std::vector<DTensor>& inputs,
-                                             const std::source_location& where) {
+                                             const CallSite& where) {
   refuse_in_recording("a replay");
   check_epoch(r.epoch, "recording");
   if (inputs.size() != r.inputs.size()) {
@@ -419,7 +418,7 @@ namespace meshrt {
 
 using detail::describe;
 
-std::vector<DTensor> Recording::operator()(const std::vector<DTensor>& inputs, std::source_location where) const {
+std::vector<DTensor> Recording::operator()(const std::vector<DTensor>& inputs, CallSite where) const {
   if (!state_) throw UsageError(fmt::format("replay of an undefined Recording (at {})", describe(where)));
   auto ctl = state_->controller.lock();
   if (!ctl) throw UsageError("this recording outlived its controller session");
@@ -442,7 +441,7 @@ std::size_t Recording::num_commands() const {
 
 Recording Controller::record(const std::vector<DTensor>& examples,
                              const std::function<std::vector<DTensor>(const std::vector<DTensor>&)>& body,
-                             std::source_location where) {
+                             CallSite where) {
   return Recording(state_->record(examples, body, where));
 }
 

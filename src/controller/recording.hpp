@@ -6,12 +6,12 @@
 
 #include <cstdint>
 #include <memory>
-#include <source_location>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "controller/state.hpp"
+#include "meshrt/call_site.hpp"
 
 namespace meshrt::detail {
 
@@ -24,7 +24,7 @@ struct RecordedCommand {
   protocol::Command command;  // local refs and an ident offset, as DefineRecording holds them
   Ident offset = 0;           // its ident's offset, 0 for a borrow command
   Words what;
-  std::source_location where{};
+  CallSite where{};
   // How a replay updates the graph: Node makes the command's node from `reads` and gives it
   // to `writes`; Alias gives writes[0] the node of reads[0] (a borrow); Join gives
   // writes[0] a node of its own and reads[0]'s (a mutable borrow dropped); None: nothing.
@@ -47,7 +47,7 @@ struct RecordingState {
   std::weak_ptr<ControllerState> controller;
   std::uint64_t epoch = 0;
   Ref ref;
-  std::source_location where{};
+  CallSite where{};
   std::vector<int> dests;  // every rank a command goes to, sorted
   std::uint32_t formals = 0;
   std::uint64_t locals = 0;
@@ -66,12 +66,12 @@ struct RecordingState {
 
 struct RecordingContext {
   std::uint64_t serial = 0;
-  std::source_location where{};
+  CallSite where{};
   std::uint32_t formals = 0;
   std::uint64_t next_slot = 0;
   Ident next_offset = 1;
-  std::vector<std::pair<Words, std::source_location>> described;  // by ident offset - 1
-  std::vector<std::shared_ptr<TensorState>> values;               // by slot: formals and locals
+  std::vector<std::pair<Words, CallSite>> described;  // by ident offset - 1
+  std::vector<std::shared_ptr<TensorState>> values;   // by slot: formals and locals
   struct Captured {
     std::shared_ptr<TensorState> state;
     std::shared_ptr<Node> node;  // as it was before the recording (restored after it)

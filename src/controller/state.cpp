@@ -145,7 +145,7 @@ const Words& MeshState::reduce_words(std::int64_t d, Reduction reduction, bool s
   return w;
 }
 
-std::shared_ptr<Node> ControllerState::make_node(Ident ident, Words what, const std::source_location& where,
+std::shared_ptr<Node> ControllerState::make_node(Ident ident, Words what, const CallSite& where,
                                                  std::span<const std::shared_ptr<Node>> inputs) {
   if (recording_) return recorded_node(ident, std::move(what), where);
   if (ident != 0) tracker_.describe(ident, what, where);
@@ -300,16 +300,15 @@ void ControllerState::request_status(Ident ident, bool idle_too) {
   flush();
 }
 
-void ControllerState::trace_call(Ident ident, const Words& what, const std::source_location& where,
-                                 const std::source_location& replayed_at) {
+void ControllerState::trace_call(Ident ident, const Words& what, const CallSite& where, const CallSite& replayed_at) {
   trace::Event e;
   e.track = trace::Track::Controller;
   e.kind = trace::Kind::Call;
   e.start_ns = e.end_ns = trace::now_ns();
   e.ident = ident;
   e.a = what.trace_name();
-  e.b = trace::Event::site(where);
-  e.c = trace::Event::site(replayed_at);
+  e.b = trace::intern_site(where);
+  e.c = trace::intern_site(replayed_at);
   trace::record(e);
 }
 

@@ -11,18 +11,18 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <source_location>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "common/site.hpp"
 #include "controller/batcher.hpp"
 #include "controller/completion.hpp"
 #include "controller/diagnostics.hpp"
 #include "controller/graph.hpp"
-#include "controller/site.hpp"
+#include "meshrt/call_site.hpp"
 #include "meshrt/controller.hpp"
 #include "meshrt/internal/control.hpp"
 #include "meshrt/internal/protocol.hpp"
@@ -96,7 +96,7 @@ struct TensorState : std::enable_shared_from_this<TensorState> {
     bool is_mutable = false;
     bool first_use_sent = false;
     bool dropped = false;
-    std::source_location where{};  // the borrow() call, named by an implicit drop
+    CallSite where{};  // the borrow() call, named by an implicit drop
   } borrow;
 };
 
@@ -164,8 +164,8 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   // Records the commands `body` issues on formals like `examples`.
   std::shared_ptr<RecordingState> record(const std::vector<DTensor>& examples,
                                          const std::function<std::vector<DTensor>(const std::vector<DTensor>&)>& body,
-                                         const std::source_location& where);
-  std::vector<DTensor> replay(RecordingState& r, const std::vector<DTensor>& inputs, const std::source_location& where);
+                                         const CallSite& where);
+  std::vector<DTensor> replay(RecordingState& r, const std::vector<DTensor>& inputs, const CallSite& where);
   void flush() { batcher_.flush(); }
   void flush_deferred();
   // For handle destructors: work for the next command, sent with it.
@@ -190,19 +190,18 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   // them under a new ident named `what`); failures stay for the futures and synchronize().
   void wait_for_issued(std::optional<std::chrono::duration<double>> timeout, const char* what);
 
-  std::shared_ptr<Node> make_node(Ident ident, Words what, const std::source_location& where,
+  std::shared_ptr<Node> make_node(Ident ident, Words what, const CallSite& where,
                                   std::span<const std::shared_ptr<Node>> inputs);
-  std::shared_ptr<Node> make_node(Ident ident, Words what, const std::source_location& where,
+  std::shared_ptr<Node> make_node(Ident ident, Words what, const CallSite& where,
                                   std::initializer_list<std::shared_ptr<Node>> inputs) {
     return make_node(ident, std::move(what), where, std::span(inputs.begin(), inputs.size()));
   }
   // A replayed command's node: `what` at `where` in the recorded function, run by the
   // replay at `replayed_at`.
-  std::shared_ptr<Node> make_replay_node(Ident ident, const Words& what, const std::source_location& where,
-                                         const std::source_location& replayed_at,
-                                         std::span<const std::shared_ptr<Node>> inputs);
+  std::shared_ptr<Node> make_replay_node(Ident ident, const Words& what, const CallSite& where,
+                                         const CallSite& replayed_at, std::span<const std::shared_ptr<Node>> inputs);
   // The same, safe from a destructor: never polls the transport.
-  std::shared_ptr<Node> make_node_quietly(Words what, const std::source_location& where,
+  std::shared_ptr<Node> make_node_quietly(Words what, const CallSite& where,
                                           std::initializer_list<std::shared_ptr<Node>> inputs) {
     return graph_.make_node(0, std::move(what), where, inputs);
   }
@@ -269,9 +268,8 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   // Inside a recording: `c` joins it (append's work), and a node made at record time.
   void capture(const std::vector<int>& dests, protocol::Command c);
   // MESHRT_TRACE: a call with an ident, on the controller's track.
-  static void trace_call(Ident ident, const Words& what, const std::source_location& where,
-                         const std::source_location& replayed_at);
-  std::shared_ptr<Node> recorded_node(Ident ident, Words what, const std::source_location& where);
+  static void trace_call(Ident ident, const Words& what, const CallSite& where, const CallSite& replayed_at);
+  std::shared_ptr<Node> recorded_node(Ident ident, Words what, const CallSite& where);
   std::uint64_t recordings_made_ = 0;
 
   // Appends a BorrowDrop for each deferred drop (defer_drop), ahead of what follows.

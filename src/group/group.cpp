@@ -43,6 +43,7 @@
 #include "common/checks.hpp"
 #include "common/comm_creation.hpp"
 #include "common/hash.hpp"
+#include "meshrt/internal/mpi_session.hpp"
 #include "meshrt/internal/settings.hpp"
 
 namespace meshrt {
@@ -793,22 +794,7 @@ std::size_t option_chunk(const GroupOptions& o) {
 // MPI_Finalize (or meshrt::run does), as with any MPI library; calling MPI before it is
 // initialised (or after MPI_Finalize) aborts the job with no meshrt context.
 void require_mpi(const char* op) {
-  int initialized = 0, finalized = 0;
-  MESHRT_MPI_CHECK(MPI_Initialized(&initialized));
-  MESHRT_MPI_CHECK(MPI_Finalized(&finalized));
-  if (finalized) {
-    throw UsageError(
-        fmt::format("StatelessGroup::{}: expected MPI to be running, found it finalised (MPI_Finalize "
-                    "was called); create groups before MPI_Finalize",
-                    op));
-  }
-  if (!initialized) {
-    throw UsageError(
-        fmt::format("StatelessGroup::{}: expected MPI to be initialised, found MPI_Init not called yet; call "
-                    "MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) first (and MPI_Finalize "
-                    "at the end), or create the group inside meshrt::run, which initialises MPI",
-                    op));
-  }
+  mpi_session::require_running(fmt::format("StatelessGroup::{}", op).c_str());
 }
 
 // ---- the members' agreement before a creation ---------------------------------------

@@ -16,17 +16,18 @@
 #include <vector>
 
 #include "common/checks.hpp"
+#include "common/network_check.hpp"
 #include "common/timeline.hpp"
 #include "common/trace.hpp"
 #include "controller/state.hpp"
 #include "meshrt/internal/comm.hpp"
 #include "meshrt/internal/control.hpp"
 #include "meshrt/internal/device.hpp"
+#include "meshrt/internal/mpi_session.hpp"
 #include "meshrt/internal/protocol.hpp"
 #include "meshrt/internal/settings.hpp"
 #include "meshrt/internal/worker.hpp"
 #include "meshrt/log.hpp"
-#include "runtime/network_check.hpp"
 #include "runtime/peer_watch.hpp"
 #include "runtime/trace_file.hpp"
 
@@ -144,16 +145,8 @@ struct Runtime::Impl {
 Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& i = *impl_;
   i.options = options;
-  int initialized = 0;
-  MESHRT_MPI_CHECK(MPI_Initialized(&initialized));
-  if (!initialized) {
-    // Before MPI_Init, which would fail on it with a message that names no setting.
-    detail::check_tcp_interfaces();
-    MESHRT_MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &i.provided));
-    i.initialized_mpi = true;
-  } else {
-    MESHRT_MPI_CHECK(MPI_Query_thread(&i.provided));
-  }
+  i.initialized_mpi = !mpi_session::running();
+  i.provided = mpi_session::ensure_started("meshrt::Runtime", &argc, &argv);
   MESHRT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &i.rank));
   MESHRT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &i.size));
   try {
@@ -220,8 +213,8 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
            .offsets_ns = i.clocks.offset_ns,
            .residuals_ns = i.clocks.residual_ns,
            .capacity = static_cast<std::size_t>(settings::kTraceEvents.get()),
-           .site = [](const std::source_location& where,
-                      const std::source_location& replayed_at) { return detail::describe(where, replayed_at); },
+           .site = [](const CallSite& where,
+                      const CallSite& replayed_at) { return detail::describe(where, replayed_at); },
            .command = [](std::uint8_t tag) { return protocol::command_name(tag); }});
     }
     if (i.tracing) detail::trace::enable(detail::trace::session().capacity);
@@ -229,7 +222,7 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
     i.peers.reset();
     i.watch.reset();
     i.free_comms();
-    if (i.initialized_mpi) MESHRT_MPI_IGNORE(MPI_Finalize());  // ignored on purpose: the start's own error follows
+    if (i.initialized_mpi) mpi_session::finish();  // the start's own error follows
     throw;
   }
 }
@@ -250,8 +243,7 @@ Runtime::~Runtime() {
   impl_->peers.reset();
   impl_->watch.reset();
   impl_->free_comms();
-  // Ignored on purpose: a destructor cannot raise, and nothing follows MPI_Finalize.
-  if (impl_->initialized_mpi) MESHRT_MPI_IGNORE(MPI_Finalize());
+  if (impl_->initialized_mpi) mpi_session::finish();
 }
 
 int Runtime::rank() const noexcept {

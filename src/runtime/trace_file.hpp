@@ -9,9 +9,10 @@
 
 #include <cstdint>
 #include <functional>
-#include <source_location>
 #include <string>
 #include <vector>
+
+#include "meshrt/call_site.hpp"
 
 namespace meshrt::detail {
 

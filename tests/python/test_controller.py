@@ -65,10 +65,10 @@ def interrupt_when_on(line):
     threading.Thread(target=interrupt, daemon=True).start()
 
 
-def test_caller_site_reads_back_through_source_location():
+def test_caller_site_is_the_python_line():
     line = here() + 1
     file, function, at = meshrt._core._caller_site()
-    assert (os.path.basename(file), function, at) == (HERE, "test_caller_site_reads_back_through_source_location",
+    assert (os.path.basename(file), function, at) == (HERE, "test_caller_site_is_the_python_line",
                                                        line)
     # The same line again is the same interned site.
     sites = [meshrt._core._caller_site() for _ in range(3)]

@@ -74,7 +74,7 @@ def test_from_mpi4py_refuses_what_is_not_an_intracommunicator():
 
 @pytest.mark.skipif(SAME_MPI or MPI4PY is None, reason="mpi4py uses meshrt's MPI, or is not installed")
 def test_from_mpi4py_refuses_another_mpi_library():
-    if meshrt.world_rank() == 0:
+    if meshrt.rank() == 0:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "HYDRA_"))}
         code = ("import meshrt, mpi4py\nmpi4py.rc.initialize = False\nmpi4py.rc.finalize = False\n"
                 "from mpi4py import MPI\ntry:\n    meshrt.StatelessGroup.from_mpi4py(MPI.COMM_WORLD)\n"

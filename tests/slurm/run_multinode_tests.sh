@@ -6,7 +6,7 @@
 #
 #   tests/slurm/run_multinode_tests.sh <build-dir>
 #
-# The cluster (DESIGN.md section 13): slurmctld on the host, at the bridge's address;
+# The cluster (docs/running.md, "Testing the templates"): slurmctld on the host, at the bridge's address;
 # per node a namespace with a veth pair into the bridge (10.213.N.11, .12), a UTS
 # namespace named n1 / n2 (MPI_Get_processor_name, meshrt-info's host column), an
 # /etc/hosts of its own naming both nodes, a /tmp of its own, and a slurmd started inside

@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "../support/expect_error.hpp"
+#include "common/site.hpp"
 #include "controller/diagnostics.hpp"
-#include "controller/site.hpp"
 #include "controller/state.hpp"
 #include "meshrt/internal/control.hpp"
 
@@ -452,7 +452,7 @@ TEST(ControllerState, DesyncCommandWordsDoNotRepeatTheKind) {
 }
 
 namespace {
-std::source_location site_in_a_lambda() {
+CallSite site_in_a_lambda() {
   return [] { return std::source_location::current(); }();
 }
 }  // namespace

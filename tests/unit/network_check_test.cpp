@@ -1,9 +1,9 @@
-// OMPI_MCA_btl_tcp_if_include checked before MPI_Init (src/runtime/network_check.hpp):
+// OMPI_MCA_btl_tcp_if_include checked before MPI_Init (src/common/network_check.hpp):
 // an entry that names an interface or a subnet of this node passes, a value that names
 // none is refused with the node's interfaces.
 #include <gtest/gtest.h>
 
-#include "runtime/network_check.hpp"
+#include "common/network_check.hpp"
 
 namespace meshrt::detail {
 namespace {

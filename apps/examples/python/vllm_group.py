@@ -21,7 +21,7 @@ import meshrt
 
 def check(ok, what):
     if not ok:
-        print(f"vllm_group: rank {meshrt.world_rank()}: FAILED: {what}", file=sys.stderr, flush=True)
+        print(f"vllm_group: rank {meshrt.rank()}: FAILED: {what}", file=sys.stderr, flush=True)
         sys.exit(1)
 
 
@@ -44,7 +44,7 @@ def nccl_unique_id(group):
 
 
 def main():
-    world, me = meshrt.world_size(), meshrt.world_rank()
+    world, me = meshrt.world_size(), meshrt.rank()
     check(world >= 2 and world % 2 == 0, f"expected an even number of ranks, found {world}")
 
     # Two engines of two processes each, then all of them in one group.

@@ -1,12 +1,12 @@
 """Dispatch from Python: trivial calls per second from a Python controller against the C++
 controller, and a Python kernel's dispatch cost against a C++ kernel's, in one run.
 
-    mpiexec -n 2 python3 -m meshrt.bench calls [--calls N] [--reps R] [--json PATH]
+    mpiexec -n 2 python3 -m meshrt_bench calls [--calls N] [--reps R] [--json PATH]
 
 Each row issues N trivial calls on a mesh of every rank, then synchronizes; the figure is
 the median over R repetitions of the time per call (calls per second per worker). The
 C++ controller column runs the same calls from a C++ loop in the same session
-(meshrt._core._call_loop), alternating with the Python loop, so the two columns differ
+(meshrt_bench._loop.call_loop), alternating with the Python loop, so the two columns differ
 only in who issues the calls; the ratio is the median of the repetitions' ratios.
 """
 
@@ -19,8 +19,8 @@ import time
 import numpy as np
 
 import meshrt
-from meshrt.bench import write_json_lines
-from meshrt import _core
+from meshrt_bench import _loop
+from meshrt_bench import write_json_lines
 
 
 @meshrt.function("bench.py_noop", shape=lambda: None)
@@ -60,7 +60,7 @@ def _measure(ctl, calls, reps):
                 call(fn, *args)
 
         def cpp_loop(n, fn=fn, args=args):
-            _core._call_loop(mesh, fn, args, n)
+            _loop.call_loop(mesh, fn, args, n)
 
         # Warm up (caches, pools, the workers' shape-function answers), then the two
         # loops alternate, so that a change in the machine's load hits both alike.
@@ -104,7 +104,7 @@ def _print(results, ranks, calls, reps, json_path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python3 -m meshrt.bench calls", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m meshrt_bench calls", description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=20000, help="calls per repetition (default 20000)")
     parser.add_argument("--reps", type=int, default=7, help="repetitions; the median is reported (default 7)")
     parser.add_argument("--quick", action="store_true", help="2000 calls, 3 repetitions")

@@ -1,4 +1,4 @@
-#include "runtime/network_check.hpp"
+#include "common/network_check.hpp"
 
 #include <arpa/inet.h>
 #include <fmt/format.h>

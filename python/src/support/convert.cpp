@@ -2,7 +2,7 @@
 // without a copy: DLPack first (numpy arrays, torch tensors, anything with __dlpack__),
 // then the buffer protocol (bytearray, array.array, memoryview); only read-only memory is
 // copied, since a meshrt tensor may be written in place.
-#include "convert.hpp"
+#include "support/convert.hpp"
 
 #include <dlpack/dlpack.h>
 #include <fmt/format.h>

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "bindings.hpp"
-#include "convert.hpp"
 #include "meshrt/tensor.hpp"
+#include "support/convert.hpp"
 
 namespace meshrt::python {
 namespace {
@@ -117,7 +117,13 @@ void bind_tensor(py::module_& m) {
       .def("__eq__", [](const Device& a, const Device& b) { return a == b; })
       .def("__hash__", [](const Device& d) { return std::hash<std::string>{}(d.to_string()); });
 
-  py::class_<TensorMeta>(m, "TensorMeta", "Shape, dtype and device: what the controller knows of a tensor.")
+  // Both classes first, so that each one's methods name the other in their signatures.
+  py::class_<TensorMeta> metas(m, "TensorMeta", "Shape, dtype and device: what the controller knows of a tensor.");
+  py::class_<Tensor> tensors(m, "Tensor",
+                             "A local tensor: contiguous, row-major, on one device. It shares memory with numpy and "
+                             "torch through DLPack: np.from_dlpack(t) and torch.from_dlpack(t) view it, "
+                             "meshrt.from_dlpack(obj) views theirs.");
+  metas
       .def(py::init([](py::handle shape, py::handle dtype, py::handle device) {
              return TensorMeta(to_shape(shape), to_dtype(dtype), device.is_none() ? Device::cpu() : to_device(device));
            }),
@@ -128,20 +134,23 @@ void bind_tensor(py::module_& m) {
       .def_property_readonly("ndim", &TensorMeta::ndim)
       .def_property_readonly("numel", &TensorMeta::numel)
       .def_property_readonly("nbytes", &TensorMeta::nbytes)
-      .def("with_shape", [](const TensorMeta& t, py::handle shape) { return t.with_shape(to_shape(shape)); })
-      .def("with_device", [](const TensorMeta& t, py::handle device) { return t.with_device(to_device(device)); })
-      .def("with_dtype",
-           [](const TensorMeta& t, py::handle dtype) { return TensorMeta(t.shape(), to_dtype(dtype), t.device()); })
+      .def(
+          "with_shape", [](const TensorMeta& t, py::handle shape) { return t.with_shape(to_shape(shape)); },
+          py::arg("shape"), "The same meta with another shape.")
+      .def(
+          "with_device", [](const TensorMeta& t, py::handle device) { return t.with_device(to_device(device)); },
+          py::arg("device"), "The same meta on another device.")
+      .def(
+          "with_dtype",
+          [](const TensorMeta& t, py::handle dtype) { return TensorMeta(t.shape(), to_dtype(dtype), t.device()); },
+          py::arg("dtype"), "The same meta with another dtype.")
       .def("empty", &TensorMeta::empty, "A new tensor of this meta, uninitialised.")
       .def("zeros", &TensorMeta::zeros, "A new tensor of this meta, zeroed.")
       .def("__eq__", [](const TensorMeta& a, const TensorMeta& b) { return a == b; })
       .def("__str__", &TensorMeta::to_string)
       .def("__repr__", [](const TensorMeta& t) { return "meshrt.TensorMeta(" + t.to_string() + ")"; });
 
-  py::class_<Tensor>(m, "Tensor",
-                     "A local tensor: contiguous, row-major, on one device. It shares memory with numpy and torch "
-                     "through DLPack: np.from_dlpack(t) and torch.from_dlpack(t) view it, meshrt.from_dlpack(obj) "
-                     "views theirs.")
+  tensors
       .def(py::init([](py::handle obj) { return to_tensor(obj, "meshrt.Tensor(obj)"); }), py::arg("obj"),
            "A view of a numpy array, torch tensor or writable buffer (read-only memory is copied).")
       .def_static(

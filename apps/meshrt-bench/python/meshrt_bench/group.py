@@ -1,7 +1,7 @@
 """The Python group against mpi4py: broadcast_obj and all_gather_obj beside mpi4py's
 pickle path (bcast, allgather) and its buffer path (Bcast, Allgather), in one run.
 
-    mpiexec -n 2 python3 -m meshrt.bench group [--max-bytes N] [--reps R] [--json PATH]
+    mpiexec -n 2 python3 -m meshrt_bench group [--max-bytes N] [--reps R] [--json PATH]
 
 Payloads: numpy float32 arrays from 8 B to 64 MiB, and a small dict (a step's metadata).
 For every payload the columns run in turn, repeated R times, so that a change in the
@@ -126,13 +126,13 @@ def _print(results, ranks, reps, json_path):
             buffer_holds &= bb >= 1 / 1.2
     print(f"\ntarget: faster than mpi4py's pickle path at every size: {'holds' if pickle_holds else 'does not hold'}")
     print(f"target: within 1.2x of mpi4py's Bcast from 1 MiB: {'holds' if buffer_holds else 'does not hold'}")
-    from meshrt.bench import write_json_lines  # meshrt after mpi4py (main)
+    from meshrt_bench import write_json_lines  # meshrt after mpi4py (main)
 
     write_json_lines("python_group", ranks, results, json_path)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python3 -m meshrt.bench group", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m meshrt_bench group", description=__doc__.split("\n")[0])
     parser.add_argument("--max-bytes", type=int, default=64 << 20, help="the largest array (default 64 MiB)")
     parser.add_argument("--reps", type=int, default=5, help="repetitions; the median is reported (default 5)")
     parser.add_argument("--seconds", type=float, default=0.1, help="length of one timed block (default 0.1)")

@@ -1,12 +1,13 @@
-// How the controller names a line of the user's program in its messages.
+// How meshrt names a line of the user's program (a CallSite) in its messages.
 #pragma once
 
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <source_location>
 #include <string>
 #include <string_view>
+
+#include "meshrt/call_site.hpp"
 
 namespace meshrt::detail {
 
@@ -65,14 +66,14 @@ inline std::string short_function_name(std::string_view full) {
 }
 
 // "train.cpp:42 (step)"
-inline std::string describe(const std::source_location& where) {
+inline std::string describe(const CallSite& where) {
   return fmt::format("{}:{} ({})", std::filesystem::path(where.file_name()).filename().string(), where.line(),
                      short_function_name(where.function_name()));
 }
 
 // "step.cpp:12 (operator()), replayed at train.cpp:42 (train)": a command of a recorded
 // function, run by a replay (`replayed_at` with line 0: not a replay).
-inline std::string describe(const std::source_location& where, const std::source_location& replayed_at) {
+inline std::string describe(const CallSite& where, const CallSite& replayed_at) {
   if (replayed_at.line() == 0) return describe(where);
   return fmt::format("{}, replayed at {}", describe(where), describe(replayed_at));
 }

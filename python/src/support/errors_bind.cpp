@@ -6,7 +6,6 @@
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
-#include "errors.hpp"
 #include "meshrt/controller.hpp"
 #include "meshrt/error.hpp"
 
@@ -41,26 +40,6 @@ void raise(PyObject* cls, const char* what, const py::dict& attributes) {
 }
 
 }  // namespace
-
-PyObject* error_class(ErrorKind kind) {
-  switch (kind) {
-    case ErrorKind::Error:
-      return classes.error;
-    case ErrorKind::Usage:
-      return classes.usage;
-    case ErrorKind::Remote:
-      return classes.remote;
-    case ErrorKind::Timeout:
-      return classes.timeout;
-    case ErrorKind::System:
-      return classes.system;
-    case ErrorKind::Internal:
-      return classes.internal;
-    case ErrorKind::Protocol:
-      return classes.protocol;
-  }
-  return classes.error;
-}
 
 void bind_errors(py::module_& m) {
   py::object exception = py::reinterpret_borrow<py::object>(PyExc_Exception);

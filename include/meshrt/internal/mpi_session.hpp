@@ -1,0 +1,29 @@
+// This process's MPI, started and finished by one policy for every entry point of meshrt:
+// meshrt::Runtime, the C++ StatelessGroup (which never starts MPI itself) and the Python
+// package (which starts it for meshrt.rank(), meshrt.run and its groups). MPI starts at
+// most once per process, and meshrt finalises it only if meshrt started it.
+#pragma once
+
+#include <string>
+
+namespace meshrt::mpi_session {
+
+// Starts MPI at MPI_THREAD_MULTIPLE unless it runs already (started by the program, or
+// mpi4py); returns the thread level MPI provides. Refuses (UsageError naming `who`) once
+// MPI has been finalised: it cannot start twice. argc/argv may be null.
+int ensure_started(const char* who, int* argc = nullptr, char*** argv = nullptr);
+// Refuses (UsageError naming `who` and what to do) unless MPI runs: before MPI_Init, or
+// after MPI_Finalize.
+void require_running(const char* who);
+// Whether MPI runs now (initialised and not finalised).
+bool running();
+// Whether ensure_started started MPI in this process.
+bool started_by_meshrt();
+// MPI_Finalize, if meshrt started MPI and it still runs; later calls do nothing. Errors
+// are ignored: it runs at the end, where nothing is left to report to.
+void finish() noexcept;
+// "MPI_THREAD_MULTIPLE" for MPI_THREAD_MULTIPLE (meshrt::thread_level_name gives
+// "multiple").
+std::string thread_level_constant(int level);
+
+}  // namespace meshrt::mpi_session

@@ -1,0 +1,54 @@
+// The Python classes of the controller API (Future, Stream, DTensor, Mesh, Recording,
+// Controller): declared first, all of them, so that every method's signature names the
+// Python classes it takes and returns (pybind11 writes a signature when a method is
+// bound); each *_bind.cpp then adds its class's methods.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+
+#include "meshrt/controller.hpp"
+#include "support/gil.hpp"
+
+namespace meshrt::python {
+
+namespace py = pybind11;
+
+// What main(ctl) receives: the session's Controller while the session runs.
+struct ControllerHandle {
+  Controller* ctl = nullptr;
+  Controller& get() const {
+    if (ctl == nullptr) {
+      throw UsageError(
+          "this Controller's session has ended (meshrt.run returned); use the one the next meshrt.run passes to "
+          "main");
+    }
+    return *ctl;
+  }
+};
+
+// A recording and the form its function returned: one DTensor, None, or a tuple of them
+// (a list returns as a tuple); each replay returns the same form.
+struct PyRecording {
+  Recording recording;
+  enum class Form { One, None, Tuple } form = Form::Tuple;
+};
+
+using FutureClass = py::class_<Future<Tensor>, Holder<Future<Tensor>>>;
+using StreamClass = py::class_<Stream, Holder<Stream>>;
+using DTensorClass = py::class_<DTensor, Holder<DTensor>>;
+using MeshClass = py::class_<Mesh, Holder<Mesh>>;
+using RecordingClass = py::class_<PyRecording, Holder<PyRecording>>;
+using ControllerClass = py::class_<ControllerHandle, std::shared_ptr<ControllerHandle>>;
+
+// Registers the six classes (no methods yet).
+void declare_api_classes(py::module_& m);
+
+// A class declare_api_classes registered, to add methods to.
+template <class Class>
+Class api_class(py::module_& m, const char* name) {
+  return py::reinterpret_borrow<Class>(m.attr(name));
+}
+
+}  // namespace meshrt::python

@@ -1,0 +1,138 @@
+// Mesh in Python: sub-meshes, calls of registered functions, data from the controller.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "api/classes.hpp"
+#include "bindings.hpp"
+#include "support/call_args.hpp"
+#include "support/caller.hpp"
+#include "support/convert.hpp"
+
+namespace meshrt::python {
+
+void bind_mesh(py::module_& m) {
+  auto cls = api_class<MeshClass>(m, "Mesh");
+  cls.def_property_readonly("names", &Mesh::names)
+      .def_property_readonly("sizes", &Mesh::sizes)
+      .def_property_readonly(
+          "ranks", [](const Mesh& mesh) { return ranks_of(mesh.ranks()); }, "The world ranks.")
+      .def(
+          "size",
+          [](const Mesh& mesh, const std::string& dim) {
+            const auto where = caller_site();
+            return at_site(where, [&] { return mesh.size(dim); });
+          },
+          py::arg("dim"))
+      .def(
+          "slice",
+          [](const Mesh& mesh, const std::string& dim, std::int64_t begin, std::optional<std::int64_t> end,
+             std::int64_t step) {
+            const auto where = caller_site();
+            return released([&] {
+              return at_site(where, [&] { return end ? mesh.slice(dim, begin, *end, step) : mesh.slice(dim, begin); });
+            });
+          },
+          py::arg("dim"), py::arg("index"), py::arg("end") = py::none(), py::arg("step") = 1,
+          "slice(dim, index): the sub-mesh where dim == index (dim dropped); slice(dim, begin, end, step=1): "
+          "indices begin, begin+step, ... < end (dim kept).")
+      .def(
+          "rename",
+          [](const Mesh& mesh, const std::string& from, std::string to) {
+            const auto where = caller_site();
+            return released([&] { return at_site(where, [&] { return mesh.rename(from, std::move(to)); }); });
+          },
+          py::arg("dim"), py::arg("name"))
+      .def(
+          "split",
+          [](const Mesh& mesh, const std::string& dim, py::handle parts) {
+            const auto where = caller_site();
+            auto p = to_dims(parts, fmt::format("split of '{}'", dim), where);
+            return released([&] { return at_site(where, [&] { return mesh.split(dim, std::move(p)); }); });
+          },
+          py::arg("dim"), py::arg("parts"),
+          "Splits dim into dimensions of the given sizes: {\"a\": 2, \"b\": 2} or [(\"a\", 2), (\"b\", 2)].")
+      .def(
+          "flatten",
+          [](const Mesh& mesh, std::string name) {
+            const auto where = caller_site();
+            return released([&] { return at_site(where, [&] { return mesh.flatten(std::move(name)); }); });
+          },
+          py::arg("name"), "One dimension over all ranks, in row-major order.")
+      .def(
+          "rank",
+          [](const Mesh& mesh, const std::string& dim) {
+            const auto where = caller_site();
+            return released([&] { return at_site(where, [&] { return mesh.rank(dim, where); }); });
+          },
+          py::arg("dim"), "Each rank's coordinate along dim, as an int64 0-d DTensor.")
+      .def(
+          "call",
+          [](const Mesh& mesh, py::args args) -> py::object {
+            const auto where = caller_site();
+            if (args.size() == 0) usage(where, "call: expected a function name and its arguments, found none");
+            const std::string fn = function_name(args[0], where);
+            std::vector<Arg> a = to_args(args, 1, fn, where);
+            DTensor out = released([&] {
+              std::vector<DTensor> outs = mesh.call_n(FunctionName(fn, where), std::move(a));
+              if (outs.size() > 1) {
+                usage(where,
+                      fmt::format("call: {} returns {} tensors; use call_n to get all of them", fn, outs.size()));
+              }
+              return outs.empty() ? DTensor() : std::move(outs.front());
+            });
+            return one_or_none(std::move(out));
+          },
+          "call(fn, *args): runs a registered function on every rank; its one output (None for a function that "
+          "only mutates).")
+      .def(
+          "call_n",
+          [](const Mesh& mesh, py::args args) {
+            const auto where = caller_site();
+            if (args.size() == 0) usage(where, "call_n: expected a function name and its arguments, found none");
+            const std::string fn = function_name(args[0], where);
+            std::vector<Arg> a = to_args(args, 1, fn, where);
+            return to_list(released([&] { return mesh.call_n(FunctionName(fn, where), std::move(a)); }));
+          },
+          "call_n(fn, *args): as call, returning the list of every output.")
+      .def(
+          "call_on",
+          [](const Mesh& mesh, py::args args) {
+            const auto where = caller_site();
+            if (args.size() < 2 || !py::isinstance<Stream>(args[0])) {
+              usage(where, "call_on: expected a Stream, a function name and its arguments, found " +
+                               (args.size() == 0 ? std::string("none") : found(args[0])));
+            }
+            const Stream stream = args[0].cast<const Stream&>();
+            const std::string fn = function_name(args[1], where);
+            std::vector<Arg> a = to_args(args, 2, fn, where);
+            return to_list(released([&] { return mesh.call_on(stream, FunctionName(fn, where), std::move(a)); }));
+          },
+          "call_on(stream, fn, *args): as call_n, on an explicit stream.")
+      .def(
+          "from_host",
+          [](const Mesh& mesh, py::handle array) {
+            const auto where = caller_site();
+            const Tensor t = host_tensor(array, "from_host", where);
+            return released([&] { return mesh.from_host(t, where); });
+          },
+          py::arg("array"), "The controller's array (numpy, torch, meshrt.Tensor) copied to every rank of the mesh.")
+      .def(
+          "scatter",
+          [](const Mesh& mesh, const std::string& dim, py::handle array) {
+            const auto where = caller_site();
+            const Tensor t = host_tensor(array, "scatter", where);
+            return released([&] { return mesh.scatter(dim, t, where); });
+          },
+          py::arg("dim"), py::arg("array"),
+          "The array split along its first axis into size(dim) shards: coordinate i along dim holds shard i.")
+      .def("__eq__", [](const Mesh& a, const Mesh& b) { return a == b; })
+      .def("__repr__", &mesh_repr);
+}
+
+}  // namespace meshrt::python

@@ -1,0 +1,86 @@
+#include "meshrt/internal/mpi_session.hpp"
+
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <atomic>
+#include <cctype>
+
+#include "common/checks.hpp"
+#include "common/network_check.hpp"
+#include "meshrt/error.hpp"
+#include "meshrt/version.hpp"
+
+namespace meshrt::mpi_session {
+namespace {
+
+std::atomic<bool> g_started{false};
+
+}  // namespace
+
+bool running() {
+  int initialized = 0, finalized = 0;
+  MESHRT_MPI_CHECK(MPI_Initialized(&initialized));
+  MESHRT_MPI_CHECK(MPI_Finalized(&finalized));
+  return initialized != 0 && finalized == 0;
+}
+
+int ensure_started(const char* who, int* argc, char*** argv) {
+  int initialized = 0, finalized = 0;
+  MESHRT_MPI_CHECK(MPI_Initialized(&initialized));
+  MESHRT_MPI_CHECK(MPI_Finalized(&finalized));
+  if (finalized) {
+    throw UsageError(fmt::format(
+        "{}: expected MPI to be running or not yet started, found it finalised in this process (MPI starts once "
+        "per process; finalise it at exit only)",
+        who));
+  }
+  int provided = MPI_THREAD_SINGLE;
+  if (initialized) {
+    MESHRT_MPI_CHECK(MPI_Query_thread(&provided));
+    return provided;
+  }
+  // Before MPI_Init, which would fail on it with a message that names no setting.
+  detail::check_tcp_interfaces();
+  MESHRT_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+  g_started.store(true);
+  return provided;
+}
+
+void require_running(const char* who) {
+  int initialized = 0, finalized = 0;
+  MESHRT_MPI_CHECK(MPI_Initialized(&initialized));
+  MESHRT_MPI_CHECK(MPI_Finalized(&finalized));
+  if (finalized) {
+    throw UsageError(
+        fmt::format("{}: expected MPI to be running, found it finalised (MPI_Finalize was called); use it before "
+                    "MPI_Finalize",
+                    who));
+  }
+  if (!initialized) {
+    throw UsageError(
+        fmt::format("{}: expected MPI to be initialised, found MPI_Init not called yet; call "
+                    "MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) first (and MPI_Finalize "
+                    "at the end), or use it inside meshrt::run, which starts MPI",
+                    who));
+  }
+}
+
+bool started_by_meshrt() {
+  return g_started.load();
+}
+
+void finish() noexcept {
+  if (!g_started.load()) return;
+  int finalized = 0;
+  MESHRT_MPI_IGNORE(MPI_Finalized(&finalized));  // teardown: nothing is left to report to
+  if (!finalized) MESHRT_MPI_IGNORE(MPI_Finalize());
+}
+
+std::string thread_level_constant(int level) {
+  std::string name = thread_level_name(level);
+  for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return "MPI_THREAD_" + name;
+}
+
+}  // namespace meshrt::mpi_session
