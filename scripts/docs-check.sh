@@ -40,7 +40,7 @@ for f in "${tracked[@]}" "${generated[@]}"; do
   done
 done
 mapfile -t sources < <(printf '%s\n' "${tracked[@]}" |
-  grep -E '(\.(cpp|hpp|h|cc|cu|cuh|cmake|sh|sbatch)|(^|/)CMakeLists\.txt)$' |
+  grep -E '(\.(cpp|hpp|h|cc|cu|cuh|cmake|sh|sbatch|py|pyi)|(^|/)CMakeLists\.txt)$' |
   grep -vE '^docs/|\.md$' || true)
 mapfile -t markdown < <(printf '%s\n' "${tracked[@]}" |
   grep -E '^(README\.md|CONTRIBUTING\.md|docs/[^/]*\.md|slurm/README\.md)$' || true)
@@ -52,12 +52,13 @@ for f in "${sources[@]}" "${markdown[@]}"; do [ -f "$f" ] || { echo "docs-check:
 #   L <file:line> <target>     a Markdown link (relative to the file's folder)
 #   A <file> <anchor>          an anchor a Markdown file's headings make
 #   F <file:line> -            a code block opened there and never closed
+#   D <file:line> -            a citation of DESIGN, a document users do not have
 # shellcheck disable=SC2016
 items=$(awk -v nsrc="${#sources[@]}" '
   function paths(text, where,   t, p) {
     gsub(/[a-z]+:\/\/[^ \t)>`"]*/, " ", text)  # URLs
     t = " " text
-    while (match(t, /[^A-Za-z0-9_.\/~$-](src|include|apps|tests|scripts|cmake|docs|slurm|\.ci)\/[A-Za-z0-9_.\/*?{},:#+-]*/)) {
+    while (match(t, /[^A-Za-z0-9_.\/~$-](src|include|apps|tests|scripts|cmake|docs|slurm|python|\.ci)\/[A-Za-z0-9_.\/*?{},:#+-]*/)) {
       p = substr(t, RSTART + 1, RLENGTH - 1)
       t = substr(t, RSTART + RLENGTH)
       print "P", where, p
@@ -65,11 +66,23 @@ items=$(awk -v nsrc="${#sources[@]}" '
     # Module-relative files ("worker/monitor.hpp" means src/worker/monitor.hpp) and public
     # headers as included ("meshrt/group.hpp" means include/meshrt/group.hpp).
     t = " " text
-    while (match(t, /[^A-Za-z0-9_.\/~$-](common|settings|log|ndslice|tensor|value|device|protocol|functions|comm|control|worker|controller|runtime|group|testing|meshrt)\/[A-Za-z0-9_\/]*\.(hpp|cpp|cu|h)/)) {
+    while (where !~ /^python\/src\// && match(t, /[^A-Za-z0-9_.\/~$-](common|settings|log|ndslice|tensor|value|device|protocol|functions|comm|control|worker|controller|runtime|group|testing|meshrt)\/[A-Za-z0-9_\/]*\.(hpp|cpp|cu|h)/)) {
       p = substr(t, RSTART + 1, RLENGTH - 1)
       t = substr(t, RSTART + RLENGTH)
       print "P", where, (p ~ /^meshrt\// ? "include/" : "src/") p
     }
+    # The folders of the Python binding (api, support, group), named from inside it.
+    if (where ~ /^python\/src\//) {
+      t = " " text
+      while (match(t, /[^A-Za-z0-9_.\/~$-](api|support|group)\/[A-Za-z0-9_\/]*\.(hpp|cpp)/)) {
+        p = substr(t, RSTART + 1, RLENGTH - 1)
+        t = substr(t, RSTART + RLENGTH)
+        print "P", where, "python/src/" p
+      }
+    }
+  }
+  function design(text, where) {
+    if (text ~ /DESIGN(\.md)?[`,]*( |\n)*(section|§)/ || text ~ /DESIGN\.md/) print "D", where, "-"
   }
   function sections(text, where,   t, s, n) {
     t = text
@@ -102,9 +115,11 @@ items=$(awk -v nsrc="${#sources[@]}" '
     line = $0
     if (fileno <= nsrc) {
       if (FILENAME ~ /\.(sh|sbatch|cmake)$/ || FILENAME ~ /CMakeLists\.txt$/) {
-        if (match(line, /(^|[ \t])#[^!{#]/)) { c = substr(line, RSTART); paths(c, where); sections(c, where) }
+        if (match(line, /(^|[ \t])#[^!{#]/)) { c = substr(line, RSTART); paths(c, where); sections(c, where); design(c, where) }
         next
       }
+      # Python: comments and docstrings are prose alike, so every line is read.
+      if (FILENAME ~ /\.pyi?$/) { paths(line, where); sections(line, where); design(line, where); next }
       c = ""
       if (inblock) {
         if ((e = index(line, "*/")) > 0) { c = substr(line, 1, e - 1); inblock = 0 } else c = line
@@ -114,7 +129,7 @@ items=$(awk -v nsrc="${#sources[@]}" '
       } else if (match(line, /(^|[^:])\/\//)) {
         c = substr(line, RSTART + RLENGTH)
       }
-      if (c != "") { paths(c, where); sections(c, where) }
+      if (c != "") { paths(c, where); sections(c, where); design(c, where) }
       next
     }
     # Markdown
@@ -124,7 +139,7 @@ items=$(awk -v nsrc="${#sources[@]}" '
       a = anchor(h); seen[FILENAME, a]++
       print "A", FILENAME, (seen[FILENAME, a] > 1 ? a "-" (seen[FILENAME, a] - 1) : a)
     }
-    paths(line, where); sections(line, where)
+    paths(line, where); sections(line, where); design(line, where)
     if (!fence) {
       t = line
       while (match(t, /\]\([^) \t]+\)/)) {
@@ -190,6 +205,9 @@ while read -r kind where what; do
       ;;
     F)
       errors+=("$where: opens a \`\`\` code block that the file never closes")
+      ;;
+    D)
+      errors+=("$where: cites DESIGN, a document users do not have: expected docs/ARCHITECTURE.md (and its section) or a user doc")
       ;;
     L)
       links_checked=$((links_checked + 1))

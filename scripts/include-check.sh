@@ -19,7 +19,10 @@
 #   11 controller     12 runtime (and the umbrella meshrt.hpp)
 # Peers (one rank, two modules) do not include each other.
 #   group        StatelessGroup stands beside the chain: it may include common, settings
-#                and log, and no library module includes it (only apps and tests do).
+#                and log, and no library module includes it (only apps, tests and python do).
+#   13 python    the Python package's binding (python/src/) is a layer above runtime: it
+#                includes headers of include/meshrt/ (installed and internal/) and its own
+#                files, never a module's private header under src/.
 # include/meshrt/internal/ holds the headers modules share that are not installed (the
 # wire protocol, the transport, the worker, the data plane, the device runtime, settings);
 # a header there belongs to the module of its name, and no installed header includes one.
@@ -32,9 +35,9 @@ source "$(dirname "$0")/common.sh"
 cd "$MESHRT_ROOT"
 
 declare -A rank=([common]=0 [settings]=1 [log]=2 [ndslice]=3 [tensor]=4 [value]=5 [reduction]=5 [device]=6
-  [protocol]=7 [functions]=7 [comm]=8 [control]=9 [worker]=10 [controller]=11 [runtime]=12 [group]=3)
+  [protocol]=7 [functions]=7 [comm]=8 [control]=9 [worker]=10 [controller]=11 [runtime]=12 [group]=3 [python]=13)
 # Public headers whose module is not their own name.
-declare -A header_module=([error]=common [config]=common [version]=common [tensor_serialization]=tensor [traffic]=control
+declare -A header_module=([error]=common [config]=common [version]=common [tensor_serialization]=tensor [traffic]=control [mpi_session]=common [call_site]=common
   [meshrt]=runtime)
 allowlist="$MESHRT_ROOT/scripts/include-allowlist.txt"
 
@@ -48,6 +51,7 @@ module_of() {
     src/common/reduction.cpp) echo reduction ;;
     src/testing/*) echo tests ;;  # the MPI test harness's main, built for tests only
     src/*/*) f=${f#src/}; echo "${f%%/*}" ;;
+    python/*) echo python ;;
     apps/*) echo apps ;;
     tests/*) echo tests ;;
     *) echo "" ;;
@@ -58,7 +62,7 @@ if ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   echo "include-check: expected a git checkout (the check covers tracked files), found none at $MESHRT_ROOT" >&2
   exit 1
 fi
-mapfile -t files < <(git ls-files -- 'include/*' 'src/*' 'apps/*' 'tests/*' |
+mapfile -t files < <(git ls-files -- 'include/*' 'src/*' 'apps/*' 'tests/*' 'python/*' |
   grep -E '\.(cpp|hpp|h|cc|cu|cuh)$')
 declare -A allowed=() used=()
 while IFS= read -r line; do
@@ -80,6 +84,10 @@ for f in "${files[@]}"; do
   while IFS=: read -r lineno target; do
     checked=$((checked + 1))
     edge="$f -> $target"
+    # The binding's own files (python/src/support/..., group/...) are local to it.
+    if [ "$from" = python ] && [[ "$target" != meshrt/* ]] && [ -f "python/src/$target" ]; then
+      continue
+    fi
     # What the include names: a public header, a private one under src/, or a local file.
     if [[ "$target" == meshrt/internal/* ]] && [[ "$f" == include/meshrt/* ]] && [[ "$f" != include/meshrt/internal/* ]]; then
       errors+=("$f:$lineno: includes \"$target\": an installed header includes an internal one, expected the installed headers (include/meshrt/*.hpp) to stand alone, as include/meshrt/internal/ is not installed")
@@ -104,7 +112,11 @@ for f in "${files[@]}"; do
       errors+=("$f:$lineno: includes \"$target\", a private header of module '$to', from module '$from': expected only its public header (or an allow-listed edge)")
       continue
     fi
-    [ "$from" = apps ] || [ "$from" = tests ] || [ "$to" = "$from" ] && continue
+    if [ "$from" = python ] && [ "$private" = 1 ]; then
+      errors+=("$f:$lineno: includes \"$target\", a private header of module '$to': expected python/ to include headers of include/meshrt/ only (python/ is a layer above runtime; docs/ARCHITECTURE.md section 2)")
+      continue
+    fi
+    [ "$from" = apps ] || [ "$from" = tests ] || [ "$from" = python ] || [ "$to" = "$from" ] && continue
     if [ -z "${rank[$to]:-}" ]; then
       errors+=("$f:$lineno: includes \"$target\" of module '$to', which has no rank in scripts/include-check.sh")
       continue
