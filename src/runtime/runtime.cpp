@@ -35,11 +35,9 @@ namespace meshrt {
 
 namespace {
 
-// WorkerOptions::block_in_mpi (MESHRT_WORKER_BLOCKING, worker_blocks_in_mpi). Collective
-// over MPI_COMM_WORLD before the setting is read, so that a bad value raises on every
-// rank after the same calls.
-bool decide_worker_blocking(int rank) {
-  const int local = device::node_size(MPI_COMM_WORLD);
+// WorkerOptions::block_in_mpi (MESHRT_WORKER_BLOCKING, worker_blocks_in_mpi), for a rank
+// of `local` on its node.
+bool decide_worker_blocking(int rank, int local) {
   const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
   const std::string mode = settings::kWorkerBlocking.get();
   const bool block = worker_blocks_in_mpi(mode, local, cores);
@@ -80,6 +78,25 @@ void check_one_accelerator(MPI_Comm comm, device::Accelerator mine) {
   }
   throw UsageError(fmt::format("setting MESHRT_ACCELERATOR: expected the same accelerator on every rank, found {}",
                                fmt::join(found, "; ")));
+}
+
+// Settings that size what every rank maps up front, refused at start when this node's
+// `node_ranks` would need more than half its memory: found later, as a std::bad_alloc in a
+// thread, they end the job without a word about why.
+void check_memory_settings(int node_ranks) {
+  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const std::int64_t events = settings::kTraceEvents.get();
+  // A ring per thread that records: the controller's and the worker's, and one per device
+  // stream; about this many per rank (the emulated accelerator's tests map 2 to 5).
+  constexpr double kRingsPerRank = 4;
+  const double ring = static_cast<double>(sizeof(detail::trace::Event)) * kRingsPerRank * node_ranks;
+  if (physical > 0 && static_cast<double>(events) * ring > physical / 2) {
+    throw UsageError(fmt::format(
+        "setting MESHRT_TRACE_EVENTS: expected at most {} here, found {}: each of this node's {} ranks maps about {:g} "
+        "rings of that many {}-byte events, which must fit in half of its {:.1f} GiB of memory",
+        static_cast<std::int64_t>(physical / 2 / ring), events, node_ranks, kRingsPerRank, sizeof(detail::trace::Event),
+        physical / static_cast<double>(1ull << 30)));
+  }
 }
 
 }  // namespace
@@ -172,7 +189,11 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
       }
     });
     start_step(i.control, [&] {
-      i.block_in_mpi = decide_worker_blocking(i.rank);
+      // Collective, before any setting is read, so that a bad value raises on every rank
+      // after the same calls.
+      const int local = device::node_size(MPI_COMM_WORLD);
+      check_memory_settings(local);
+      i.block_in_mpi = decide_worker_blocking(i.rank, local);
       if (options.dedicated_controller) {
         if (i.size < 2) throw UsageError("a dedicated controller needs at least 2 ranks: one controller, one worker");
         i.worker_ranks = NDSlice(1, {i.size - 1}, {1});

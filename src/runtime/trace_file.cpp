@@ -70,11 +70,16 @@ std::uint64_t write_trace_file(MPI_Comm comm, const std::string& path, const Clo
   std::uint64_t dropped = 0;
   device::trace_flush(true);  // the CUDA streams' spans of work that has run by now
   std::vector<trace::Event> mine = trace::take_all(&dropped);
+  // What one gather can carry (MPI counts its bytes in an int), shared among the ranks, so
+  // that rank 0 never finds more than it can receive: the newest events beyond a rank's
+  // share are dropped, and counted.
+  const std::size_t limit = static_cast<std::size_t>(INT_MAX) / sizeof(trace::Event) / static_cast<std::size_t>(size);
+  if (mine.size() > limit) {
+    dropped += mine.size() - limit;
+    mine.resize(limit);
+  }
   std::uint64_t all_dropped = 0;
   MESHRT_MPI_CHECK(MPI_Reduce(&dropped, &all_dropped, 1, MPI_UINT64_T, MPI_SUM, 0, comm));
-  // What MPI can count in an int: the newest events beyond it are dropped.
-  const std::size_t limit = static_cast<std::size_t>(INT_MAX) / sizeof(trace::Event);
-  if (mine.size() > limit) mine.resize(limit);
   const int bytes = static_cast<int>(mine.size() * sizeof(trace::Event));
   char host[kHost] = {};
   gethostname(host, kHost - 1);

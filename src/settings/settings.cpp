@@ -17,6 +17,7 @@ namespace {
 
 // The table: every handle of settings.hpp, in the order meshrt-info prints them. A handle
 // that is read but missing here is an internal error at its first read (checked_info).
+// clang-format off
 constexpr std::array kTable{
     kLogLevel.info,
     kLogDir.info,
@@ -46,6 +47,7 @@ constexpr std::array kTable{
     kSoakCommands.info,
     kSoakTrace.info,
 };
+// clang-format on
 
 std::string lower(std::string_view text) {
   std::string out(text);
@@ -73,8 +75,9 @@ Seconds read_seconds(const Info& s, const std::string& text) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
   // Finite only: an infinite or NaN duration would overflow the deadlines built from it.
-  if (text.empty() || errno != 0 || *end != '\0' || !(v >= 0) || v > 1e9) bad_value(s, text);
+  if (text.empty() || errno != 0 || *end != '\0' || !(v >= 0) || v > s.max_seconds) bad_value(s, text);
   if (v == 0 && s.zero_is_no_limit) return Seconds::max();
+  if (v < s.min_seconds) bad_value(s, text);
   return Seconds(v);
 }
 
@@ -146,9 +149,11 @@ std::string takes(const Info& s) {
       if (s.max != std::numeric_limits<std::int64_t>::max()) return fmt::format("an integer in {}..{}", s.min, s.max);
       if (s.min != std::numeric_limits<std::int64_t>::min()) return fmt::format("an integer >= {}", s.min);
       return "an integer";
-    case Kind::Duration:
-      return s.zero_is_no_limit ? "seconds >= 0 (fractions allowed; 0, inf or none: no limit)"
-                                : "seconds >= 0 (fractions allowed)";
+    case Kind::Duration: {
+      const std::string range = s.max_seconds < 1e9 ? fmt::format("seconds in {:g}..{:g}", s.min_seconds, s.max_seconds)
+                                                    : fmt::format("seconds >= {:g}", s.min_seconds);
+      return range + (s.zero_is_no_limit ? " (fractions allowed; 0, inf or none: no limit)" : " (fractions allowed)");
+    }
     case Kind::Boolean:
       return "a boolean: 1/0, true/false, yes/no, on/off";
     case Kind::Choice: {

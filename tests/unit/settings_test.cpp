@@ -65,7 +65,7 @@ TEST(Settings, AnIntegerSettingRefusesTextAndValuesOutOfItsRange) {
   expect_refused(settings::kFanout.info, "8x", [] { (void)settings::kFanout.get(); });
   expect_refused(settings::kGroupChunkBytes.info, "4294967296", [] { (void)settings::kGroupChunkBytes.get(); });
   expect_refused(settings::kDevice.info, "-2", [] { (void)settings::kDevice.from_environment(); });
-  EXPECT_EQ(settings::takes(settings::kFanout.info), "an integer >= 0");
+  EXPECT_EQ(settings::takes(settings::kFanoutThreshold.info), "an integer >= 0");
   EXPECT_EQ(settings::takes(settings::kGroupChunkBytes.info), "an integer in 1..2147483647");
   ScopedEnv env("MESHRT_FANOUT", "0");
   EXPECT_EQ(settings::kFanout.get(), 0);
@@ -108,6 +108,39 @@ TEST(Settings, AChoiceTakesItsOptionsInAnyCaseAndRefusesTheRest) {
   EXPECT_EQ(settings::takes(settings::kTimeoutAction.info), "one of raise, abort");
   ScopedEnv env("MESHRT_ACCELERATOR", "Emulated");
   EXPECT_EQ(settings::kAccelerator.get(), "emulated");
+}
+
+// Each range is what works: the values below were accepted once and ended or starved the
+// job they were given to (a ring of 256 GiB per thread, 8 GB of emulated devices, a
+// flight recorder too big to allocate, a heartbeat timeout under the ring's own tick, a
+// fan-out the envelope's 32 bits truncate to 0, a stream sleeping for ages before each
+// operation, a state query that waits longer than any timeout it serves).
+TEST(Settings, EachRangeIsWhatWorks) {
+  expect_refused(settings::kTraceEvents.info, "4294967296", [] { (void)settings::kTraceEvents.get(); });
+  expect_refused(settings::kEmulatedDevices.info, "2147483647", [] { (void)settings::kEmulatedDevices.get(); });
+  expect_refused(settings::kFlightRecorder.info, "9223372036854775807", [] { (void)settings::kFlightRecorder.get(); });
+  expect_refused(settings::kFanout.info, "4294967296", [] { (void)settings::kFanout.get(); });
+  expect_refused(settings::kEmulatedDelayUs.info, "9223372036854775807",
+                 [] { (void)settings::kEmulatedDelayUs.get(); });
+  expect_refused(settings::kStateQueryTimeout.info, "1e9", [] { (void)settings::kStateQueryTimeout.get(); });
+  for (const char* tiny : {"1e-300", "0.01", "0.1", "1.9"}) {
+    expect_refused(settings::kPeerTimeout.info, tiny, [] { (void)settings::kPeerTimeout.get(); });
+  }
+  EXPECT_EQ(settings::takes(settings::kPeerTimeout.info), "seconds >= 2 (fractions allowed; 0, inf or none: no limit)");
+  EXPECT_EQ(settings::takes(settings::kStateQueryTimeout.info), "seconds in 0..60 (fractions allowed)");
+  // The largest of each range still reads, and 0 still turns the heartbeat ring off.
+  {
+    ScopedEnv env("MESHRT_PEER_TIMEOUT", "2");
+    EXPECT_EQ(settings::kPeerTimeout.get(), settings::Seconds(2));
+  }
+  {
+    ScopedEnv env("MESHRT_PEER_TIMEOUT", "0");
+    EXPECT_EQ(settings::kPeerTimeout.get(), settings::Seconds::max());
+  }
+  ScopedEnv events("MESHRT_TRACE_EVENTS", "16777216");
+  EXPECT_EQ(settings::kTraceEvents.get(), 16777216);
+  ScopedEnv recorder("MESHRT_FLIGHT_RECORDER", "1000000");
+  EXPECT_EQ(settings::kFlightRecorder.get(), 1000000);
 }
 
 TEST(Settings, UnknownNameIsAnError) {

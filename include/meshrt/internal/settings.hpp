@@ -29,6 +29,8 @@ struct Info {
   std::int64_t min = std::numeric_limits<std::int64_t>::min();  // Integer: the least value taken
   std::int64_t max = std::numeric_limits<std::int64_t>::max();  // Integer: the greatest
   bool zero_is_no_limit = false;                                // Duration: "0" (as "inf" and "none") means no limit
+  double min_seconds = 0;    // Duration: the least value taken (but 0 where it means no limit)
+  double max_seconds = 1e9;  // Duration: the greatest
   std::string_view choices;  // Choice: the values taken, '|'-separated, matched in any case
 };
 
@@ -71,8 +73,9 @@ inline constexpr Setting<std::string> kTrace{{
 inline constexpr Setting<std::int64_t> kTraceEvents{{
     .name = "MESHRT_TRACE_EVENTS", .default_value = "262144",
     .description = "With MESHRT_TRACE: the events each thread keeps, the newest (64 bytes each, mapped when the "
-                   "thread records its first; the file says how many older ones were dropped)",
-    .kind = Kind::Integer, .min = 4096, .max = std::int64_t{1} << 32}};
+                   "thread records its first; the file says how many older ones were dropped). At most a 1 GiB "
+                   "ring, and refused at start when the rings of this node's ranks would not fit in half its memory",
+    .kind = Kind::Integer, .min = 4096, .max = std::int64_t{1} << 24}};
 inline constexpr Setting<Seconds> kGroupTimeout{{
     .name = "MESHRT_GROUP_TIMEOUT", .default_value = "300",
     .description = "Default timeout of StatelessGroup operations, seconds (0 = none)",
@@ -85,7 +88,7 @@ inline constexpr Setting<std::int64_t> kFanout{{
     .name = "MESHRT_FANOUT", .default_value = "8",
     .description = "Children per node of the tree that forwards a batch to a mesh's ranks (0 = the controller sends "
                    "every batch to every rank itself, with no envelope)",
-    .kind = Kind::Integer, .min = 0}};
+    .kind = Kind::Integer, .min = 0, .max = 65536}};
 inline constexpr Setting<std::int64_t> kFanoutThreshold{{
     .name = "MESHRT_FANOUT_THRESHOLD", .default_value = "16",
     .description = "A batch for more ranks than this goes down the fan-out tree, and a job with more workers than "
@@ -93,8 +96,8 @@ inline constexpr Setting<std::int64_t> kFanoutThreshold{{
     .kind = Kind::Integer, .min = 0}};
 inline constexpr Setting<std::int64_t> kFlightRecorder{{
     .name = "MESHRT_FLIGHT_RECORDER", .default_value = "1000",
-    .description = "Commands each worker keeps in its flight recorder",
-    .kind = Kind::Integer, .min = 1}};
+    .description = "Commands each worker keeps in its flight recorder (about 200 bytes each)",
+    .kind = Kind::Integer, .min = 1, .max = 1'000'000}};
 inline constexpr Setting<std::string> kTimeoutAction{{
     .name = "MESHRT_TIMEOUT_ACTION", .default_value = "raise",
     .description = "What a Future/synchronize timeout does after its desync report: raise (TimeoutError) or abort "
@@ -110,13 +113,15 @@ inline constexpr Setting<Seconds> kPeerTimeout{{
     .name = "MESHRT_PEER_TIMEOUT", .default_value = "60",
     .description = "Seconds a rank may go unheard before the next rank names it and its host and ends the job: each "
                    "rank sends the next a heartbeat every second from a thread of its own, so this catches a lost "
-                   "node or a stopped process, which MPI never reports (0 = off)",
-    .kind = Kind::Duration, .zero_is_no_limit = true}};
+                   "node or a stopped process, which MPI never reports (0 = off). Values under 2 s are refused: "
+                   "a rank's heartbeat thread that is not scheduled for a moment on a busy node must not end a "
+                   "healthy job",
+    .kind = Kind::Duration, .zero_is_no_limit = true, .min_seconds = 2}};
 inline constexpr Setting<Seconds> kStateQueryTimeout{{
     .name = "MESHRT_STATE_QUERY_TIMEOUT", .default_value = "2",
     .description = "Seconds the controller waits for workers' answers when it builds a desync report or dumps the "
                    "flight recorders (0 = no wait: only answers already there are used)",
-    .kind = Kind::Duration}};
+    .kind = Kind::Duration, .max_seconds = 60}};
 inline constexpr Setting<std::string> kWorkerBlocking{{
     .name = "MESHRT_WORKER_BLOCKING", .default_value = "auto",
     .description = "How a worker runs CPU collectives and sends below the status tree: auto (the blocking MPI call "
@@ -141,7 +146,7 @@ inline constexpr Setting<std::int64_t> kDevice{{
 inline constexpr Setting<std::int64_t> kEmulatedDevices{{
     .name = "MESHRT_EMULATED_DEVICES", .default_value = "8",
     .description = "Devices per node of the emulated accelerator",
-    .kind = Kind::Integer, .min = 1, .max = std::numeric_limits<std::int32_t>::max()}};
+    .kind = Kind::Integer, .min = 1, .max = 1024}};
 inline constexpr Setting<std::string> kEmulatedVisibleDevices{{
     .name = "MESHRT_EMULATED_VISIBLE_DEVICES", .default_value = "",
     .description = "The emulated devices of this node this process sees, as CUDA_VISIBLE_DEVICES for cuda: "
@@ -151,7 +156,7 @@ inline constexpr Setting<std::int64_t> kEmulatedDelayUs{{
     .name = "MESHRT_EMULATED_DELAY_US", .default_value = "0",
     .description = "Microseconds the emulated accelerator sleeps before each stream operation (makes missing "
                    "orderings show)",
-    .kind = Kind::Integer, .min = 0}};
+    .kind = Kind::Integer, .min = 0, .max = 1'000'000}};
 inline constexpr Setting<Seconds> kDeviceTimeout{{
     .name = "MESHRT_DEVICE_TIMEOUT", .default_value = "300",
     .description = "Seconds a device collective or send may wait for its peers once its stream reached it; then its "
