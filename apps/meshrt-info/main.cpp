@@ -5,6 +5,7 @@
 //   meshrt-info --settings-markdown  the settings table as Markdown (docs/settings.md), no MPI
 //   meshrt-info --builtins-markdown  the reference of the built-in functions (docs/builtins.md)
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <mpi.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -116,6 +117,18 @@ void print_settings_markdown() {
                s.default_value.empty() ? std::string("unset") : fmt::format("`{}`", s.default_value),
                markdown_cell(meshrt::settings::takes(s)), markdown_cell(s.description));
   }
+  // The variables that are not settings, and what the start does with any other.
+  std::vector<std::string> names, prefixes;
+  for (const std::string_view n : meshrt::settings::kNotSettings) {
+    (n.ends_with('_') ? prefixes : names).push_back(fmt::format("`{}`", n));
+  }
+  fmt::print(
+      "\nEach value is checked when the runtime starts: a value it does not take stops the job on every rank, "
+      "naming the setting, the value and what it takes.\n\n"
+      "Any other `MESHRT_*` variable in rank 0's environment is named at start, once, with the setting whose name is "
+      "closest (`MESHRT_TRCE is not a meshrt setting and is ignored (did you mean MESHRT_TRACE?)`), except these, "
+      "which meshrt's scripts and tests read ([building.md](building.md)): {}, and every name that begins with {}.\n",
+      fmt::join(names, ", "), fmt::join(prefixes, ", "));
 }
 
 std::string truncate(std::string s, std::size_t n) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "common/edit_distance.hpp"
 #include "common/hash.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/log.hpp"
@@ -274,21 +275,6 @@ void check_locked(const Table& t) {
   }
 }
 
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diag = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 }  // namespace
 
 std::string Function::where() const {
@@ -377,7 +363,7 @@ const Function& lookup(std::string_view name) {
   std::lock_guard lock(t.mutex);
   // Suggest the closest names (a typo is the usual cause), else list what exists.
   std::vector<std::pair<std::size_t, std::string>> scored;
-  for (const auto& [n, f] : t.functions) scored.emplace_back(edit_distance(name, n), n);
+  for (const auto& [n, f] : t.functions) scored.emplace_back(meshrt::detail::edit_distance(name, n), n);
   std::sort(scored.begin(), scored.end());
   std::vector<std::string> close;
   for (const auto& [d, n] : scored) {

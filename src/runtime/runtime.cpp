@@ -178,6 +178,14 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
       log::init(i.rank);
       log::set_thread_role(i.rank == 0 ? "controller" : fmt::format("worker {}", i.rank));
     });
+    // A misspelled setting is otherwise ignored without a word: named once, by rank 0.
+    if (i.rank == 0) {
+      if (const std::string unknown = settings::unknown_variables_warning(settings::unknown_variables());
+          !unknown.empty()) {
+        std::fputs(unknown.c_str(), stderr);
+        std::fflush(stderr);
+      }
+    }
     i.handshake();
     // One device per rank (docs/ARCHITECTURE.md section 7), chosen before any worker thread starts.
     auto accelerator = device::Accelerator::None;

@@ -1,6 +1,7 @@
 #include "meshrt/internal/settings.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -10,6 +11,7 @@
 #include <limits>
 
 #include "common/assert.hpp"
+#include "common/edit_distance.hpp"
 #include "meshrt/error.hpp"
 
 namespace meshrt::settings {
@@ -217,6 +219,48 @@ void validate_all() {
         break;
     }
   }
+}
+
+std::vector<UnknownVariable> unknown_variables(std::span<const char* const> environment) {
+  std::vector<const char*> own;
+  if (environment.empty()) {
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) own.push_back(*e);
+    environment = own;
+  }
+  std::vector<UnknownVariable> out;
+  for (const char* entry : environment) {
+    const std::string_view text(entry);
+    const std::string_view name = text.substr(0, text.find('='));
+    if (!name.starts_with("MESHRT_")) continue;
+    if (std::any_of(kTable.begin(), kTable.end(), [&](const Info& s) { return s.name == name; })) continue;
+    if (std::any_of(std::begin(kNotSettings), std::end(kNotSettings), [&](std::string_view known) {
+          return known.ends_with('_') ? name.starts_with(known) : name == known;
+        })) {
+      continue;
+    }
+    // The closest setting, if it is close: a few letters off, as a typo is.
+    std::size_t best = std::max<std::size_t>(2, (name.size() - 7) / 3) + 1;
+    std::string closest;
+    for (const Info& s : kTable) {
+      const std::size_t d = detail::edit_distance(name, s.name);
+      if (d < best) {
+        best = d;
+        closest = s.name;
+      }
+    }
+    out.push_back({std::string(name), closest});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  return out;
+}
+
+std::string unknown_variables_warning(const std::vector<UnknownVariable>& unknown) {
+  std::string out;
+  for (const UnknownVariable& u : unknown) {
+    out += fmt::format("meshrt: {} is not a meshrt setting and is ignored{}; docs/settings.md lists the settings\n",
+                       u.name, u.closest.empty() ? std::string() : fmt::format(" (did you mean {}?)", u.closest));
+  }
+  return out;
 }
 
 std::optional<bool> parse_bool(std::string_view value) {

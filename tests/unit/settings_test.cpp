@@ -143,6 +143,36 @@ TEST(Settings, EachRangeIsWhatWorks) {
   EXPECT_EQ(settings::kFlightRecorder.get(), 1000000);
 }
 
+// A MESHRT_* variable that is no setting is most often a typo, which would otherwise be
+// ignored without a word; the scripts' and tests' own variables are not settings.
+TEST(Settings, UnknownVariablesAreNamedWithTheClosestSetting) {
+  const char* const environment[] = {"PATH=/bin",
+                                     "MESHRT_TRCE=t.json",
+                                     "MESHRT_GROUP_TIMEOUTT=3",
+                                     "MESHRT_TRACE=t.json",
+                                     "MESHRT_JOBS=2",
+                                     "MESHRT_TEST_LARGE=1",
+                                     "MESHRT_CI_MPICH=0",
+                                     "MESHRT_NOTHING_LIKE_IT=1",
+                                     "MESHRT_TEST_WATCHDOG=30"};
+  const auto unknown = settings::unknown_variables(environment);
+  ASSERT_EQ(unknown.size(), 3u);
+  EXPECT_EQ(unknown[0].name, "MESHRT_GROUP_TIMEOUTT");
+  EXPECT_EQ(unknown[0].closest, "MESHRT_GROUP_TIMEOUT");
+  EXPECT_EQ(unknown[1].name, "MESHRT_NOTHING_LIKE_IT");
+  EXPECT_EQ(unknown[1].closest, "");
+  EXPECT_EQ(unknown[2].name, "MESHRT_TRCE");
+  EXPECT_EQ(unknown[2].closest, "MESHRT_TRACE");
+  EXPECT_EQ(settings::unknown_variables_warning(unknown),
+            "meshrt: MESHRT_GROUP_TIMEOUTT is not a meshrt setting and is ignored (did you mean "
+            "MESHRT_GROUP_TIMEOUT?); docs/settings.md lists the settings\n"
+            "meshrt: MESHRT_NOTHING_LIKE_IT is not a meshrt setting and is ignored; docs/settings.md lists the "
+            "settings\n"
+            "meshrt: MESHRT_TRCE is not a meshrt setting and is ignored (did you mean MESHRT_TRACE?); docs/settings.md "
+            "lists the settings\n");
+  EXPECT_EQ(settings::unknown_variables_warning({}), "");
+}
+
 TEST(Settings, UnknownNameIsAnError) {
   EXPECT_THROW((void)settings::find("MESHRT_NO_SUCH_THING"), UsageError);
 }
