@@ -219,6 +219,9 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
     // any case: Controller::start_trace() may turn it on later.
     {
       std::string path = i.rank == 0 ? settings::kTrace.get() : std::string();
+      start_step(i.control, [&] {
+        if (!path.empty()) detail::check_trace_path(path);
+      });
       int length = static_cast<int>(path.size());
       MESHRT_MPI_CHECK(MPI_Bcast(&length, 1, MPI_INT, 0, i.world));
       path.resize(static_cast<std::size_t>(length));

@@ -1,5 +1,6 @@
 #include "runtime/trace_file.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -61,6 +62,23 @@ ClockOffsets measure_clock_offsets(MPI_Comm comm, int rounds) {
   MESHRT_MPI_CHECK(MPI_Scatter(c.offset_ns.data(), 1, MPI_INT64_T, &c.own_offset_ns, 1, MPI_INT64_T, 0, comm));
   MESHRT_MPI_CHECK(MPI_Scatter(c.residual_ns.data(), 1, MPI_INT64_T, &c.own_residual_ns, 1, MPI_INT64_T, 0, comm));
   return c;
+}
+
+void check_trace_path(const std::string& path) {
+  // O_EXCL tells a file this check creates (removed again) from one already there (kept,
+  // not truncated: the run overwrites it only at its end).
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const bool created = fd >= 0;
+  if (!created && errno == EEXIST) fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;
+    throw UsageError(
+        fmt::format("setting MESHRT_TRACE: expected a file rank 0 can write at the end of the run, found "
+                    "{} cannot be written: {} (a folder that exists and is writable, on rank 0's node)",
+                    path, std::strerror(error)));
+  }
+  ::close(fd);
+  if (created) ::unlink(path.c_str());
 }
 
 std::uint64_t write_trace_file(MPI_Comm comm, const std::string& path, const ClockOffsets& clocks) {

@@ -28,6 +28,12 @@ struct ClockOffsets {
 // shortest one counts), then each rank is told its own offset.
 ClockOffsets measure_clock_offsets(MPI_Comm comm, int rounds);
 
+// MESHRT_TRACE's `path`, checked on rank 0 at start: a file there can be created (and is
+// removed again) or, when one is there, opened for writing without losing its content.
+// Throws UsageError naming the setting, the path and the system's reason: found at the end,
+// the timeline of the whole run would be lost.
+void check_trace_path(const std::string& path);
+
 // Collective over `comm`: gathers the events every thread recorded (trace::take_all) and
 // rank 0 writes them to `path`; returns the number of events written on rank 0 (0
 // elsewhere). Throws on rank 0 when the file cannot be written.

@@ -70,7 +70,7 @@ inline constexpr Setting<std::string> kTrace{{
     .name = "MESHRT_TRACE", .default_value = "",
     .description = "If set, every rank records what it does (controller calls and waits, each worker's commands) "
                    "and rank 0 writes one Chrome-trace JSON file here at the end of the run, clocks aligned "
-                   "(docs/running.md, \"A timeline of the run\")"}};
+                   "(docs/running.md, \"A timeline of the run\"); a file rank 0 cannot create is refused at start"}};
 inline constexpr Setting<std::int64_t> kTraceEvents{{
     .name = "MESHRT_TRACE_EVENTS", .default_value = "262144",
     .description = "With MESHRT_TRACE: the events each thread keeps, the newest (64 bytes each, mapped when the "
