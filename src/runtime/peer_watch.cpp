@@ -1,6 +1,7 @@
 #include "runtime/peer_watch.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include "common/checks.hpp"
 #include "common/timeline.hpp"
 #include "meshrt/log.hpp"
+#include "meshrt/version.hpp"
 
 namespace meshrt::detail {
 namespace {
@@ -31,10 +33,34 @@ PeerWatch::PeerWatch(MPI_Comm world, std::chrono::duration<double> timeout, int 
   MESHRT_MPI_CHECK(MPI_Comm_rank(world, &rank_));
   MESHRT_MPI_CHECK(MPI_Comm_size(world, &size));
   const bool off = timeout <= std::chrono::duration<double>::zero() || timeout == std::chrono::duration<double>::max();
-  int mine = off || provided < MPI_THREAD_MULTIPLE ? 0 : 1;
-  int all = 0;
-  MESHRT_MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, world));
-  if (all == 0 || size < 2) return;
+  // Rank 0 learns every rank's thread level: a ring that is off for want of it is said,
+  // once for the job, with the ranks that lack it.
+  const int mine[2] = {off ? 1 : 0, provided};
+  std::vector<int> all(rank_ == 0 ? 2 * static_cast<std::size_t>(size) : 0);
+  MESHRT_MPI_CHECK(MPI_Gather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, 0, world));
+  int on = 0;
+  bool asked_off = false;  // MESHRT_PEER_TIMEOUT=0 on some rank: off by the user's choice
+  for (std::size_t r = 0; r < all.size(); r += 2) asked_off = asked_off || all[r] != 0;
+  if (rank_ == 0 && !asked_off && size >= 2) {
+    std::vector<std::string> short_of;
+    for (int r = 0; r < size; ++r) {
+      const int level = all[2 * static_cast<std::size_t>(r) + 1];
+      if (level < MPI_THREAD_MULTIPLE) short_of.push_back(fmt::format("rank {} ({})", r, thread_level_name(level)));
+    }
+    on = short_of.empty() ? 1 : 0;
+    if (!on) {
+      std::fputs(fmt::format("meshrt: the heartbeat ring (MESHRT_PEER_TIMEOUT) is off: it needs MPI_THREAD_MULTIPLE "
+                             "on every rank, and {} {} MPI at a lower thread level; a lost node or a stopped process "
+                             "will not be named, and the job waits until its launcher ends it (start MPI with "
+                             "MPI_THREAD_MULTIPLE on every rank to have it)\n",
+                             fmt::join(short_of, ", "), short_of.size() == 1 ? "runs" : "run")
+                     .c_str(),
+                 stderr);
+      std::fflush(stderr);
+    }
+  }
+  MESHRT_MPI_CHECK(MPI_Bcast(&on, 1, MPI_INT, 0, world));
+  if (on == 0) return;
   MESHRT_MPI_CHECK(MPI_Comm_dup(world, &comm_));
   set_error_policy(comm_);
   next_ = (rank_ + 1) % size;

@@ -20,7 +20,8 @@ class PeerWatch {
  public:
   // Collective over `world` (duplicated inside). `timeout` zero: no ring, no thread, on
   // every rank if on any (the ranks agree). A ring also needs MPI_THREAD_MULTIPLE on
-  // every rank (`provided`); without it there is none.
+  // every rank (`provided`); without it there is none, and rank 0 says so on stderr,
+  // naming the ranks short of it.
   PeerWatch(MPI_Comm world, std::chrono::duration<double> timeout, int provided);
   // Says goodbye to the successor, then waits for the predecessor's goodbye: every
   // heartbeat sent is received before MPI_Finalize. The wait ends early only if the

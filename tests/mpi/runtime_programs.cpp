@@ -16,8 +16,12 @@
 //   trace_term  for the timeline when a job is ended: a reduce over each dimension of a
 //               2x2 mesh, then rank 2 sleeps 60 s in a kernel (the test sends SIGTERM)
 //   trace_parts start_trace/stop_trace/write_trace(MESHRT_TEST_TRACE_OUT) around part of a run
+//   serialized  a dedicated controller whose workers start MPI themselves at
+//               MPI_THREAD_SERIALIZED: the heartbeat ring is off, and rank 0 says so
 //   plain       does a little work (with MESHRT_EXTRA_FUNCTION defined at compile time
 //               the binary has one more function: the handshake must refuse to start)
+#include <mpi.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -40,10 +44,39 @@ std::vector<Tensor> extra_kernel(CallContext&, Args&) {
 MESHRT_REGISTER_FUNCTION("test.only_in_one_binary", extra_kernel, extra_shape);
 #endif
 
+namespace {
+
+// The MPI thread level this rank asks for, before it knows its rank: the launcher's
+// variable says it (Open MPI's mpiexec, MPICH's hydra).
+int serialized_unless_rank_0() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
+    if (const char* r = std::getenv(name))
+      return std::strcmp(r, "0") == 0 ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED;
+  }
+  return MPI_THREAD_MULTIPLE;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "plain";
   RuntimeOptions options;
-  options.dedicated_controller = mode == "dedicated";
+  options.dedicated_controller = mode == "dedicated" || mode == "serialized";
+  if (mode == "serialized") {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, serialized_unless_rank_0(), &provided);
+    const int rc = run(
+        argc, argv,
+        [](Controller& ctl) {
+          Mesh mesh = ctl.world_mesh({{"w", ctl.worker_ranks().len()}});
+          DTensor x = mesh.call("meshrt.full", {2}, DType::Float64, 1.5);
+          const double got = ctl.fetch_shard(x.reduce("w", Reduction::Sum), {{"w", 0}}).get().span<double>()[0];
+          std::printf("serialized workers: sum %.1f\n", got);
+        },
+        options);
+    MPI_Finalize();
+    return rc;
+  }
   return run(
       argc, argv,
       [&](Controller& ctl) {
