@@ -37,7 +37,7 @@ cd "$MESHRT_ROOT"
 declare -A rank=([common]=0 [settings]=1 [log]=2 [ndslice]=3 [tensor]=4 [value]=5 [reduction]=5 [device]=6
   [protocol]=7 [functions]=7 [comm]=8 [control]=9 [worker]=10 [controller]=11 [runtime]=12 [group]=3 [python]=13)
 # Public headers whose module is not their own name.
-declare -A header_module=([error]=common [config]=common [version]=common [tensor_serialization]=tensor [traffic]=control [mpi_session]=common [call_site]=common
+declare -A header_module=([error]=common [config]=common [version]=common [stacks]=common [tensor_serialization]=tensor [traffic]=control [mpi_session]=common [call_site]=common
   [meshrt]=runtime)
 allowlist="$MESHRT_ROOT/scripts/include-allowlist.txt"
 

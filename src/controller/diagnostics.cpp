@@ -19,6 +19,7 @@
 #include "controller/completion.hpp"
 #include "meshrt/internal/control.hpp"
 #include "meshrt/internal/settings.hpp"
+#include "meshrt/internal/stacks.hpp"
 #include "meshrt/log.hpp"
 
 namespace meshrt::detail {
@@ -71,6 +72,19 @@ struct RankFacts {
   std::vector<int> waiting_for;  // peers of its collective that have not joined
   std::uint64_t first_uncompleted = 0;
 };
+
+// `text`'s lines, each indented by `spaces`.
+std::string indented(const std::string& text, std::size_t spaces) {
+  std::string out;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t end = text.find('\n', at);
+    out.append(spaces, ' ').append(text, at, end == std::string::npos ? std::string::npos : end - at).append("\n");
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  return out;
+}
 
 std::string rank_list(const std::vector<int>& ranks) {
   return fmt::format("rank{} {}", ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "));
@@ -256,6 +270,10 @@ DesyncReport Diagnostics::desync_report(protocol::Ident ident, const std::string
     std::sort(fact.waiting_for.begin(), fact.waiting_for.end());
     (waiting.empty() ? stuck : waiting_inner).push_back(rank);
     out += fmt::format("  {:>5}  {:>11}  {:>7.3f} s  {}\n", rank, done_before(st), fact.seconds, cmd);
+    // The kernel's own stack (a Python kernel's frames), as the rank's watch thread read it.
+    if (const auto stack = st.find("stack"); stack != st.end() && stack->is_string()) {
+      out += indented(stack->get<std::string>(), 9);
+    }
   }
   // A worker forwards batches and its children's status reports only between commands:
   // while one is stuck, its subtree hears nothing through it and reports nothing past
@@ -281,6 +299,8 @@ DesyncReport Diagnostics::desync_report(protocol::Ident ident, const std::string
                          waiting_inner.size() == 1 ? "" : "s", waiting_inner.size() == 1 ? "its" : "their");
     }
   }
+  // And the controller's, when the program's language has a provider (a Python controller).
+  out += language_stack({.owner = StackOwner::Controller, .thread = this_thread_id()}, 2);
   for (const auto& [rank, answer] : dumps) report.dumps += answer.error.empty() ? answer.payload : answer.error + "\n";
   summarize(tracker_, ident, facts, wait.count(), report);
   return report;

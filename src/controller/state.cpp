@@ -95,7 +95,8 @@ ControllerState::ControllerState(std::shared_ptr<control::Transport> transport, 
       workers_(to_dests(worker_ranks_)),
       batcher_(std::move(transport)),
       tracker_(workers_),
-      diagnostics_(batcher_, tracker_, workers_) {
+      diagnostics_(batcher_, tracker_, workers_),
+      stall_warning_(settings::kStallWarning.get()) {
   // The workers build the same tree from the same settings (Runtime's worker options).
   tree_ = control::StatusTree::for_job(workers_, batcher_.fanout(), batcher_.fanout_threshold());
   if (tree_) {
@@ -340,6 +341,10 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
   const bool bell = !tree_ && batcher_.has_reply_doorbell();
   Backoff bell_backoff(detail::kReplyBell);
   auto next_check = start + kWaitCheckInterval;
+  // A wait that passes MESHRT_STALL_WARNING says once who it waits for, and goes on;
+  // one whose own timeout comes first reports there instead.
+  const bool warns = stall_warning_ != settings::Seconds::max() && (!timeout || *timeout > stall_warning_);
+  bool warned = false;
   for (;;) {
     const std::uint64_t rung = bell ? batcher_.reply_rings() : 0;
     poll_replies();
@@ -383,6 +388,10 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
       timeout_what_ = text;
       throw TimeoutError(text, report.behind);
     }
+    if (warns && !warned && waited > stall_warning_) {
+      warned = true;
+      report_stall(ident, what, std::chrono::duration<double>(waited));
+    }
     // The embedding program's check (a Ctrl-C in Python), which may end the wait.
     if (const WaitCheck check = wait_check.load(std::memory_order_relaxed); check && start + waited >= next_check) {
       next_check = start + waited + kWaitCheckInterval;
@@ -393,6 +402,19 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
     else
       backoff.pause();
   }
+}
+
+void ControllerState::report_stall(Ident ident, const std::string& what, std::chrono::duration<double> waited) {
+  const std::string head = fmt::format("{} has waited {:.3g} s and still waits (MESHRT_STALL_WARNING={:g})", what,
+                                       waited.count(), stall_warning_.count());
+  const DesyncReport report = diagnostics_.desync_report(ident, head);
+  MESHRT_LOG(info) << head << ": " << report.summary;
+  const std::string text = fmt::format(
+      "meshrt: {}: {}\n{}  The wait goes on: a timeout given to it would end it with a TimeoutError. "
+      "This report comes once per wait (MESHRT_STALL_WARNING sets after how long; 0 turns it off).\n",
+      head, report.summary, report.table);
+  std::fputs(text.c_str(), stderr);
+  std::fflush(stderr);
 }
 
 std::string ControllerState::unhandled_dumps(const std::exception_ptr& error) const {

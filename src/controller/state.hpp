@@ -184,7 +184,9 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   void request_status(Ident ident, bool idle_too = true);
   // How long wait_for() waits for workers to report by themselves before asking.
   static constexpr std::chrono::milliseconds kAskIdleAfter{1};
-  // Waits until frontier() >= ident; throws TimeoutError after `timeout`.
+  // Waits until frontier() >= ident; throws TimeoutError after `timeout`. Past
+  // MESHRT_STALL_WARNING (when that comes first) it prints the desync report once and
+  // waits on.
   void wait_for(Ident ident, std::optional<std::chrono::duration<double>> timeout, const std::string& what);
   // Waits until every worker has run everything issued so far (a RequestStatus to all of
   // them under a new ident named `what`); failures stay for the futures and synchronize().
@@ -255,6 +257,10 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   CompletionTracker tracker_;
   DependencyGraph graph_;
   Diagnostics diagnostics_;
+  // MESHRT_STALL_WARNING, read once (Seconds::max(): off).
+  const std::chrono::duration<double> stall_warning_;
+  // A wait of `ident` past stall_warning_: the desync report to stderr, once.
+  void report_stall(Ident ident, const std::string& what, std::chrono::duration<double> waited);
   std::uint64_t next_ref_ = 1;
   std::unordered_map<Ident, std::weak_ptr<FutureState>> fetches_;
   // Streams by name while some handle holds them; the default stream lives as long as

@@ -31,6 +31,7 @@ constexpr std::array kTable{
     kFanoutThreshold.info,
     kFlightRecorder.info,
     kTimeoutAction.info,
+    kStallWarning.info,
     kSignalHandler.info,
     kPeerTimeout.info,
     kStateQueryTimeout.info,

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "common/trace.hpp"
+#include "meshrt/internal/stacks.hpp"
 
 namespace meshrt::detail {
 namespace {
@@ -67,6 +68,7 @@ void Monitor::running(std::uint64_t seq) {
   if (r.seq != seq) return;  // overwritten: the recorder is smaller than the queue
   r.state = CommandState::Running;
   r.at.started = Clock::now();
+  worker_thread_.store(this_thread_id(), std::memory_order_relaxed);
   current_.store(seq);
   trace::current_ident = r.ident;
 }

@@ -89,6 +89,9 @@ class Monitor {
   std::vector<trace::Event> running_events() const;
   // For a fatal signal: the running command, without taking locks (best effort).
   std::string current_unlocked() const;
+  // The thread that ran the latest command (detail::this_thread_id()'s number), 0 before
+  // the first: the kernel's thread, whose stack a report may show.
+  std::uint64_t worker_thread() const noexcept { return worker_thread_.load(std::memory_order_relaxed); }
 
  private:
   static std::string line(const CommandRecord& r, std::chrono::steady_clock::time_point now);
@@ -106,6 +109,7 @@ class Monitor {
   std::atomic<std::uint64_t> current_{0};    // seq of the running command, 0 when idle
   std::atomic<std::uint64_t> in_flight_{0};  // seq of the operation in flight, 0 when none
   std::atomic<std::uint64_t> first_uncompleted_{0};
+  std::atomic<std::uint64_t> worker_thread_{0};
 };
 
 }  // namespace meshrt::detail

@@ -18,6 +18,7 @@
 #include "meshrt/internal/device.hpp"
 #include "meshrt/internal/protocol.hpp"
 #include "meshrt/internal/settings.hpp"
+#include "meshrt/internal/stacks.hpp"
 #include "meshrt/internal/worker.hpp"
 #include "meshrt/log.hpp"
 
@@ -122,6 +123,15 @@ void Watch::loop() {
         case protocol::QueryOp::State: {
           // The rank's control traffic rides along: the counts a test or a report reads.
           auto state = monitor_.state();
+          // A kernel's stack in its own language (a Python kernel's frames), read from
+          // here while its thread runs on: the report's "where in my code".
+          if (const auto& cur = state["current"];
+              cur.is_object() && cur.value("kind", std::string()) == "CallFunction") {
+            const std::string name = cur.value("name", std::string());
+            std::string stack =
+                language_stack({.owner = StackOwner::Kernel, .thread = monitor_.worker_thread(), .function = name}, 0);
+            if (!stack.empty()) state["stack"] = std::move(stack);
+          }
           state["traffic"] = nlohmann::json::parse(control::process_traffic().to_json());
           answer.payload = state.dump();
         } break;

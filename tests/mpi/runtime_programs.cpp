@@ -18,6 +18,9 @@
 //   trace_parts start_trace/stop_trace/write_trace(MESHRT_TEST_TRACE_OUT) around part of a run
 //   serialized  a dedicated controller whose workers start MPI themselves at
 //               MPI_THREAD_SERIALIZED: the heartbeat ring is off, and rank 0 says so
+//   stall       rank 2 sleeps 3 s in a kernel while the controller waits without a timeout:
+//               past MESHRT_STALL_WARNING the desync report is printed once, with the
+//               kernel's and the controller's stacks from a provider this program registers
 //   plain       does a little work (with MESHRT_EXTRA_FUNCTION defined at compile time
 //               the binary has one more function: the handshake must refuse to start)
 #include <mpi.h>
@@ -28,6 +31,7 @@
 #include <string>
 #include <thread>
 
+#include "meshrt/internal/stacks.hpp"
 #include "meshrt/meshrt.hpp"
 
 using namespace meshrt;
@@ -46,6 +50,14 @@ MESHRT_REGISTER_FUNCTION("test.only_in_one_binary", extra_kernel, extra_shape);
 
 namespace {
 
+// A stack provider as a language binding registers one (docs: meshrt/internal/stacks.hpp):
+// it says which thread asks, so the test sees a kernel's stack read from another thread.
+std::string test_stack(const detail::StackOf& of) {
+  if (of.owner == detail::StackOwner::Controller) return "controller frame: main, waiting in get()";
+  return "kernel frame: " + std::string(of.function) + ", read from " +
+         (of.thread != detail::this_thread_id() ? "another thread" : "the kernel's own thread");
+}
+
 // The MPI thread level this rank asks for, before it knows its rank: the launcher's
 // variable says it (Open MPI's mpiexec, MPICH's hydra).
 int serialized_unless_rank_0() {
@@ -62,6 +74,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "plain";
   RuntimeOptions options;
   options.dedicated_controller = mode == "dedicated" || mode == "serialized";
+  if (mode == "stall") detail::set_stack_provider("Test", test_stack);
   if (mode == "serialized") {
     int provided = 0;
     MPI_Init_thread(&argc, &argv, serialized_unless_rank_0(), &provided);
@@ -160,6 +173,11 @@ int main(int argc, char** argv) {
           ctl.synchronize();
           const std::uint64_t events = ctl.write_trace(out);
           std::printf("trace_parts: wrote %llu events\n", static_cast<unsigned long long>(events));
+        }
+        if (mode == "stall") {
+          DTensor s = mesh.call("test.sleep", 3.0, {2});
+          ctl.fetch_shard(s.reduce("w", Reduction::Sum), {{"w", 0}}).get();  // no timeout
+          std::printf("stall: done\n");
         }
         if (mode == "usr1") {
           mesh.call("test.usr1", {1});

@@ -143,6 +143,13 @@ TEST(Settings, EachRangeIsWhatWorks) {
   EXPECT_EQ(settings::kFlightRecorder.get(), 1000000);
 }
 
+TEST(Settings, TheStallWarningTakesWholeSecondsOrZeroForNever) {
+  EXPECT_EQ(settings::kStallWarning.get(), settings::Seconds(300));
+  expect_refused(settings::kStallWarning.info, "0.5", [] { (void)settings::kStallWarning.get(); });
+  ScopedEnv env("MESHRT_STALL_WARNING", "0");
+  EXPECT_EQ(settings::kStallWarning.get(), settings::Seconds::max());
+}
+
 // A MESHRT_* variable that is no setting is most often a typo, which would otherwise be
 // ignored without a word; the scripts' and tests' own variables are not settings.
 TEST(Settings, UnknownVariablesAreNamedWithTheClosestSetting) {

@@ -104,6 +104,12 @@ inline constexpr Setting<std::string> kTimeoutAction{{
     .description = "What a Future/synchronize timeout does after its desync report: raise (TimeoutError) or abort "
                    "(the job)",
     .kind = Kind::Choice, .choices = "raise|abort"}};
+inline constexpr Setting<Seconds> kStallWarning{{
+    .name = "MESHRT_STALL_WARNING", .default_value = "300",
+    .description = "Seconds a controller wait (Future::get, synchronize, ...) may last before its desync report is "
+                   "printed to stderr, once per wait, while the wait goes on: a hang explains itself without a "
+                   "timeout. Waits with a shorter timeout of their own report at it instead (0 = never)",
+    .kind = Kind::Duration, .zero_is_no_limit = true, .min_seconds = 1}};
 inline constexpr Setting<bool> kSignalHandler{{
     .name = "MESHRT_SIGNAL_HANDLER", .default_value = "1",
     .description = "On a fatal signal, print the rank, the command and a backtrace, then MPI_Abort the job; on "
