@@ -1,6 +1,8 @@
 # Every dependency is found the standard way; CUDA and NCCL are optional.
 find_package(MPI 3.0 REQUIRED COMPONENTS CXX)
-find_package(Boost 1.74 REQUIRED COMPONENTS serialization log log_setup)
+# Boost.Stacktrace's libbacktrace backend names a crash's frames with file:line (Debian:
+# libboost-stacktrace-dev).
+find_package(Boost 1.74 REQUIRED COMPONENTS serialization log log_setup stacktrace_backtrace)
 find_package(fmt REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)

@@ -12,7 +12,7 @@ MESHRT_JOBS=${MESHRT_JOBS:-$(nproc)}
 # The Debian 12 packages a build needs.
 MESHRT_PACKAGES=(build-essential cmake ninja-build pkg-config
   openmpi-bin libopenmpi-dev
-  libboost-serialization-dev libboost-log-dev
+  libboost-serialization-dev libboost-log-dev libboost-stacktrace-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   libopenblas-dev
   python3-dev pybind11-dev libdlpack-dev python3-numpy python3-pytest python3-torch python3-mpi4py)

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <boost/stacktrace.hpp>
+
 #include <algorithm>
 #include <csignal>
 #include <cstdint>
@@ -54,30 +56,114 @@ void on_sigterm(int) {
   g_term_arrived_ns.compare_exchange_strong(none, std::int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec);
 }
 
-// Crash-time reporting is best effort: formatting allocates, which a signal handler
-// should not do, but the process is going down and the report is what matters most.
-// The report goes out in one write: a launcher that tears the job down on MPI_Abort (MPICH's
-// hydra, under load) may stop forwarding a dying rank's output between two writes.
-void on_fatal(int sig) {
-  Monitor* m = g_monitor.load();
-  const int rank = m ? m->rank() : -1;
-  std::string report = fmt::format("\nmeshrt: rank {} on {} caught signal {} ({}) while running:\n{}\nbacktrace:\n",
-                                   rank, m ? m->host() : std::string("?"), sig, strsignal(sig),
-                                   m ? m->current_unlocked() : std::string("(no worker on this rank)"));
-  void* frames[64];
-  const int n = backtrace(frames, 64);
-  if (char** symbols = backtrace_symbols(frames, n)) {
-    for (int i = 0; i < n; ++i) report.append(symbols[i]).append("\n");
-  } else {
-    report += "(no symbols)\n";
+// A fatal signal's report. The handler runs on the crashing thread, where only
+// async-signal-safe calls are safe: that thread may have crashed inside malloc, holding its
+// lock. So the handler only captures the raw frames (Boost.Stacktrace's safe_dump_to walks
+// the stack without allocating) and hands them to the watch thread, an ordinary thread,
+// which names them (functions demangled, file:line from the debug information: this
+// allocates and reads files), formats the report and writes it. The handler sleeps
+// (nanosleep is safe) until the report is out, for a bounded time: when the watch thread
+// does not write it (the crashed thread is the watch thread, or held a lock the watch
+// thread then waits for), the handler writes the raw frames itself with
+// backtrace_symbols_fd, which does not allocate.
+enum CrashState : int { kNoCrash, kCapturing, kPosted, kAbandoned, kWriting, kWritten };
+struct Crash {
+  std::atomic<int> state{kNoCrash};
+  int sig = 0;
+  std::size_t frames = 0;
+  boost::stacktrace::frame::native_frame_ptr_t frame[64] = {};
+};
+Crash g_crash;
+// The watch thread's id while it runs (detail::this_thread_id()), else 0.
+std::atomic<std::uint64_t> g_watch_thread{0};
+// How long the handler waits for the watch thread's report: naming the frames reads the
+// debug information of every library on the stack, which takes well under a second.
+constexpr int kCrashWaitTicks = 1000;  // of 10 ms
+// A number as decimal text into `out` (at least 24 bytes), without allocating.
+const char* decimal(long v, char* out) {
+  char* p = out + 23;
+  *p = '\0';
+  const bool negative = v < 0;
+  unsigned long u = negative ? 0UL - static_cast<unsigned long>(v) : static_cast<unsigned long>(v);
+  do {
+    *--p = static_cast<char>('0' + u % 10);
+    u /= 10;
+  } while (u != 0);
+  if (negative) *--p = '-';
+  return p;
+}
+void write_safe(const char* s) {
+  std::size_t n = 0;
+  while (s[n] != '\0') ++n;
+  while (n > 0) {
+    const ssize_t w = ::write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= static_cast<std::size_t>(w);
   }
-  // MESHRT_TRACE: the rank's own timeline file (the monitor's lock may be held here, so
-  // without the running command).
-  if (const std::string dumped = trace::dump_rank(fmt::format("signal {}", sig), {}, true); !dumped.empty()) {
-    report += fmt::format("meshrt: rank {}: {}\n", rank, dumped);
+}
+
+// The watch thread's part: the report, with the frames named, in one write (a launcher
+// that tears the job down on MPI_Abort, MPICH's hydra under load, may stop forwarding a
+// dying rank's output between two writes).
+void write_crash_report(Monitor& monitor) {
+  const int sig = g_crash.sig;
+  std::string report;
+  try {
+    report = fmt::format("\nmeshrt: rank {} on {} caught signal {} ({}) while running:\n{}\nbacktrace:\n",
+                         monitor.rank(), monitor.host(), sig, strsignal(sig), monitor.current_unlocked());
+    for (std::size_t i = 0; i < g_crash.frames && g_crash.frame[i] != nullptr; ++i) {
+      report +=
+          fmt::format("  #{:<2} {}\n", i, boost::stacktrace::to_string(boost::stacktrace::frame(g_crash.frame[i])));
+    }
+    // MESHRT_TRACE: the rank's own timeline file (the monitor's lock may be held by the
+    // crashed thread, so without the running command).
+    if (const std::string dumped = trace::dump_rank(fmt::format("signal {}", sig), {}, true); !dumped.empty()) {
+      report += fmt::format("meshrt: rank {}: {}\n", monitor.rank(), dumped);
+    }
+    report += fmt::format("meshrt: rank {}: ending the whole job (MPI_Abort) so that no rank waits for this one\n",
+                          monitor.rank());
+  } catch (...) {
+    return;  // the handler's own report follows when this one does not come
   }
-  report += fmt::format("meshrt: rank {}: ending the whole job (MPI_Abort) so that no rank waits for this one\n", rank);
+  int posted = kPosted;
+  if (!g_crash.state.compare_exchange_strong(posted, kWriting)) return;  // the handler gave up on it
   write_stderr(report);
+  g_crash.state.store(kWritten);
+}
+
+void on_fatal(int sig) {
+  int none = kNoCrash;
+  if (!g_crash.state.compare_exchange_strong(none, kCapturing)) {
+    // Another thread crashed first: its report and MPI_Abort end the process.
+    for (;;) pause();
+  }
+  g_crash.sig = sig;
+  // From the frame that received the signal: the handler's own is left out.
+  g_crash.frames = boost::stacktrace::safe_dump_to(1, g_crash.frame, sizeof g_crash.frame);
+  const std::uint64_t watch = g_watch_thread.load();
+  if (watch != 0 && watch != this_thread_id()) {
+    g_crash.state.store(kPosted);
+    timespec tick{.tv_sec = 0, .tv_nsec = 10'000'000};
+    for (int i = 0; i < kCrashWaitTicks && g_crash.state.load() != kWritten; ++i) (void)nanosleep(&tick, nullptr);
+    int posted = kPosted;
+    if (!g_crash.state.compare_exchange_strong(posted, kAbandoned)) {
+      // Written, or being written: it takes a moment.
+      while (g_crash.state.load() != kWritten) (void)nanosleep(&tick, nullptr);
+      end_job_after_report(128 + sig);
+    }
+  }
+  // Without the watch thread: the rank, the signal and the raw frames, safely.
+  Monitor* m = g_monitor.load();
+  char number[24];
+  write_safe("\nmeshrt: rank ");
+  write_safe(decimal(m ? m->rank() : -1, number));
+  write_safe(" caught signal ");
+  write_safe(decimal(sig, number));
+  write_safe(
+      " (the watch thread did not name the frames; addr2line -f -C -e <library> <offset> names one)\nbacktrace:\n");
+  backtrace_symbols_fd(const_cast<void* const*>(g_crash.frame), static_cast<int>(g_crash.frames), STDERR_FILENO);
+  write_safe("meshrt: ending the whole job (MPI_Abort) so that no rank waits for this one\n");
   end_job_after_report(128 + sig);
 }
 
@@ -97,8 +183,10 @@ Watch::~Watch() {
 
 void Watch::loop() {
   log::set_thread_role(fmt::format("watch {}", monitor_.rank()));
+  g_watch_thread.store(this_thread_id());
   control::Bytes buf;
   while (!stop_.load()) {
+    if (g_crash.state.load() == kPosted) write_crash_report(monitor_);
     if (g_dump_requested.exchange(false)) {
       MESHRT_LOG(warning) << "SIGUSR1: " << monitor_.dump();
     }
@@ -180,6 +268,7 @@ void Watch::loop() {
       MESHRT_LOG(error) << "watch: cannot answer query " << answer.query << ": " << e.what();
     }
   }
+  g_watch_thread.store(0);
   // Answers still in flight go to a controller that may be waiting for them.
   control_->drain(std::chrono::seconds(1));
 }
