@@ -39,8 +39,11 @@
 //
 // A timeout that leaves messages in flight (a send, a broadcast, an all_gather, a
 // barrier, a half-received chunked message) makes the group unusable: later calls raise
-// UsageError. A recv that timed out before anything arrived leaves it
-// usable (a late message is then delivered to the next recv from that source).
+// UsageError. It also tells the other members so: a member that calls afterwards (one
+// that arrives at the barrier after the others gave up) raises TimeoutError naming who
+// broke the group, instead of completing with what was left in flight. A recv that timed
+// out before anything arrived leaves it usable (a late message is then delivered to the
+// next recv from that source).
 //
 // A group is not thread-safe: one operation at a time per group (like any MPI
 // communicator used for ordered collectives). Different groups may be used from

@@ -186,6 +186,19 @@ void deserialize_failed(const TypeTag& tag, std::size_t size, const char* what, 
 
 }  // namespace detail
 
+// A member's word to the others that it broke the group in a timeout (on its own tag,
+// after every operation's): a member that arrives late takes it and raises too, instead of
+// completing with what the others left in flight.
+constexpr int kBrokenTag = 2 * 5;
+constexpr std::uint32_t kBrokenMagic = 0x6b6f7262;  // "brok"
+struct BrokenNotice {
+  std::uint32_t magic = kBrokenMagic;
+  std::uint32_t reserved = 0;
+  std::uint64_t seq = 0;  // the collective's sequence number (0 for a send or recv)
+  double seconds = 0;     // the timeout that expired
+  char op[32] = {};       // the operation, NUL-terminated
+};
+
 struct StatelessGroup::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
@@ -196,6 +209,10 @@ struct StatelessGroup::Impl {
   MPI_Comm inter = MPI_COMM_NULL;  // cross-job groups: the intercommunicator `comm` was merged from
   std::string unusable_after;      // why the group broke ("a timeout in barrier"); empty: usable
   std::uint64_t coll_seq = 0;      // collectives made so far (every kind: one order)
+  // This member's notices that it broke the group, sent to every other (tell_broken); the
+  // buffer lives until MPI is done with it (else it is abandoned, as Buffers are).
+  std::unique_ptr<BrokenNotice> notice;
+  std::vector<MPI_Request> notice_sends;
   // Sends to self never touch MPI (a send to self waits for its own receive, which this
   // rank cannot post while it waits): first messages and chunked payloads, in send order.
   std::deque<std::string> self_first;
@@ -223,6 +240,18 @@ struct StatelessGroup::Impl {
     if (comm == MPI_COMM_NULL) return;
     int finalized = 0;
     MESHRT_MPI_IGNORE(MPI_Finalized(&finalized));  // noexcept teardown, as the frees below
+    if (!finalized && !notice_sends.empty()) {
+      int done = 0;
+      MESHRT_MPI_IGNORE(MPI_Testall(static_cast<int>(notice_sends.size()), notice_sends.data(), &done,
+                                    MPI_STATUSES_IGNORE));  // failed: reads as not done
+      if (!done) {
+        for (MPI_Request& r : notice_sends) {
+          if (r != MPI_REQUEST_NULL) MESHRT_MPI_IGNORE(MPI_Request_free(&r));
+        }
+        (void)notice.release();  // MPI may still read it
+      }
+      notice_sends.clear();
+    }
     if (!finalized) {
       // Disconnecting waits for pending traffic; after a timeout there may be some that
       // never completes, so a broken cross-job group is only freed.
@@ -254,11 +283,56 @@ struct StatelessGroup::Impl {
   }
   std::string where(const char* op, int src) const { return fmt::format("{} on {} from {}", op, me(), peer(src)); }
 
-  void check_usable(const char* op) const {
+  void check_usable(const char* op) {
     if (comm == MPI_COMM_NULL) throw UsageError(fmt::format("{}: the group has been disconnected or moved from", op));
     if (!unusable_after.empty()) {
       throw UsageError(
           fmt::format("{} on {}: group is unusable after {}; create a new group", op, me(), unusable_after));
+    }
+    check_not_broken(op);
+  }
+
+  // Raises TimeoutError when another member has said it broke the group in a timeout
+  // (tell_broken): its operation ended without this member, so what this one would
+  // receive or complete now is what that operation left in flight.
+  void check_not_broken(const char* op) {
+    int flag = 0;
+    MPI_Status st;
+    MESHRT_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kBrokenTag, comm, &flag, &st));
+    if (!flag) return;
+    BrokenNotice n{};
+    MESHRT_MPI_CHECK(
+        MPI_Recv(&n, static_cast<int>(sizeof n), MPI_BYTE, st.MPI_SOURCE, kBrokenTag, comm, MPI_STATUS_IGNORE));
+    n.op[sizeof n.op - 1] = '\0';
+    const int from = st.MPI_SOURCE;
+    const std::string what =
+        n.magic == kBrokenMagic
+            ? fmt::format("{} timed out in {}{} after {} s and broke the group", peer(from), n.op,
+                          std::string_view(n.op) == "send_obj" || std::string_view(n.op) == "recv_obj"
+                              ? std::string()
+                              : fmt::format(" #{}", n.seq),
+                          n.seconds)
+            : fmt::format("{} broke the group", peer(from));
+    break_group(fmt::format("{} (seen in {})", what, op));
+    throw TimeoutError(fmt::format("{} on {}: {} before this rank's call could complete with it (it did not wait for "
+                                   "this rank); the group is unusable now: create a new group",
+                                   op, me(), what),
+                       {}, true);
+  }
+
+  // Tells every other member that this one broke the group in `op` (check_not_broken).
+  void tell_broken(const char* op, const Timeout& t, std::uint64_t seq) {
+    if (comm == MPI_COMM_NULL || size < 2 || notice) return;
+    notice = std::make_unique<BrokenNotice>();
+    notice->seq = seq;
+    notice->seconds = seconds(t);
+    std::strncpy(notice->op, op, sizeof notice->op - 1);
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      notice_sends.push_back(MPI_REQUEST_NULL);
+      // Ignored on purpose: the timeout being raised says more than a failed notice would.
+      MESHRT_MPI_IGNORE(MPI_Isend(notice.get(), static_cast<int>(sizeof *notice), MPI_BYTE, p, kBrokenTag, comm,
+                                  &notice_sends.back()));
     }
   }
   void check_peer(const char* op, int r, const char* role) const {
@@ -272,7 +346,10 @@ struct StatelessGroup::Impl {
 
   [[noreturn]] void timed_out(const char* op, const Timeout& t, const std::string& waiting_for,
                               const std::vector<int>& missing, bool breaks_group) {
-    if (breaks_group) break_group(fmt::format("a timeout in {}", op));
+    if (breaks_group) {
+      break_group(fmt::format("a timeout in {}", op));
+      tell_broken(op, t, coll_seq == 0 ? 0 : coll_seq - 1);
+    }
     throw TimeoutError(
         fmt::format("{} timed out after {} s on {}: {}{}; {}", op, seconds(t), me(), waiting_for,
                     missing.empty() ? std::string() : fmt::format("; missing {}", peers(missing)),
@@ -1498,6 +1575,7 @@ void StatelessGroup::broadcast_bytes(const detail::TypeTag& type, bool raw, std:
   // only what they called.
   g.pack_first(Kind::Broadcast, type, raw, root ? payload : std::span<const char>(), src, seq);
   const auto& headers = g.agree(op, Kind::Broadcast, type, raw, src, seq, g.exchange_first(op, timeout, src));
+  g.check_not_broken(op);
   const WireHeader& h = headers[static_cast<std::size_t>(src)].h;
   // Chunks of a large payload go down a binomial tree over ranks relative to the root:
   // log2(n) rounds, like MPI_Bcast.
@@ -1551,6 +1629,7 @@ void StatelessGroup::all_gather_bytes(const detail::TypeTag& type, bool raw, std
   const int n = g.size;
   g.pack_first(Kind::AllGather, type, raw, payload, -1, seq);
   const auto& headers = g.agree(op, Kind::AllGather, type, raw, -1, seq, g.exchange_first(op, timeout, -1));
+  g.check_not_broken(op);
   char* own = sinks[static_cast<std::size_t>(g.rank)]->prepare(payload.size());
   if (!payload.empty()) std::memcpy(own, payload.data(), payload.size());
   // Direct exchange of the chunks of large parts: every rank sends to every other, so each
@@ -1601,6 +1680,8 @@ void StatelessGroup::barrier(Timeout timeout) {
   // exactly who did not arrive.
   g.pack_first(Kind::Barrier, barrier_tag(), true, {}, -1, seq);
   (void)g.agree(op, Kind::Barrier, barrier_tag(), true, -1, seq, g.exchange_first(op, timeout, -1));
+  // Every first message is here, but one may be what a member sent before it timed out.
+  g.check_not_broken(op);
   if (!g.wait_all(g.sends, g.dl_, 0)) {
     g.timed_out(op, timeout, "every rank arrived, but this rank's tokens were not taken", {}, true);
   }

@@ -92,6 +92,34 @@ TEST(GroupTimeout, BarrierNamesMissingRankAndBreaksGroup) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+TEST(GroupTimeout, AMemberArrivingAfterTheOthersTimedOutIsToldSo) {
+  // Ranks 0 and 1 time out in a barrier without rank 2; rank 2 arrives afterwards. Their
+  // first messages are waiting for it, but the barrier is over for them: rank 2 must not
+  // complete it as if all had met.
+  auto g = StatelessGroup::from_comm(MPI_COMM_WORLD);
+  if (g.rank() != 2) {
+    auto e = expect_timeout([&] { g.barrier(kShort); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->missing_ranks(), std::vector<int>{2});
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // rank 2 comes only now
+  if (g.rank() == 2) {
+    try {
+      g.barrier(10s);
+      ADD_FAILURE() << "the late member's barrier completed although the others had given up";
+    } catch (const TimeoutError& e) {
+      EXPECT_TRUE(e.group_unusable());
+      EXPECT_TRUE(contains(e.what(), "barrier on group rank 2 (parent rank 2) of 3: group rank ")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "timed out in barrier #0 after 0.3 s and broke the group")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "the group is unusable now")) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "expected a TimeoutError, got: " << e.what();
+    }
+    EXPECT_FALSE(g.usable());
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST(GroupTimeout, AllGatherNamesEveryMissingPart) {
   auto g = StatelessGroup::from_comm(MPI_COMM_WORLD);
   if (g.rank() != 2) {
