@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -99,6 +100,92 @@ void check_memory_settings(int node_ranks) {
   }
 }
 
+// The tag of the start's hello and go messages on MPI_COMM_WORLD (the only communicator
+// there is before the start's first collective).
+constexpr int kStartTag = 32001;
+
+// Before the start's first collective (which would wait for ever for a rank that never
+// calls meshrt::run): every rank tells rank 0 it is here, and rank 0 answers each once all
+// are. Past MESHRT_START_TIMEOUT rank 0 names the ranks that never came and ends the job;
+// a rank that hears nothing from rank 0 ends it too, a little later (rank 0 says more).
+void meet_at_start(int rank, int size) {
+  if (size < 2) return;
+  settings::Seconds timeout{120};
+  try {
+    timeout = settings::kStartTimeout.get();
+  } catch (const std::exception&) {
+    // A bad value: the settings' check after the meeting refuses it on every rank.
+  }
+  const bool unlimited = timeout >= settings::Seconds(1e9);
+  using Clock = std::chrono::steady_clock;
+  const auto started = Clock::now();
+  auto past = [&](settings::Seconds after) {
+    return !unlimited && Clock::now() - started > std::chrono::duration_cast<Clock::duration>(after);
+  };
+  static char hello = 'h', go = 'g';
+  static char inbox = 0;
+  if (rank == 0) {
+    std::vector<MPI_Request> hellos(static_cast<std::size_t>(size - 1), MPI_REQUEST_NULL);
+    std::vector<char> got(hellos.size(), 0);
+    for (int r = 1; r < size; ++r) {
+      MESHRT_MPI_CHECK(MPI_Irecv(&got[static_cast<std::size_t>(r - 1)], 1, MPI_CHAR, r, kStartTag, MPI_COMM_WORLD,
+                                 &hellos[static_cast<std::size_t>(r - 1)]));
+    }
+    std::vector<int> done(hellos.size());
+    for (;;) {
+      // Testsome frees each request that completed (Testall leaves all of them until every one has).
+      int count = 0;
+      MESHRT_MPI_CHECK(
+          MPI_Testsome(static_cast<int>(hellos.size()), hellos.data(), &count, done.data(), MPI_STATUSES_IGNORE));
+      if (count == MPI_UNDEFINED) break;  // none left
+      if (past(timeout)) {
+        std::vector<int> missing;
+        for (std::size_t i = 0; i < hellos.size(); ++i) {
+          if (hellos[i] != MPI_REQUEST_NULL) missing.push_back(static_cast<int>(i) + 1);
+        }
+        std::fprintf(stderr,
+                     "meshrt: start-up: rank%s %s of the job's %d never called meshrt::run (or meshrt::Runtime) "
+                     "within %.3g s of rank 0 (MESHRT_START_TIMEOUT): every rank must call it (is it called under "
+                     "an 'if' on the rank, or did those ranks fail or hang before it?); ending the job (MPI_Abort) "
+                     "so that no rank waits for ever\n",
+                     missing.size() == 1 ? "" : "s", fmt::format("{}", fmt::join(missing, ", ")).c_str(), size,
+                     timeout.count());
+        std::fflush(stderr);
+        MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));  // ignored on purpose: it does not return when it works
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::vector<MPI_Request> gos(static_cast<std::size_t>(size - 1), MPI_REQUEST_NULL);
+    for (int r = 1; r < size; ++r) {
+      MESHRT_MPI_CHECK(
+          MPI_Isend(&go, 1, MPI_CHAR, r, kStartTag, MPI_COMM_WORLD, &gos[static_cast<std::size_t>(r - 1)]));
+    }
+    MESHRT_MPI_CHECK(MPI_Waitall(static_cast<int>(gos.size()), gos.data(), MPI_STATUSES_IGNORE));
+    return;
+  }
+  MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  MESHRT_MPI_CHECK(MPI_Isend(&hello, 1, MPI_CHAR, 0, kStartTag, MPI_COMM_WORLD, &requests[0]));
+  MESHRT_MPI_CHECK(MPI_Irecv(&inbox, 1, MPI_CHAR, 0, kStartTag, MPI_COMM_WORLD, &requests[1]));
+  // Rank 0 knows who is missing: it gets the time to say so (and its MPI_Abort the time
+  // to reach this rank) before this rank gives up.
+  const settings::Seconds grace = std::clamp(timeout, settings::Seconds(5), settings::Seconds(10));
+  for (;;) {
+    int all = 0;
+    MESHRT_MPI_CHECK(MPI_Testall(2, requests, &all, MPI_STATUSES_IGNORE));
+    if (all) return;
+    if (past(timeout + grace)) {
+      std::fprintf(stderr,
+                   "meshrt: start-up: rank %d has waited %.3g s (MESHRT_START_TIMEOUT and %.3g s more) for rank 0 "
+                   "to confirm that every rank of the job's %d called meshrt::run (or meshrt::Runtime): rank 0 "
+                   "never did, or could not say so; ending the job (MPI_Abort) so that no rank waits for ever\n",
+                   rank, (timeout + grace).count(), grace.count(), size);
+      std::fflush(stderr);
+      MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));  // ignored on purpose: it does not return when it works
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 }  // namespace
 
 struct Runtime::Impl {
@@ -167,6 +254,7 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
   MESHRT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &i.rank));
   MESHRT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &i.size));
   try {
+    meet_at_start(i.rank, i.size);
     // MPI_ERRORS_RETURN on each, so that MESHRT_MPI_CHECK raises (common/checks.hpp).
     for (MPI_Comm* c : {&i.control, &i.world, &i.p2p}) {
       MESHRT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, c));

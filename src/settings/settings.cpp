@@ -34,6 +34,7 @@ constexpr std::array kTable{
     kStallWarning.info,
     kSignalHandler.info,
     kPeerTimeout.info,
+    kStartTimeout.info,
     kStateQueryTimeout.info,
     kWorkerBlocking.info,
     kCommPoolBytes.info,

@@ -21,10 +21,13 @@
 //   stall       rank 2 sleeps 3 s in a kernel while the controller waits without a timeout:
 //               past MESHRT_STALL_WARNING the desync report is printed once, with the
 //               kernel's and the controller's stacks from a provider this program registers
+//   absent      every rank starts MPI itself (as mpi4py does), but rank 1 never calls run:
+//               the start's deadline (MESHRT_START_TIMEOUT) names it and ends the job
 //   plain       does a little work (with MESHRT_EXTRA_FUNCTION defined at compile time
 //               the binary has one more function: the handshake must refuse to start)
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -72,6 +75,16 @@ int serialized_unless_rank_0() {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "plain";
+  if (mode == "absent") {
+    int provided = 0, rank = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(60));  // the job ends first
+      MPI_Finalize();
+      return 0;
+    }
+  }
   RuntimeOptions options;
   options.dedicated_controller = mode == "dedicated" || mode == "serialized";
   if (mode == "stall") detail::set_stack_provider("Test", test_stack);

@@ -124,6 +124,12 @@ inline constexpr Setting<Seconds> kPeerTimeout{{
                    "a rank's heartbeat thread that is not scheduled for a moment on a busy node must not end a "
                    "healthy job",
     .kind = Kind::Duration, .zero_is_no_limit = true, .min_seconds = 2}};
+inline constexpr Setting<Seconds> kStartTimeout{{
+    .name = "MESHRT_START_TIMEOUT", .default_value = "120",
+    .description = "Seconds each rank waits at start for every other rank to call meshrt::run (or Runtime); then "
+                   "rank 0 names the ranks that never did and ends the job, instead of every rank waiting for "
+                   "ever (0 = no limit)",
+    .kind = Kind::Duration, .zero_is_no_limit = true}};
 inline constexpr Setting<Seconds> kStateQueryTimeout{{
     .name = "MESHRT_STATE_QUERY_TIMEOUT", .default_value = "2",
     .description = "Seconds the controller waits for workers' answers when it builds a desync report or dumps the "
