@@ -23,6 +23,7 @@ using detail::TensorState;
 namespace {
 
 std::shared_ptr<ControllerState> lock(const std::weak_ptr<ControllerState>& w) {
+  detail::refuse_on_worker_thread("a Mesh, DTensor or Stream method");
   auto s = w.lock();
   if (!s) throw UsageError("this handle outlived its controller session");
   return s;
@@ -713,6 +714,7 @@ std::vector<DTensor> Mesh::call_on_impl(const Stream& stream, FunctionName fn, s
 namespace detail {
 
 bool future_done(FutureState& f) {
+  refuse_on_worker_thread("Future::done");
   if (f.finished) return true;
   auto ctl = f.controller.lock();
   if (!ctl) return true;
@@ -723,6 +725,7 @@ bool future_done(FutureState& f) {
 }
 
 std::exception_ptr future_wait(FutureState& f, std::optional<std::chrono::duration<double>> timeout) {
+  refuse_on_worker_thread("Future::get");
   if (f.finished) return f.error;
   auto ctl = f.controller.lock();
   if (!ctl) return std::make_exception_ptr(UsageError("the future outlived its controller session"));
@@ -754,6 +757,7 @@ Controller::Controller(std::shared_ptr<ControllerState> state) : state_(std::mov
 Controller::~Controller() = default;
 
 Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> dims, DeviceKind kind, CallSite where) {
+  detail::refuse_on_worker_thread("Controller::world_mesh");
   std::vector<std::string> names;
   std::vector<std::int64_t> sizes;
   std::int64_t product = 1;
@@ -772,6 +776,7 @@ Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> di
 }
 
 Stream Controller::stream(const std::string& name) {
+  detail::refuse_on_worker_thread("Controller::stream");
   return Stream(state_->stream(name));
 }
 
@@ -780,11 +785,13 @@ DeviceKind Controller::accelerator() const {
 }
 
 Stream Controller::default_stream() {
+  detail::refuse_on_worker_thread("Controller::default_stream");
   return stream("default");
 }
 
 Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<std::string, std::int64_t>> coords,
                                        std::optional<std::string> preprocess, CallSite where) {
+  detail::refuse_on_worker_thread("Controller::fetch_shard");
   return at_site(where, [&] {
     state_->refuse_in_recording("fetch_shard");
     if (!t.state_) throw UsageError("fetch_shard: an undefined DTensor");
@@ -858,6 +865,7 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
 }
 
 void Controller::synchronize() {
+  detail::refuse_on_worker_thread("Controller::synchronize");
   ControllerState& ctl = *state_;
   ctl.refuse_in_recording("synchronize");
   ctl.wait_for_issued(std::nullopt, "synchronize");
@@ -865,6 +873,7 @@ void Controller::synchronize() {
 }
 
 void Controller::synchronize(std::chrono::duration<double> timeout) {
+  detail::refuse_on_worker_thread("Controller::synchronize");
   ControllerState& ctl = *state_;
   ctl.refuse_in_recording("synchronize");
   ctl.wait_for_issued(timeout, "synchronize");
@@ -872,6 +881,7 @@ void Controller::synchronize(std::chrono::duration<double> timeout) {
 }
 
 std::uint64_t Controller::release_cached_memory() {
+  detail::refuse_on_worker_thread("Controller::release_cached_memory");
   state_->refuse_in_recording("release_cached_memory");
   // A CPU mesh of every worker, made for this: the call runs on each of them, and a sum
   // brings the bytes freed to one coordinate.
@@ -881,14 +891,17 @@ std::uint64_t Controller::release_cached_memory() {
 }
 
 void Controller::restart_workers() {
+  detail::refuse_on_worker_thread("Controller::restart_workers");
   state_->restart_workers();
 }
 
 std::string Controller::dump_flight_recorder() {
+  detail::refuse_on_worker_thread("Controller::dump_flight_recorder");
   return state_->dump_flight_recorder();
 }
 
 std::uint64_t Controller::write_trace(const std::string& path) {
+  detail::refuse_on_worker_thread("Controller::write_trace");
   state_->refuse_in_recording("write_trace");
   state_->flush_deferred();
   state_->flush();
@@ -906,14 +919,17 @@ void switch_trace(ControllerState& ctl, bool on, const char* what) {
 }  // namespace
 
 void Controller::start_trace() {
+  detail::refuse_on_worker_thread("Controller::start_trace");
   switch_trace(*state_, true, "start_trace");
 }
 
 void Controller::stop_trace() {
+  detail::refuse_on_worker_thread("Controller::stop_trace");
   switch_trace(*state_, false, "stop_trace");
 }
 
 void Controller::abort(const std::string& reason) {
+  detail::refuse_on_worker_thread("Controller::abort");
   state_->abort_job(reason);
 }
 
@@ -924,10 +940,12 @@ const NDSlice& Controller::worker_ranks() const {
   return state_->worker_ranks();
 }
 std::uint64_t Controller::live_values(int rank) const {
+  detail::refuse_on_worker_thread("Controller::live_values");
   return state_->live_values(rank);
 }
 
 ControlTraffic Controller::control_traffic() const {
+  detail::refuse_on_worker_thread("Controller::control_traffic");
   return state_->traffic();
 }
 

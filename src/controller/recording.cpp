@@ -419,6 +419,7 @@ namespace meshrt {
 using detail::describe;
 
 std::vector<DTensor> Recording::operator()(const std::vector<DTensor>& inputs, CallSite where) const {
+  detail::refuse_on_worker_thread("a replay of a Recording");
   if (!state_) throw UsageError(fmt::format("replay of an undefined Recording (at {})", describe(where)));
   auto ctl = state_->controller.lock();
   if (!ctl) throw UsageError("this recording outlived its controller session");
@@ -442,6 +443,7 @@ std::size_t Recording::num_commands() const {
 Recording Controller::record(const std::vector<DTensor>& examples,
                              const std::function<std::vector<DTensor>(const std::vector<DTensor>&)>& body,
                              CallSite where) {
+  detail::refuse_on_worker_thread("Controller::record");
   return Recording(state_->record(examples, body, where));
 }
 

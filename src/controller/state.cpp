@@ -18,6 +18,7 @@
 #include "common/trace.hpp"
 #include "meshrt/internal/controller.hpp"
 #include "meshrt/internal/settings.hpp"
+#include "meshrt/internal/worker.hpp"
 #include "meshrt/log.hpp"
 
 namespace meshrt::detail {
@@ -28,6 +29,18 @@ std::atomic<WaitCheck> wait_check{nullptr};
 
 void set_wait_check(WaitCheck check) noexcept {
   wait_check.store(check, std::memory_order_relaxed);
+}
+
+void refuse_on_worker_thread(std::string_view what) {
+  const WorkerThread* w = worker_thread();
+  if (w == nullptr) return;
+  const std::string inside =
+      w->function.empty() ? std::string("a command") : fmt::format("the kernel of {}", w->function);
+  throw UsageError(fmt::format(
+      "{} called from inside {} running on rank {}'s worker: a kernel cannot drive the controller (the controller "
+      "runs the program on rank 0's main thread and waits for this very worker); return values from the kernel "
+      "instead, and call the controller from the program",
+      what, inside, w->rank));
 }
 
 std::vector<int> to_dests(const NDSlice& slice) {
@@ -236,6 +249,7 @@ void ControllerState::flush_deferred() {
 }
 
 void ControllerState::append(const std::vector<int>& dests, protocol::Command c, Ident ident) {
+  refuse_on_worker_thread(protocol::name(c));
   send_deferred_drops();  // implicit drops first: the origin's next use must find the borrow dropped
   if (recording_) return capture(dests, std::move(c));
   // Recorded before the batcher may send it: replies are read on this thread only.
@@ -315,6 +329,7 @@ void ControllerState::trace_call(Ident ident, const Words& what, const CallSite&
 
 void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<double>> timeout,
                                const std::string& what) {
+  refuse_on_worker_thread(what);
   refuse_in_recording(what);
   // The wait as a span of the controller's track, however it ends.
   struct Traced {

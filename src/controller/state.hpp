@@ -25,6 +25,7 @@
 #include "meshrt/call_site.hpp"
 #include "meshrt/controller.hpp"
 #include "meshrt/internal/control.hpp"
+#include "meshrt/internal/controller.hpp"
 #include "meshrt/internal/protocol.hpp"
 
 namespace meshrt::detail {

@@ -42,7 +42,39 @@ WorkerOptions with_monitor(WorkerOptions o, detail::Monitor* own) {
   return o;
 }
 
+thread_local detail::WorkerThread* this_thread_worker = nullptr;
+
+// Marks the calling thread as running a worker's loop (for detail::worker_thread) while it lives.
+struct OnWorkerThread {
+  detail::WorkerThread info;
+  detail::WorkerThread* outer;
+  explicit OnWorkerThread(int rank) : info{.rank = rank, .function = {}}, outer(this_thread_worker) {
+    this_thread_worker = &info;
+  }
+  ~OnWorkerThread() { this_thread_worker = outer; }
+  OnWorkerThread(const OnWorkerThread&) = delete;
+  OnWorkerThread& operator=(const OnWorkerThread&) = delete;
+};
+
+// Names `function` as the one running on this worker's thread while it lives.
+struct RunningKernel {
+  detail::WorkerThread* worker = this_thread_worker;  // one read of the thread-local
+  std::string_view outer;
+  explicit RunningKernel(std::string_view function) : outer(worker ? worker->function : std::string_view()) {
+    if (worker) worker->function = function;
+  }
+  ~RunningKernel() {
+    if (worker) worker->function = outer;
+  }
+  RunningKernel(const RunningKernel&) = delete;
+  RunningKernel& operator=(const RunningKernel&) = delete;
+};
+
 }  // namespace
+
+const detail::WorkerThread* detail::worker_thread() noexcept {
+  return this_thread_worker;
+}
 
 // A worker takes the commands its inbox receives, in order, and runs each against its
 // environment: invocations call kernels (checked against their shape functions), a
@@ -225,7 +257,11 @@ struct Worker::Impl {
       Args kernel_args(c.function, std::move(args));
       const Signature& expected = kernels.expected(fn, kernel_args, ctx.device());
       ctx.set_signature(&expected);
-      std::vector<Tensor> outputs = fn.kernel(ctx, kernel_args);
+      std::vector<Tensor> outputs;
+      {
+        const RunningKernel running(c.function);
+        outputs = fn.kernel(ctx, kernel_args);
+      }
       kernels.check(c.function, expected, outputs);
       for (std::size_t i = 0; i < outputs.size(); ++i) env.define(c.results[i], std::move(outputs[i]));
       return std::nullopt;
@@ -243,6 +279,7 @@ struct Worker::Impl {
         if (const auto* marker = std::get_if<DependentOnError>(&found)) return *marker;
         CallContext& ctx = *std::get_if<CallContext>(&found);
         Args args(*c.function, std::vector<Value>{std::move(value)});
+        const RunningKernel running(*c.function);
         std::vector<Tensor> outputs = functions::lookup(*c.function).kernel(ctx, args);
         value = outputs.size() == 1 ? Value(outputs[0]) : Value(Value::List(outputs.begin(), outputs.end()));
       }
@@ -420,6 +457,7 @@ Worker::Worker(WorkerOptions options) : impl_(std::make_unique<Impl>(options)) {
 Worker::~Worker() = default;
 
 WorkerExit Worker::run() {
+  const OnWorkerThread marked(impl_->opt.rank);
   return impl_->loop();
 }
 

@@ -47,6 +47,30 @@ MESHRT_REGISTER_FUNCTION("test.shape_throws", shape_throws_kernel, shape_throws_
 MESHRT_REGISTER_FUNCTION("test.declared_only", declared_only_kernel, declared_only_shape);
 
 namespace {
+// test.drive_controller(mode): on rank 0 its kernel (run by worker 0, beside the
+// controller) uses the controller's handles the test left in these, the way `mode` says;
+// every other rank returns a float32 scalar.
+Controller* g_controller = nullptr;
+Mesh* g_mesh = nullptr;
+DTensor* g_tensor = nullptr;
+Signature drive_controller_shape(const ArgMetas& a) {
+  return {{TensorMeta({}, DType::Float32, a.device())}, {}};
+}
+std::vector<Tensor> drive_controller_kernel(CallContext& ctx, Args& args) {
+  if (ctx.rank() == 0) {
+    const std::string mode = args.string(0);
+    if (mode == "synchronize") g_controller->synchronize(std::chrono::seconds(5));
+    if (mode == "fetch") (void)g_controller->fetch_shard(*g_tensor, {{"host", 0}, {"gpu", 1}});
+    if (mode == "call") (void)g_mesh->call("test.pattern", {2}, DType::Float32);
+    if (mode == "reduce") (void)g_tensor->reduce("gpu", Reduction::Sum);
+    if (mode == "world_mesh") (void)g_controller->world_mesh({{"all", 4}});
+  }
+  return {Tensor::zeros(TensorMeta({}, DType::Float32))};
+}
+}  // namespace
+MESHRT_REGISTER_FUNCTION("test.drive_controller", drive_controller_kernel, drive_controller_shape);
+
+namespace {
 
 using Coords = std::vector<std::pair<std::string, std::int64_t>>;
 
@@ -424,4 +448,36 @@ TEST(BadInput, GarbageDecodedAsACommand) {
                {"protocol: decoding ", "of a " + std::to_string(cut.size()) + "-byte frame"});
   // Everything is fine on the controller afterwards.
   session([](Controller& ctl) { expect_session_works(ctl, make_mesh(ctl)); });
+}
+
+// A kernel on rank 0 runs on worker 0's thread, beside the controller: one that uses the
+// controller (a handle it captured) would wait for its own worker for ever. It fails at
+// once naming the call, and the controller goes on.
+TEST(BadInput, AKernelThatDrivesTheControllerFailsAndTheControllerGoesOn) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float64);
+    g_controller = &ctl;
+    g_mesh = &mesh;
+    g_tensor = &x;
+    const std::vector<std::pair<std::string, std::string>> modes{{"synchronize", "Controller::synchronize"},
+                                                                 {"fetch", "Controller::fetch_shard"},
+                                                                 {"call", "a Mesh, DTensor or Stream method"},
+                                                                 {"reduce", "a Mesh, DTensor or Stream method"},
+                                                                 {"world_mesh", "Controller::world_mesh"}};
+    for (const auto& [mode, what] : modes) {
+      DTensor y = mesh.call("test.drive_controller", mode);
+      expect_parts(error_of<RemoteError>([&] {
+                     (void)ctl.fetch_shard(y, {{"host", 0}, {"gpu", 0}}).get(std::chrono::seconds(30));
+                   }),
+                   {"test.drive_controller",
+                    what + " called from inside the kernel of test.drive_controller running "
+                           "on rank 0's worker: a kernel cannot drive the controller",
+                    "return values from the kernel instead"});
+    }
+    g_controller = nullptr;
+    g_mesh = nullptr;
+    g_tensor = nullptr;
+    expect_session_works(ctl, mesh);
+  });
 }

@@ -1,9 +1,11 @@
 // What the controller's blocking waits do besides waiting: a check the embedding program
 // installs (the Python package lets Ctrl-C through it). Not installed: programs in C++
-// stop a wait with a timeout instead.
+// stop a wait with a timeout instead. And the refusal of controller calls from a worker's
+// thread.
 #pragma once
 
 #include <chrono>
+#include <string_view>
 
 namespace meshrt::detail {
 
@@ -15,5 +17,12 @@ namespace meshrt::detail {
 using WaitCheck = void (*)();
 void set_wait_check(WaitCheck check) noexcept;
 inline constexpr std::chrono::milliseconds kWaitCheckInterval{50};
+
+// UsageError when the calling thread runs a worker's loop (a kernel, most likely, that
+// captured a handle): on rank 0 the controller would wait for that very worker, and its
+// state belongs to the controller's thread. `what` names the call. Every controller entry
+// point calls it first; an embedding that takes a lock of its own around controller calls
+// (the Python package) calls it before that lock.
+void refuse_on_worker_thread(std::string_view what);
 
 }  // namespace meshrt::detail

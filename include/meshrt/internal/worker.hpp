@@ -57,6 +57,18 @@ bool worker_blocks_in_mpi(std::string_view setting, int ranks_on_node, long onli
 
 enum class WorkerExit { Restart, Shutdown };
 
+namespace detail {
+// The worker whose event loop runs on the calling thread: its rank, and the function
+// whose kernel (or fetch preprocess) runs now (empty between them). The controller refuses
+// calls from such a thread: on rank 0 it would wait for this very worker.
+struct WorkerThread {
+  int rank = -1;
+  std::string_view function;
+};
+// Null on any thread that is not running a worker's loop.
+const WorkerThread* worker_thread() noexcept;
+}  // namespace detail
+
 // What watches a rank's worker for as long as the Runtime lives (across restarts): its
 // flight recorder (WorkerOptions::monitor), the watch thread that answers the
 // controller's out-of-band queries on `control` even while the event loop is stuck, and
