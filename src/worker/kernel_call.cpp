@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
 #include "meshrt/device.hpp"
 #include "meshrt/error.hpp"
 
@@ -15,6 +19,31 @@ bool matches(const TensorMeta& got, const TensorMeta& want) {
   if (got.shape() != want.shape() || got.dtype() != want.dtype()) return false;
   if (got.device().kind() != want.device().kind()) return false;
   return got.device().is_cpu() || got.device() == device::rank_device(got.device().kind());
+}
+
+// Whether two tensors' bytes overlap: their byte ranges on one device, so a reshape of an
+// input, or a view of it made through DLPack or a host library, counts as the input.
+bool overlaps(const Tensor& a, const Tensor& b) noexcept {
+  if (a.nbytes() == 0 || b.nbytes() == 0 || !(a.device() == b.device())) return false;
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a.raw_data());
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b.raw_data());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+// The tensor in `v` (an argument: a tensor, or lists and dicts of them) whose memory
+// `out` overlaps, as where it sits in `v` (" item 2", " item 'w'"); nullopt when none.
+std::optional<std::string> aliased_in(const Value& v, const Tensor& out) {
+  if (v.is_tensor()) return overlaps(v.as_tensor(), out) ? std::optional<std::string>("") : std::nullopt;
+  if (v.is_list()) {
+    for (std::size_t i = 0; i < v.as_list().size(); ++i) {
+      if (auto at = aliased_in(v.as_list()[i], out)) return fmt::format(" item {}{}", i, *at);
+    }
+  } else if (v.is_dict()) {
+    for (const auto& [key, item] : v.as_dict()) {
+      if (auto at = aliased_in(item, out)) return fmt::format(" item '{}'{}", key, *at);
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -59,8 +88,8 @@ const Signature& KernelCall::expected(const functions::Function& fn, const Args&
   return entry.signature;
 }
 
-void KernelCall::check(const std::string& function, const Signature& expected,
-                       const std::vector<Tensor>& outputs) const {
+void KernelCall::check(const std::string& function, const Signature& expected, const std::vector<Tensor>& outputs,
+                       const Args& inputs) const {
   if (outputs.size() != expected.outputs.size()) {
     throw UsageError(fmt::format("{} returned {} tensors on rank {}; its shape function declared {}", function,
                                  outputs.size(), rank_, expected.outputs.size()));
@@ -72,6 +101,28 @@ void KernelCall::check(const std::string& function, const Signature& expected,
       throw UsageError(fmt::format("{} returned on rank {} as output {}: expected {} (its shape function), found {}",
                                    function, rank_, i, want.to_string(),
                                    got.defined() ? got.meta().to_string() : "an undefined tensor"));
+    }
+  }
+  // An output is a new value to the controller: one that is an input's memory (or another
+  // output's) would change when the other is changed in place later.
+  constexpr std::string_view fix =
+      "return a new tensor (a clone, or a copy into a new tensor): declared views of inputs are not supported yet";
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    for (std::size_t a = 0; a < inputs.size(); ++a) {
+      if (auto at = aliased_in(inputs.value(a), outputs[i])) {
+        throw UsageError(fmt::format(
+            "{} returned on rank {} as output {} ({}) the memory of its argument {}{}: an output must be a new tensor, "
+            "not a view of an input; {}",
+            function, rank_, i, outputs[i].meta().to_string(), a, *at, fix));
+      }
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (overlaps(outputs[j], outputs[i])) {
+        throw UsageError(fmt::format(
+            "{} returned on rank {} outputs {} and {} in the same memory: each output must be a new tensor of its "
+            "own; {}",
+            function, rank_, j, i, fix));
+      }
     }
   }
 }

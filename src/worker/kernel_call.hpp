@@ -23,8 +23,10 @@ class KernelCall {
   const Signature& expected(const functions::Function& fn, const Args& args, const Device& device);
   // Throws UsageError naming the function, the rank and the output unless `outputs` match
   // `expected`: the same count, and each output the declared shape, dtype and device kind,
-  // an accelerator output on this rank's own device.
-  void check(const std::string& function, const Signature& expected, const std::vector<Tensor>& outputs) const;
+  // an accelerator output on this rank's own device, and new memory: none overlaps a tensor
+  // of `inputs` (the call's arguments, mutated ones too) or another output.
+  void check(const std::string& function, const Signature& expected, const std::vector<Tensor>& outputs,
+             const Args& inputs) const;
 
   // Whether `v` (an argument, tensors in it) has the metas `meta`, without building them.
   static bool same_meta(const Value& meta, const Value& v);

@@ -262,7 +262,7 @@ struct Worker::Impl {
         const RunningKernel running(c.function);
         outputs = fn.kernel(ctx, kernel_args);
       }
-      kernels.check(c.function, expected, outputs);
+      kernels.check(c.function, expected, outputs, kernel_args);
       for (std::size_t i = 0; i < outputs.size(); ++i) env.define(c.results[i], std::move(outputs[i]));
       return std::nullopt;
     });

@@ -106,3 +106,63 @@ TEST(KernelFailure, UnobservedFailureIsRaisedBySynchronize) {
     EXPECT_EQ(ctl.fetch_shard(ok, {{"all", 1}}).get().span<float>()[3], 104.0f);
   });
 }
+
+// A kernel whose output is an input's memory (the input itself, a reshape of it, a tensor
+// of a list argument, a mutated input) or another output's: the call fails on every rank
+// naming the output and the argument, and the input is untouched, so later work on it
+// (an in-place reduce) is right and the failed output does not follow it.
+TEST(KernelFailure, AnOutputThatIsAnInputsMemoryFailsTheCall) {
+  session([](Controller& ctl) {
+    const DeviceKind kind = test::test_placement();
+    Mesh mesh = ctl.world_mesh({{"x", ctl.world_size()}}, kind);
+    const std::int64_t n = ctl.world_size();
+    struct AliasCase {
+      std::string mode;
+      std::string expect;
+    };
+    const std::string on = " on " + std::string(name(kind));
+    const std::vector<AliasCase> modes{
+        {"same", "as output 0 (float32[2, 2]" + on},      {"reshape", "as output 0 (float32[4]" + on},
+        {"item", "the memory of its argument 2 item 1:"}, {"mutated", "the memory of its argument 1:"},
+        {"twice", "outputs 0 and 1 in the same memory"},
+    };
+    for (const AliasCase& c : modes) {
+      DTensor x = mesh.call("test.pattern", {2, 2}, DType::Float32);
+      DTensor other = mesh.call("test.pattern", {2, 2}, DType::Float32);
+      std::vector<DTensor> out = mesh.call_n("test.alias", {c.mode, x, Arg{x, other}});
+      for (std::int64_t r = 0; r < n; ++r) {
+        try {
+          (void)ctl.fetch_shard(out[0], {{"x", r}}).get();
+          ADD_FAILURE() << c.mode << ": expected RemoteError from rank " << r;
+        } catch (const RemoteError& e) {
+          EXPECT_EQ(e.function(), "test.alias") << c.mode;
+          const std::string text = e.worker_message();
+          EXPECT_NE(text.find("test.alias returned on rank"), std::string::npos) << text;
+          EXPECT_NE(text.find(c.expect), std::string::npos)
+              << c.mode << ": expected \"" << c.expect << "\" in " << text;
+          if (c.mode == "same" || c.mode == "reshape") {
+            EXPECT_NE(text.find(") the memory of its argument 1:"), std::string::npos) << text;
+          }
+          EXPECT_NE(text.find("return a new tensor (a clone"), std::string::npos) << text;
+          EXPECT_NE(text.find("declared views of inputs are not supported yet"), std::string::npos) << text;
+        }
+      }
+      if (c.mode == "mutated") {
+        // The mutated input is poisoned by the failed call: nothing later runs on it.
+        EXPECT_THROW((void)ctl.fetch_shard(x, {{"x", 0}}).get(), RemoteError);
+        continue;
+      }
+      // The input is intact, and an in-place reduce of it changes it alone.
+      x.reduce_("x", Reduction::Sum);
+      float want = 0;
+      for (std::int64_t r = 0; r < n; ++r) want += static_cast<float>(r * 100 + 1);
+      EXPECT_EQ(ctl.fetch_shard(x, {{"x", n - 1}}).get().span<float>()[0], want) << c.mode;
+    }
+    // A copy is a new tensor: accepted, and not changed by a later in-place reduce of x.
+    DTensor x = mesh.call("test.pattern", {4}, DType::Float32);
+    DTensor copy = mesh.call("test.alias", "clone", x, Arg{x, x});
+    x.reduce_("x", Reduction::Sum);
+    EXPECT_EQ(ctl.fetch_shard(copy, {{"x", n - 1}}).get().span<float>()[0], static_cast<float>((n - 1) * 100 + 1));
+    EXPECT_NO_THROW(ctl.synchronize());
+  });
+}

@@ -158,8 +158,36 @@ std::vector<Tensor> misbehave_kernel(CallContext& ctx, Args& args) {
   throw std::invalid_argument("test.misbehave: unknown mode " + mode);
 }
 
+// test.alias(mode, x, items): returns x's memory as its output, the way `mode` says:
+// "same" (x itself), "reshape" (x reshaped to its numel), "item" (items[1], a tensor of
+// the list `items`), "mutated" (x, which the call declares mutated), "twice" (one new
+// tensor as both outputs: two outputs that are one memory), or "clone" (a copy: correct).
+// Its outputs: one like x, two for "twice".
+Signature alias_shape(const ArgMetas& args) {
+  args.expect_count(3, 3);
+  const std::string mode = args.string(0);
+  const TensorMeta x = args.tensor(1);
+  if (mode == "reshape") return {{x.with_shape({x.numel()})}, {}};
+  if (mode == "twice") return {{x, x}, {}};
+  return {{x}, mode == "mutated" ? std::vector<std::size_t>{1} : std::vector<std::size_t>{}};
+}
+std::vector<Tensor> alias_kernel(CallContext&, Args& args) {
+  const std::string mode = args.value(0).as_string();
+  const Tensor& x = args.tensor(1);
+  if (mode == "same" || mode == "mutated") return {x};
+  if (mode == "reshape") return {x.reshape({x.numel()})};
+  if (mode == "item") return {args.value(2).as_list()[1].as_tensor()};
+  if (mode == "twice") {
+    Tensor t = x.clone();
+    return {t, t};
+  }
+  if (mode == "clone") return {x.clone()};
+  throw std::invalid_argument("test.alias: unknown mode " + mode);
+}
+
 }  // namespace
 
+MESHRT_REGISTER_FUNCTION("test.alias", alias_kernel, alias_shape);
 MESHRT_REGISTER_FUNCTION("test.misbehave", misbehave_kernel, misbehave_shape);
 MESHRT_REGISTER_FUNCTION("test.crash", crash_kernel, one_scalar_shape);
 MESHRT_REGISTER_FUNCTION("test.stop", stop_kernel, one_scalar_shape);

@@ -60,13 +60,57 @@ TEST(WorkerKernelCall, OutputsThatDifferFromTheDeclarationAreRefused) {
   const KernelCall calls(2);
   const TensorMeta vector({2}, DType::Float32);
   const Signature declared{{vector}, {}};
-  calls.check("f", declared, {Tensor::zeros(vector)});
-  expect_contains(error_of<UsageError>([&] { calls.check("f", declared, {}); }),
+  const Args none("f", {});
+  calls.check("f", declared, {Tensor::zeros(vector)}, none);
+  expect_contains(error_of<UsageError>([&] { calls.check("f", declared, {}, none); }),
                   "f returned 0 tensors on rank 2; its shape function declared 1");
   expect_contains(
-      error_of<UsageError>([&] { calls.check("f", declared, {Tensor::zeros(TensorMeta({3}, DType::Float32))}); }),
+      error_of<UsageError>([&] { calls.check("f", declared, {Tensor::zeros(TensorMeta({3}, DType::Float32))}, none); }),
       "f returned on rank 2 as output 0: expected");
-  expect_contains(error_of<UsageError>([&] { calls.check("f", declared, {Tensor()}); }), "found an undefined tensor");
+  expect_contains(error_of<UsageError>([&] { calls.check("f", declared, {Tensor()}, none); }),
+                  "found an undefined tensor");
+}
+
+// A view of `t`'s memory from element `first` on, of `n` float32 elements, made the way a
+// host library's view comes back (adopted memory, not meshrt's own handle).
+Tensor view_of(const Tensor& t, std::int64_t first, std::int64_t n) {
+  auto* p = static_cast<float*>(const_cast<void*>(t.raw_data())) + first;
+  return Tensor::adopt_host(TensorMeta({n}, DType::Float32), std::shared_ptr<void>(p, [keep = t](void*) {}));
+}
+
+TEST(WorkerKernelCall, AnOutputInAnInputsMemoryOrAnotherOutputsIsRefused) {
+  const KernelCall calls(1);
+  const Tensor x = Tensor::zeros(TensorMeta({8}, DType::Float32));
+  const Tensor y = Tensor::zeros(TensorMeta({4}, DType::Float32));
+  const Args args("f", {Value("mode"), Value(x), Value::list({Value(3), Value::dict({{"w", Value(y)}})})});
+  const Signature four{{TensorMeta({4}, DType::Float32)}, {}};
+  const Signature eight{{TensorMeta({8}, DType::Float32)}, {}};
+  // The input itself, a reshape of it, and part of it made elsewhere: the bytes overlap.
+  expect_contains(error_of<UsageError>([&] { calls.check("f", eight, {x}, args); }),
+                  "f returned on rank 1 as output 0 (float32[8] on cpu) the memory of its argument 1: an output must "
+                  "be a new tensor, not a view of an input; return a new tensor (a clone");
+  expect_contains(error_of<UsageError>([&] {
+                    calls.check("f", Signature{{TensorMeta({2, 4}, DType::Float32)}, {}}, {x.reshape({2, 4})}, args);
+                  }),
+                  "the memory of its argument 1:");
+  expect_contains(error_of<UsageError>([&] { calls.check("f", four, {view_of(x, 4, 4)}, args); }),
+                  "the memory of its argument 1:");
+  // Inside a list and a dict.
+  expect_contains(error_of<UsageError>([&] { calls.check("f", four, {y}, args); }),
+                  "the memory of its argument 2 item 1 item 'w':");
+  // Two outputs in one memory.
+  const Tensor fresh = Tensor::zeros(TensorMeta({4}, DType::Float32));
+  expect_contains(error_of<UsageError>([&] {
+                    calls.check("f", Signature{{fresh.meta(), fresh.meta()}, {}}, {fresh, fresh}, args);
+                  }),
+                  "f returned on rank 1 outputs 0 and 1 in the same memory");
+  // Memory next to the input's, a copy, and empty tensors are new.
+  const Tensor wide = Tensor::zeros(TensorMeta({8}, DType::Float32));
+  const Args half("f", {Value(view_of(wide, 0, 4))});
+  calls.check("f", four, {view_of(wide, 4, 4)}, half);
+  calls.check("f", eight, {x.clone()}, args);
+  const Tensor empty = Tensor::zeros(TensorMeta({0}, DType::Float32));
+  calls.check("f", Signature{{empty.meta()}, {}}, {empty}, Args("f", {Value(empty)}));
 }
 
 }  // namespace
