@@ -10,6 +10,7 @@
 #include "controller/state.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/internal/device.hpp"
+#include "meshrt/internal/settings.hpp"
 #include "meshrt/log.hpp"
 
 namespace meshrt {
@@ -758,6 +759,16 @@ Controller::~Controller() = default;
 
 Mesh Controller::world_mesh(std::vector<std::pair<std::string, std::int64_t>> dims, DeviceKind kind, CallSite where) {
   detail::refuse_on_worker_thread("Controller::world_mesh");
+  // Without the job's accelerator being cuda no GPU was chosen per rank (or there is none):
+  // refused here, not at the first fetch with the CUDA driver's words.
+  if (kind == DeviceKind::Cuda && accelerator() != DeviceKind::Cuda) {
+    throw UsageError(fmt::format(
+        "world_mesh: a mesh placed on cuda needs a job whose accelerator is cuda, found accelerator {} (MESHRT_"
+        "ACCELERATOR={}: auto picks cuda when meshrt was built with CUDA and a GPU is visible); place the mesh on "
+        "ctl.accelerator(), or run the GPU code path without a GPU on the emulated accelerator: "
+        "MESHRT_ACCELERATOR=emulated and DeviceKind::Emulated (kind=\"emulated\" in Python) (at {})",
+        device::name(device::configured_accelerator()), settings::kAccelerator.get(), detail::describe(where)));
+  }
   std::vector<std::string> names;
   std::vector<std::int64_t> sizes;
   std::int64_t product = 1;

@@ -481,3 +481,19 @@ TEST(BadInput, AKernelThatDrivesTheControllerFailsAndTheControllerGoesOn) {
     expect_session_works(ctl, mesh);
   });
 }
+
+// A mesh placed on cuda in a job whose accelerator is not cuda had no GPU chosen per rank
+// (or there is none): refused at the call, saying what the job has, not at a fetch with
+// the CUDA driver's words.
+TEST(BadInput, ACudaMeshInAJobWithoutTheCudaAcceleratorIsRefusedAtTheCall) {
+  session([](Controller& ctl) {
+    if (ctl.accelerator() == DeviceKind::Cuda) GTEST_SKIP() << "the job's accelerator is cuda";
+    const int line = __LINE__ + 1;
+    const std::string e = error_of<UsageError>([&] { ctl.world_mesh({{"host", 2}, {"gpu", 2}}, DeviceKind::Cuda); });
+    expect_parts(e, {"world_mesh: a mesh placed on cuda needs a job whose accelerator is cuda, found accelerator " +
+                         std::string(ctl.accelerator() == DeviceKind::Emulated ? "emulated" : "none"),
+                     "place the mesh on ctl.accelerator()", "MESHRT_ACCELERATOR=emulated and DeviceKind::Emulated",
+                     "(at bad_input_test.cpp:" + std::to_string(line) + " "});
+    expect_session_works(ctl, make_mesh(ctl));
+  });
+}
