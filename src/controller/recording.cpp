@@ -1,6 +1,7 @@
 #include "controller/recording.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <map>
@@ -43,6 +44,36 @@ Ident to_offset(protocol::Command& c) {
         }
       },
       c);
+}
+
+// "[dp=2, tp=2] over ranks <slice>", and the ranks that hold the value when they are more.
+std::string mesh_words(const MeshState& mesh, const MeshState& home) {
+  std::vector<std::string> dims;
+  for (std::size_t d = 0; d < mesh.names.size(); ++d)
+    dims.push_back(fmt::format("{}={}", mesh.names[d], mesh.ranks.sizes()[d]));
+  std::string out = fmt::format("[{}] over ranks {}", fmt::join(dims, ", "), mesh.ranks.to_string());
+  if (!(home.ranks == mesh.ranks)) out += fmt::format(" (a slice of a value held on ranks {})", home.ranks.to_string());
+  return out;
+}
+
+// What differs between the recorded mesh and the replay's, for a message that would
+// otherwise print two descriptions that look alike.
+std::string mesh_difference(const MeshState& want, const MeshState& want_home, const MeshState& got,
+                            const MeshState& got_home) {
+  std::vector<std::string> parts;
+  if (want.names != got.names) {
+    parts.push_back(fmt::format("the dimension names are [{}], recorded [{}]", fmt::join(got.names, ", "),
+                                fmt::join(want.names, ", ")));
+  }
+  if (!(want.ranks == got.ranks)) {
+    parts.push_back(want.ranks.sizes() == got.ranks.sizes() ? std::string("the ranks differ")
+                                                            : std::string("the sizes differ"));
+  }
+  if (!(want_home.ranks == got_home.ranks))
+    parts.push_back("the value is held on other ranks (a slice of another mesh)");
+  if (parts.empty()) return {};
+  return fmt::format(": {}; replay on a tensor of the recorded mesh (rename or slice it as the recording did)",
+                     fmt::join(parts, "; "));
 }
 
 }  // namespace
@@ -189,7 +220,12 @@ void classify(const RecordingContext& ctx, RecordedCommand& rc) {
 std::shared_ptr<RecordingState> ControllerState::record(
     const std::vector<DTensor>& examples, const std::function<std::vector<DTensor>(const std::vector<DTensor>&)>& body,
     const CallSite& where) {
-  refuse_in_recording("record");
+  if (recording_) {
+    throw UsageError(fmt::format(
+        "record inside a recording (made at {}): recordings do not nest; record the inner steps' calls as part of "
+        "this recording (call them in its body), or record them on their own outside it",
+        describe(recording_->where)));
+  }
   auto ctx = std::make_unique<RecordingContext>();
   ctx->serial = ++recordings_made_;
   ctx->where = where;
@@ -304,7 +340,13 @@ std::shared_ptr<RecordingState> ControllerState::record(
 
 std::vector<DTensor> ControllerState::replay(RecordingState& r, const std::vector<DTensor>& inputs,
                                              const CallSite& where) {
-  refuse_in_recording("a replay");
+  if (recording_) {
+    throw UsageError(fmt::format(
+        "a replay of the recording made at {} inside the recording made at {}: recordings do not nest (a replay "
+        "is not a command that can be recorded); call the recorded function's body itself inside this recording, "
+        "or replay the two recordings one after the other outside it",
+        describe(r.where), describe(recording_->where)));
+  }
   check_epoch(r.epoch, "recording");
   if (inputs.size() != r.inputs.size()) {
     throw UsageError(fmt::format("replay of the recording made at {}: expected {} input(s), found {}",
@@ -321,8 +363,9 @@ std::vector<DTensor> ControllerState::replay(RecordingState& r, const std::vecto
           fmt::format("{}: expected {} as recorded, found {}", what, f.meta.to_string(), t.meta.to_string()));
     }
     if (!(in.mesh_->ranks == f.mesh->ranks) || in.mesh_->names != f.mesh->names || !(t.home->ranks == f.home->ranks)) {
-      throw UsageError(fmt::format("{}: expected a tensor on mesh {} as recorded, found one on mesh {}", what,
-                                   f.mesh->ranks.to_string(), in.mesh_->ranks.to_string()));
+      throw UsageError(fmt::format("{}: expected a tensor on the mesh {} as recorded, found one on the mesh {}{}", what,
+                                   mesh_words(*f.mesh, *f.home), mesh_words(*in.mesh_, *t.home),
+                                   mesh_difference(*f.mesh, *f.home, *in.mesh_, *t.home)));
     }
     if (t.stream != f.stream) {
       throw UsageError(fmt::format("{}: expected a tensor on stream '{}' as recorded, found one on stream '{}'", what,

@@ -198,6 +198,30 @@ TEST(Recording, WhatARecordingCannotHoldIsRefusedAtTheCall) {
           });
         },
         "was not dropped");
+    // Recordings do not nest: said as such, not as a value brought back.
+    auto refused_not = [&](const std::function<void()>& f, const std::string& part, const std::string& not_part) {
+      try {
+        f();
+        ADD_FAILURE() << "expected UsageError with \"" << part << "\"";
+      } catch (const UsageError& e) {
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("recordings do not nest"), std::string::npos) << e.what();
+        EXPECT_EQ(std::string(e.what()).find(not_part), std::string::npos) << e.what();
+      }
+    };
+    refused_not([&] { ctl.record({x}, [&](const std::vector<DTensor>& in) { return rec(in); }); },
+                "a replay of the recording made at", "cannot bring values back");
+    refused_not(
+        [&] {
+          ctl.record({x}, [&](const std::vector<DTensor>& in) {
+            (void)ctl.record({in[0]}, [&](const std::vector<DTensor>& inner) { return inner; });
+            return in;
+          });
+        },
+        "record inside a recording", "cannot bring values back");
+    // A tensor like the example on a mesh of other dimension names: the message says that.
+    DTensor renamed = mesh.rename("gpu", "tp").call("test.pattern", {2}, DType::Float32);
+    refused([&] { (void)rec({renamed}); }, "the dimension names are [host, tp], recorded [host, gpu]");
     // Nothing refused was sent: the session goes on, and x is intact.
     EXPECT_EQ(shards(ctl, rec({x})[0]).size(), 8u);
     ctl.synchronize();
