@@ -91,8 +91,10 @@ void detail::use_tensor(ControllerState& ctl, TensorState& t, const MeshState& m
   ctl.check_epoch(t.epoch, "tensor");
   ctl.note_use(t, what);
   if (t.borrow.dropped) {
-    throw UsageError(fmt::format("{}: the tensor (borrowed on stream '{}') was dropped; it cannot be used any more",
-                                 what, t.stream->name));
+    throw UsageError(
+        fmt::format("{}: the tensor (borrowed on stream '{}' at {}) was dropped; it cannot be used any more "
+                    "(dropped at {}; use the origin, or borrow it again)",
+                    what, t.stream->name, detail::describe(t.borrow.where), detail::describe(t.borrow.dropped_at)));
   }
   if (t.stream.get() != &stream) {
     throw UsageError(
@@ -461,8 +463,12 @@ void DTensor::drop(CallSite where) {
     ctl->check_epoch(b.epoch, "tensor");
     if (!b.borrow.origin)
       throw UsageError("drop: the tensor is not a borrow (only Stream::borrow results are dropped)");
-    if (b.borrow.dropped) throw UsageError("drop: the borrow was already dropped");
+    if (b.borrow.dropped) {
+      throw UsageError(
+          fmt::format("drop: the borrow was already dropped at {}", detail::describe(b.borrow.dropped_at)));
+    }
     b.borrow.dropped = true;
+    b.borrow.dropped_at = where;
     TensorState& origin = *b.borrow.origin;
     origin.lent.active--;
     if (b.borrow.is_mutable) {

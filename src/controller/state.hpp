@@ -97,7 +97,8 @@ struct TensorState : std::enable_shared_from_this<TensorState> {
     bool is_mutable = false;
     bool first_use_sent = false;
     bool dropped = false;
-    CallSite where{};  // the borrow() call, named by an implicit drop
+    CallSite where{};       // the borrow() call, named by an implicit drop
+    CallSite dropped_at{};  // the drop() call, named by a later use
   } borrow;
 };
 

@@ -391,19 +391,25 @@ TEST(BadInput, UseOfADroppedBorrow) {
     Mesh mesh = make_mesh(ctl);
     Stream comms = ctl.stream("comms");
     DTensor y = mesh.call("test.pattern", {2}, DType::Float64);
+    const int borrowed_line = __LINE__ + 1;
     DTensor b = comms.borrow(y);
+    const int dropped_line = __LINE__ + 1;
     b.drop();
-    const std::vector<std::string> dropped{"the tensor (borrowed on stream 'comms') was dropped",
-                                           "it cannot be used any more"};
+    // Both lines: where the borrow was made and where it was dropped, not only the use.
+    const std::vector<std::string> dropped{
+        "the tensor (borrowed on stream 'comms' at bad_input_test.cpp:" + std::to_string(borrowed_line),
+        ") was dropped; it cannot be used any more",
+        "(dropped at bad_input_test.cpp:" + std::to_string(dropped_line) + " "};
     expect_parts(error_of<UsageError>([&] { b.reduce("gpu", Reduction::Sum); }),
-                 {"reduce sum over 'gpu': ", dropped[0], dropped[1]});
+                 {"reduce sum over 'gpu': ", dropped[0], dropped[1], dropped[2]});
     expect_parts(error_of<UsageError>([&] {
                    ctl.fetch_shard(b, {{"host", 0}, {"gpu", 0}});
                  }),
-                 {"fetch_shard: ", dropped[0], dropped[1]});
+                 {"fetch_shard: ", dropped[0], dropped[1], dropped[2]});
     expect_parts(error_of<UsageError>([&] { mesh.call_on(comms, "meshrt.copy", {b}); }),
-                 {"meshrt.copy: ", dropped[0], dropped[1]});
-    expect_parts(error_of<UsageError>([&] { b.drop(); }), {"drop: the borrow was already dropped"});
+                 {"meshrt.copy: ", dropped[0], dropped[1], dropped[2]});
+    expect_parts(error_of<UsageError>([&] { b.drop(); }),
+                 {"drop: the borrow was already dropped at bad_input_test.cpp:" + std::to_string(dropped_line)});
     // The origin is usable again.
     EXPECT_EQ(ctl.fetch_shard(y, {{"host", 1}, {"gpu", 1}}).get().span<double>()[1], 302.0);
     expect_session_works(ctl, mesh);
