@@ -1,8 +1,11 @@
 #include "controller/batcher.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
+#include <utility>
 
 #include "common/trace.hpp"
 #include "meshrt/error.hpp"
@@ -22,8 +25,9 @@ Batcher::Batcher(std::shared_ptr<control::Transport> transport) : transport_(std
     // once), and parking again then would cost a wake-up per batch.
     bool started = false;
     while (!stop_flusher_) {
-      if (batch_.empty() && !started) {
-        // Nothing to flush: sleep until a batch starts (append wakes this thread then).
+      if ((batch_.empty() && !started) || flusher_failure_) {
+        // Nothing to flush, or a batch this thread could not send (the controller's thread
+        // raises its error and sends it again): sleep until a batch starts.
         flusher_parked_ = true;
         flusher_wake_.wait(lock);
         flusher_parked_ = false;
@@ -39,7 +43,13 @@ Batcher::Batcher(std::shared_ptr<control::Transport> transport) : transport_(std
         continue;
       }
       started = false;
-      flush_locked();  // nothing when the batch is empty
+      try {
+        flush_locked();  // nothing when the batch is empty
+      } catch (...) {
+        // Never out of this thread (std::terminate): the controller's next call raises it.
+        flusher_failure_ = std::current_exception();
+        failed_.store(true, std::memory_order_release);
+      }
     }
   });
 }
@@ -58,7 +68,34 @@ std::uint64_t Batcher::flusher_wakeups() {
   return flusher_wakeups_;
 }
 
+void Batcher::take_failure() {
+  if (!failed_.load(std::memory_order_acquire)) return;  // one load per command, no lock
+  std::exception_ptr failure;
+  std::size_t commands = 0;
+  std::vector<int> dests;
+  {
+    std::lock_guard lock(mutex_);
+    failed_.store(false, std::memory_order_relaxed);
+    failure = std::exchange(flusher_failure_, nullptr);
+    commands = batch_.size();
+    dests = batch_dests_;
+  }
+  if (!failure) return;
+  std::string what = "an exception not derived from std::exception";
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  throw Error(fmt::format(
+      "the controller's flusher thread could not send a batch of {} command{} to ranks [{}]: {}; the batch stays "
+      "queued and is sent again with the next call that sends",
+      commands, commands == 1 ? "" : "s", fmt::join(dests, ", "), what));
+}
+
 void Batcher::append(const std::vector<int>& dests, protocol::Command c) {
+  take_failure();
   std::unique_lock lock(mutex_);
   if (!batch_.empty() && dests != batch_dests_) flush_locked();
   if (batch_.empty()) {
@@ -79,8 +116,15 @@ void Batcher::append(const std::vector<int>& dests, protocol::Command c) {
   // The age is checked every 16th command (the flusher thread also flushes a batch past
   // its time limit): a clock read per command shows in the controller's profile.
   if (batch_.size() >= batch_limit_ ||
-      (batch_.size() % 16 == 0 && std::chrono::steady_clock::now() - batch_started_ > batch_time_limit_))
-    flush_locked();
+      (batch_.size() % 16 == 0 && std::chrono::steady_clock::now() - batch_started_ > batch_time_limit_)) {
+    try {
+      flush_locked();
+    } catch (...) {
+      // `c` is queued (the caller counts it sent): the next call raises the error.
+      flusher_failure_ = std::current_exception();
+      failed_.store(true, std::memory_order_release);
+    }
+  }
   lock.unlock();
   if (pending_delete_count_ > 4096) flush_deferred();
 }
@@ -114,6 +158,7 @@ std::vector<Ref> Batcher::take(PendingDeletes& p) {
 }
 
 void Batcher::flush() {
+  take_failure();
   std::lock_guard lock(mutex_);
   flush_locked();
 }
@@ -136,15 +181,27 @@ void Batcher::flush_locked() {
       trace::record(e);
     }
   } traced{trace::enabled() ? trace::now_ns() : 0, batch_.size(), batch_dests_.size()};
+  // A batch that cannot be encoded or sent stays queued, in order, for the next flush:
+  // nothing is dropped, and the error is the caller's (or, from the flusher thread, the
+  // controller's next call's).
   std::shared_ptr<control::Bytes> bytes;
   if (batch_.size() == 1) {
     bytes = std::make_shared<control::Bytes>(protocol::encode(batch_.front()));
   } else {
-    bytes = std::make_shared<control::Bytes>(
-        protocol::encode(protocol::Command{protocol::CommandGroup{std::move(batch_)}}));
+    protocol::Command group{protocol::CommandGroup{std::move(batch_)}};
+    struct Restore {
+      protocol::Command& group;
+      std::vector<protocol::Command>& batch;
+      ~Restore() { batch = std::move(std::get<protocol::CommandGroup>(group).commands); }
+    } restore{group, batch_};
+    bytes = std::make_shared<control::Bytes>(protocol::encode(group));
   }
-  batch_.clear();
   traced.bytes = bytes->size();
+  send_locked(std::move(bytes));
+  batch_.clear();
+}
+
+void Batcher::send_locked(std::shared_ptr<control::Bytes> bytes) {
   if (fanout_ == 0) {
     transport_->send(batch_dests_, control::Tag::Command, std::move(bytes));
     return;
@@ -158,8 +215,8 @@ void Batcher::flush_locked() {
   const std::size_t n = batch_dests_.size();
   const bool tree = n > fanout_threshold_;
   if (!tree && std::none_of(batch_dests_.begin(), batch_dests_.end(), [&](int r) { return treed_.contains(r); })) {
-    for (int r : batch_dests_) ++sent_seq_[r];
     transport_->send(batch_dests_, control::Tag::Command, std::move(bytes));
+    for (int r : batch_dests_) ++sent_seq_[r];  // once sent: a batch sent again keeps its numbers
     return;
   }
   // One envelope for every destination: below the threshold its fanout is its size, so
@@ -167,16 +224,21 @@ void Batcher::flush_locked() {
   // `fanout_` ranks and they forward (and those ranks are enveloped from then on).
   protocol::Envelope e;
   e.fanout = static_cast<std::uint32_t>(tree ? fanout_ : n);
-  if (tree) treed_.insert(batch_dests_.begin(), batch_dests_.end());
   e.ranks.assign(batch_dests_.begin(), batch_dests_.end());
   e.seqs.reserve(n);
-  for (int r : batch_dests_) e.seqs.push_back(++sent_seq_[r]);
+  for (int r : batch_dests_) {
+    const auto it = sent_seq_.find(r);
+    e.seqs.push_back((it == sent_seq_.end() ? 0 : it->second) + 1);
+  }
   e.payload = std::move(*bytes);
   auto envelope = std::make_shared<control::Bytes>(protocol::encode(e));
   const auto [first, end] = protocol::tree_children(n, e.fanout, -1);
   transport_->send(std::vector<int>(batch_dests_.begin() + static_cast<std::ptrdiff_t>(first),
                                     batch_dests_.begin() + static_cast<std::ptrdiff_t>(end)),
                    control::Tag::Command, std::move(envelope));
+  // Once sent: a batch sent again keeps its numbers.
+  for (int r : batch_dests_) ++sent_seq_[r];
+  if (tree) treed_.insert(batch_dests_.begin(), batch_dests_.end());
 }
 
 void Batcher::defer_delete(const std::vector<int>& dests, Ref ref, std::optional<std::size_t> value_bytes) {
@@ -192,11 +254,24 @@ void Batcher::defer_delete(const std::vector<int>& dests, Ref ref, std::optional
 }
 
 void Batcher::flush_deferred() {
-  auto deletes = std::move(pending_deletes_);
-  pending_deletes_.clear();
-  pending_delete_count_ = 0;
-  for (auto& [dests, pending] : deletes) {
-    if (!pending.refs.empty()) append(dests, protocol::DeleteRefs{std::move(pending.refs)});
+  take_failure();
+  // Each entry leaves once its deletes are queued: a flush that fails on the way keeps
+  // the rest (and that entry) for the next call.
+  while (!pending_deletes_.empty()) {
+    const auto it = pending_deletes_.begin();
+    const std::vector<int> dests = it->first;
+    std::vector<Ref> refs = take(it->second);
+    pending_deletes_.erase(it);
+    if (refs.empty()) continue;
+    try {
+      append(dests, protocol::DeleteRefs{refs});
+    } catch (...) {
+      PendingDeletes& p = pending_deletes_[dests];
+      p.refs.insert(p.refs.end(), refs.begin(), refs.end());
+      p.due = true;
+      pending_delete_count_ += refs.size();
+      throw;
+    }
   }
   flush();
 }

@@ -6,9 +6,11 @@
 // receives replies and query answers.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,9 +33,15 @@ class Batcher {
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
 
-  // Queues `c` for `dests`, flushing the batch first if it was for other ranks.
+  // Queues `c` for `dests`, flushing the batch first if it was for other ranks. Raises,
+  // before queueing anything, the error of a batch the flusher thread could not send
+  // (take_failure); a flush that fails here raises too, with `c` not queued and the
+  // failed batch kept to be sent again.
   void append(const std::vector<int>& dests, protocol::Command c);
   void flush();
+  // Raises the error of a batch the flusher thread could not send (once; the batch stays
+  // queued, sent again by the next flush), as an Error naming the batch.
+  void take_failure();
   // Work for the next command to `dests` (safe from a handle's destructor: sends nothing).
   // The delete of a value of at most kSmallDeleteBytes (`value_bytes`; none for a mesh or
   // a stream, whose deletes ride with the next command) waits until
@@ -77,6 +85,8 @@ class Batcher {
 
  private:
   void flush_locked();
+  // Sends the encoded batch to batch_dests_, numbered (and enveloped) for the fan-out tree.
+  void send_locked(std::shared_ptr<control::Bytes> bytes);
   // Moves the deferred deletes of `dests`, and of any sorted subset of them, into the batch.
   void ride_deletes(const std::vector<int>& dests);
   std::shared_ptr<control::Transport> transport_;
@@ -105,6 +115,10 @@ class Batcher {
   bool flusher_parked_ = false;  // waiting for a batch to start, not for a deadline
   bool stop_flusher_ = false;
   std::uint64_t flusher_wakeups_ = 0;
+  // What the flusher thread could not send (it raises nowhere: the controller's thread
+  // raises it at its next call).
+  std::exception_ptr flusher_failure_;
+  std::atomic<bool> failed_{false};  // flusher_failure_ is set (read without the lock)
   std::thread flusher_;
   // Work that handle destructors leave for the next command: deletes per rank set, and
   // borrows dropped implicitly.

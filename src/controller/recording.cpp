@@ -130,6 +130,7 @@ void ControllerState::note_use(TensorState& t, std::string_view what) {
 }
 
 void ControllerState::append_now(const std::vector<int>& dests, protocol::Command c) {
+  batcher_.take_failure();
   send_deferred_drops();
   batcher_.append(dests, std::move(c));
 }

@@ -238,9 +238,16 @@ void ControllerState::ensure_stream(StreamState& stream) {
 
 void ControllerState::send_deferred_drops() {
   if (pending_drops_.empty()) return;
-  auto drops = std::move(pending_drops_);
+  // A drop leaves the list once queued: a flush that fails on the way keeps the rest.
+  std::size_t queued = 0;
+  try {
+    for (; queued < pending_drops_.size(); ++queued)
+      batcher_.append(pending_drops_[queued].first, protocol::BorrowDrop{pending_drops_[queued].second});
+  } catch (...) {
+    pending_drops_.erase(pending_drops_.begin(), pending_drops_.begin() + static_cast<std::ptrdiff_t>(queued));
+    throw;
+  }
   pending_drops_.clear();
-  for (auto& [dests, ref] : drops) batcher_.append(dests, protocol::BorrowDrop{ref});
 }
 
 void ControllerState::flush_deferred() {
@@ -250,11 +257,13 @@ void ControllerState::flush_deferred() {
 
 void ControllerState::append(const std::vector<int>& dests, protocol::Command c, Ident ident) {
   refuse_on_worker_thread(protocol::name(c));
-  send_deferred_drops();  // implicit drops first: the origin's next use must find the borrow dropped
+  batcher_.take_failure();  // an earlier batch the flusher could not send: raised before anything changes
+  send_deferred_drops();    // implicit drops first: the origin's next use must find the borrow dropped
   if (recording_) return capture(dests, std::move(c));
-  // Recorded before the batcher may send it: replies are read on this thread only.
-  if (ident != 0) tracker_.sent(dests, ident);
+  // Outstanding once queued (a failed flush before it queues nothing). Replies are read on
+  // this thread only, so none for `ident` is taken before this.
   batcher_.append(dests, std::move(c));
+  if (ident != 0) tracker_.sent(dests, ident);
 }
 
 void ControllerState::poll_replies() {
@@ -484,11 +493,25 @@ void ControllerState::wait_for_issued(std::optional<std::chrono::duration<double
 }
 
 void ControllerState::shutdown(std::chrono::duration<double> timeout) {
-  flush_deferred();
+  // A batch the flusher could not send, which the program made no call to hear of: sent
+  // again below, and its error raised once the workers have ended.
+  std::exception_ptr unheard;
+  try {
+    batcher_.take_failure();
+  } catch (const Error&) {
+    unheard = std::current_exception();
+  }
   const Ident ident = new_ident("shutdown");
-  append(workers_, protocol::RequestStatus{ident}, ident);
-  append(workers_, protocol::Exit{.restart = false});
-  flush();
+  try {
+    flush_deferred();
+    append(workers_, protocol::RequestStatus{ident}, ident);
+    append(workers_, protocol::Exit{.restart = false});
+    flush();
+  } catch (const std::exception& e) {
+    // The workers cannot be told to end: none may be left waiting for a command.
+    std::fprintf(stderr, "meshrt: shutdown cannot reach the workers (%s); aborting the job\n", e.what());
+    MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));  // ignored on purpose: it does not return when it works
+  }
   // No RequestStatus may follow Exit (the next session would receive it), so wait here
   // without asking again.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -506,6 +529,7 @@ void ControllerState::shutdown(std::chrono::duration<double> timeout) {
     backoff.pause();
   }
   batcher_.drain(timeout);
+  if (unheard) std::rethrow_exception(unheard);
 }
 
 }  // namespace meshrt::detail

@@ -72,7 +72,17 @@ PeerWatch::PeerWatch(MPI_Comm world, std::chrono::duration<double> timeout, int 
   MESHRT_MPI_CHECK(MPI_Sendrecv(mine_name.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, next_, kTag, prev_name.data(),
                                 MPI_MAX_PROCESSOR_NAME, MPI_CHAR, prev_, kTag, comm_, MPI_STATUS_IGNORE));
   prev_host_ = prev_name.data();
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    // Nothing leaves this thread (std::terminate would end the process without a word):
+    // a watch that cannot go on says why and ends the job, as its successor would soon.
+    try {
+      loop();
+    } catch (const std::exception& e) {
+      lost(fmt::format("its heartbeat thread failed: {}", e.what()));
+    } catch (...) {
+      lost("its heartbeat thread failed with an exception not derived from std::exception");
+    }
+  });
 }
 
 PeerWatch::~PeerWatch() {

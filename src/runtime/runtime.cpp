@@ -393,6 +393,11 @@ void Runtime::session(const std::function<void(Controller&)>& fn) {
         MESHRT_LOG(fatal) << "worker 0 failed: " << e.what() << "; aborting the job";
         std::fprintf(stderr, "meshrt: worker 0 failed: %s; aborting the job\n", e.what());
         MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));  // ignored on purpose: it does not return when it works
+      } catch (...) {
+        std::fprintf(stderr,
+                     "meshrt: worker 0 failed with an exception not derived from std::exception; aborting "
+                     "the job\n");
+        MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));  // ignored on purpose: it does not return when it works
       }
     });
   }

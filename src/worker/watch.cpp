@@ -173,7 +173,19 @@ constexpr int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 
 Watch::Watch(std::shared_ptr<control::Transport> control, Monitor& monitor)
     : control_(std::move(control)), monitor_(monitor) {
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    // The watch outlives whatever one turn throws (memory for a dump, a bad query): it is
+    // what reports on the rest, and an exception out of this thread would end the process.
+    while (!stop_.load()) {
+      try {
+        loop();
+      } catch (const std::exception& e) {
+        MESHRT_LOG(error) << "watch: " << e.what() << "; watching on";
+      } catch (...) {
+        MESHRT_LOG(error) << "watch: an exception not derived from std::exception; watching on";
+      }
+    }
+  });
 }
 
 Watch::~Watch() {
@@ -266,6 +278,18 @@ void Watch::loop() {
       control_->reap();
     } catch (const std::exception& e) {
       MESHRT_LOG(error) << "watch: cannot answer query " << answer.query << ": " << e.what();
+      // An answer the control plane refuses (a timeline over one message's limit): the
+      // controller hears why rather than waiting out its deadline.
+      if (!answer.payload.empty()) {
+        answer.payload.clear();
+        answer.error = std::string("the answer could not be sent: ") + e.what();
+        try {
+          control_->send(control::kControllerRank, control::Tag::Answer,
+                         std::make_shared<control::Bytes>(protocol::encode(answer)));
+        } catch (const std::exception& again) {
+          MESHRT_LOG(error) << "watch: cannot answer query " << answer.query << ": " << again.what();
+        }
+      }
     }
   }
   g_watch_thread.store(0);

@@ -204,6 +204,62 @@ TEST(ControllerState, ABatchLeftAloneLeavesOnItsOwnAndAnIdleFlusherNeverWakes) {
   EXPECT_EQ(s.received(1), (std::vector<Command>{RequestStatus{6}}));
 }
 
+// A transport whose sends fail while `down` is set (a broken network, a message MPI
+// refuses), over the in-memory one.
+struct FlakyTransport : control::Transport {
+  std::shared_ptr<control::Transport> inner;
+  std::atomic<bool> down{false};
+  std::atomic<int> refused{0};
+  explicit FlakyTransport(std::shared_ptr<control::Transport> t) : inner(std::move(t)) {}
+  void reap() override { inner->reap(); }
+  bool drain(std::chrono::duration<double> timeout) override { return inner->drain(timeout); }
+
+ protected:
+  void do_send(const std::vector<int>& dests, Tag tag, std::shared_ptr<const control::Bytes> bytes) override {
+    if (down.load()) {
+      ++refused;
+      throw SystemError("the network is down (on purpose)");
+    }
+    inner->send(dests, tag, std::move(bytes));
+  }
+  bool do_try_receive(int source, Tag tag, control::Bytes& out, int* from) override {
+    return inner->try_receive(source, tag, out, from);
+  }
+};
+
+TEST(ControllerState, AFlusherThatCannotSendRaisesAtTheNextCallAndDropsNothing) {
+  Session s;
+  auto flaky = std::make_shared<FlakyTransport>(s.net->endpoint(0));
+  auto ctl = std::make_shared<ControllerState>(flaky, 3, NDSlice(1, {2}, {1}));
+  flaky->down = true;
+  // A batch left alone: the flusher thread sends it, and its send throws there. That used
+  // to reach std::terminate and end the process.
+  ctl->append({1, 2}, RequestStatus{5});
+  for (int i = 0; i < 5000 && flaky->refused.load() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_GE(flaky->refused.load(), 1) << "the flusher never tried to send the batch";
+  flaky->down = false;
+  // The next call raises it, on the controller's thread, and queues nothing itself.
+  const std::string raised = test::error_of<Error>([&] { ctl->append({1}, RequestStatus{6}); });
+  expect_contains(raised,
+                  "the controller's flusher thread could not send a batch of 1 command to ranks [1, 2]: the network "
+                  "is down (on purpose)");
+  expect_contains(raised, "stays queued");
+  EXPECT_TRUE(s.received(1).empty());
+  // Raised once; the batch it could not send is sent with the next flush, before anything later.
+  ctl->append({1}, RequestStatus{7});
+  ctl->flush();
+  EXPECT_EQ(s.received(1), (std::vector<Command>{RequestStatus{5}, RequestStatus{7}}));
+  EXPECT_EQ(s.received(2), (std::vector<Command>{RequestStatus{5}}));
+  // A flush that fails on the controller's thread raises there, and keeps the batch too.
+  ctl->append({2}, RequestStatus{8});
+  flaky->down = true;
+  EXPECT_THROW(ctl->flush(), SystemError);
+  flaky->down = false;
+  ctl->flush();
+  EXPECT_EQ(s.received(2), (std::vector<Command>{RequestStatus{8}}));
+}
+
 TEST(MeshState, ToMeshWordsAndRanksFollowTheTarget) {
   // Made once per target and kept for the last one: switching targets remakes them.
   auto mesh = [](std::int64_t offset, std::vector<int> dests) {
