@@ -108,8 +108,10 @@ class Arg {
   Arg(std::string s) : value_(std::move(s)) {}
   Arg(const std::vector<std::int64_t>& shape) : value_(shape) {}
   // A host tensor: a copy, sent to every rank of the mesh in the call's command (see
-  // Mesh::from_host). The command leaves later; the copy keeps what the call saw.
-  Arg(const Tensor& t) : value_(t.clone()) {}
+  // Mesh::from_host). The command leaves later; the copy keeps what the call saw. One over
+  // the control plane's limit (about 2 GiB: docs/running.md, "Limits") is not copied: the
+  // call refuses it.
+  Arg(const Tensor& t);
   Arg(std::initializer_list<Arg> items);
   // A list of any length, built at run time (a braced list is the literal form).
   static Arg list(std::vector<Arg> items);

@@ -14,6 +14,19 @@
 
 namespace meshrt::detail {
 
+namespace {
+std::atomic<std::size_t> payload_limit_override{0};
+}  // namespace
+
+void set_payload_limit(std::size_t bytes) noexcept {
+  payload_limit_override.store(bytes, std::memory_order_relaxed);
+}
+
+std::size_t payload_limit() noexcept {
+  const std::size_t o = payload_limit_override.load(std::memory_order_relaxed);
+  return o != 0 ? o : kControlMessageLimit - kCommandRoom;
+}
+
 Batcher::Batcher(std::shared_ptr<control::Transport> transport) : transport_(std::move(transport)) {
   fanout_ = static_cast<std::size_t>(settings::kFanout.get());  // both settings take counts >= 0
   fanout_threshold_ = static_cast<std::size_t>(settings::kFanoutThreshold.get());
@@ -94,10 +107,10 @@ void Batcher::take_failure() {
       commands, commands == 1 ? "" : "s", fmt::join(dests, ", "), what));
 }
 
-void Batcher::append(const std::vector<int>& dests, protocol::Command c) {
+void Batcher::append(const std::vector<int>& dests, protocol::Command c, std::size_t payload) {
   take_failure();
   std::unique_lock lock(mutex_);
-  if (!batch_.empty() && dests != batch_dests_) flush_locked();
+  if (!batch_.empty() && (dests != batch_dests_ || batch_payload_ + payload > payload_limit())) flush_locked();
   if (batch_.empty()) {
     batch_dests_ = dests;
     batch_started_ = std::chrono::steady_clock::now();
@@ -113,6 +126,7 @@ void Batcher::append(const std::vector<int>& dests, protocol::Command c) {
   // are unique to the session). docs/benchmarks.md ("Controller") has the figures.
   if (pending_delete_count_ > 0) ride_deletes(dests);
   batch_.push_back(std::move(c));
+  batch_payload_ += payload;
   // The age is checked every 16th command (the flusher thread also flushes a batch past
   // its time limit): a clock read per command shows in the controller's profile.
   if (batch_.size() >= batch_limit_ ||
@@ -199,6 +213,7 @@ void Batcher::flush_locked() {
   traced.bytes = bytes->size();
   send_locked(std::move(bytes));
   batch_.clear();
+  batch_payload_ = 0;
 }
 
 void Batcher::send_locked(std::shared_ptr<control::Bytes> bytes) {

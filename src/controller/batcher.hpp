@@ -26,6 +26,16 @@
 
 namespace meshrt::detail {
 
+// The control plane's limit on one message: MPI counts its bytes in an int.
+inline constexpr std::size_t kControlMessageLimit = 2147483647;
+// Room in a message for what is not arguments: the other fields of a batch's commands,
+// the batch's frame and a fan-out envelope's rank list.
+inline constexpr std::size_t kCommandRoom = std::size_t{16} << 20;
+// The bytes of arguments (host tensors, strings: protocol::encoded_size) one command, or
+// one batch, may carry: kControlMessageLimit - kCommandRoom, unless a test lowered it
+// (set_payload_limit in meshrt/internal/controller.hpp).
+std::size_t payload_limit() noexcept;
+
 class Batcher {
  public:
   explicit Batcher(std::shared_ptr<control::Transport> transport);
@@ -33,11 +43,12 @@ class Batcher {
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
 
-  // Queues `c` for `dests`, flushing the batch first if it was for other ranks. Raises,
-  // before queueing anything, the error of a batch the flusher thread could not send
-  // (take_failure); a flush that fails here raises too, with `c` not queued and the
-  // failed batch kept to be sent again.
-  void append(const std::vector<int>& dests, protocol::Command c);
+  // Queues `c` for `dests`, flushing the batch first if it was for other ranks, or if
+  // `payload` (the bytes of `c`'s arguments: host tensors, strings) would take the batch's
+  // past payload_limit(). Raises, before queueing anything, the error of a batch the
+  // flusher thread could not send (take_failure); a flush that fails here raises too,
+  // with `c` not queued and the failed batch kept to be sent again.
+  void append(const std::vector<int>& dests, protocol::Command c, std::size_t payload = 0);
   void flush();
   // Raises the error of a batch the flusher thread could not send (once; the batch stays
   // queued, sent again by the next flush), as an Error naming the batch.
@@ -116,9 +127,10 @@ class Batcher {
   bool stop_flusher_ = false;
   std::uint64_t flusher_wakeups_ = 0;
   // What the flusher thread could not send (it raises nowhere: the controller's thread
-  // raises it at its next call).
+  // raises it at its next call), and the bytes of arguments the batch holds.
   std::exception_ptr flusher_failure_;
   std::atomic<bool> failed_{false};  // flusher_failure_ is set (read without the lock)
+  std::size_t batch_payload_ = 0;
   std::thread flusher_;
   // Work that handle destructors leave for the next command: deletes per rank set, and
   // borrows dropped implicitly.

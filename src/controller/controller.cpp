@@ -156,8 +156,24 @@ Signature infer_at_call(const functions::Function& f, const ArgMetas& args) {
 // MPI transport's send refuses more, src/control/mpi_transport.cpp). The frame around
 // the tensor's bytes (header, ident, meta of at most 64 dimensions) takes well under
 // kFrameRoom.
-constexpr std::uint64_t kControlMessageLimit = 2147483647;  // INT32_MAX bytes
+constexpr std::uint64_t kControlMessageLimit = detail::kControlMessageLimit;
 constexpr std::uint64_t kFrameRoom = 4096;
+
+// What a call whose host data is over the control plane's limit is told to do instead.
+constexpr std::string_view kLoadOnWorkers =
+    "load the data on the workers with a kernel (a function that reads or makes it on each rank), or send it in "
+    "pieces of at most that size (several from_host or scatter calls of slices)";
+
+// Refuses host data of `bytes` in one command (`what()`: what holds it, formatted only
+// then): a command travels in one control message, which MPI counts in an int.
+template <class What>
+void check_host_bytes(const What& what, std::uint64_t bytes) {
+  if (bytes <= detail::payload_limit()) return;
+  throw UsageError(fmt::format(
+      "{}: {} bytes, expected at most {} bytes of host data in one call (a command is one control message, at "
+      "most {} bytes with its frame: MPI counts it in an int); {}",
+      what(), bytes, detail::payload_limit(), detail::kControlMessageLimit, kLoadOnWorkers));
+}
 
 // Call-site mistakes name the line of the controller program that made them.
 template <class F>
@@ -172,6 +188,8 @@ auto at_site(const CallSite& where, F&& f) -> decltype(f()) {
 }  // namespace
 
 // ------------------------------------------------------------------ Arg
+
+Arg::Arg(const Tensor& t) : value_(t.defined() && t.nbytes() > detail::payload_limit() ? t : t.clone()) {}
 
 Arg::Arg(const DTensor& t) {
   if (!t.state_) throw UsageError("an undefined DTensor was passed as an argument");
@@ -613,6 +631,7 @@ std::vector<DTensor> Mesh::call_n(FunctionName fn, std::vector<Arg> args) const 
 DTensor Mesh::from_host(const Tensor& t, CallSite where) const {
   return at_site(where, [&] {
     if (!t.defined()) throw UsageError("from_host: expected a defined tensor, found an undefined one");
+    check_host_bytes([&] { return fmt::format("from_host: the tensor {}", t.meta().to_string()); }, t.nbytes());
     return one(call_n_impl(FunctionName("meshrt.from_host", where), {Arg(t)}));  // Arg copies t
   });
 }
@@ -625,6 +644,9 @@ DTensor Mesh::scatter(std::string_view dim, const Tensor& t, CallSite where) con
           fmt::format("scatter over '{}': expected a tensor whose first axis splits into {} equal shards, found {}",
                       dim, parts, t.defined() ? t.meta().to_string() : std::string("an undefined tensor")));
     }
+    // Every shard's rank gets the whole tensor (its kernel cuts the shard there).
+    check_host_bytes([&] { return fmt::format("scatter over '{}': the tensor {}", dim, t.meta().to_string()); },
+                     t.nbytes());
     return one(call_n_impl(FunctionName("meshrt.shard", where), {Arg(t), Arg(std::string(dim)), Arg(parts)}));
   });
 }
@@ -668,6 +690,22 @@ std::vector<DTensor> Mesh::call_on_impl(const Stream& stream, FunctionName fn, s
       return Value(tensors[next++].state_->meta);
     }));
   }
+  // The arguments travel in the command: host tensors and strings are refused here when
+  // over the control plane's limit, not by the batcher's thread after the call returned.
+  std::size_t payload = 0;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const Value& v = args[i].value();
+    const std::size_t bytes = protocol::encoded_size(v);
+    check_host_bytes(
+        [&] {
+          return fmt::format("{}: argument {} ({})", fn.name, i,
+                             v.is_tensor() ? "the host tensor " + v.as_tensor().meta().to_string()
+                                           : std::string(v.is_string() ? "a string" : "a list or dict"));
+        },
+        bytes);
+    payload += bytes;
+  }
+  check_host_bytes([&] { return fmt::format("{}: the call's {} arguments together", fn.name, args.size()); }, payload);
   // On the controller a device means "each rank's own device of this kind" (index 0).
   const Signature sig = infer_at_call(f, ArgMetas(fn.name, metas, Device::of(state_->kind, 0)));
   // Which tensors the call mutates: the tensor arguments at the positions sig.mutates names.
@@ -712,7 +750,7 @@ std::vector<DTensor> Mesh::call_on_impl(const Stream& stream, FunctionName fn, s
                                      .args = std::move(wire),
                                      .stream = stream.state_->ref,
                                      .mesh = state_->ref},
-              ident);
+              ident, payload);
   return outputs;
 }
 

@@ -129,14 +129,24 @@ void ControllerState::note_use(TensorState& t, std::string_view what) {
   if (added) recording_->captured.push_back({t.shared_from_this(), t.node, t.lent});
 }
 
-void ControllerState::append_now(const std::vector<int>& dests, protocol::Command c) {
+void ControllerState::append_now(const std::vector<int>& dests, protocol::Command c, std::size_t payload) {
   batcher_.take_failure();
   send_deferred_drops();
-  batcher_.append(dests, std::move(c));
+  batcher_.append(dests, std::move(c), payload);
 }
 
-void ControllerState::capture(const std::vector<int>& dests, protocol::Command c) {
+void ControllerState::capture(const std::vector<int>& dests, protocol::Command c, std::size_t payload) {
   using namespace protocol;
+  // The workers get the recording in one message per share of ranks: its arguments
+  // together are held to one call's limit.
+  if (recording_->payload + payload > payload_limit()) {
+    throw UsageError(fmt::format(
+        "{}: the recording's commands would carry {} bytes of arguments (host tensors, strings), expected at most {} "
+        "in one recording (the workers receive it as one control message, which MPI counts in an int); load the "
+        "data on the workers with a kernel, or pass it as an input of the replay (a tensor made by from_host)",
+        name(c), recording_->payload + payload, payload_limit()));
+  }
+  recording_->payload += payload;
   if (!std::holds_alternative<CallFunction>(c) && !std::holds_alternative<Reduce>(c) &&
       !std::holds_alternative<SendTensor>(c) && !std::holds_alternative<BorrowCreate>(c) &&
       !std::holds_alternative<BorrowFirstUse>(c) && !std::holds_alternative<BorrowDrop>(c)) {
@@ -150,6 +160,7 @@ void ControllerState::capture(const std::vector<int>& dests, protocol::Command c
     rc.where = recording_->described[rc.offset - 1].second;
   }
   rc.command = std::move(c);
+  rc.payload = payload;
   recording_->commands.push_back(std::move(rc));
 }
 
@@ -330,8 +341,12 @@ std::shared_ptr<RecordingState> ControllerState::record(
                                 .temporaries = temporaries,
                                 .commands = {}};
     d.commands.reserve(share.size());
-    for (std::size_t i : share) d.commands.push_back(c.commands[i].command);
-    append_now(ranks, std::move(d));
+    std::size_t payload = 0;
+    for (std::size_t i : share) {
+      d.commands.push_back(c.commands[i].command);
+      payload += c.commands[i].payload;
+    }
+    append_now(ranks, std::move(d), payload);
   }
   state->commands = std::move(c.commands);
   state->meshes = std::move(c.meshes);

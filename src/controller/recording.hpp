@@ -23,6 +23,7 @@ struct RecordedCommand {
   std::vector<int> dests;
   protocol::Command command;  // local refs and an ident offset, as DefineRecording holds them
   Ident offset = 0;           // its ident's offset, 0 for a borrow command
+  std::size_t payload = 0;    // the bytes of its arguments (ControllerState::append)
   Words what;
   CallSite where{};
   // How a replay updates the graph: Node makes the command's node from `reads` and gives it
@@ -80,6 +81,7 @@ struct RecordingContext {
   std::vector<Captured> captured;
   std::unordered_map<std::uint64_t, std::uint32_t> captured_index;  // by ref id
   std::vector<RecordedCommand> commands;
+  std::size_t payload = 0;  // the commands' argument bytes: a DefineRecording is one message
   std::vector<std::shared_ptr<MeshState>> meshes;
   std::vector<std::shared_ptr<StreamState>> streams;
 

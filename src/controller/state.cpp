@@ -255,14 +255,14 @@ void ControllerState::flush_deferred() {
   batcher_.flush_deferred();
 }
 
-void ControllerState::append(const std::vector<int>& dests, protocol::Command c, Ident ident) {
+void ControllerState::append(const std::vector<int>& dests, protocol::Command c, Ident ident, std::size_t payload) {
   refuse_on_worker_thread(protocol::name(c));
   batcher_.take_failure();  // an earlier batch the flusher could not send: raised before anything changes
   send_deferred_drops();    // implicit drops first: the origin's next use must find the borrow dropped
-  if (recording_) return capture(dests, std::move(c));
+  if (recording_) return capture(dests, std::move(c), payload);
   // Outstanding once queued (a failed flush before it queues nothing). Replies are read on
   // this thread only, so none for `ident` is taken before this.
-  batcher_.append(dests, std::move(c));
+  batcher_.append(dests, std::move(c), payload);
   if (ident != 0) tracker_.sent(dests, ident);
 }
 

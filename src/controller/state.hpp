@@ -146,10 +146,11 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   void check_epoch(std::uint64_t e, std::string_view what) const;
 
   // Queues `c` for `dests`; `ident`, when non-zero, is recorded as outstanding on every
-  // destination. Inside a recording the command is recorded instead.
-  void append(const std::vector<int>& dests, protocol::Command c, Ident ident = 0);
+  // destination. Inside a recording the command is recorded instead. `payload`: the bytes
+  // of its arguments (Batcher::append), which the caller checked against payload_limit().
+  void append(const std::vector<int>& dests, protocol::Command c, Ident ident = 0, std::size_t payload = 0);
   // Queues `c` now, also inside a recording (meshes, streams, the recording itself).
-  void append_now(const std::vector<int>& dests, protocol::Command c);
+  void append_now(const std::vector<int>& dests, protocol::Command c, std::size_t payload = 0);
   // `ident` is outstanding on `dests`, sent inside a command that is not its own (a replay).
   void sent(const std::vector<int>& dests, Ident ident) { tracker_.sent(dests, ident); }
 
@@ -274,7 +275,7 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   std::vector<std::pair<std::vector<int>, Ref>> pending_drops_;  // defer_drop's, sent by send_deferred_drops
   std::unique_ptr<RecordingContext> recording_;
   // Inside a recording: `c` joins it (append's work), and a node made at record time.
-  void capture(const std::vector<int>& dests, protocol::Command c);
+  void capture(const std::vector<int>& dests, protocol::Command c, std::size_t payload);
   // MESHRT_TRACE: a call with an ident, on the controller's track.
   static void trace_call(Ident ident, const Words& what, const CallSite& where, const CallSite& replayed_at);
   std::shared_ptr<Node> recorded_node(Ident ident, Words what, const CallSite& where);

@@ -133,14 +133,19 @@ constexpr std::int64_t kMaxRank = std::numeric_limits<std::int32_t>::max();
 
 // ------------------------------------------------------------------ writer
 
-class Writer {
+// Writes frames into a Buffer or, with kCount, only counts the bytes it would write
+// (encoded_size: one walk, no copy, so a 2 GiB tensor costs nothing to measure).
+template <bool kCount>
+class BasicWriter {
  public:
-  explicit Writer(Buffer& out) : out_(out) {}
+  explicit BasicWriter(Buffer& out) requires(!kCount) : out_(&out) {}
+  BasicWriter() requires kCount = default;
+  std::size_t counted() const noexcept { return counted_; }
 
   template <class T>
   void pod(T v) {
     static_assert(std::is_trivially_copyable_v<T>);
-    std::memcpy(out_.extend(sizeof(T)), &v, sizeof(T));
+    put(&v, sizeof(T));
   }
   void u8(std::uint8_t v) { pod(v); }
   void boolean(bool v) { pod(static_cast<std::uint8_t>(v ? 1 : 0)); }
@@ -151,9 +156,7 @@ class Writer {
     }
     pod(static_cast<std::uint32_t>(n));
   }
-  void bytes(const void* p, std::size_t n) {
-    if (n > 0) std::memcpy(out_.extend(n), p, n);
-  }
+  void bytes(const void* p, std::size_t n) { put(p, n); }
   void string(std::string_view s, const char* field) {
     length(s.size(), field);
     bytes(s.data(), s.size());
@@ -372,12 +375,21 @@ class Writer {
     for (std::int32_t r : m.ranks) pod(r);
     for (std::uint64_t q : m.seqs) pod(q);
     pod(static_cast<std::uint32_t>(m.payload.size()));
-    if (!m.payload.empty()) std::memcpy(out_.extend(m.payload.size()), m.payload.data(), m.payload.size());
+    put(m.payload.data(), m.payload.size());
   }
 
  private:
-  Buffer& out_;
+  void put(const void* p, std::size_t n) {
+    if constexpr (kCount) {
+      counted_ += n;
+    } else if (n > 0) {
+      std::memcpy(out_->extend(n), p, n);
+    }
+  }
+  Buffer* out_ = nullptr;
+  std::size_t counted_ = 0;
 };
+using Writer = BasicWriter<false>;
 
 void header(Buffer& out, FrameKind kind) {
   std::byte* p = out.extend(kHeaderSize);
@@ -959,6 +971,17 @@ void encode_into(const Envelope& e, Buffer& out) {
   header(out, FrameKind::Envelope);
   Writer(out).body(e);
 }
+std::size_t encoded_size(const Command& c) {
+  BasicWriter<true> w;
+  w.command(c);
+  return kHeaderSize + w.counted();
+}
+std::size_t encoded_size(const Value& v) {
+  BasicWriter<true> w;
+  w.value(v);
+  return w.counted();
+}
+
 void encode_value(const Value& v, Buffer& out) {
   header(out, FrameKind::Value);
   Writer(out).value(v);

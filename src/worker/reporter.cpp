@@ -95,8 +95,29 @@ Reporter::Reporter(control::Transport& channel, Monitor& monitor, const WorkerOp
 }
 
 void Reporter::send(const Reply& r) {
-  auto bytes = std::make_shared<control::Bytes>(encode(r));
-  channel_.send(control::kControllerRank, control::Tag::Reply, std::move(bytes));
+  // An error's text is the user's (a kernel's exception): past kMaxErrorBytes it is cut,
+  // so the reply fits the control plane's limit on one message.
+  if (const auto* f = std::get_if<RemoteFunctionFailed>(&r); f && f->error.size() > kMaxErrorBytes) {
+    RemoteFunctionFailed cut = *f;
+    cut.error =
+        fmt::format("{}... ({} more bytes)", f->error.substr(0, kMaxErrorBytes), f->error.size() - kMaxErrorBytes);
+    return send(Reply{std::move(cut)});
+  }
+  try {
+    auto bytes = std::make_shared<control::Bytes>(encode(r));
+    channel_.send(control::kControllerRank, control::Tag::Reply, std::move(bytes));
+  } catch (const std::exception& e) {
+    // A fetch whose value the control plane refuses (a preprocess function's result over
+    // its limit) fails that fetch: the controller waits for its ident, and this loop goes on.
+    const auto* fetch = std::get_if<FetchResult>(&r);
+    if (fetch == nullptr) throw;
+    return send(RemoteFunctionFailed{
+        .ident = fetch->ident,
+        .error = fmt::format("fetch on rank {}: its value could not be sent to the controller: {}", rank_, e.what()),
+        .rank = rank_,
+        .function = "fetch",
+        .exception_type = "meshrt::UsageError"});
+  }
   // With the tree only failures and fetch results take this path.
   if (tree_) tree_->counted_direct();
 }

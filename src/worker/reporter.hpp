@@ -121,6 +121,10 @@ class Reporter {
   void finish(Env& env, Backoff& backoff);
 
  private:
+  // Longest error text a failure carries (a kernel's exception may say more).
+  static constexpr std::size_t kMaxErrorBytes = std::size_t{1} << 20;
+  // Sends `r` to the controller; a fetch result the control plane refuses goes as that
+  // fetch's failure.
   void send(const protocol::Reply& r);
   void send_status(bool force, std::size_t live_values);
   // Sends a held fetch's result (or its failure) once its copies completed; false while

@@ -3,6 +3,7 @@
 // what was found and where (function, mesh dimension, rank); and the session keeps
 // working afterwards. Runs at 4 ranks as a 2x2 mesh; every TEST is one session.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cstddef>
 #include <random>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "meshrt/internal/controller.hpp"
 #include "meshrt/internal/protocol.hpp"
 #include "runtime_support.hpp"
 
@@ -501,5 +503,61 @@ TEST(BadInput, ACudaMeshInAJobWithoutTheCudaAcceleratorIsRefusedAtTheCall) {
                      "place the mesh on ctl.accelerator()", "MESHRT_ACCELERATOR=emulated and DeviceKind::Emulated",
                      "(at bad_input_test.cpp:" + std::to_string(line) + " "});
     expect_session_works(ctl, make_mesh(ctl));
+  });
+}
+
+// Host data travels inside the command, one control message that MPI counts in an int:
+// over the limit it is refused at the call (from_host, scatter, a call's argument, a
+// recording), saying the limit and what to do instead; under it, a batch of several is
+// split before it passes the limit. The real limit with a tensor of 2 GiB of reserved
+// address space (no memory), the rest under a limit lowered for the test.
+TEST(BadInput, HostDataOverTheControlPlanesLimitIsRefusedAtTheCall) {
+  session([](Controller& ctl) {
+    Mesh mesh = make_mesh(ctl);
+    {
+      // 2 GiB of address space that can never be read or written: reserved, not memory,
+      // even where the kernel commits every allocation (a refused call never touches it).
+      const std::size_t bytes = std::size_t{1} << 31;
+      void* reserved = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      ASSERT_NE(reserved, MAP_FAILED);
+      const Tensor big = Tensor::adopt_host(TensorMeta({static_cast<std::int64_t>(bytes)}, DType::UInt8),
+                                            std::shared_ptr<void>(reserved, [bytes](void* p) { munmap(p, bytes); }));
+      const int line = __LINE__ + 1;
+      expect_parts(error_of<UsageError>([&] { (void)mesh.from_host(big); }),
+                   {"from_host: the tensor uint8[2147483648] on cpu: 2147483648 bytes, expected at most 2130706431 "
+                    "bytes of host data in one call",
+                    "at most 2147483647 bytes with its frame", "load the data on the workers with a kernel",
+                    "or send it in pieces", "(at bad_input_test.cpp:" + std::to_string(line) + " "});
+    }
+    detail::set_payload_limit(std::size_t{1} << 20);
+    const Tensor over = Tensor::zeros(TensorMeta({2, 100000}, DType::Float64));  // 1.6 MB
+    expect_parts(error_of<UsageError>([&] { (void)mesh.from_host(over); }),
+                 {"from_host: the tensor float64[2, 100000] on cpu: 1600000 bytes, expected at most 1048576"});
+    expect_parts(error_of<UsageError>([&] { (void)mesh.scatter("host", over); }),
+                 {"scatter over 'host': the tensor float64[2, 100000] on cpu: 1600000 bytes"});
+    expect_parts(error_of<UsageError>([&] { (void)mesh.call("meshrt.from_host", over); }),
+                 {"meshrt.from_host: argument 0 (the host tensor float64[2, 100000] on cpu):"});
+    const Tensor part = Tensor::zeros(TensorMeta({70000}, DType::Float64));  // 560 kB
+    expect_parts(error_of<UsageError>([&] { (void)mesh.call("test.weighted_sum", part, part); }),
+                 {"test.weighted_sum: the call's 2 arguments together:", "expected at most 1048576"});
+    DTensor seed = mesh.call("test.pattern", {2}, DType::Float64);
+    expect_parts(error_of<UsageError>([&] {
+                   ctl.record({seed}, [&](const std::vector<DTensor>& in) {
+                     (void)mesh.from_host(part);
+                     (void)mesh.from_host(part);
+                     return in;
+                   });
+                 }),
+                 {"the recording's commands would carry", "expected at most 1048576 in one recording"});
+    // Under the limit, one after the other: each batch stays under it, and both arrive.
+    Tensor a = Tensor::zeros(TensorMeta({70000}, DType::Float64));
+    a.data<double>()[69999] = 3;
+    DTensor da = mesh.from_host(a);
+    a.data<double>()[69999] = 4;
+    DTensor db = mesh.from_host(a);
+    EXPECT_EQ(ctl.fetch_shard(da, {{"host", 1}, {"gpu", 1}}).get(std::chrono::seconds(30)).span<double>()[69999], 3);
+    EXPECT_EQ(ctl.fetch_shard(db, {{"host", 1}, {"gpu", 0}}).get(std::chrono::seconds(30)).span<double>()[69999], 4);
+    detail::set_payload_limit(0);
+    expect_session_works(ctl, mesh);
   });
 }

@@ -14,6 +14,7 @@
 #include "controller/diagnostics.hpp"
 #include "controller/state.hpp"
 #include "meshrt/internal/control.hpp"
+#include "meshrt/internal/controller.hpp"
 
 namespace meshrt {
 namespace {
@@ -258,6 +259,21 @@ TEST(ControllerState, AFlusherThatCannotSendRaisesAtTheNextCallAndDropsNothing) 
   flaky->down = false;
   ctl->flush();
   EXPECT_EQ(s.received(2), (std::vector<Command>{RequestStatus{8}}));
+}
+
+TEST(ControllerState, ABatchSplitsBeforeItsArgumentsPassTheLimit) {
+  Session s;
+  detail::set_payload_limit(1000);
+  const ControlTraffic before = s.ctl->traffic();
+  // 600 + 600 bytes of arguments: two messages; 300 more ride with the second.
+  s.ctl->append({1, 2}, RequestStatus{5}, 0, 600);
+  s.ctl->append({1, 2}, RequestStatus{6}, 0, 600);
+  s.ctl->append({1, 2}, RequestStatus{7}, 0, 300);
+  s.ctl->flush();
+  detail::set_payload_limit(0);
+  EXPECT_EQ(s.ctl->traffic().since(before).sent_of(MessageKind::Command).messages, 4u);  // 2 batches x 2 ranks
+  EXPECT_EQ(s.received(1), (std::vector<Command>{RequestStatus{5}, RequestStatus{6}, RequestStatus{7}}));
+  EXPECT_EQ(detail::payload_limit(), detail::kControlMessageLimit - detail::kCommandRoom);
 }
 
 TEST(MeshState, ToMeshWordsAndRanksFollowTheTarget) {

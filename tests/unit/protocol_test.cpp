@@ -30,6 +30,15 @@ TEST(Protocol, EveryCommandRoundTrips) {
     ASSERT_EQ(back, c) << "command " << name(c) << " #" << i;
     // Canonical: re-encoding the decoded message gives the same bytes.
     ASSERT_EQ(encode(back), bytes) << name(c);
+    // Counted without encoding: the size the controller checks against the limit.
+    ASSERT_EQ(encoded_size(c), bytes.size()) << name(c);
+    if (const auto* call = std::get_if<CallFunction>(&c)) {
+      for (const Value& v : call->args) {
+        Buffer framed;
+        encode_value(v, framed);
+        ASSERT_EQ(encoded_size(v) + 4, framed.size()) << v.to_string();  // + the frame's header
+      }
+    }
   }
   EXPECT_EQ(seen.size(), std::variant_size_v<Command>);
 }

@@ -1,10 +1,11 @@
 // What the controller's blocking waits do besides waiting: a check the embedding program
 // installs (the Python package lets Ctrl-C through it). Not installed: programs in C++
-// stop a wait with a timeout instead. And the refusal of controller calls from a worker's
-// thread.
+// stop a wait with a timeout instead. The refusal of controller calls from a worker's
+// thread, and a test's switch for the control plane's size limit.
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <string_view>
 
 namespace meshrt::detail {
@@ -24,5 +25,10 @@ inline constexpr std::chrono::milliseconds kWaitCheckInterval{50};
 // point calls it first; an embedding that takes a lock of its own around controller calls
 // (the Python package) calls it before that lock.
 void refuse_on_worker_thread(std::string_view what);
+
+// For tests: the bytes of host data (arguments) one command or batch may carry, in place
+// of the control plane's limit of about 2 GiB, so the refusals and the batch splitting are
+// tested with small tensors; 0 restores the limit. Set it while no session runs.
+void set_payload_limit(std::size_t bytes) noexcept;
 
 }  // namespace meshrt::detail

@@ -350,6 +350,11 @@ void encode_into(const Query& q, Buffer& out);
 void encode_into(const QueryAnswer& a, Buffer& out);
 void encode_into(const Envelope& e, Buffer& out);
 std::vector<std::byte> encode(const Command& c);
+// The bytes encode(c) makes, and those a Value takes inside a frame, counted without
+// copying anything: the controller checks a command's size against the control plane's
+// limit before it is queued.
+std::size_t encoded_size(const Command& c);
+std::size_t encoded_size(const Value& v);
 std::vector<std::byte> encode(const Reply& r);
 std::vector<std::byte> encode(const Handshake& h);
 std::vector<std::byte> encode(const Query& q);
