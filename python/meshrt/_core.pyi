@@ -30,6 +30,13 @@ __version__: str
 class Error(Exception):
     """Every meshrt error."""
 
+class Terminated(SystemExit):
+    """
+    SIGTERM arrived (scancel, a time limit, or Ctrl-C under mpiexec, which forwards it as SIGTERM):
+    raised in the program's main thread so that its finally: blocks and with-statements run; the job
+    ends about a second after the signal.
+    """
+
 class InternalError(Error):
     """A bug in meshrt. Attributes: file, line."""
     file: str
@@ -87,6 +94,10 @@ class CallContext:
 
 class Controller:
     """The program on rank 0 drives every worker through it (main's argument in meshrt.run)."""
+    def __init__(self) -> None:
+        """
+        Not called by programs: meshrt.run(main) passes main its Controller (raises UsageError).
+        """
     def world_mesh(self, dims: _Dims, kind: DeviceKind | str = 'cpu') -> Mesh:
         """
         The mesh of every worker rank: dims {"dp": 2, "tp": 2} or [("dp", 2), ("tp", 2)]; kind

@@ -36,6 +36,9 @@ void bind_functions(py::module_& m);
 // StatelessGroup and its object codec (group/group_bind.cpp).
 void bind_group(py::module_& m);
 
+// Registers the provider of Python stacks for the desync report (support/python_stacks.cpp).
+void register_python_stacks();
+
 // Whether this process's Runtime has started, its handshake done (runtime_bind.cpp):
 // Python functions registered later would exist on this rank only.
 bool runtime_started();

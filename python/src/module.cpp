@@ -11,6 +11,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "meshrt's native core: the runtime, tensors and groups (see the meshrt package)";
   m.attr("__version__") = MESHRT_VERSION_STRING;
   meshrt::detail::set_wait_check(&mp::check_signals);
+  mp::register_python_stacks();
   mp::bind_errors(m);
   mp::bind_caller(m);
   mp::bind_tensor(m);

@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "meshrt/controller.hpp"
 #include "meshrt/internal/controller.hpp"
 #include "meshrt/internal/mpi_session.hpp"
+#include "meshrt/internal/worker.hpp"
 #include "meshrt/runtime.hpp"
 #include "support/gil.hpp"
 
@@ -100,6 +102,25 @@ void check_thread_level(bool dedicated_controller) {
       mpi_session::thread_level_constant(lowest), mpi_session::thread_level_constant(provided)));
 }
 
+// SIGTERM raises meshrt.Terminated in the program's main thread (docs/python.md, "Threads,
+// the GIL and Ctrl-C"), unless the program has a handler of its own. The runtime's C
+// handler (which reports the rank and ends it a second later) replaces Python's when the
+// Runtime starts, so it passes the signal on to Python through the hook.
+void install_sigterm() {
+  py::module_ signal = py::module_::import("signal");
+  const py::object sigterm = signal.attr("SIGTERM");
+  if (!signal.attr("getsignal")(sigterm).is(signal.attr("SIG_DFL"))) return;
+  signal.attr("signal")(sigterm, py::cpp_function([](py::args) {
+                          py::object terminated = py::module_::import("meshrt._core").attr("Terminated");
+                          PyErr_SetObject(terminated.ptr(),
+                                          terminated("SIGTERM: the job is being ended (scancel, a time limit, or "
+                                                     "Ctrl-C under mpiexec)")
+                                              .ptr());
+                          throw py::error_already_set();
+                        }));
+  WorkerWatch::set_sigterm_hook([] { PyErr_SetInterruptEx(SIGTERM); });
+}
+
 Runtime& start_runtime(const RuntimeOptions& options) {
   Process& p = process();
   if (p.runtime) {
@@ -116,6 +137,7 @@ Runtime& start_runtime(const RuntimeOptions& options) {
                 p.start_error);
   }
   check_thread_level(options.dedicated_controller);
+  install_sigterm();
   // Started here rather than by the Runtime, so that it ends with the process (after the
   // interpreter), not with the Runtime: groups may outlive meshrt.run.
   start_mpi("meshrt.run");
@@ -194,6 +216,11 @@ void run_worker(Runtime& rt) {
       }
       py::gil_scoped_acquire acquire;
       if (PyErr_CheckSignals() == 0) continue;
+      // SIGTERM: the runtime reports this rank and ends it; the worker serves until then.
+      if (PyErr_ExceptionMatches(py::module_::import("meshrt._core").attr("Terminated").ptr()) != 0) {
+        PyErr_Clear();
+        continue;
+      }
       if (!interrupt) {
         interrupt.emplace();
         std::fprintf(stderr,

@@ -49,11 +49,13 @@ void on_sigusr1(int) {
 // thread, which may take the monitor's lock: the handler only notes when the first one
 // arrived (CLOCK_MONOTONIC, steady_clock's; async-signal-safe), zero until then.
 std::atomic<std::int64_t> g_term_arrived_ns{0};
+std::atomic<void (*)()> g_sigterm_hook{nullptr};
 void on_sigterm(int) {
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);
   std::int64_t none = 0;
   g_term_arrived_ns.compare_exchange_strong(none, std::int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec);
+  if (auto* hook = g_sigterm_hook.load()) hook();
 }
 
 // A fatal signal's report. The handler runs on the crashing thread, where only
@@ -371,6 +373,10 @@ struct WorkerWatch::Impl {
 WorkerWatch::WorkerWatch(int rank, std::shared_ptr<control::Transport> control, std::size_t entries)
     : impl_(std::make_unique<Impl>(rank, std::move(control), entries)) {}
 WorkerWatch::~WorkerWatch() = default;
+
+void WorkerWatch::set_sigterm_hook(void (*hook)()) noexcept {
+  detail::g_sigterm_hook.store(hook);
+}
 
 detail::Monitor* WorkerWatch::monitor() const noexcept {
   return &impl_->monitor;

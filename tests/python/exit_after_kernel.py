@@ -23,10 +23,23 @@ def plus_one(ctx, x):
     return x + 1
 
 
+@meshrt.function("test.exit_identity", shape=same)
+def identity(ctx, x):
+    return x  # its input's own memory: never the same value as the input
+
+
 def main(ctl):
     mesh = ctl.world_mesh({"x": meshrt.world_size()})
     y = mesh.call("test.exit_plus_one", mesh.call("meshrt.full", (4,), meshrt.float32, 1.0))
     print("fetched", ctl.fetch_shard(y, x=meshrt.world_size() - 1).result(timeout=30).numpy().tolist())
+    # An output that is its input's memory is not one value with it: an in-place update of
+    # the input leaves the output as it was (or the call fails, naming the alias).
+    z = mesh.call("test.exit_identity", y)
+    y.reduce_("x", "sum")
+    try:
+        print("identity", ctl.fetch_shard(z, x=0).result(timeout=30).numpy().tolist())
+    except meshrt.RemoteError as e:
+        print("identity refused:", "argument 0" in str(e))
 
 
 meshrt.run(main)

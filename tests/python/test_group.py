@@ -283,6 +283,35 @@ def test_pickle_needs_both_sides():
     assert ring(send, receive) == "next" and W.usable
 
 
+def test_an_object_that_contains_itself_travels_pickled_and_is_refused_plainly_otherwise():
+    loop = [1, 2]
+    loop.append(loop)
+    with pytest.raises(meshrt.UsageError) as e:
+        W.broadcast_obj(loop if ME == 0 else None, 0)
+    assert "nested deeper than 1000 levels (does it contain itself?)" in str(e.value)
+    assert "pass allow_pickle=True on both sides" in str(e.value)
+    # With consent the whole object is pickled, and pickle keeps the loop.
+    got = W.broadcast_obj(loop if ME == 0 else None, 0, allow_pickle=True)
+    assert got[:2] == [1, 2] and got[2] is got
+
+
+def test_a_structured_array_near_the_depth_limit_decodes_as_it_encodes():
+    # Its dtype's description is nested one level below the array, on both sides.
+    record = np.zeros(3, dtype=[("a", np.int32), ("b", np.float64)])
+    for depth in (997, 998, 999, 1000):
+        obj = record
+        for _ in range(depth):
+            obj = [obj]
+        try:
+            got = W.broadcast_obj(obj if ME == 0 else None, 0)
+        except meshrt.UsageError as e:  # too deep: refused alike on every member, before sending
+            assert "nested deeper than 1000 levels" in str(e) and "the group is still usable" in str(e), str(e)
+            continue
+        for _ in range(depth):
+            got = got[0]
+        assert got.dtype == record.dtype and got.shape == (3,), (depth, got)
+
+
 def test_type_and_size_mismatches_raise_on_every_member():
     sent = np.arange(1000, dtype=np.float32)
     # out= on a receiver with another dtype, or another shape: every member raises.

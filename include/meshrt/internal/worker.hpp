@@ -76,6 +76,11 @@ const WorkerThread* worker_thread() noexcept;
 // a fatal signal reports what ran and ends the whole job).
 class WorkerWatch {
  public:
+  // Called from the SIGTERM handler, after it noted the signal: async-signal-safe code
+  // only. The Python package raises its program's exception through it (meshrt.Terminated).
+  // nullptr removes it.
+  static void set_sigterm_hook(void (*hook)()) noexcept;
+
   WorkerWatch(int rank, std::shared_ptr<control::Transport> control, std::size_t flight_recorder_entries);
   ~WorkerWatch();
   WorkerWatch(const WorkerWatch&) = delete;

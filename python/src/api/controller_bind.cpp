@@ -32,18 +32,24 @@ auto on_controller(R (Controller::*method)()) {
 
 void bind_controller(py::module_& m) {
   auto cls = api_class<ControllerClass>(m, "Controller");
-  cls.def(
-         "world_mesh",
-         [](const ControllerHandle& h, py::handle dims, py::handle kind) {
-           const auto where = caller_site();
-           auto d = to_dims(dims, "world_mesh", where);
-           const DeviceKind k = to_kind(kind, where);
-           Controller& ctl = h.get();
-           return released([&] { return at_site(where, [&] { return ctl.world_mesh(std::move(d), k, where); }); });
-         },
-         py::arg("dims"), py::arg("kind") = "cpu",
-         "The mesh of every worker rank: dims {\"dp\": 2, \"tp\": 2} or [(\"dp\", 2), (\"tp\", 2)]; kind \"cpu\", "
-         "\"emulated\", \"cuda\" or ctl.accelerator.")
+  cls.def(py::init([]() -> std::shared_ptr<ControllerHandle> {
+            throw UsageError(
+                "meshrt.Controller(): expected a Controller from meshrt.run, found a call of the class: a program "
+                "does not make its controller, meshrt.run(main) passes one to main on rank 0 (def main(ctl): ...)");
+          }),
+          "Not called by programs: meshrt.run(main) passes main its Controller (raises UsageError).")
+      .def(
+          "world_mesh",
+          [](const ControllerHandle& h, py::handle dims, py::handle kind) {
+            const auto where = caller_site();
+            auto d = to_dims(dims, "world_mesh", where);
+            const DeviceKind k = to_kind(kind, where);
+            Controller& ctl = h.get();
+            return released([&] { return at_site(where, [&] { return ctl.world_mesh(std::move(d), k, where); }); });
+          },
+          py::arg("dims"), py::arg("kind") = "cpu",
+          "The mesh of every worker rank: dims {\"dp\": 2, \"tp\": 2} or [(\"dp\", 2), (\"tp\", 2)]; kind \"cpu\", "
+          "\"emulated\", \"cuda\" or ctl.accelerator.")
       .def_property_readonly(
           "accelerator", [](const ControllerHandle& h) { return h.get().accelerator(); },
           "The job's accelerator (MESHRT_ACCELERATOR), DeviceKind.CPU when there is none.")

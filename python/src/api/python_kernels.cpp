@@ -29,7 +29,7 @@ py::object call(const py::object& fn, const py::tuple& args) {
   return py::reinterpret_steal<py::object>(result);
 }
 
-// numpy's type number for `dtype`. bfloat16 travels as its bits (uint16) and becomes a
+// numpy's type number for `dtype`. bfloat16 travels as its bits (int16) and becomes a
 // torch.bfloat16 tensor for torch=True functions.
 int numpy_type(DType dtype) {
   using api = py::detail::npy_api;
@@ -45,7 +45,7 @@ int numpy_type(DType dtype) {
     case DType::Float16:
       return 23;  // NPY_HALF
     case DType::BFloat16:
-      return api::NPY_UINT16_;
+      return api::NPY_INT16_;  // its bits; torch.from_numpy takes int16 (not uint16), then views it
     case DType::Float32:
       return api::NPY_FLOAT_;
     case DType::Float64:
@@ -77,6 +77,20 @@ class KernelArgs {
 
   // The views made, with the argument each belongs to.
   const std::vector<std::pair<std::size_t, py::object>>& views() const noexcept { return views_; }
+
+  // torch has no read-only tensors: a torch view of an input not declared mutated is
+  // writable, and every in-place op moves its _version. A moved one fails the call.
+  void check_read_only(const std::vector<Value>& values) const {
+    for (const auto& [index, view] : read_only_torch_) {
+      if (view.attr("_version").cast<long long>() == 0) continue;
+      throw UsageError(fmt::format(
+          "{} on rank {}: its kernel wrote argument {} ({}) in place, which its shape function does not declare "
+          "mutated; declare it (meshrt.Signature(outputs, mutates=[{}])) or write to a copy (x.clone()); that "
+          "argument's value on this rank now holds what the kernel wrote",
+          f_.name, rank_, index, values[index].is_tensor() ? values[index].as_tensor().meta().to_string() : "a list",
+          index));
+    }
+  }
 
  private:
   py::object convert(const Value& v, std::size_t index, bool writable) {
@@ -121,12 +135,14 @@ class KernelArgs {
       if (t.dtype() == DType::BFloat16) out = out.attr("view")(py::handle(torch_hooks().bfloat16));
     }
     views_.emplace_back(index, out);
+    if (f_.torch && !writable) read_only_torch_.emplace_back(index, out);
     return out;
   }
 
   const PyFunction& f_;
   int rank_;
   std::vector<std::pair<std::size_t, py::object>> views_;
+  std::vector<std::pair<std::size_t, py::object>> read_only_torch_;
 };
 
 // A kernel's return value as tensors: None (no outputs), one tensor-like object, or a
@@ -158,11 +174,14 @@ Signature declared(const PyFunction& f, const CallContext& ctx, const Args& args
 // them against the shape function).
 std::vector<Tensor> run_on_host(const PyFunction& f, CallContext& ctx, Args& args) {
   KeptGil gil;
+  PythonKernelRunning running;
   require_live(f);
   try {
     KernelArgs kernel_args(f, ctx.rank());
     py::tuple call_args = kernel_args.build(ctx, args.values(), ctx.signature());
-    return outputs_of(f, call(f.kernel, call_args), ctx.rank());
+    py::object result = call(f.kernel, call_args);
+    kernel_args.check_read_only(args.values());
+    return outputs_of(f, result, ctx.rank());
   } catch (const py::error_already_set& e) {
     throw PythonError(kernel_failure(f, ctx.rank(), e));
   }
@@ -181,12 +200,15 @@ void run_task(const PyFunction& f, const CallContext& ctx, const std::vector<Val
               std::vector<Tensor>& outputs) {
   require_live(f);
   KeptGil gil;
+  PythonKernelRunning running;
   try {
     KernelArgs kernel_args(f, ctx.rank());
     std::vector<Tensor> results;
     {
       py::tuple call_args = kernel_args.build(ctx, values, &signature);
-      results = outputs_of(f, call(f.kernel, call_args), ctx.rank());
+      py::object result = call(f.kernel, call_args);
+      kernel_args.check_read_only(values);
+      results = outputs_of(f, result, ctx.rank());
     }
     if (results.size() != outputs.size()) {
       throw UsageError(fmt::format("{} returned {} tensors on rank {}; its shape function declared {}", f.name,

@@ -29,6 +29,7 @@ struct Unsupported {
   std::string reason;
   std::string path;
   bool pickle_failed = false;
+  bool too_deep = false;
 };
 
 std::string key_text(py::handle key) {
@@ -44,7 +45,7 @@ class Encoder {
   void value(py::handle o, int depth, bool in_key) {
     if (depth > kMaxDepth) {
       throw Unsupported{type_name(o), fmt::format("nested deeper than {} levels (does it contain itself?)", kMaxDepth),
-                        "", false};
+                        "", false, true};
     }
     PyObject* p = o.ptr();
     if (p == Py_None) return u8(kNone);
@@ -119,15 +120,19 @@ class Encoder {
       return storage(PyByteArray_AS_STRING(p), static_cast<std::size_t>(PyByteArray_GET_SIZE(p)), o, in_key);
     }
     PyTypeObject* ndarray = numpy_ndarray();
-    if (ndarray != nullptr && Py_TYPE(p) == ndarray) return numpy_array(o, in_key);
+    if (ndarray != nullptr && Py_TYPE(p) == ndarray) return numpy_array(o, depth, in_key);
     if (py::isinstance<Tensor>(o)) return meshrt_tensor(o, in_key);
     if (py::handle tt = torch_tensor_type(); tt && PyObject_IsInstance(p, tt.ptr()) == 1)
       return torch_tensor(o, in_key);
     if (ndarray != nullptr && PyObject_IsInstance(p, cached(cache().np_generic, "numpy", "generic").ptr()) == 1) {
-      return numpy_scalar(o, in_key);
+      return numpy_scalar(o, depth, in_key);
     }
     unsupported(o, "", in_key);
   }
+
+  // The whole object pickled (allow_pickle): for one the safe codec cannot walk, such as
+  // one that contains itself, which pickle keeps as it is.
+  void pickled(py::handle o) { unsupported(o, "", false); }
 
  private:
   void put(const void* p, std::size_t n) { out_.bytes.append(static_cast<const char*>(p), n); }
@@ -171,10 +176,11 @@ class Encoder {
     blob(s.data(), s.size());
   }
 
-  void numpy_dtype(const py::dtype& dt) {
+  // A structured dtype's descr is a value nested in the array's, as the decoder counts it.
+  void numpy_dtype(const py::dtype& dt, int depth) {
     if (dt.has_fields()) {
       u8(kDTypeDescr);
-      value(cached(cache().np_dtype_to_descr, "numpy.lib.format", "dtype_to_descr")(dt), 0, true);
+      value(cached(cache().np_dtype_to_descr, "numpy.lib.format", "dtype_to_descr")(dt), depth + 1, true);
     } else {
       u8(kDTypeStr);
       const std::string& s = dtype_str(dt);
@@ -182,7 +188,7 @@ class Encoder {
     }
   }
 
-  void numpy_array(py::handle o, bool in_key) {
+  void numpy_array(py::handle o, int depth, bool in_key) {
     auto a = py::reinterpret_borrow<py::array>(o);
     py::dtype dt = a.dtype();
     if (has_objects(dt))
@@ -191,18 +197,18 @@ class Encoder {
       a = cached(cache().ascontiguous, "numpy", "ascontiguousarray")(a);
     }
     u8(kNumpy);
-    numpy_dtype(dt);
+    numpy_dtype(dt, depth);
     shape(std::vector<std::int64_t>(a.shape(), a.shape() + a.ndim()));
     storage(static_cast<const char*>(a.data()), static_cast<std::size_t>(a.nbytes()), a, in_key);
   }
 
-  void numpy_scalar(py::handle o, bool in_key) {
+  void numpy_scalar(py::handle o, int depth, bool in_key) {
     py::array a = py::array::ensure(o);
     if (!a) throw py::error_already_set();
     py::dtype dt = a.dtype();
     if (has_objects(dt)) return unsupported(o, "a numpy scalar holding a Python object", in_key);
     u8(kNumpyScalar);
-    numpy_dtype(dt);
+    numpy_dtype(dt, depth);
     u8(kInline);
     blob(static_cast<const char*>(a.data()), static_cast<std::size_t>(a.nbytes()));
   }
@@ -272,7 +278,14 @@ void encode(py::handle obj, bool allow_pickle, Encoded& out) {
   out.bytes.resize(kHeaderBytes);
   Encoder e(allow_pickle, out);
   try {
-    e.value(obj, 0, false);
+    try {
+      e.value(obj, 0, false);
+    } catch (const Unsupported& u) {
+      if (!u.too_deep || !allow_pickle) throw;
+      out.bytes.resize(kHeaderBytes);
+      out.buffers.clear();
+      e.pickled(obj);
+    }
   } catch (const Unsupported& u) {
     out.buffers.clear();
     const std::string at = u.path.empty() ? std::string() : " (at " + u.path + ")";

@@ -58,6 +58,11 @@ void bind_errors(py::module_& m) {
   classes.system = make_class(m, "SystemError", base, "A call into MPI, CUDA or NCCL failed.");
   classes.internal = make_class(m, "InternalError", base, "A bug in meshrt. Attributes: file, line.");
   classes.protocol = make_class(m, "ProtocolError", base, "A message that does not decode.");
+  // Not a meshrt.Error: the end of the program, as sys.exit is (except Exception passes it).
+  make_class(m, "Terminated", py::reinterpret_borrow<py::object>(PyExc_SystemExit),
+             "SIGTERM arrived (scancel, a time limit, or Ctrl-C under mpiexec, which forwards it as SIGTERM): "
+             "raised in the program's main thread so that its finally: blocks and with-statements run; the job "
+             "ends about a second after the signal.");
 
   // Most derived first: the first matching catch wins.
   py::register_exception_translator([](std::exception_ptr p) {

@@ -11,9 +11,14 @@
 
 #include <pybind11/pybind11.h>
 
+#include <atomic>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <vector>
+
+#include "meshrt/error.hpp"
+#include "meshrt/internal/controller.hpp"
 
 namespace meshrt::python {
 
@@ -50,13 +55,50 @@ struct HandleDelete {
 template <class T>
 using Holder = std::unique_ptr<T, HandleDelete<T>>;
 
+// How many Python kernels this process runs now (rank 0's worker, an emulated stream's
+// thread): while one runs it most likely holds the GIL, so the controller's waits do not
+// take it for their signal check (their deadline would wait for the kernel).
+std::atomic<int>& python_kernels_running();
+// Whether this thread runs a Python kernel now (rank 0's worker, or an emulated stream's
+// thread, which is no worker's).
+bool& in_python_kernel();
+class PythonKernelRunning {
+ public:
+  PythonKernelRunning() {
+    python_kernels_running().fetch_add(1);
+    in_python_kernel() = true;
+  }
+  ~PythonKernelRunning() {
+    in_python_kernel() = false;
+    python_kernels_running().fetch_sub(1);
+  }
+  PythonKernelRunning(const PythonKernelRunning&) = delete;
+  PythonKernelRunning& operator=(const PythonKernelRunning&) = delete;
+};
+
+// A kernel that calls the controller (a captured ctl): refused before the controller lock,
+// which the program's thread holds while it waits for that very kernel.
+void refuse_in_kernel();
+
 // Runs f (a C++ controller call) with the GIL released and the controller lock held.
 template <class F>
 auto released(F&& f) -> decltype(f()) {
+  refuse_in_kernel();
   py::gil_scoped_release release;
   std::lock_guard lock(controller_mutex());
   empty_graveyard();
-  return f();
+  try {
+    return f();
+  } catch (const TimeoutError&) {
+    // Raising it in Python needs the GIL, which a Python kernel on rank 0 may hold.
+    if (python_kernels_running().load() > 0) {
+      std::fputs(
+          "meshrt: the controller's TimeoutError is raised once rank 0's Python kernel lets the GIL go (the "
+          "error's desync report shows where the kernel is)\n",
+          stderr);
+    }
+    throw;
+  }
 }
 
 // The GIL for this thread, which keeps its Python thread state between calls (made on its
