@@ -14,9 +14,14 @@ if(NOT DLPACK_INCLUDE_DIR)
   message(FATAL_ERROR "meshrt needs dlpack/dlpack.h (Debian: apt-get install libdlpack-dev), found none; "
                       "set DLPACK_INCLUDE_DIR to the folder that holds dlpack/dlpack.h")
 endif()
-# Always: libmeshrt ships meshrt::gtest_main for users' MPI tests, even when meshrt's own
-# tests are off (MESHRT_BUILD_TESTS=OFF, as in the fuzz build).
-find_package(GTest REQUIRED)
+# GoogleTest for meshrt's own tests and the testing component (meshrt::gtest_main for
+# users' MPI tests); the runtime itself builds without it.
+if(MESHRT_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+else()
+  find_package(GTest)
+endif()
+set(MESHRT_HAVE_GTEST ${GTest_FOUND})
 if(MESHRT_BUILD_APPS)
   find_package(benchmark REQUIRED)
 endif()

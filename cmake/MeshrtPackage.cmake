@@ -13,15 +13,19 @@ install(TARGETS meshrt EXPORT meshrtTargets
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 # The test main (it needs GTest) in its own export set: only the testing component loads it.
-install(TARGETS meshrt_gtest_main EXPORT meshrtTestingTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+if(MESHRT_HAVE_GTEST)
+  install(TARGETS meshrt_gtest_main EXPORT meshrtTestingTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
 # include/meshrt/internal/ (the wire protocol, the transport, the worker, the device
 # runtime, settings) is the library's own: not installed.
 install(DIRECTORY include/meshrt DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} PATTERN internal EXCLUDE)
 install(FILES ${PROJECT_BINARY_DIR}/include/meshrt/config.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/meshrt)
 install(EXPORT meshrtTargets NAMESPACE meshrt:: DESTINATION ${MESHRT_INSTALL_CMAKEDIR})
 export(EXPORT meshrtTargets NAMESPACE meshrt:: FILE ${PROJECT_BINARY_DIR}/meshrtTargets.cmake)
-install(EXPORT meshrtTestingTargets NAMESPACE meshrt:: DESTINATION ${MESHRT_INSTALL_CMAKEDIR})
-export(EXPORT meshrtTestingTargets NAMESPACE meshrt:: FILE ${PROJECT_BINARY_DIR}/meshrtTestingTargets.cmake)
+if(MESHRT_HAVE_GTEST)
+  install(EXPORT meshrtTestingTargets NAMESPACE meshrt:: DESTINATION ${MESHRT_INSTALL_CMAKEDIR})
+  export(EXPORT meshrtTestingTargets NAMESPACE meshrt:: FILE ${PROJECT_BINARY_DIR}/meshrtTestingTargets.cmake)
+endif()
 
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/meshrtConfigVersion.cmake
                                  COMPATIBILITY SameMinorVersion)
@@ -36,3 +40,21 @@ install(FILES ${PROJECT_BINARY_DIR}/install/meshrtConfig.cmake
               cmake/MeshrtTesting.cmake
         DESTINATION ${MESHRT_INSTALL_CMAKEDIR})
 install(PROGRAMS cmake/meshrt_expect_output.sh DESTINATION ${MESHRT_INSTALL_CMAKEDIR})
+
+# A module file for Lmod and Environment Modules, written at install time so that it names
+# the prefix actually installed to (cmake --install --prefix ...):
+# <prefix>/share/modulefiles/meshrt/<version>; `module use <prefix>/share/modulefiles`.
+set(MESHRT_MPI_DESCRIPTION "its mpiexec: ${MPIEXEC_EXECUTABLE}")
+set(MESHRT_MODULE_PYTHON "")
+if(MESHRT_HAVE_PYTHON)
+  set(MESHRT_MODULE_PYTHON "prepend-path PYTHONPATH $prefix/${MESHRT_PYTHON_INSTALL_DIR}")
+endif()
+set(MESHRT_MODULE_PREFIX "@MESHRT_MODULE_PREFIX@")  # kept for the install-time pass
+configure_file(cmake/meshrt.modulefile.in ${PROJECT_BINARY_DIR}/modulefile.in @ONLY)
+install(CODE "
+  set(MESHRT_MODULE_PREFIX \"\${CMAKE_INSTALL_PREFIX}\")
+  configure_file(\"${PROJECT_BINARY_DIR}/modulefile.in\"
+                 \"${PROJECT_BINARY_DIR}/install/modulefiles/meshrt/${PROJECT_VERSION}\" @ONLY)
+")
+install(FILES ${PROJECT_BINARY_DIR}/install/modulefiles/meshrt/${PROJECT_VERSION}
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/modulefiles/meshrt)

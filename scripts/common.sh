@@ -15,7 +15,8 @@ MESHRT_PACKAGES=(build-essential cmake ninja-build pkg-config
   libboost-serialization-dev libboost-log-dev libboost-stacktrace-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   libopenblas-dev
-  python3-dev pybind11-dev libdlpack-dev python3-numpy python3-pytest python3-torch python3-mpi4py)
+  python3-dev pybind11-dev libdlpack-dev python3-numpy python3-pytest python3-torch python3-mpi4py
+  python3-venv python3-pip python3-setuptools python3-wheel)
 # Only scripts/fuzz.sh needs these (clang with libFuzzer and the sanitizer runtimes).
 MESHRT_FUZZ_PACKAGES=(clang libclang-rt-14-dev)
 

@@ -9,6 +9,8 @@
 #   MESHRT_TEST_SANITIZERS=1  also run the suite under ASan+UBSan (scripts/test-sanitizers.sh;
 #                         a second full build in build-asan: off by default, see its timing)
 #   MESHRT_TEST_GPU_BUNDLE=0  skip the GPU machine's bundle and its rehearsal
+#   MESHRT_TEST_INSTALL=0 skip installing (cmake --install, the module file, pip install .
+#                         into a venv and the Python tests against it)
 source "$(dirname "$0")/common.sh"
 # The source checks first: a second each, so a formatting slip, an include across the
 # module lines or a comment or doc naming a missing path fails before the build
@@ -45,6 +47,13 @@ fi
 if [ "${MESHRT_TEST_SANITIZERS:-0}" = 1 ]; then
   echo "== sanitizers (ASan + UBSan)"
   "$MESHRT_ROOT/scripts/test-sanitizers.sh" asan
+fi
+
+# Installing as an admin and as a Python user do (scripts/test-install.sh; pip's fresh
+# build of the package is most of its time).
+if [ "${MESHRT_TEST_INSTALL:-1}" = 1 ]; then
+  echo "== installing: cmake --install, module load, pip install ."
+  "$MESHRT_ROOT/scripts/test-install.sh" "$MESHRT_BUILD_DIR"
 fi
 
 # The Slurm templates on a throw-away one-node cluster (needs root; about 12 s).

@@ -279,7 +279,7 @@ if [[ -n "${MULTINODE_BENCH:-}" ]]; then
     bench bench-collectives -- "$BUILD_DIR/apps/meshrt-bench" collectives
     bench bench-runtime -- "$BUILD_DIR/apps/meshrt-bench" runtime-collectives --reps=3 --max-bytes=16777216
     bench bench-group -- "$BUILD_DIR/apps/meshrt-bench" group
-    bench bench-python-group PYTHONPATH="$BUILD_DIR/python" -- /usr/bin/python3 -m meshrt.bench group
+    bench bench-python-group PYTHONPATH="$BUILD_DIR/python" -- /usr/bin/python3 -m meshrt_bench group
     [[ ${#FAILED[@]} -eq 0 ]] || die "${#FAILED[@]} benchmark job(s) failed: ${FAILED[*]}"
     exit 0
 fi

@@ -214,7 +214,7 @@ inline constexpr std::string_view kNotSettings[] = {
     "MESHRT_FUZZ_SECONDS", "MESHRT_FUZZ_BUILD_DIR", "MESHRT_CLANG_FORMAT", "MESHRT_PYTHON_TEST_FUNCTIONS",
     "MESHRT_FIXTURE",      "MESHRT_INFO",           "MESHRT_INFO_ARGS",    "MESHRT_NCCL_LIB_DIR",
     "MESHRT_GPU_BUNDLE",   "MESHRT_BUNDLE",         "MESHRT_ROOT",         "MESHRT_TEST_",
-    "MESHRT_CI_",          "MESHRT_GPU_CHECK_",     "MESHRT_BUNDLE_",
+    "MESHRT_CI_",          "MESHRT_GPU_CHECK_",     "MESHRT_BUNDLE_",      "MESHRT_PIP_",
 };
 
 // A MESHRT_* variable of the environment that is neither a setting nor in kNotSettings,
