@@ -21,7 +21,7 @@ namespace meshrt::detail {
 
 // Below this, malloc reuses warm memory by itself (glibc's mmap threshold is 128 KiB, and
 // rises to the largest block freed so far): smaller outputs pay no first-touch cost, and
-// pooling them moves nothing beyond the noise (docs/benchmarks.md, "Output pool"), so the
+// pooling them moves nothing beyond the noise (docs/benchmarks.md, "Older figures"), so the
 // pool keeps to the sizes where it pays.
 inline constexpr std::size_t kPoolMinBytes = std::size_t{256} << 10;
 

@@ -11,7 +11,7 @@
 // e.g. on a condition variable, when the awaited thing is known to finish on another
 // thread).
 //
-// The parameter sets and why (the figures behind them: docs/benchmarks.md, "Back-off"):
+// The parameter sets and why (the measurements: docs/benchmarks.md, "Older figures"):
 // - kDataPlaneWait (wait() on a Pending): a small collective finishes within a few us,
 //   so spin 20 us (cheaper than a trip through the scheduler), yield until 200 us (an
 //   oversubscribed peer can run), then sleep waited/32 (10 us .. 1 ms): oversleeping adds

@@ -123,7 +123,7 @@ void Batcher::append(const std::vector<int>& dests, protocol::Command c, std::si
   // ranks: a loop of to_mesh sends goes to the union of both meshes while its outputs die
   // on the destination mesh alone, and each receive would otherwise take a cold buffer
   // until the next synchronize. A rank that does not hold a ref ignores its delete (refs
-  // are unique to the session). docs/benchmarks.md ("Controller") has the figures.
+  // are unique to the session). Measured: docs/benchmarks.md, "Older figures".
   if (pending_delete_count_ > 0) ride_deletes(dests);
   batch_.push_back(std::move(c));
   batch_payload_ += payload;

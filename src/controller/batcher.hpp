@@ -121,7 +121,7 @@ class Batcher {
   // After a start's wake-up it waits for that batch's deadline even when the program has
   // flushed the batch by then (a fetch flushes at once): parking again would cost a
   // wake-up per batch. An idle controller (a long synchronize, the program's own work)
-  // does not wake at all. docs/benchmarks.md ("Controller") has the figures.
+  // does not wake at all. Measured: docs/benchmarks.md, "Older figures".
   std::condition_variable flusher_wake_;
   bool flusher_parked_ = false;  // waiting for a batch to start, not for a deadline
   bool stop_flusher_ = false;

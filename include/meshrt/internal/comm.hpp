@@ -153,7 +153,7 @@ class Pending {
 //   (where NonBlocking stalls between tests). Neither holds the caller's thread: the
 //   worker loop's mode with the status tree or more ranks than cores (otherwise the
 //   worker blocks: src/worker/worker.cpp, cpu_completion). The crossover is where
-//   runtime-collectives finds Thread ahead (docs/benchmarks.md).
+//   runtime-collectives finds Thread ahead (docs/benchmarks.md, "Older figures").
 // Modes may be mixed only between operations, not while one is in flight: MPI needs the
 // collectives of one communicator issued in the same order everywhere, and one thread
 // at a time.
