@@ -398,7 +398,7 @@ class StatelessGroup:
         """
     @property
     def timeout(self) -> float:
-        """Every call's default timeout in seconds."""
+        """Every call's default timeout in seconds (math.inf: no limit)."""
     def send_obj(self, obj: Any, dst: int, timeout: float | None = None, *, allow_pickle: bool = False) -> Any:
         """Sends obj to group rank dst; returns once it has left this rank."""
     def recv_obj(self, src: int, timeout: float | None = None, *, allow_pickle: bool = False, out: Any = None) -> Any:

@@ -50,6 +50,10 @@ def test_four_ranks_and_properties():
     assert WORLD == 4
     assert (W.rank, W.size, W.world_size, W.members, W.usable) == (ME, 4, 4, [0, 1, 2, 3], True)
     assert W.timeout == T
+    # No limit reads back as math.inf, asked for either way.
+    for no_limit in (0, math.inf):
+        with meshrt.StatelessGroup.create([ME], timeout=no_limit) as alone:
+            assert alone.timeout == math.inf
     # members[i] becomes group rank i.
     g = meshrt.StatelessGroup.create([3, 1, 2, 0], timeout=T)
     assert g.rank == [3, 1, 2, 0].index(ME)

@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -122,8 +123,13 @@ void bind_group(py::module_& m) {
           "usable", [](PyGroup& pg) { return pg.g && pg.g->usable() && pg.broken.empty(); },
           "False once a timeout or a failure mid-transfer has left messages in flight (later calls raise).")
       .def_property_readonly(
-          "timeout", [](PyGroup& pg) { return pg.group("timeout").default_timeout().count(); },
-          "Every call's default timeout in seconds.")
+          "timeout",
+          [](PyGroup& pg) {
+            // The C++ group holds "no limit" as the largest duration; Python spells it math.inf.
+            const double s = pg.group("timeout").default_timeout().count();
+            return s >= group_ops::kNoLimitFrom ? std::numeric_limits<double>::infinity() : s;
+          },
+          "Every call's default timeout in seconds (math.inf: no limit).")
       .def("send_obj", &send_obj, py::arg("obj"), py::arg("dst"), py::arg("timeout") = py::none(), py::kw_only(),
            py::arg("allow_pickle") = false, "Sends obj to group rank dst; returns once it has left this rank.")
       .def("recv_obj", &recv_obj, py::arg("src"), py::arg("timeout") = py::none(), py::kw_only(),

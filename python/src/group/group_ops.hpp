@@ -39,6 +39,9 @@ namespace group_ops {
 using Clock = std::chrono::steady_clock;
 using Seconds = std::chrono::duration<double>;
 
+// A timeout of this many seconds or more is no limit, as the C++ group reads it.
+constexpr double kNoLimitFrom = 1e9;
+
 // One deadline for a whole Python call (its C++ operations share it). The first operation
 // gets the call's timeout itself, so its error names the number the caller passed.
 class Deadline {
@@ -51,7 +54,7 @@ class Deadline {
                       op, *timeout));
     }
     first_ = timeout ? *timeout : g.default_timeout().count();
-    unlimited_ = !(first_ < 1e9);
+    unlimited_ = !(first_ < kNoLimitFrom);
     if (!unlimited_) at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(Seconds(first_));
   }
   Timeout first() const { return Seconds(unlimited_ ? kNoLimit : first_); }
@@ -61,7 +64,7 @@ class Deadline {
   }
 
  private:
-  static constexpr double kNoLimit = 1e10;  // the C++ group reads >= 1e9 s as no limit
+  static constexpr double kNoLimit = 1e10;  // what the C++ group reads as no limit
   double first_ = 0;
   bool unlimited_ = false;
   Clock::time_point at_{};
