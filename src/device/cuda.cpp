@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -45,6 +46,127 @@ void CUDART_CB run_host_task(void* p) {
   }
 }
 
+// Device memory in stream order, from a memory pool of each device's own
+// (cudaMallocFromPoolAsync, cudaFreeAsync): a block is allocated on the stream that uses
+// it and freed on that stream after the work enqueued on it so far, so no free ever waits
+// for the device. cudaFree may synchronize the whole device (cuda_runtime_api.h, "this API
+// may perform implicit synchronization"), which a collective waiting for a peer holds up.
+// A block whose stream is gone is freed on the device's stream for frees, which waited for
+// the last work of every stream that went. The pool lets a stream reuse what another
+// freed only once that free has run (no internal dependencies: an allocation on one
+// stream never waits for another, which may wait for a peer), and keeps what was freed
+// reserved until trim(), which the worker calls when idle with nothing in flight.
+class OrderedMemory {
+ public:
+  explicit OrderedMemory(int devices) : devices_(static_cast<std::size_t>(devices)) {}
+
+  void add_stream(std::uint64_t key, cudaStream_t stream) {
+    std::lock_guard lock(mutex_);
+    streams_[key] = stream;
+  }
+  // Before cudaStreamDestroy: later frees of its blocks go to the device's stream for
+  // frees, which first waits for everything this stream was given.
+  void remove_stream(std::uint64_t key, int device) noexcept {
+    std::lock_guard lock(mutex_);
+    const auto it = streams_.find(key);
+    if (it == streams_.end()) return;
+    cudaEvent_t tail = nullptr;
+    if (cudaEventCreateWithFlags(&tail, cudaEventDisableTiming) == cudaSuccess) {
+      if (cudaEventRecord(tail, it->second) == cudaSuccess) {
+        if (cudaStream_t frees = frees_stream(device)) (void)cudaStreamWaitEvent(frees, tail, 0);
+      }
+      (void)cudaEventDestroy(tail);  // released once the device is past it
+    }
+    (void)cudaGetLastError();
+    streams_.erase(it);
+  }
+
+  void* allocate(int device, std::size_t bytes, std::uint64_t key) {
+    CudaDeviceGuard guard(device);
+    std::lock_guard lock(mutex_);
+    const auto it = streams_.find(key);
+    if (it == streams_.end()) {
+      throw UsageError(
+          fmt::format("cuda allocation on cuda:{}: expected a live stream, found stream {} gone", device, key));
+    }
+    void* p = nullptr;
+    const cudaError_t rc = cudaMallocFromPoolAsync(&p, bytes, pool(device), it->second);
+    if (rc != cudaSuccess) {
+      // Handled here (the caller may retry or report it): a failed allocation must not
+      // stay CUDA's last error, or the next kernel launch's check would report it.
+      (void)cudaGetLastError();
+      throw SystemError(fmt::format("cudaMallocFromPoolAsync of {} bytes on cuda:{} failed: {} ({})", bytes, device,
+                                    cudaGetErrorString(rc), cudaGetErrorName(rc)));
+    }
+    return p;
+  }
+
+  void free(int device, void* p, std::uint64_t key) noexcept {
+    CudaDeviceGuard guard(device);
+    std::lock_guard lock(mutex_);
+    const auto it = streams_.find(key);
+    cudaStream_t on = it != streams_.end() ? it->second : frees_stream(device);
+    if (on == nullptr || cudaFreeAsync(p, on) != cudaSuccess) (void)cudaGetLastError();  // at exit: CUDA is gone
+    freed_since_trim_ = true;
+  }
+
+  // Gives the device what the pools hold but no block uses; only when the worker waits
+  // for nothing (a trim may wait for the frees it releases).
+  void trim() noexcept {
+    if (!freed_since_trim_.exchange(false)) return;
+    std::lock_guard lock(mutex_);
+    for (std::size_t d = 0; d < devices_.size(); ++d) {
+      if (devices_[d].pool == nullptr) continue;
+      CudaDeviceGuard guard(static_cast<int>(d));
+      if (cudaMemPoolTrimTo(devices_[d].pool, 0) != cudaSuccess) (void)cudaGetLastError();
+    }
+  }
+
+ private:
+  struct PerDevice {
+    cudaMemPool_t pool = nullptr;
+    cudaStream_t frees = nullptr;
+  };
+  // Under mutex_, with `device` current.
+  cudaMemPool_t pool(int device) {
+    PerDevice& d = devices_.at(static_cast<std::size_t>(device));
+    if (d.pool == nullptr) {
+      cudaMemPoolProps props{};
+      props.allocType = cudaMemAllocationTypePinned;
+      props.handleTypes = cudaMemHandleTypeNone;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = device;
+      cudaMemPool_t made = nullptr;
+      std::uint64_t keep = UINT64_MAX;  // released by trim() only
+      int no = 0;
+      cudaError_t rc = cudaMemPoolCreate(&made, &props);
+      if (rc == cudaSuccess) rc = cudaMemPoolSetAttribute(made, cudaMemPoolAttrReleaseThreshold, &keep);
+      if (rc == cudaSuccess) rc = cudaMemPoolSetAttribute(made, cudaMemPoolReuseAllowInternalDependencies, &no);
+      if (rc != cudaSuccess) {
+        (void)cudaGetLastError();  // reported here, not by the next kernel launch
+        if (made != nullptr) (void)cudaMemPoolDestroy(made);
+        throw SystemError(fmt::format("cuda:{}: making its memory pool failed: {} ({})", device, cudaGetErrorString(rc),
+                                      cudaGetErrorName(rc)));
+      }
+      d.pool = made;
+    }
+    return d.pool;
+  }
+  cudaStream_t frees_stream(int device) noexcept {
+    PerDevice& d = devices_.at(static_cast<std::size_t>(device));
+    if (d.frees == nullptr && cudaStreamCreateWithFlags(&d.frees, cudaStreamNonBlocking) != cudaSuccess) {
+      (void)cudaGetLastError();
+      d.frees = nullptr;
+    }
+    return d.frees;
+  }
+
+  std::mutex mutex_;
+  std::map<std::uint64_t, cudaStream_t> streams_;  // the live streams, by pool key
+  std::vector<PerDevice> devices_;
+  std::atomic<bool> freed_since_trim_{false};
+};
+
 class CudaStream;
 
 // The streams with traced spans not yet recorded (cuda_trace_flush), and how many spans.
@@ -81,9 +203,11 @@ struct TracedSpan {
 
 class CudaStream final : public Stream::Impl {
  public:
-  CudaStream(int device, std::uint64_t id, CachingPool& pool) : device_(device), id_(id), pool_(pool) {
+  CudaStream(int device, std::uint64_t id, CachingPool& pool, OrderedMemory& memory)
+      : device_(device), id_(id), pool_(pool), memory_(memory) {
     CudaDeviceGuard guard(device);
     MESHRT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    memory_.add_stream(id_, stream_);
   }
   ~CudaStream() override {
     // What has run is recorded; spans still running are not waited for.
@@ -97,8 +221,9 @@ class CudaStream final : public Stream::Impl {
       anchor_.reset();
       if (anchor_stream_) (void)cudaStreamDestroy(anchor_stream_);
     }
-    // Queued work still runs after cudaStreamDestroy; the pool frees this stream's
-    // cached blocks only after a cudaDeviceSynchronize.
+    // Queued work still runs after cudaStreamDestroy; this stream's blocks are freed on
+    // the device's stream for frees, after that work.
+    memory_.remove_stream(id_, device_);
     (void)cudaStreamDestroy(stream_);
     pool_.forget_stream(id_);
   }
@@ -227,6 +352,7 @@ class CudaStream final : public Stream::Impl {
   int device_;
   std::uint64_t id_;
   CachingPool& pool_;
+  OrderedMemory& memory_;
   cudaStream_t stream_ = nullptr;
   std::shared_ptr<ErrorSlot> slot_ = std::make_shared<ErrorSlot>();
   // MESHRT_TRACE
@@ -269,12 +395,23 @@ class CudaBackend final : public Backend {
   CudaBackend()
       : pool_limit_(static_cast<std::size_t>(settings::kDevicePoolBytes.get())),
         pinned_(
-            [](std::size_t n) {
+            [](std::size_t n, std::uint64_t) {
               void* p = nullptr;
-              MESHRT_CUDA_CHECK(cudaMallocHost(&p, n));
+              const cudaError_t rc = cudaMallocHost(&p, n);
+              if (rc != cudaSuccess) {
+                (void)cudaGetLastError();  // handled: not the next launch's error
+                throw SystemError(fmt::format("cudaMallocHost of {} bytes failed: {} ({})", n, cudaGetErrorString(rc),
+                                              cudaGetErrorName(rc)));
+              }
               return p;
             },
-            [](void* p) { (void)cudaFreeHost(p); }, SIZE_MAX) {
+            // cudaFreeHost may synchronize the device: what the staging cache gives up is
+            // freed when the worker is idle with nothing in flight (trim).
+            [this](void* p, std::uint64_t) {
+              std::lock_guard lock(host_frees_mutex_);
+              host_frees_.push_back(p);
+            },
+            SIZE_MAX) {
     const cudaError_t rc = cudaGetDeviceCount(&count_);
     if (rc != cudaSuccess || count_ < 1) {
       (void)cudaGetLastError();
@@ -282,22 +419,11 @@ class CudaBackend final : public Backend {
                                    rc != cudaSuccess ? cudaGetErrorString(rc) : "none visible"));
     }
     has_context_.assign(static_cast<std::size_t>(count_), false);
+    memory_ = std::make_unique<OrderedMemory>(count_);
     for (int d = 0; d < count_; ++d) {
       pools_.push_back(std::make_unique<CachingPool>(
-          [d](std::size_t n) {
-            CudaDeviceGuard guard(d);
-            void* p = nullptr;
-            MESHRT_CUDA_CHECK(cudaMalloc(&p, n));
-            return p;
-          },
-          [d](void* p) {
-            // Called outside the pool's lock. cudaFree "may" synchronize; waiting for the
-            // device first makes sure no queued work still uses the block.
-            CudaDeviceGuard guard(d);
-            (void)cudaDeviceSynchronize();
-            (void)cudaFree(p);
-          },
-          pool_limit_));
+          [this, d](std::size_t n, std::uint64_t key) { return memory_->allocate(d, n, key); },
+          [this, d](void* p, std::uint64_t key) { memory_->free(d, p, key); }, pool_limit_));
     }
   }
 
@@ -317,7 +443,8 @@ class CudaBackend final : public Backend {
   Stream create_stream(int device) override {
     check(device, "create_stream");
     touch(device);
-    auto stream = std::make_shared<CudaStream>(device, next_stream_++, *pools_[static_cast<std::size_t>(device)]);
+    auto stream =
+        std::make_shared<CudaStream>(device, next_stream_++, *pools_[static_cast<std::size_t>(device)], *memory_);
     // Made by a command's first device work: the span of that command starts here.
     if (detail::trace::enabled()) stream->trace_open();
     return Stream(std::move(stream));
@@ -367,6 +494,18 @@ class CudaBackend final : public Backend {
   }
   void empty_cache() override {
     for (auto& p : pools_) p->empty_cache();
+    pinned_.empty_cache();
+  }
+  void trim() override {
+    std::lock_guard trimming(trim_mutex_);
+    memory_->trim();
+    std::vector<void*> frees;
+    {
+      std::lock_guard lock(host_frees_mutex_);
+      frees.swap(host_frees_);
+    }
+    for (void* p : frees) (void)cudaFreeHost(p);
+    (void)cudaGetLastError();
   }
   int contexts() const override {
     std::lock_guard lock(contexts_mutex_);
@@ -387,6 +526,10 @@ class CudaBackend final : public Backend {
   mutable std::mutex contexts_mutex_;
   std::vector<bool> has_context_;
   std::size_t pool_limit_;
+  std::mutex trim_mutex_;
+  std::mutex host_frees_mutex_;
+  std::vector<void*> host_frees_;  // pinned blocks given up, freed by trim()
+  std::unique_ptr<OrderedMemory> memory_;
   std::vector<std::unique_ptr<CachingPool>> pools_;
   CachingPool pinned_;
   std::atomic<std::uint64_t> next_stream_{1};
@@ -407,10 +550,20 @@ void cuda_trace_flush(bool wait) {
   for (const auto& s : live) s->flush(wait);
 }
 
+std::atomic<CudaBackend*> g_cuda_backend{nullptr};
+
 Backend& cuda_backend() {
   // Never destroyed, as the emulated one: tensors freed at exit return to its pools.
-  static auto* backend = new CudaBackend();
+  static auto* backend = [] {
+    auto* b = new CudaBackend();
+    g_cuda_backend.store(b);
+    return b;
+  }();
   return *backend;
+}
+
+void cuda_trim() noexcept {
+  if (CudaBackend* b = g_cuda_backend.load()) b->trim();
 }
 
 int cuda_visible_devices() noexcept {

@@ -21,6 +21,8 @@ Backend& cuda_backend();
 int cuda_visible_devices() noexcept;
 // device::trace_flush for the CUDA streams with spans not yet recorded.
 void cuda_trace_flush(bool wait);
+// Backend::trim of the cuda backend, if it was made.
+void cuda_trim() noexcept;
 
 #if MESHRT_HAVE_NCCL
 // ncclCommInitRankConfig with blocking = 0 over `members`, polled against `timeout`.

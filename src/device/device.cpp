@@ -15,6 +15,7 @@
 #include "common/trace.hpp"
 #include "device/backend.hpp"
 #include "device/emulated.hpp"
+#include "device/pool.hpp"
 #include "meshrt/config.hpp"
 #include "meshrt/internal/settings.hpp"
 
@@ -367,8 +368,15 @@ void trace_flush([[maybe_unused]] bool wait) {
 #endif
 }
 
+void trim_idle() noexcept {
+#if MESHRT_HAVE_CUDA
+  cuda_trim();
+#endif
+}
+
 void release_completed() {
   trace_flush(false);
+  CachingPool::collect_all();  // blocks freed in stream order: never waits
   if (g_held_count.load() == 0) return;
   std::vector<Held> done;
   {
@@ -471,6 +479,12 @@ void host_task(std::uint64_t stream_id, const Device& device, std::function<void
                     device.to_string()));
   }
   stream_for(stream_id, device).enqueue(std::move(work));
+  // A kernel launch on the emulated device: the thread's last error is reported after it,
+  // as meshrt's CUDA kernels check cudaGetLastError after each launch.
+  if (auto error = take_last_error()) {
+    throw SystemError(
+        fmt::format("kernel launch on {}: {} (the calling thread's last error)", device.to_string(), *error));
+  }
 }
 
 void set_unordered_fetch_for_testing(bool on) noexcept {

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <new>
 #include <string_view>
+#include <utility>
 
 #include "common/trace.hpp"
 #include "meshrt/internal/settings.hpp"
@@ -24,6 +25,17 @@ void host_free(void* p) {
 }
 
 thread_local int t_current_device = 0;
+thread_local std::optional<std::string> t_last_error;
+
+// As cudaMalloc: nullptr, with the calling thread's last error set, when the device has not
+// the memory.
+void* device_malloc(std::size_t bytes) {
+  if (bytes > EmulatedBackend::kDeviceBytes) {
+    set_last_error("out of memory");
+    return nullptr;
+  }
+  return host_allocate(bytes);
+}
 
 class EmulatedEvent final : public Event::Impl {
  public:
@@ -61,6 +73,14 @@ class EmulatedEvent final : public Event::Impl {
 
 }  // namespace
 
+void set_last_error(std::string error) {
+  t_last_error = std::move(error);
+}
+
+std::optional<std::string> take_last_error() noexcept {
+  return std::exchange(t_last_error, std::nullopt);
+}
+
 // ---------------------------------------------------------------------------- stream
 
 namespace {
@@ -68,12 +88,12 @@ namespace {
 thread_local bool t_faulted = false;
 }  // namespace
 
-EmulatedStream::EmulatedStream(int device, std::uint64_t id, std::chrono::microseconds delay, CachingPool& pool)
+EmulatedStream::EmulatedStream(int device, std::uint64_t id, std::chrono::microseconds delay, CachingPool* pool)
     : shared_(std::make_shared<Shared>()) {
   shared_->device = device;
   shared_->id = id;
   shared_->delay = delay;
-  shared_->pool = &pool;
+  shared_->pool = pool;
   thread_ = std::thread([shared = shared_] { run(shared); });
 }
 
@@ -135,6 +155,26 @@ void EmulatedStream::enqueue_communication(std::function<void()> task) {
   shared_->cv.notify_all();
 }
 
+bool EmulatedStream::enqueue_internal(std::function<void()> task) {
+  {
+    std::lock_guard lock(shared_->mutex);
+    if (shared_->finished) return false;
+    // Not wrapped as enqueue() wraps a kernel: it runs even on a faulted stream.
+    shared_->queue.push_back(std::move(task));
+    ++shared_->enqueued;
+  }
+  shared_->cv.notify_all();
+  return true;
+}
+
+std::function<void()> EmulatedStream::waiter() {
+  std::lock_guard lock(shared_->mutex);
+  return [shared = shared_, count = shared_->enqueued] {
+    std::unique_lock wait_lock(shared->mutex);
+    shared->cv.wait(wait_lock, [&] { return shared->completed >= count || shared->finished; });
+  };
+}
+
 void EmulatedStream::run(const std::shared_ptr<Shared>& shared) {
   Shared& s = *shared;
   std::unique_lock lock(s.mutex);
@@ -168,9 +208,11 @@ void EmulatedStream::run(const std::shared_ptr<Shared>& shared) {
     ++s.completed;
     s.cv.notify_all();
   }
+  s.finished = true;
+  s.cv.notify_all();
   lock.unlock();
   // Its work is done: the blocks it cached may go.
-  s.pool->forget_stream(s.id);
+  if (s.pool != nullptr) s.pool->forget_stream(s.id);
 }
 
 bool EmulatedStream::query() {
@@ -248,14 +290,23 @@ EmulatedBackend::EmulatedBackend()
       visible_text_(settings::kEmulatedVisibleDevices.from_environment()),
       visible_(visible_devices(node_devices_, visible_text_)),
       delay_(settings::kEmulatedDelayUs.get()),
+      frees_(std::make_unique<EmulatedStream>(0, 0, std::chrono::microseconds(0), nullptr)),
       pool_(
-          host_allocate,
-          [this](void* p) {
-            synchronize_streams();
-            host_free(p);
+          [](std::size_t n, std::uint64_t) {
+            void* p = device_malloc(n);
+            if (p == nullptr) {
+              // Handled here (the pool retries, or the caller reports it): not the next
+              // kernel launch's error.
+              const std::string error = take_last_error().value_or("out of memory");
+              throw SystemError(fmt::format("emulated allocation of {} bytes: {} (an emulated device holds {} bytes)",
+                                            n, error, kDeviceBytes));
+            }
+            return p;
           },
+          [this](void* p, std::uint64_t stream_key) { free_ordered(p, stream_key); },
           static_cast<std::size_t>(settings::kDevicePoolBytes.get())),
-      pinned_(host_allocate, host_free, SIZE_MAX) {
+      pinned_([](std::size_t n, std::uint64_t) { return host_allocate(n); },
+              [](void* p, std::uint64_t) { host_free(p); }, SIZE_MAX) {
   has_context_.assign(visible_.size(), false);  // the settings take >= 1 devices, >= 0 us
 }
 
@@ -295,24 +346,38 @@ int EmulatedBackend::current() {
 Stream EmulatedBackend::create_stream(int device) {
   check_device(device, "create_stream");
   touch(device);
-  auto stream = std::make_shared<EmulatedStream>(device, next_stream_++, delay_, pool_);
+  auto stream = std::make_shared<EmulatedStream>(device, next_stream_++, delay_, &pool_);
   std::lock_guard lock(streams_mutex_);
-  std::erase_if(streams_, [](const std::weak_ptr<EmulatedStream>& s) { return s.expired(); });
-  streams_.push_back(stream);
+  std::erase_if(streams_, [](const auto& entry) { return entry.second.expired(); });
+  streams_.emplace(stream->id(), stream);
   return Stream(std::move(stream));
 }
 
-void EmulatedBackend::synchronize_streams() {
-  std::vector<std::shared_ptr<EmulatedStream>> live;
+void EmulatedBackend::free_ordered(void* p, std::uint64_t stream_key) {
+  if (stream_key != 0) {
+    std::shared_ptr<EmulatedStream> s;
+    {
+      std::lock_guard lock(streams_mutex_);
+      if (auto it = streams_.find(stream_key); it != streams_.end()) s = it->second.lock();
+    }
+    // Freed by the stream after the work it was given so far, as cudaFreeAsync does; a
+    // stream that has ended ran all of its work.
+    if (!s || !s->enqueue_internal([p] { host_free(p); })) host_free(p);
+    return;
+  }
+  // No stream: any of them may have used it. The backend's own stream waits for what
+  // each live stream was given so far, then frees it; the caller never waits.
+  std::vector<std::function<void()>> waits;
   {
     std::lock_guard lock(streams_mutex_);
-    for (const auto& weak : streams_) {
-      if (auto s = weak.lock()) live.push_back(std::move(s));
+    for (const auto& [id, weak] : streams_) {
+      if (auto s = weak.lock()) waits.push_back(s->waiter());
     }
   }
-  for (const auto& s : live) {
-    if (!s->on_own_thread()) s->synchronize();
-  }
+  frees_->enqueue_internal([p, waits = std::move(waits)] {
+    for (const auto& wait : waits) wait();
+    host_free(p);
+  });
 }
 
 Event EmulatedBackend::create_event(int device) {

@@ -8,6 +8,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -19,9 +22,18 @@
 
 namespace meshrt::device {
 
+// CUDA's last error of the calling host thread, as the emulator keeps it (cudaGetLastError
+// returns and clears it): a failed device allocation sets it, and a kernel launch
+// (host_task on an emulated device) reports it, as meshrt's CUDA kernels check
+// cudaGetLastError after each launch. A caller that handles a failed allocation clears it.
+void set_last_error(std::string error);
+std::optional<std::string> take_last_error() noexcept;
+
 class EmulatedStream final : public Stream::Impl {
  public:
-  EmulatedStream(int device, std::uint64_t id, std::chrono::microseconds delay, CachingPool& pool);
+  // `pool`: the pool whose blocks of this stream are freed once its work is done (none
+  // for the backend's own stream of frees).
+  EmulatedStream(int device, std::uint64_t id, std::chrono::microseconds delay, CachingPool* pool);
   ~EmulatedStream() override;
 
   Accelerator accelerator() const noexcept override { return Accelerator::Emulated; }
@@ -35,6 +47,13 @@ class EmulatedStream final : public Stream::Impl {
   // data instead of the stream's buffers.
   void enqueue_communication(std::function<void()> task);
   static bool faulted_now() noexcept;
+  // The device's own step in stream order, as cudaFreeAsync is: it runs even after the
+  // stream faulted, and is no span of the timeline. False when the stream has ended (its
+  // work has all run): the caller does it at once.
+  bool enqueue_internal(std::function<void()> task);
+  // Waits until the work enqueued so far has run (or the stream ended), like an event
+  // recorded now; the function holds the stream's state, not the stream.
+  std::function<void()> waiter();
   bool query() override;
   void synchronize() override;
   std::optional<std::string> error() override;
@@ -61,6 +80,7 @@ class EmulatedStream final : public Stream::Impl {
     std::uint64_t enqueued = 0;
     std::uint64_t completed = 0;
     bool stopping = false;
+    bool finished = false;  // the thread has left its loop: nothing enqueued runs any more
     std::optional<std::string> error;
   };
   static void run(const std::shared_ptr<Shared>& shared);
@@ -95,14 +115,17 @@ class EmulatedBackend final : public Backend {
     return pool_.allocate(bytes, 0);
   }
   void check_device(int index, const char* what) const;
+  // What one emulated device holds: an allocation larger than this fails as cudaMalloc
+  // does on a device without the memory (out of memory, set as the thread's last error).
+  static constexpr std::size_t kDeviceBytes = std::size_t{1} << 40;
   // Counts `device`'s context the first time it is used, as a GPU creates one.
   void touch(int device);
   // The calling thread's current device (make_current), 0 by default.
   static int current();
-  // Waits until every live stream of this backend has run what was enqueued on it so far
-  // (but the calling thread's own stream, inside one of its tasks): what cudaFree does
-  // before it frees, so a block is never freed under work still queued on it.
-  void synchronize_streams();
+  // A pool block's free in stream order (CachingPool::RawFree): a task on the block's
+  // stream while it runs, at once once its work is all done; a block of no stream (key 0)
+  // after the work every stream has been given so far, on the backend's own stream.
+  void free_ordered(void* p, std::uint64_t stream_key);
 
  private:
   int node_devices_;                         // MESHRT_EMULATED_DEVICES
@@ -113,7 +136,8 @@ class EmulatedBackend final : public Backend {
   std::chrono::microseconds delay_;
   // Before the pools, whose frees use them (members go in reverse order).
   std::mutex streams_mutex_;
-  std::vector<std::weak_ptr<EmulatedStream>> streams_;  // every stream made, live or gone
+  std::map<std::uint64_t, std::weak_ptr<EmulatedStream>> streams_;  // by id: every stream made, live or gone
+  std::unique_ptr<EmulatedStream> frees_;                           // the frees of blocks of no stream
   CachingPool pool_;
   CachingPool pinned_;
   std::atomic<std::uint64_t> next_stream_{1};

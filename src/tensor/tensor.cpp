@@ -361,7 +361,13 @@ Tensor::Storage::Storage(std::size_t n, Device d) : bytes(n), device(d) {
   require_cuda(d, "tensor allocation");
 #if MESHRT_HAVE_CUDA
   detail::CudaDeviceGuard guard(d.index());
-  MESHRT_CUDA_CHECK(cudaMalloc(&ptr, std::max<std::size_t>(n, 1)));
+  const cudaError_t rc = cudaMalloc(&ptr, std::max<std::size_t>(n, 1));
+  if (rc != cudaSuccess) {
+    // Reported here: it must not stay CUDA's last error, which the next kernel launch's
+    // check (cudaGetLastError) would report as its own.
+    (void)cudaGetLastError();
+    detail::throw_cuda_error(static_cast<int>(rc), "cudaMalloc(&ptr, n)", __FILE__, __LINE__);
+  }
 #endif
 }
 

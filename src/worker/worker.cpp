@@ -439,9 +439,16 @@ struct Worker::Impl {
       if (worked) {
         backoff.reset();
         flight.reset();
-      } else if (in_flight.active()) {
+        continue;
+      }
+      if (in_flight.active()) {
         in_flight.pause(flight);
-      } else if (doorbell) {
+        continue;
+      }
+      // Idle with nothing in flight: the one time the device's memory is trimmed (a trim
+      // may wait for the device, which a collective may hold up for a peer).
+      device::trim_idle();
+      if (doorbell) {
         backoff.pause([&](std::chrono::microseconds d) { channel->wait_ring(control::Tag::Command, rung, d); });
       } else {
         backoff.pause();

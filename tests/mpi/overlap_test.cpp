@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -107,6 +108,34 @@ TEST(Overlap, AKernelOnAnotherStreamRunsWhileACollectiveIsInFlight) {
         << "rank 1 waited " << kWait.count() << " s for a signal rank 0 gives after posting its all_reduce";
     EXPECT_EQ(first(ctl.fetch_shard(y, {{"rank", 0}}).get()), 2.0f);
     EXPECT_EQ(first(ctl.fetch_shard(y, {{"rank", 1}}).get()), 2.0f);
+    std::filesystem::remove(path);
+  });
+}
+
+// The same with an allocation on the other stream after a block was given up: CTest runs
+// the emulated case with MESHRT_DEVICE_POOL_BYTES=0, so the dropped tensor's block is
+// freed, not cached. The free is in its stream's order (a task on it, cudaFreeAsync on
+// CUDA), so the allocation never waits for the collective's stream, which waits for rank
+// 1, which waits for the signal. The free used to wait for every stream first.
+TEST(Overlap, AnAllocationAfterAFreeRunsWhileACollectiveIsInFlight) {
+  SKIP_WITHOUT_A_DEVICE_PER_RANK();
+  session([](Controller& ctl) {
+    const std::string path = signal_path("-allocate");
+    Mesh mesh = ctl.world_mesh({{"rank", 2}}, test_kind());
+    Stream comm = ctl.stream("comm");
+    Stream compute = ctl.stream("compute");
+    DTensor x = mesh.call_on(comm, "meshrt.full", {{4}, DType::Float32, 1.0}).at(0);
+    EXPECT_EQ(first(ctl.fetch_shard(x.reduce("rank", Reduction::Sum), {{"rank", 0}}).get()), 2.0f);
+    std::optional<DTensor> dropped = mesh.call_on(compute, "meshrt.full", {{65536}, DType::Float32, 0.0}).at(0);
+    DTensor waited = mesh.call_on(comm, "test.await_signal", {path, 1}).at(0);  // rank 1 waits
+    DTensor y = x.reduce("rank", Reduction::Sum);                               // in flight on rank 0
+    dropped.reset();  // its block is freed (the delete goes ahead of the next command)
+    DTensor z = mesh.call_on(compute, "meshrt.full", {{4}, DType::Float32, 3.0}).at(0);  // an allocation
+    (void)mesh.call_on(compute, "test.signal", {path, 0});                               // rank 0 signals
+    EXPECT_EQ(first(ctl.fetch_shard(waited, {{"rank", 1}}).get()), 1.0f)
+        << "rank 1 waited " << kWait.count() << " s for a signal rank 0 gives after an allocation";
+    EXPECT_EQ(first(ctl.fetch_shard(y, {{"rank", 0}}).get()), 2.0f);
+    EXPECT_EQ(first(ctl.fetch_shard(z, {{"rank", 1}}).get()), 3.0f);
     std::filesystem::remove(path);
   });
 }

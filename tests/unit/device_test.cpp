@@ -4,12 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
 #include <limits>
+#include <memory>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -60,11 +62,11 @@ TEST(DevicePool, ReusesBlocksOnTheirOwnStreamOnly) {
   int allocations = 0;
   int frees = 0;
   CachingPool pool(
-      [&](std::size_t n) {
+      [&](std::size_t n, std::uint64_t) {
         ++allocations;
         return ::operator new(n);
       },
-      [&](void* p) {
+      [&](void* p, std::uint64_t) {
         ++frees;
         ::operator delete(p);
       },
@@ -100,6 +102,58 @@ TEST(DevicePool, ReusesBlocksOnTheirOwnStreamOnly) {
   pool.empty_cache();
   EXPECT_EQ(pool.stats().cached_bytes, 0u);
   EXPECT_EQ(frees, allocations);
+}
+
+// Reuse is best fit: a cached block up to twice the request serves it, so varying sizes
+// reuse each other's blocks; a larger one is left for a request of its size.
+TEST(DevicePool, ReusesTheSmallestBlockLargeEnoughUpToTwiceTheRequest) {
+  CachingPool pool([](std::size_t n, std::uint64_t) { return ::operator new(n); },
+                   [](void* p, std::uint64_t) { ::operator delete(p); }, 1 << 20);
+  void* big = nullptr;
+  { big = pool.allocate(3000, 7).get(); }  // a 3072-byte block, cached
+  {
+    auto fits = pool.allocate(2000, 7);  // 2048 bytes: the 3072-byte block serves it
+    EXPECT_EQ(fits.get(), big);
+    EXPECT_TRUE(pool.contains(big, 3072));
+  }
+  {
+    auto small = pool.allocate(1000, 7);  // 1024 bytes: 3072 is more than twice that
+    EXPECT_NE(small.get(), big);
+  }
+  EXPECT_EQ(pool.stats().hits, 1u);
+  EXPECT_EQ(pool.stats().misses, 2u);
+}
+
+// A block is freed in its stream's order, by the device, never by the host waiting for
+// the device: with a stream held up (a task waiting for the test, as a collective waits
+// for a peer), freeing its blocks and allocating on another stream return at once. The
+// free used to synchronize every stream (cudaDeviceSynchronize on CUDA) and waited here.
+// MESHRT_ACCELERATOR=cuda runs it on the GPU (scripts/gpu-check.sh).
+TEST(DevicePool, AFreeNeverWaitsForTheDevice) {
+  const bool cuda = device::configured_accelerator() == device::Accelerator::Cuda;
+  Backend& b = device::backend(cuda ? device::Accelerator::Cuda : device::Accelerator::Emulated);
+  b.make_current(0);
+  Stream held = b.create_stream(0);
+  Stream other = b.create_stream(0);
+  const TensorMeta meta({1024}, DType::Float32, Device::of(b.kind(), 0));
+  auto release = std::make_shared<std::atomic<bool>>(false);
+  (void)b.empty(meta, held);  // used on `held`, then cached for it
+  held.enqueue([release] {    // a host task that may make no CUDA call: it only waits
+    while (!release->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  auto next = std::async(std::launch::async, [&] {
+    b.make_current(0);
+    b.empty_cache();              // frees the block in `held`'s order
+    return b.empty(meta, other);  // and allocates on another stream
+  });
+  const bool returned = next.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  EXPECT_FALSE(held.query()) << "the held stream ran before the test let it";
+  release->store(true);
+  EXPECT_TRUE(returned) << "freeing and allocating waited for a stream held up elsewhere (20 s)";
+  EXPECT_TRUE(next.get().defined());
+  held.synchronize();
+  other.synchronize();
+  EXPECT_FALSE(held.error());
 }
 
 TEST(DeviceStream, RunsInFifoOrderOffTheCallersThread) {
@@ -235,10 +289,10 @@ TEST(DeviceMemory, ACopysSourceIsHeldUntilTheCopyRanNotByAHostTask) {
   device::release_completed();
 }
 
-// Under memory pressure the pool frees what went over its limit at the next allocation;
-// the emulated free first waits for the streams' queued work, as cudaFree may, and that
-// work can release a block into the pool (a task holding a tensor's last handle). The
-// pool frees outside its lock, so this finishes (issue 29, N4: it deadlocked).
+// Under memory pressure the pool frees what went over its limit at the next allocation,
+// in stream order, while that stream's work can release a block into the pool (a task
+// holding a tensor's last handle). The pool frees outside its lock, so this finishes
+// (issue 29, N4: it deadlocked when the free waited for the streams).
 TEST(DevicePool, FreesUnderPressureWhileAStreamTaskReleasesIntoIt) {
   setenv("MESHRT_DEVICE_POOL_BYTES", "0", 1);  // nothing cached: every release waits to be freed
   auto b = delayed_backend(1000);

@@ -58,8 +58,12 @@ class Backend {
   // Page-locked host memory for staging (cudaMallocHost); at least 64-byte aligned.
   virtual std::shared_ptr<void> pinned(std::size_t bytes) = 0;
   virtual PoolStats pool_stats() const = 0;
-  // Frees every cached (unused) block of the pool.
+  // Frees every cached (unused) block of the pool, in each block's stream order.
   virtual void empty_cache() = 0;
+  // Gives back what freed blocks leave reserved (cuda: the driver's pools, and the pinned
+  // staging blocks the cache gave up, whose cudaFreeHost may synchronize the device). It may
+  // wait for the device, so the worker calls it only when it waits for nothing (trim_idle).
+  virtual void trim() {}
   // How many devices have a context in this process through this backend: a device
   // counts from the first time meshrt makes it current or gives it a stream, an event or
   // memory (cuda: the calls that create its primary context; emulated: the same calls,
@@ -95,6 +99,10 @@ void enter_worker_thread() noexcept;
 // call, and its release may free into the pool); the worker calls this every turn, and
 // the device layer's own calls do too. Never blocks.
 void release_completed();
+// Called by the worker when it is idle with no collective or send in flight: the
+// accelerator in use gives back the memory its frees left reserved (Backend::trim). Never
+// creates a backend.
+void trim_idle() noexcept;
 
 // MESHRT_TRACE on CUDA: the device work one worker command enqueues on meshrt stream
 // `stream_id` becomes one span of that device stream's track, from when the stream reached
