@@ -110,13 +110,15 @@ class DevicePending final : public Pending {
  public:
   bool test() override {
     if (finished()) return true;
-    if (comm) {
-      if (auto error = comm->async_error()) {
-        drop(comm, *error);
-        return fail(*error);
-      }
-    }
+    // Completion first: an operation whose event completed has run. An error its
+    // communicator reports after that (a peer that failed since) is later work's to fail.
     if (done.defined() && !done.query()) {
+      if (comm) {
+        if (auto error = comm->async_error()) {
+          drop(comm, *error);
+          return fail(*error);
+        }
+      }
       check_deadline();
       return false;
     }

@@ -43,6 +43,10 @@ struct Event::Impl {
 // Every entry point that uses a device calls it before its first device call.
 void ensure_current(Device::Kind kind);
 
+// The fault set_enqueue_fault_for_testing set, taken (the next call on a device
+// communicator fails with it, once); nullopt when none is set.
+std::optional<std::string> take_enqueue_fault();
+
 // The stream behind a handle; throws UsageError naming `what` for an undefined one or one
 // of another accelerator.
 Stream::Impl& stream_impl(const Stream& stream, Accelerator expected, const char* what);

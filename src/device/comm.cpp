@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,7 +42,22 @@ struct MemberPlace {
   std::string physical_name() const { return std::string(physical.data(), strnlen(physical.data(), physical.size())); }
 };
 
+// set_enqueue_fault_for_testing: the message the next call on a device communicator of
+// this process fails with.
+std::mutex g_enqueue_fault_mutex;
+std::optional<std::string> g_enqueue_fault;
+
 }  // namespace
+
+void set_enqueue_fault_for_testing(std::string message) {
+  std::lock_guard lock(g_enqueue_fault_mutex);
+  g_enqueue_fault = std::move(message);
+}
+
+std::optional<std::string> take_enqueue_fault() {
+  std::lock_guard lock(g_enqueue_fault_mutex);
+  return std::exchange(g_enqueue_fault, std::nullopt);
+}
 
 std::unique_ptr<Communicator> create_communicator(Accelerator accelerator, MPI_Comm members, int device,
                                                   std::chrono::duration<double> timeout) {

@@ -79,12 +79,12 @@ class NcclCommunicator final : public Communicator {
     cudaStream_t s = native(stream, "all_reduce");
     CudaDeviceGuard guard(device_);
     const NanMasks masks = nan_masks(send, count, count, dtype, reduction, stream);
-    check(ncclGroupStart(), "ncclGroupStart");
+    Group group(*this, "all_reduce");
     check(ncclAllReduce(send, recv, count, nccl_datatype(dtype), op, comm_, s), "ncclAllReduce");
     if (masks) {
       check(ncclAllReduce(masks.send, masks.recv, count, ncclUint8, ncclMax, comm_, s), "ncclAllReduce (NaN mask)");
     }
-    check(ncclGroupEnd(), "ncclGroupEnd");
+    group.end();
     if (masks)
       cuda_kernels::apply_nan_mask(static_cast<int>(dtype), recv, masks.recv, static_cast<std::int64_t>(count), s);
     if (reduction == Reduction::Avg) divide(recv, count, dtype, s);
@@ -92,6 +92,7 @@ class NcclCommunicator final : public Communicator {
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
     cudaStream_t s = native(stream, "all_gather");
     CudaDeviceGuard guard(device_);
+    if (auto fault = take_enqueue_fault()) throw SystemError(fmt::format("{}: {}", where("all_gather"), *fault));
     check(ncclAllGather(send, recv, count, nccl_datatype(dtype), comm_, s), "ncclAllGather");
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, Reduction reduction,
@@ -100,13 +101,13 @@ class NcclCommunicator final : public Communicator {
     cudaStream_t s = native(stream, "reduce_scatter");
     CudaDeviceGuard guard(device_);
     const NanMasks masks = nan_masks(send, count * static_cast<std::size_t>(size_), count, dtype, reduction, stream);
-    check(ncclGroupStart(), "ncclGroupStart");
+    Group group(*this, "reduce_scatter");
     check(ncclReduceScatter(send, recv, count, nccl_datatype(dtype), op, comm_, s), "ncclReduceScatter");
     if (masks) {
       check(ncclReduceScatter(masks.send, masks.recv, count, ncclUint8, ncclMax, comm_, s),
             "ncclReduceScatter (NaN mask)");
     }
-    check(ncclGroupEnd(), "ncclGroupEnd");
+    group.end();
     if (masks)
       cuda_kernels::apply_nan_mask(static_cast<int>(dtype), recv, masks.recv, static_cast<std::int64_t>(count), s);
     if (reduction == Reduction::Avg) divide(recv, count, dtype, s);
@@ -122,19 +123,19 @@ class NcclCommunicator final : public Communicator {
     CudaDeviceGuard guard(device_);
     const ncclDataType_t type = nccl_datatype(dtype);
     const std::size_t block = count * element_size(dtype);
-    check(ncclGroupStart(), "ncclGroupStart");
+    Group group(*this, "all_to_all");
     for (int r = 0; r < size_; ++r) {
       const auto offset = static_cast<std::size_t>(r) * block;
       check(ncclSend(static_cast<const char*>(send) + offset, count, type, r, comm_, s), "ncclSend");
       check(ncclRecv(static_cast<char*>(recv) + offset, count, type, r, comm_, s), "ncclRecv");
     }
-    check(ncclGroupEnd(), "ncclGroupEnd");
+    group.end();
   }
   void send_recv(std::span<const PeerOp> ops, DType dtype, const Stream& stream) override {
     cudaStream_t s = native(stream, "send_recv");
     CudaDeviceGuard guard(device_);
     const ncclDataType_t type = nccl_datatype(dtype);
-    check(ncclGroupStart(), "ncclGroupStart");
+    Group group(*this, "send_recv");
     for (const PeerOp& op : ops) {
       if (op.send) {
         check(ncclSend(op.buffer, op.count, type, op.peer, comm_, s), "ncclSend");
@@ -142,7 +143,7 @@ class NcclCommunicator final : public Communicator {
         check(ncclRecv(op.buffer, op.count, type, op.peer, comm_, s), "ncclRecv");
       }
     }
-    check(ncclGroupEnd(), "ncclGroupEnd");
+    group.end();
   }
 
   std::optional<std::string> async_error() override {
@@ -195,6 +196,40 @@ class NcclCommunicator final : public Communicator {
 
  private:
   std::string where(const char* what) const { return fmt::format("{} on {}", what, describe()); }
+
+  // ncclGroupStart, and ncclGroupEnd on every way out: NCCL keeps the group per thread
+  // (its group.h), and a group left open by a call that failed inside it queues every
+  // later NCCL call of this thread, on any communicator, and launches none; their events
+  // then complete at once with outputs never written. On an error the group's end is
+  // called for that alone and its result ignored (the call's error is the one thrown).
+  // The test fault (set_enqueue_fault_for_testing) fails the operation right inside it.
+  class Group {
+   public:
+    Group(NcclCommunicator& comm, const char* what) : comm_(comm) {
+      comm_.check(ncclGroupStart(), "ncclGroupStart");
+      open_ = true;
+      if (auto fault = take_enqueue_fault()) {
+        close();
+        throw SystemError(fmt::format("{}: {}", comm_.where(what), *fault));
+      }
+    }
+    ~Group() { close(); }
+    Group(const Group&) = delete;
+    Group& operator=(const Group&) = delete;
+    void end() {
+      open_ = false;
+      comm_.check(ncclGroupEnd(), "ncclGroupEnd");
+    }
+
+   private:
+    void close() noexcept {
+      if (!open_) return;
+      open_ = false;
+      (void)ncclGroupEnd();
+    }
+    NcclCommunicator& comm_;
+    bool open_ = false;
+  };
 
   cudaStream_t native(const Stream& stream, const char* what) const {
     Stream::Impl& s = stream_impl(stream, Accelerator::Cuda, what);

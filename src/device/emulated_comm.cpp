@@ -147,9 +147,79 @@ class Buffers {
 // A member's part ended by an abort (ncclCommAbort ends the kernels in flight).
 struct Aborted {};
 
-// set_enqueue_fault_for_testing: the message the next enqueue on this process fails with.
-std::mutex g_enqueue_fault_mutex;
-std::optional<std::string> g_enqueue_fault;
+// NCCL's group, kept per host thread as NCCL keeps it (its group.h): between
+// ncclGroupStart and ncclGroupEnd the calls of the thread are queued, and the outermost
+// group end launches them. A call that fails inside records the group's error, and that
+// group end then launches none of its calls and returns the error. A group that is never
+// ended stays open: every later call of the thread, on any communicator, is queued into it
+// and never launched, and the events recorded after it complete at once.
+struct Group {
+  int depth = 0;
+  std::optional<std::string> error;
+  std::vector<std::function<void()>> launches;
+};
+thread_local Group t_group;
+
+void group_start() {
+  ++t_group.depth;
+}
+
+// ncclGroupEnd: at the outermost end, the group's error, else its calls launched in order.
+void group_end() {
+  if (t_group.depth == 0) throw UsageError("group end: expected an open group of device calls, found none");
+  if (--t_group.depth > 0) return;
+  std::vector<std::function<void()>> launches = std::exchange(t_group.launches, {});
+  if (auto error = std::exchange(t_group.error, std::nullopt)) throw SystemError(*error);
+  for (auto& launch : launches) launch();
+}
+
+// A call that failed: inside a group it is the group's error too.
+[[noreturn]] void call_failed(const std::string& message) {
+  if (t_group.depth > 0 && !t_group.error) t_group.error = message;
+  throw SystemError(message);
+}
+
+// A call's launch: now outside a group, else at the group's end.
+void launch_in_group(std::function<void()> launch) {
+  if (t_group.depth > 0) {
+    t_group.launches.push_back(std::move(launch));
+  } else {
+    launch();
+  }
+}
+
+// The group of one operation that makes several calls, ended on every way out (its error
+// then ignored: the call's own is the one thrown), as the cuda backend ends NCCL's.
+class GroupGuard {
+ public:
+  GroupGuard() { group_start(); }
+  ~GroupGuard() {
+    if (open_) {
+      try {
+        group_end();
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  GroupGuard(const GroupGuard&) = delete;
+  GroupGuard& operator=(const GroupGuard&) = delete;
+  void end() {
+    open_ = false;
+    group_end();
+  }
+
+ private:
+  bool open_ = true;
+};
+
+// The launch of a CUDA kernel that the cuda backend's operation makes (the NaN mask, the
+// division of avg): it reports the thread's last error (cudaGetLastError after a launch).
+void launch_check(const char* what, const std::string& where) {
+  if (auto error = take_last_error()) {
+    throw SystemError(
+        fmt::format("{} on {}: a kernel launch failed: {} (the calling thread's last error)", what, where, *error));
+  }
+}
 
 struct CommState {
   MPI_Comm comm = MPI_COMM_NULL;
@@ -164,6 +234,10 @@ struct CommState {
   int pending = 0;
 };
 
+// The states of the emulated communicators made so far (set_async_error_for_testing).
+std::mutex g_states_mutex;
+std::vector<std::weak_ptr<CommState>> g_states;
+
 class EmulatedCommunicator final : public Communicator {
  public:
   EmulatedCommunicator(MPI_Comm comm, int rank, int size, int device, std::string id)
@@ -174,6 +248,9 @@ class EmulatedCommunicator final : public Communicator {
         id_(std::move(id)),
         timeout_(settings::kDeviceTimeout.get()) {
     state_->comm = comm;
+    std::lock_guard lock(g_states_mutex);
+    std::erase_if(g_states, [](const std::weak_ptr<CommState>& w) { return w.expired(); });
+    g_states.push_back(state_);
   }
   ~EmulatedCommunicator() override { destroy(); }
 
@@ -186,6 +263,11 @@ class EmulatedCommunicator final : public Communicator {
     check_reduction(reduction, dtype, "all_reduce");
     const std::size_t bytes = checked_bytes(count, dtype, 1, "all_reduce");
     const int n = size_;
+    // As on cuda: the NaN mask's kernel, then the reduction (and the mask's) in one group,
+    // then the division of avg.
+    if (nan_rule::applies(static_cast<int>(dtype), static_cast<int>(reduction)) && count > 0)
+      launch_check("all_reduce", describe());
+    GroupGuard group;
     submit(stream, "all_reduce", [=](MPI_Comm c, bool shadow, const Wait& wait) {
       if (!shadow) {
         check_memory(send, bytes, "all_reduce send buffer");
@@ -199,6 +281,8 @@ class EmulatedCommunicator final : public Communicator {
       wait(&r, 1, keep);
       if (!shadow) reduce_blocks(all, bytes, n, count, dtype, reduction, recv);
     });
+    group.end();
+    if (reduction == Reduction::Avg && count > 0 && n > 1) launch_check("all_reduce", describe());
   }
 
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
@@ -223,6 +307,9 @@ class EmulatedCommunicator final : public Communicator {
     check_reduction(reduction, dtype, "reduce_scatter");
     const std::size_t bytes = checked_bytes(count, dtype, size_, "reduce_scatter");
     const int n = size_;
+    if (nan_rule::applies(static_cast<int>(dtype), static_cast<int>(reduction)) && count > 0)
+      launch_check("reduce_scatter", describe());
+    GroupGuard group;
     submit(stream, "reduce_scatter", [=](MPI_Comm c, bool shadow, const Wait& wait) {
       const std::size_t total = bytes * static_cast<std::size_t>(n);
       if (!shadow) {
@@ -238,11 +325,14 @@ class EmulatedCommunicator final : public Communicator {
       wait(&r, 1, keep);
       if (!shadow) reduce_blocks(mine, bytes, n, count, dtype, reduction, recv);
     });
+    group.end();
+    if (reduction == Reduction::Avg && count > 0 && n > 1) launch_check("reduce_scatter", describe());
   }
 
   void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
     const std::size_t bytes = checked_bytes(count, dtype, size_, "all_to_all");
     const std::size_t total = bytes * static_cast<std::size_t>(size_);
+    GroupGuard group;  // a send and a receive per peer, as on cuda
     submit(stream, "all_to_all", [=](MPI_Comm c, bool shadow, const Wait& wait) {
       if (!shadow) {
         check_memory(send, total, "all_to_all send buffer");
@@ -258,6 +348,7 @@ class EmulatedCommunicator final : public Communicator {
                                      keep->or_scratch(shadow, recv, total), static_cast<int>(bytes), MPI_BYTE, c, &r));
       wait(&r, 1, keep);
     });
+    group.end();
   }
 
   void send_recv(std::span<const PeerOp> ops, DType dtype, const Stream& stream) override {
@@ -270,6 +361,7 @@ class EmulatedCommunicator final : public Communicator {
       (void)checked_bytes(op.count, dtype, 1, "send_recv");
     }
     const std::size_t elsize = element_size(dtype);
+    GroupGuard group;
     submit(stream, "send_recv", [=](MPI_Comm c, bool shadow, const Wait& wait) {
       if (!shadow) {
         for (const PeerOp& op : copy)
@@ -291,6 +383,7 @@ class EmulatedCommunicator final : public Communicator {
       }
       wait(requests.data(), static_cast<int>(requests.size()), keep);
     });
+    group.end();
   }
 
   std::optional<std::string> async_error() override {
@@ -383,13 +476,7 @@ class EmulatedCommunicator final : public Communicator {
       throw UsageError(fmt::format("{} on {}: expected a stream of emulated:{}, found {}", what, describe(), device_,
                                    s.to_string()));
     }
-    {
-      std::lock_guard lock(g_enqueue_fault_mutex);
-      if (g_enqueue_fault) {
-        const std::string message = std::exchange(g_enqueue_fault, std::nullopt).value();
-        throw SystemError(fmt::format("{} on {}: {}", what, describe(), message));
-      }
-    }
+    if (auto fault = take_enqueue_fault()) call_failed(fmt::format("{} on {}: {}", what, describe(), *fault));
     {
       std::lock_guard lock(state_->mutex);
       // As NCCL's: an aborted or destroyed communicator is gone, and refuses new work.
@@ -397,9 +484,20 @@ class EmulatedCommunicator final : public Communicator {
         throw UsageError(fmt::format("{} on {}: expected a live communicator, found it {}", what, describe(),
                                      state_->aborted ? "aborted" : "destroyed"));
       }
-      ++state_->pending;
     }
-    s.enqueue_communication([state = state_, what, text = describe(), op = std::move(op)] {
+    // Launched now, or by the end of this thread's open group.
+    launch_in_group([state = state_, stream = std::static_pointer_cast<EmulatedStream>(s.shared_from_this()), what,
+                     text = describe(),
+                     op = std::move(op)]() mutable { launch(state, *stream, what, text, std::move(op)); });
+  }
+
+  static void launch(const std::shared_ptr<CommState>& shared, EmulatedStream& s, const char* what,
+                     const std::string& text, std::function<void(MPI_Comm, bool, const Wait&)> op) {
+    {
+      std::lock_guard lock(shared->mutex);
+      ++shared->pending;
+    }
+    s.enqueue_communication([state = shared, what, text, op = std::move(op)] {
       struct Done {
         CommState& state;
         ~Done() {
@@ -468,9 +566,14 @@ class EmulatedCommunicator final : public Communicator {
 
 }  // namespace
 
-void set_enqueue_fault_for_testing(std::string message) {
-  std::lock_guard lock(g_enqueue_fault_mutex);
-  g_enqueue_fault = std::move(message);
+void set_async_error_for_testing(const std::string& message) {
+  std::lock_guard lock(g_states_mutex);
+  for (const auto& weak : g_states) {
+    if (auto state = weak.lock()) {
+      std::lock_guard state_lock(state->mutex);
+      if (!state->error && !state->destroyed) state->error = message;
+    }
+  }
 }
 
 std::unique_ptr<Communicator> create_emulated_communicator(MPI_Comm members, int device,

@@ -20,6 +20,7 @@
 #include "../support/expect_error.hpp"
 #include "../support/mpi_world.hpp"
 #include "common/trace.hpp"
+#include "meshrt/functions.hpp"
 #include "meshrt/internal/device.hpp"
 #include "meshrt/internal/settings.hpp"
 
@@ -381,6 +382,75 @@ TEST(DeviceComm, AnAbortedCommunicatorFailsLaterWork) {
   EXPECT_FALSE(other.error());
   ASSERT_TRUE(s.comm->async_error());
   expect_contains(*s.comm->async_error(), "was aborted");
+}
+
+// A handled failed allocation (the device has not the memory) must not stay the thread's
+// last error (cudaGetLastError): the next kernel launch would report it as its own, and in
+// a collective that drops the line's communicator for good. After an impossible
+// allocation (a tensor and a pool block), a kernel and a collective (max over floats
+// launches the NaN mask's kernel) work. The emulated device keeps CUDA's last error alike;
+// MESHRT_ACCELERATOR=cuda runs it on a GPU (scripts/gpu-check.sh).
+TEST(DeviceComm, AHandledOutOfMemoryIsNotTheNextKernelsError) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
+  OnEmulated s;
+  const TensorMeta huge({std::int64_t{1} << 44}, DType::Float32, s.where());  // 64 TiB
+  const std::string from_pool = error_of<SystemError>([&] { (void)emulated().empty(huge, s.stream); });
+  if (under_test() == Accelerator::Emulated) expect_contains(from_pool, "out of memory");  // CUDA's pool: its own words
+  expect_contains(error_of<SystemError>([&] { (void)Tensor::empty(huge); }), "out of memory");
+  // A kernel: meshrt.full through its context, on this rank's device.
+  constexpr std::uint64_t kKernelStream = 41;
+  const Stream k = device::stream_for(kKernelStream, s.where());
+  CallContext ctx(world_rank(), {}, {}, {}, kKernelStream, s.where(), s.where().is_cuda() ? k.native() : nullptr);
+  Args args("meshrt.full", {Value{3}, Value("float32"), Value(7.0)});
+  std::vector<Tensor> out = functions::lookup("meshrt.full").kernel(ctx, args);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(fetched(out[0], k).equals(Tensor::from<float>({3}, {7, 7, 7})));
+  // A collective, and its own kernel.
+  const int n = world_size();
+  Tensor x =
+      device::to_device(Tensor::from<float>({2}, {static_cast<float>(world_rank() + 1), 2.0f}), s.where(), s.stream);
+  s.comm->all_reduce(x.raw_data(), x.raw_data(), 2, DType::Float32, Reduction::Max, s.stream);
+  EXPECT_TRUE(fetched(x, s.stream).equals(Tensor::from<float>({2}, {static_cast<float>(n), 2.0f})));
+  EXPECT_FALSE(s.comm->async_error());
+}
+
+// A call that fails inside an operation's group (ncclGroupStart ... ncclGroupEnd; here the
+// test fault, right after the group's start) must still end the group: NCCL keeps it per
+// thread, and a group left open queues every later call of the thread and launches none,
+// so the next all_to_all would complete at once with its output never written. The
+// emulated communicator keeps NCCL's group alike; at one rank all_to_all and send_recv go
+// through NCCL's group on a GPU too (scripts/gpu-check.sh). Every rank fails alike here.
+TEST(DeviceComm, ACallThatFailsInsideAGroupLeavesNoGroupOpen) {
+  MESHRT_SKIP_UNLESS_DEVICES(under_test(), 1);
+  OnEmulated s;
+  const int n = world_size();
+  const int me = world_rank();
+  // Block r of rank me holds 1000 (me + 1) + r: never what memory held before.
+  auto block_values = [](int from, int to) { return 1000.0 * (from + 1) + to; };
+  std::vector<double> mine;
+  for (int r = 0; r < n; ++r) mine.push_back(block_values(me, r));
+  const Tensor send = device::to_device(host_tensor(DType::Float32, mine), s.where(), s.stream);
+  Tensor first = emulated().empty(send.meta(), s.stream);
+  device::set_enqueue_fault_for_testing("a call failed inside the group");
+  expect_contains(error_of<SystemError>(
+                      [&] { s.comm->all_to_all(send.raw_data(), first.raw_data(), 1, DType::Float32, s.stream); }),
+                  "all_to_all on");
+  device::set_enqueue_fault_for_testing("a call failed inside the group");
+  Tensor got = emulated().empty(TensorMeta({1}, DType::Float32, s.where()), s.stream);
+  // Each rank sends its first element (block 0) to the next.
+  const Communicator::PeerOp ring[] = {{true, (me + 1) % n, const_cast<void*>(send.raw_data()), 1},
+                                       {false, (me + n - 1) % n, got.raw_data(), 1}};
+  expect_contains(error_of<SystemError>([&] { s.comm->send_recv(ring, DType::Float32, s.stream); }),
+                  "a call failed inside the group");
+  // Later calls are launched: their outputs are written.
+  Tensor again = emulated().empty(send.meta(), s.stream);
+  s.comm->all_to_all(send.raw_data(), again.raw_data(), 1, DType::Float32, s.stream);
+  std::vector<double> want;
+  for (int r = 0; r < n; ++r) want.push_back(block_values(r, me));
+  EXPECT_TRUE(fetched(again, s.stream).equals(host_tensor(DType::Float32, want)));
+  s.comm->send_recv(ring, DType::Float32, s.stream);
+  const int from = (me + n - 1) % n;
+  EXPECT_TRUE(fetched(got, s.stream).equals(host_tensor(DType::Float32, {block_values(from, 0)})));
 }
 
 // MESHRT_TRACE: a worker command's device work (trace_command_begin/end around it) is

@@ -329,6 +329,26 @@ TEST(DeviceDataPlane, AnErrorAtEnqueueDropsTheCommunicator) {
   EXPECT_FALSE(stream().error());
 }
 
+// An operation that completed is not failed by an error its communicator reports after
+// it (a peer that failed since: that is later work's to fail). DevicePending::test looks at
+// the operation's completion before the communicator's asynchronous error; it used to fail
+// the finished reduction and drop its communicator.
+TEST(DeviceDataPlane, ACompletedOperationIsNotFailedByALaterError) {
+  if (under_test() != device::Accelerator::Emulated) GTEST_SKIP() << "the failure is the emulator's test switch";
+  World world;
+  WorkerMesh mesh({"x"}, NDSlice::row_major({world_size()}), world.comm());
+  const int n = world_size();
+  std::unique_ptr<Pending> p = start_reduce_device(mesh, "x", Reduction::Sum, false, false,
+                                                   to_here(Tensor::from<std::int32_t>({1}, {world_rank()})),
+                                                   factory({1}, DType::Int32), kStream);
+  stream().synchronize();  // it ran on every rank
+  MPI_Barrier(MPI_COMM_WORLD);
+  device::set_async_error_for_testing("a peer failed after the reduction");
+  EXPECT_TRUE(fetched(finish(*p).tensor).equals(Tensor::from<std::int32_t>({1}, {n * (n - 1) / 2})));
+  free_device_communicators();  // the failed one is aborted; the tests after this one make fresh ones
+  EXPECT_FALSE(stream().error());
+}
+
 // Last (gtest runs a file's tests in order): the cache is freed while MPI is up, and the
 // next operation makes a fresh communicator.
 TEST(DeviceDataPlane, FreedCommunicatorsAreMadeAgain) {

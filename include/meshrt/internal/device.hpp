@@ -123,10 +123,16 @@ void release_stream(std::uint64_t stream_id);
 // instead of after the stream's queued work, as if a fetch used another stream without
 // waiting. The emulated accelerator shows the wrong value this gives.
 void set_unordered_fetch_for_testing(bool on) noexcept;
-// The test-only fault of an enqueue: the next operation this process gives an emulated
-// communicator throws SystemError("<op> on <communicator>: <message>") at the call, before
-// anything is posted, as an NCCL call can return an error (fatal to its communicator).
+// The test-only fault of an enqueue: the next operation this process gives a device
+// communicator throws SystemError("<op> on <communicator>: <message>") at its call, before
+// anything is posted, as an NCCL call can return an error (fatal to its communicator). An
+// operation of several calls (all_reduce with its NaN mask, all_to_all, send_recv) fails
+// inside its group (ncclGroupStart ... ncclGroupEnd), which it must still end.
 void set_enqueue_fault_for_testing(std::string message);
+// The test-only failure of a peer: every emulated communicator of this process alive now
+// reports `message` as its asynchronous error from now on, as a communicator whose peer
+// or network failed does (ncclCommGetAsyncError).
+void set_async_error_for_testing(const std::string& message);
 
 // The device communicator (NCCL's ncclComm_t, or the emulated one): made collectively
 // over its members (create_communicator below); every operation is enqueued on a stream and
