@@ -407,9 +407,13 @@ class StatelessGroup {
 
 #if MESHRT_HAVE_NCCL
 // An NCCL communicator over the group's ranks (group rank order): group rank 0 makes the
-// ncclUniqueId, broadcast_obj sends its 128 bytes to all, and every member calls
-// ncclCommInitRank on `device` (made current with cudaSetDevice). Every member calls it.
-// The caller owns the result (ncclCommDestroy).
+// ncclUniqueId, broadcast_obj sends its 128 bytes to all, the members meet at a barrier,
+// and every member calls ncclCommInitRank on `device` (made current with cudaSetDevice).
+// Every member calls it. Each step has `timeout` (the group's default when none): a
+// member that does not come is named in a TimeoutError, and an init that does not finish
+// in time (a member that failed inside it) raises TimeoutError, leaving the init to a
+// thread of its own. The result is a blocking communicator; the caller owns it
+// (ncclCommDestroy).
 ncclComm* make_nccl_comm(StatelessGroup& group, int device, Timeout timeout = {});
 #endif
 

@@ -18,9 +18,9 @@
 #include <tuple>
 #include <vector>
 
+#include "comm/mesh_impl.hpp"
 #include "comm/plan.hpp"
 #include "common/checks.hpp"
-#include "common/comm_creation.hpp"
 #include "meshrt/internal/comm.hpp"
 #include "meshrt/internal/device.hpp"
 #include "meshrt/internal/settings.hpp"
@@ -31,6 +31,11 @@ namespace {
 device::Accelerator accelerator_of(Device::Kind kind) {
   return kind == Device::Kind::Cuda ? device::Accelerator::Cuda : device::Accelerator::Emulated;
 }
+
+// A send's communicator over its moving ranks is made on p2p: the members' agreement and
+// MPI_Comm_create_group each have a tag there (the CPU sends use another).
+constexpr int kAgreeSendTag = 0x6d66;
+constexpr int kCreateSendTag = 0x6d65;
 
 // Device communicators by (kind, world ranks in member order). Only the worker thread
 // uses them: one creation at a time, in the order commands arrive (the same everywhere).
@@ -70,8 +75,18 @@ std::shared_ptr<device::Communicator> cached(Device::Kind kind, std::vector<int>
     if (auto it = g_comms.find(key); it != g_comms.end()) return it->second;
   }
   refuse_if_failed(key);
-  std::shared_ptr<device::Communicator> comm =
-      device::create_communicator(accelerator_of(kind), members, device, settings::kGroupTimeout.get());
+  std::shared_ptr<device::Communicator> comm;
+  try {
+    comm = device::create_communicator(accelerator_of(kind), members, device, settings::kGroupTimeout.get());
+  } catch (const UsageError&) {
+    throw;  // every member refuses alike (the same table of devices): none is left inside
+  } catch (const std::exception& e) {
+    // A member that came late, or failed elsewhere, may still be inside this creation's
+    // collectives on `members`: made again here, this rank's would not line up with its.
+    std::lock_guard lock(g_comms_mutex);
+    g_failed.insert_or_assign(key, fmt::format("its creation failed: {}", e.what()));
+    throw;
+  }
   std::lock_guard lock(g_comms_mutex);
   return g_comms.try_emplace(std::move(key), std::move(comm)).first->second;
 }
@@ -354,17 +369,11 @@ std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, con
     if (!comm) refuse_if_failed(key);
   }
   if (!comm) {
-    MPI_Group all = MPI_GROUP_NULL;
-    MPI_Group some = MPI_GROUP_NULL;
-    MPI_Comm sub = MPI_COMM_NULL;
-    MESHRT_MPI_CHECK(MPI_Comm_group(p2p, &all));
-    MESHRT_MPI_CHECK(MPI_Group_incl(all, static_cast<int>(members.size()), members.data(), &some));
-    {
-      std::lock_guard creation(meshrt::detail::comm_creation_mutex());  // one creation at a time per rank
-      MESHRT_MPI_CHECK(MPI_Comm_create_group(p2p, some, /*tag=*/0x6d65, &sub));
-    }
-    MPI_Group_free(&some);
-    MPI_Group_free(&all);
+    // After the members' agreement (MESHRT_GROUP_TIMEOUT): a member that does not come is
+    // named, and none waits for it without end. p2p's ranks are world ranks.
+    MPI_Comm sub = create_agreed(
+        fmt::format("the communicator of a send over world ranks {}", fmt::join(members, ",")), p2p, my_rank, members,
+        [](int r) { return r; }, kAgreeSendTag, kCreateSendTag);
     try {
       comm = cached(p->kind, members, sub, factory.device().index());
     } catch (...) {

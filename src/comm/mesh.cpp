@@ -2,20 +2,31 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <mutex>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "comm/mesh_impl.hpp"
 #include "common/checks.hpp"
 #include "common/comm_creation.hpp"
 #include "meshrt/internal/comm.hpp"
+#include "meshrt/internal/settings.hpp"
 
 namespace meshrt {
 namespace {
 
 // MPI_Comm_create_group's tag only separates concurrent creations on one communicator
 // by different threads; every mesh is created from the worker thread, in command order.
+// The members' agreement before it has a tag of its own on the same parent.
 constexpr int kCreateGroupTag = 0x6d73;
+constexpr int kAgreeMeshTag = 0x6d74;
+// A line's, on the mesh's communicator: one tag per dimension, so that what a failed
+// agreement left over is never taken for another dimension's.
+constexpr int kAgreeLineTag = 0x6c00;
+constexpr int kCreateLineTag = 0x6b00;
 
 std::string join_names(const std::vector<std::string>& names) {
   std::string out;
@@ -28,7 +39,52 @@ std::string join_names(const std::vector<std::string>& names) {
 namespace {
 // Communicators the meshes of this process hold (the soak checks it stays flat).
 std::atomic<std::int64_t> g_live_communicators{0};
+
+std::string world_rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
 }  // namespace
+
+MPI_Comm create_agreed(const std::string& what, MPI_Comm parent, int me, const std::vector<int>& members,
+                       const std::function<int(int)>& world_of, int agree_tag, int create_tag) {
+  const std::chrono::duration<double> timeout = settings::kGroupTimeout.get();
+  std::vector<int> world;
+  for (int r : members) world.push_back(world_of(r));
+  const auto ranks = [world_of](const std::vector<int>& v) {
+    std::vector<int> w;
+    for (int r : v) w.push_back(world_of(r));
+    return fmt::format("world rank{} {}", w.size() == 1 ? "" : "s", world_rank_list(w));
+  };
+  detail::CreationWording wording{.op = "creating " + what,
+                                  .rank = [world_of](int r) { return fmt::format("world rank {}", world_of(r)); },
+                                  .ranks = ranks,
+                                  .what = fmt::format("it (world ranks {})", world_rank_list(world)),
+                                  .late = fmt::format("within {:g} s (MESHRT_GROUP_TIMEOUT): it is not at this command "
+                                                      "yet, or stuck before it (its flight recorder "
+                                                      "says where); a longer MESHRT_GROUP_TIMEOUT waits longer",
+                                                      timeout.count())};
+  detail::CreationAgreement agreement(std::move(wording), parent, me, members, agree_tag, timeout);
+  MPI_Group parent_group = MPI_GROUP_NULL;
+  MPI_Group group = MPI_GROUP_NULL;
+  MESHRT_MPI_CHECK(MPI_Comm_group(parent, &parent_group));
+  int rc = MPI_Group_incl(parent_group, static_cast<int>(members.size()), members.data(), &group);
+  MESHRT_MPI_IGNORE(MPI_Group_free(&parent_group));  // rc is the one to report
+  MESHRT_MPI_CHECK(rc);
+  MPI_Comm comm = MPI_COMM_NULL;
+  try {
+    // Every member is known to enter the creation now, each holding its creation lock.
+    const auto lock = agreement.run();
+    rc = MPI_Comm_create_group(parent, group, create_tag, &comm);
+  } catch (...) {
+    MESHRT_MPI_IGNORE(MPI_Group_free(&group));
+    throw;
+  }
+  MESHRT_MPI_IGNORE(MPI_Group_free(&group));
+  MESHRT_MPI_CHECK(rc);
+  return comm;
+}
 
 std::int64_t WorkerMesh::live_communicators() noexcept {
   return g_live_communicators.load();
@@ -80,20 +136,9 @@ WorkerMesh::WorkerMesh(std::vector<std::string> names, NDSlice ranks, MPI_Comm w
 
   // Members in row-major order, so that the mesh communicator's rank is the index.
   std::vector<int> group_ranks(members.begin(), members.end());
-  MPI_Group world_group = MPI_GROUP_NULL;
-  MPI_Group mesh_group = MPI_GROUP_NULL;
-  MESHRT_MPI_CHECK(MPI_Comm_group(world, &world_group));
-  MESHRT_MPI_CHECK(MPI_Group_incl(world_group, static_cast<int>(group_ranks.size()), group_ranks.data(), &mesh_group));
-  int rc = MPI_SUCCESS;
-  {
-    // One creation at a time on this rank (a StatelessGroup may be made on another thread).
-    std::lock_guard creation(meshrt::detail::comm_creation_mutex());
-    rc = MPI_Comm_create_group(world, mesh_group, kCreateGroupTag, &m.comm);
-  }
-  // Freed whatever the outcome; the creation's code is the one to report.
-  MESHRT_MPI_IGNORE(MPI_Group_free(&mesh_group));
-  MESHRT_MPI_IGNORE(MPI_Group_free(&world_group));
-  MESHRT_MPI_CHECK(rc);
+  m.comm = create_agreed(
+      fmt::format("device mesh {}", to_string()), world, m.world_rank, group_ranks, [](int r) { return r; },
+      kAgreeMeshTag, kCreateGroupTag);
   if (m.comm != MPI_COMM_NULL) g_live_communicators++;
   detail::set_error_policy(m.comm);  // and the splits inherit it (set again there)
 }
@@ -159,17 +204,26 @@ MPI_Comm WorkerMesh::dim_comm(std::size_t dim) {
   Impl& m = *impl_;
   (void)size(dim);  // range check with a readable error
   if (m.dim_comms[dim] == MPI_COMM_NULL) {
-    // color: this rank's index with coordinate `dim` removed (row-major over the other
-    // dimensions), so the ranks of one line share it; key: the coordinate along `dim`.
-    std::int64_t color = 0;
-    for (std::size_t d = 0; d < ndim(); ++d) {
-      if (d != dim) color = color * m.ranks.sizes()[d] + m.coords[d];
+    // The ranks of this rank's line, as ranks of the mesh's communicator (a member's
+    // row-major index), in coordinate order: the line's communicator ranks them so. Only
+    // the line's members make it, after their agreement.
+    const std::vector<std::int64_t>& sizes = m.ranks.sizes();
+    const auto index = [&](const std::vector<std::int64_t>& at) {
+      std::int64_t i = 0;
+      for (std::size_t d = 0; d < ndim(); ++d) i = i * sizes[d] + at[d];
+      return static_cast<int>(i);
+    };
+    std::vector<std::int64_t> at = m.coords;
+    std::vector<int> line;
+    for (std::int64_t k = 0; k < sizes[dim]; ++k) {
+      at[dim] = k;
+      line.push_back(index(at));
     }
-    {
-      std::lock_guard creation(meshrt::detail::comm_creation_mutex());
-      MESHRT_MPI_CHECK(
-          MPI_Comm_split(m.comm, static_cast<int>(color), static_cast<int>(m.coords[dim]), &m.dim_comms[dim]));
-    }
+    const std::vector<NDSlice::Int> world = m.ranks.to_vector();
+    m.dim_comms[dim] = create_agreed(
+        fmt::format("the communicator of dimension '{}' of device mesh {}", m.names[dim], to_string()), m.comm,
+        index(m.coords), line, [&world](int r) { return static_cast<int>(world[static_cast<std::size_t>(r)]); },
+        kAgreeLineTag + static_cast<int>(dim), kCreateLineTag + static_cast<int>(dim));
     if (m.dim_comms[dim] != MPI_COMM_NULL) g_live_communicators++;
     detail::set_error_policy(m.dim_comms[dim]);
   }

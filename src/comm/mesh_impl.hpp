@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,5 +19,13 @@ struct WorkerMesh::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
   std::vector<MPI_Comm> dim_comms;  // MPI_COMM_NULL until first use
 };
+
+// The communicator of `members` (ranks of `parent`, in the new communicator's order; the
+// world ranks world_of(r) name them), made once every member has agreed to within
+// MESHRT_GROUP_TIMEOUT (detail::CreationAgreement, on `agree_tag`): a member that does not
+// come gives every other a TimeoutError naming it, never a wait without end.
+// MPI_Comm_create_group's tag is `create_tag`. `what`: "the communicator of ...", for errors.
+MPI_Comm create_agreed(const std::string& what, MPI_Comm parent, int me, const std::vector<int>& members,
+                       const std::function<int(int)>& world_of, int agree_tag, int create_tag);
 
 }  // namespace meshrt

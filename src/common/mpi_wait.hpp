@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <string_view>
 
 #include "common/backoff.hpp"
@@ -38,6 +39,20 @@ inline void wait_request(MPI_Request& request, std::chrono::steady_clock::time_p
   if (!done) {
     throw TimeoutError(fmt::format(
         "{}: expected every member to join {} in time, found it still incomplete at the deadline", what, step));
+  }
+}
+
+// wait_request for a request that writes into (or reads from) `buffers`: past the deadline
+// they are left to the request, which stays posted (a collective cannot be cancelled) and
+// which a member that joins late still completes, then TimeoutError as wait_request's.
+template <class T>
+void wait_request_owning(MPI_Request& request, std::unique_ptr<T>& buffers,
+                         std::chrono::steady_clock::time_point deadline, std::string_view what, std::string_view step) {
+  try {
+    wait_request(request, deadline, what, step);
+  } catch (const TimeoutError&) {
+    (void)buffers.release();
+    throw;
   }
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <memory>
 #include <vector>
 
 #include "common/backoff.hpp"
@@ -329,11 +330,12 @@ std::unique_ptr<Communicator> create_nccl_communicator(MPI_Comm members, int dev
   MESHRT_MPI_CHECK(MPI_Comm_size(members, &size));
   // Before NCCL sees it: NCCL's own "Duplicate GPU detected" names no MPI rank.
   check_distinct_devices(members, Accelerator::Cuda, device, deadline);
-  ncclUniqueId id{};
-  if (rank == 0) MESHRT_NCCL_CHECK(ncclGetUniqueId(&id));
+  auto owned = std::make_unique<ncclUniqueId>();  // the broadcast's, past a timeout
+  if (rank == 0) MESHRT_NCCL_CHECK(ncclGetUniqueId(owned.get()));
   MPI_Request request = MPI_REQUEST_NULL;
-  MESHRT_MPI_CHECK(MPI_Ibcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, members, &request));
-  detail::wait_request(request, deadline, "NCCL communicator init", "the unique id's broadcast");
+  MESHRT_MPI_CHECK(MPI_Ibcast(owned.get(), static_cast<int>(sizeof(ncclUniqueId)), MPI_BYTE, 0, members, &request));
+  detail::wait_request_owning(request, owned, deadline, "NCCL communicator init", "the unique id's broadcast");
+  const ncclUniqueId id = *owned;
   CudaDeviceGuard guard(device);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;

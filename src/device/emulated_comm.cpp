@@ -593,20 +593,22 @@ std::unique_ptr<Communicator> create_emulated_communicator(MPI_Comm members, int
   MESHRT_MPI_CHECK(MPI_Comm_rank(members, &rank));
   MESHRT_MPI_CHECK(MPI_Comm_size(members, &size));
   // As ncclGetUniqueId + MPI_Bcast: member 0 names the communicator, every member joins.
-  std::array<std::uint64_t, 2> id{};
+  // What the posted requests write into is owned by them past a timeout (a member that
+  // joins late still completes them).
+  auto id = std::make_unique<std::array<std::uint64_t, 2>>();
   if (rank == 0) {
     std::random_device random;
-    id = {(std::uint64_t{random()} << 32) | random(), (std::uint64_t{random()} << 32) | random()};
+    *id = {(std::uint64_t{random()} << 32) | random(), (std::uint64_t{random()} << 32) | random()};
   }
   MPI_Request request = MPI_REQUEST_NULL;
-  MESHRT_MPI_CHECK(MPI_Ibcast(id.data(), static_cast<int>(sizeof id), MPI_BYTE, 0, members, &request));
-  detail::wait_request(request, deadline, "emulated communicator init", "the unique id's broadcast");
+  MESHRT_MPI_CHECK(MPI_Ibcast(id->data(), static_cast<int>(sizeof(*id)), MPI_BYTE, 0, members, &request));
+  detail::wait_request_owning(request, id, deadline, "emulated communicator init", "the unique id's broadcast");
   check_distinct_devices(members, Accelerator::Emulated, device, deadline);
-  MPI_Comm own = MPI_COMM_NULL;
-  MESHRT_MPI_CHECK(MPI_Comm_idup(members, &own, &request));
-  detail::wait_request(request, deadline, "emulated communicator init", "the communicator's duplication");
-  MESHRT_MPI_CHECK(MPI_Comm_set_errhandler(own, MPI_ERRORS_RETURN));
-  return std::make_unique<EmulatedCommunicator>(own, rank, size, device, fmt::format("{:016x}", id[0]));
+  auto own = std::make_unique<MPI_Comm>(MPI_COMM_NULL);
+  MESHRT_MPI_CHECK(MPI_Comm_idup(members, own.get(), &request));
+  detail::wait_request_owning(request, own, deadline, "emulated communicator init", "the communicator's duplication");
+  MESHRT_MPI_CHECK(MPI_Comm_set_errhandler(*own, MPI_ERRORS_RETURN));
+  return std::make_unique<EmulatedCommunicator>(*own, rank, size, device, fmt::format("{:016x}", (*id)[0]));
 }
 
 }  // namespace meshrt::device

@@ -876,216 +876,21 @@ void require_mpi(const char* op) {
 
 // ---- the members' agreement before a creation ---------------------------------------
 //
-// MPI_Comm_create_group and MPI_Comm_dup have no timeout: a member that never calls them
-// leaves the others inside for ever. So the members first agree, with non-blocking
-// point-to-point messages on the parent communicator (tag GroupOptions::create_tag) and a
-// deadline, and enter the blocking creation only when every member is known to enter it:
-//   1. every member sends HELLO to every other and waits for every other's HELLO; at the
-//      deadline it names the members whose HELLO is missing, sends ABORT to every other
-//      and raises TimeoutError;
-//   2. with every HELLO in, it sends COMMIT to every other and waits for each other's
-//      COMMIT or ABORT. Every member that sent HELLO sends exactly one of them, so every
-//      member sees the same outcome: all COMMIT (create) or some ABORT (raise).
-// A HELLO carries a hash of the member list, so members that pass different lists get a
-// UsageError instead of a hang. Messages left over from an attempt that failed are
-// skipped where they can be told apart: a COMMIT or ABORT received in step 1 belongs to
-// an earlier attempt (a member's current messages start with HELLO).
-enum class Handshake : std::uint64_t { Hello = 1, Commit = 2, Abort = 3 };
-constexpr std::uint64_t kHandshakeMagic = 0x4d52544847524f50ull;  // "MRTHGROP"
-using HandshakeMsg = std::array<std::uint64_t, 3>;                // magic, kind, members hash
-
-class CreationAgreement {
- public:
-  CreationAgreement(const char* op, MPI_Comm parent, int me, const std::vector<int>& members, int tag, Seconds timeout)
-      : op_(op), parent_(parent), me_(me), members_(members), tag_(tag), timeout_(timeout) {
-    for (int m : members) {
-      if (m != me) peers_.push_back(m);
-    }
-    hash_ = detail::fnv1a(int_list(members));
-    // Send buffers live until MPI is done with them: freed after a successful agreement
-    // (every send was received), leaked after a failed one (a send to an absent member
-    // may stay pending until MPI_Finalize).
-    out_ = new std::array<HandshakeMsg, 4>{};
-    for (auto k : {Handshake::Hello, Handshake::Commit, Handshake::Abort}) {
-      (*out_)[static_cast<std::size_t>(k)] = {kHandshakeMagic, static_cast<std::uint64_t>(k), hash_};
-    }
-    in_.resize(peers_.size());
-    recvs_.assign(peers_.size(), MPI_REQUEST_NULL);
-  }
-  CreationAgreement(const CreationAgreement&) = delete;
-  CreationAgreement& operator=(const CreationAgreement&) = delete;
-
-  ~CreationAgreement() {
-    cancel_recvs();
-    if (sends_done_) {
-      delete out_;
-    } else {
-      for (MPI_Request& r : sends_) {
-        if (r != MPI_REQUEST_NULL) MESHRT_MPI_IGNORE(MPI_Request_free(&r));  // completes in the background
-      }
-    }
-  }
-
-  // Returns when every member has agreed to create, holding this rank's communicator
-  // creation lock for the creation; raises (on every member alike) if not.
-  [[nodiscard]] std::unique_lock<std::timed_mutex> run() {
-    // Step 1: HELLO.
-    send_all(Handshake::Hello);
-    post_recvs();
-    wait([&](std::size_t i, const HandshakeMsg& m) {
-      if (m[1] == static_cast<std::uint64_t>(Handshake::Hello)) {
-        if (m[2] != hash_) {
-          fail_with(
-              UsageError(fmt::format("{} on parent rank {}: member (parent rank) {} called it with a "
-                                     "different member list than {} (tag {}); every member must pass the "
-                                     "same list",
-                                     op_, me_, peers_[i], int_list(members_), tag_)));
-        }
-        return true;
-      }
-      return false;  // a COMMIT or ABORT of an earlier attempt: skipped
-    });
-    if (!pending().empty()) {
-      const std::vector<int> missing = pending();
-      fail_with(TimeoutError(
-          fmt::format("{} timed out after {} s on parent rank {}: parent rank{} {} did not join the group {} "
-                      "(not called with this member list and tag {} within the timeout)",
-                      op_, timeout_.count(), me_, missing.size() == 1 ? "" : "s", int_list(missing), int_list(members_),
-                      tag_),
-          missing));
-    }
-    // This rank's communicator creations are serialised (common/comm_creation.hpp): the
-    // lock is taken before COMMIT, so every member holds its own when it enters the
-    // creation, and nothing else on a member can interleave with it.
-    std::unique_lock lock(detail::comm_creation_mutex(), std::defer_lock);
-    if (!lock.try_lock_until(deadline_after(timeout_))) {
-      fail_with(TimeoutError(fmt::format("{} timed out after {} s on parent rank {}: every member of {} joined, but "
-                                         "another communicator creation on this rank (a mesh's, or a group's on "
-                                         "another thread) did not finish within the timeout",
-                                         op_, timeout_.count(), me_, int_list(members_)),
-                             std::vector<int>{me_}));
-    }
-    // Step 2: COMMIT, and every other member's COMMIT or ABORT.
-    send_all(Handshake::Commit);
-    post_recvs();
-    std::vector<int> aborted;
-    wait([&](std::size_t i, const HandshakeMsg& m) {
-      if (m[1] == static_cast<std::uint64_t>(Handshake::Abort)) aborted.push_back(peers_[i]);
-      return true;
-    });
-    if (!pending().empty()) {
-      const std::vector<int> silent = pending();
-      throw TimeoutError(
-          fmt::format("{} timed out after {} s on parent rank {}: parent rank{} {} joined the group {} but sent "
-                      "neither COMMIT nor ABORT (do the members use the same timeout?); members that did commit "
-                      "may be left in MPI_Comm_create_group",
-                      op_, timeout_.count(), me_, silent.size() == 1 ? "" : "s", int_list(silent), int_list(members_)),
-          silent);
-    }
-    if (!aborted.empty()) {
-      std::sort(aborted.begin(), aborted.end());
-      throw TimeoutError(fmt::format("{} on parent rank {}: parent rank{} {} gave up on the group {} (their "
-                                     "create timed out or failed before every member had joined)",
-                                     op_, me_, aborted.size() == 1 ? "" : "s", int_list(aborted), int_list(members_)),
-                         aborted);
-    }
-    MESHRT_MPI_CHECK(MPI_Waitall(static_cast<int>(sends_.size()), sends_.data(), MPI_STATUSES_IGNORE));
-    sends_.clear();
-    sends_done_ = true;
-    return lock;
-  }
-
- private:
-  void send_all(Handshake k) {
-    const HandshakeMsg& msg = (*out_)[static_cast<std::size_t>(k)];
-    for (int p : peers_) {
-      MPI_Request r = MPI_REQUEST_NULL;
-      MESHRT_MPI_CHECK(MPI_Isend(msg.data(), 3, MPI_UINT64_T, p, tag_, parent_, &r));
-      sends_.push_back(r);
-    }
-  }
-
-  void post(std::size_t i) {
-    MESHRT_MPI_CHECK(MPI_Irecv(in_[i].data(), 3, MPI_UINT64_T, peers_[i], tag_, parent_, &recvs_[i]));
-  }
-  void post_recvs() {
-    for (std::size_t i = 0; i < peers_.size(); ++i) post(i);
-  }
-
-  // Waits until every receive is taken (accept(i, msg) returns true) or the deadline;
-  // a message accept() refuses is skipped and the receive posted again.
-  template <class Accept>
-  void wait(Accept&& accept) {
-    if (recvs_.empty()) return;  // a group of one
-    const auto dl = deadline_after(timeout_);
-    Backoff backoff(group_wait());
-    std::vector<int> idx(peers_.size());
-    std::vector<MPI_Status> st(peers_.size());
-    for (;;) {
-      int outcount = 0;
-      MESHRT_MPI_CHECK(MPI_Testsome(static_cast<int>(recvs_.size()), recvs_.data(), &outcount, idx.data(), st.data()));
-      if (outcount == MPI_UNDEFINED) break;  // all taken
-      for (int k = 0; k < outcount; ++k) {
-        const auto i = static_cast<std::size_t>(idx[static_cast<std::size_t>(k)]);
-        const HandshakeMsg& m = in_[i];
-        if (m[0] != kHandshakeMagic || m[1] < 1 || m[1] > 3) {
-          fail_with(
-              ProtocolError(fmt::format("{} on parent rank {}: expected a group handshake message from parent "
-                                        "rank {} on tag {}, found another message (does the program send "
-                                        "on tag {} of the parent communicator? pick another create_tag)",
-                                        op_, me_, peers_[i], tag_, tag_)));
-        }
-        if (!accept(i, m)) post(i);
-      }
-      if (outcount > 0) {
-        backoff.reset();
-        continue;
-      }
-      if (backoff.expired(dl)) break;
-      backoff.pause();
-    }
-  }
-
-  std::vector<int> pending() const {
-    std::vector<int> out;
-    for (std::size_t i = 0; i < peers_.size(); ++i) {
-      if (recvs_[i] != MPI_REQUEST_NULL) out.push_back(peers_[i]);
-    }
-    return out;
-  }
-
-  void cancel_recvs() noexcept {
-    for (MPI_Request& r : recvs_) {
-      if (r == MPI_REQUEST_NULL) continue;
-      // Cancelled, or taken in between (then the message is dropped: its sender will
-      // see this member's ABORT).
-      MESHRT_MPI_IGNORE(MPI_Cancel(&r));
-      MESHRT_MPI_IGNORE(MPI_Wait(&r, MPI_STATUS_IGNORE));
-    }
-  }
-
-  // Tells every other member this attempt is off, then raises `e`.
-  template <class E>
-  [[noreturn]] void fail_with(const E& e) {
-    cancel_recvs();
-    send_all(Handshake::Abort);
-    throw e;
-  }
-
-  const char* op_;
-  MPI_Comm parent_;
-  int me_;
-  const std::vector<int>& members_;
-  int tag_;
-  Seconds timeout_;
-  std::vector<int> peers_;
-  std::uint64_t hash_ = 0;
-  std::array<HandshakeMsg, 4>* out_ = nullptr;
-  std::vector<HandshakeMsg> in_;
-  std::vector<MPI_Request> recvs_;
-  std::vector<MPI_Request> sends_;
-  bool sends_done_ = false;
-};
+// MPI_Comm_create_group and MPI_Comm_dup have no timeout: the members first agree, on the
+// parent communicator with tag GroupOptions::create_tag (detail::CreationAgreement).
+detail::CreationAgreement creation_agreement(const char* op, MPI_Comm parent, int me, const std::vector<int>& members,
+                                             int tag, Seconds timeout) {
+  detail::CreationWording wording{
+      .op = op,
+      .rank = [](int r) { return fmt::format("parent rank {}", r); },
+      .ranks =
+          [](const std::vector<int>& v) {
+            return fmt::format("parent rank{} {}", v.size() == 1 ? "" : "s", int_list(v));
+          },
+      .what = "the group " + int_list(members),
+      .late = fmt::format("(not called with this member list and tag {} within the timeout)", tag)};
+  return detail::CreationAgreement(std::move(wording), parent, me, members, tag, timeout);
+}
 
 }  // namespace
 
@@ -1126,8 +931,8 @@ StatelessGroup StatelessGroup::create(const std::vector<int>& members, MPI_Comm 
     throw UsageError(fmt::format("StatelessGroup::create on parent rank {}: expected a create_tag >= 0, found {}",
                                  parent_rank, options.create_tag));
   }
-  auto creation_lock = CreationAgreement("StatelessGroup::create", parent, parent_rank, members, options.create_tag,
-                                         option_timeout(options))
+  auto creation_lock = creation_agreement("StatelessGroup::create", parent, parent_rank, members, options.create_tag,
+                                          option_timeout(options))
                            .run();
   MPI_Group parent_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
   MESHRT_MPI_CHECK(MPI_Comm_group(parent, &parent_group));
@@ -1159,7 +964,7 @@ StatelessGroup StatelessGroup::from_comm(MPI_Comm comm, const GroupOptions& opti
   MPI_Comm dup = MPI_COMM_NULL;
   {
     const auto creation_lock =
-        CreationAgreement("StatelessGroup::from_comm", comm, me, parent, options.create_tag, option_timeout(options))
+        creation_agreement("StatelessGroup::from_comm", comm, me, parent, options.create_tag, option_timeout(options))
             .run();
     MESHRT_MPI_CHECK(MPI_Comm_dup(comm, &dup));
   }

@@ -62,8 +62,9 @@ bool InFlight::admits(const Command& command) const {
   if (const auto* c = std::get_if<BorrowCreate>(&command)) return !writes(c->tensor);
   if (const auto* c = std::get_if<BorrowFirstUse>(&command)) return !writes(c->borrow);
   if (const auto* c = std::get_if<BorrowDrop>(&command)) return !writes(c->borrow);
-  return std::holds_alternative<CreateDeviceMesh>(command) || std::holds_alternative<CreateStream>(command) ||
-         std::holds_alternative<RequestStatus>(command);
+  // A mesh's creation waits: it agrees with its members (MESHRT_GROUP_TIMEOUT), and would
+  // hold this loop, and the operation's deadline, that long.
+  return std::holds_alternative<CreateStream>(command) || std::holds_alternative<RequestStatus>(command);
 }
 
 bool InFlight::poll(Env& env, Reporter& reporter) {

@@ -1,5 +1,5 @@
 // A device collective whose peer never joins in time (NP 4 as a 2x2 mesh, the emulated
-// accelerator, MESHRT_DEVICE_TIMEOUT=2): rank 3's function stalls for 6 s before a
+// accelerator, MESHRT_DEVICE_TIMEOUT=2 and MESHRT_GROUP_TIMEOUT=2): rank 3's function stalls for 6 s before a
 // reduction over live communicators, so rank 2 waits in its 'gpu' line's collective. After 2 s rank 2's worker
 // aborts that communicator and fails the command with a TimeoutError that names the mesh
 // dimension, the peers and the seconds; every fetch of the result raises it. The next
@@ -106,6 +106,41 @@ TEST(DeviceTimeout, APeerThatNeverJoinsInTimeFailsTheCollectiveWithTheDimensionP
       ctl.synchronize();
     } catch (const Error&) {
       // raising is as good as returning: the point is that it comes back
+    }
+  });
+}
+
+// A member late for its line's first use (the creation of the line's communicator, then
+// the device's) is named, never waited for without end: rank 3 stalls 4 s before a
+// reduction over a fresh mesh's 'gpu' lines, and rank 2, whose line it is, gives up after
+// MESHRT_GROUP_TIMEOUT (2 s) naming world rank 3; rank 3, when it comes, finds that rank 2
+// gave up when it had not joined. The next reduction, over the other dimension, computes
+// right. The creation used to block in MPI_Comm_split for as long as the member was late.
+TEST(DeviceTimeout, AMemberLateForALinesCreationIsNamedNotWaitedFor) {
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
+    DTensor x = mesh.call("test.on_device", {4}, 1.0);  // rank r holds 1 + r
+    (void)mesh.call("test.stall", 4.0, 3);
+    DTensor y = x.reduce("gpu", Reduction::Sum);
+    try {
+      (void)ctl.fetch_shard(y, {{"host", 1}, {"gpu", 0}}).get();
+      ADD_FAILURE() << "expected a RemoteError";
+    } catch (const RemoteError& e) {
+      // Rank 2's error or rank 3's: each names world rank 3 as the one that was late.
+      const std::string text = e.what();
+      EXPECT_TRUE(contains(text, "creating the communicator of dimension 'gpu' of device mesh [host=2, gpu=2]"))
+          << text;
+      const bool named = contains(text, "world rank 3 did not join it (world ranks 2, 3) within 2 s") ||
+                         contains(text, "when world rank 3 had not joined within 2 s");
+      EXPECT_TRUE(named) << text;
+      EXPECT_TRUE(contains(text, "(MESHRT_GROUP_TIMEOUT)")) << text;
+    }
+    DTensor z = x.reduce("host", Reduction::Sum);
+    EXPECT_EQ(ctl.fetch_shard(z, {{"host", 1}, {"gpu", 1}}).get().span<float>()[0], 6.0f);  // ranks 1, 3
+    try {
+      ctl.synchronize();
+    } catch (const Error&) {
+      // the failed reduction may be raised again here
     }
   });
 }

@@ -141,6 +141,8 @@ TEST(WorkerInFlight, AdmitsOnlyCommandsThatDoNotDependOnIt) {
   EXPECT_FALSE(f.admits(Command(BorrowDrop{.borrow = Ref{9}}))) << "the borrow it reduces";
   EXPECT_TRUE(f.admits(Command(RequestStatus{.ident = 6})));
   EXPECT_TRUE(f.admits(Command(CreateStream{.result = Ref{40}, .is_default = false})));
+  EXPECT_FALSE(f.admits(Command(CreateDeviceMesh{.result = Ref{41}, .names = {"x"}, .ranks = NDSlice::row_major({1})})))
+      << "a mesh's creation waits for its members";
   EXPECT_FALSE(f.admits(Command(Reduce{.result = Ref{21},
                                        .tensor = Ref{11},
                                        .factory = TensorMeta({}, DType::Float32),
