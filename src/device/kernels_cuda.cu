@@ -141,6 +141,89 @@ __global__ void apply_nan_mask_kernel(typename nan_rule::Bits<D>::type* x, const
   }
 }
 
+// meshrt.sum: each block's partial sum of a strided share of x, then one block sums the
+// partials (in a fixed order for a fixed n: the same bits every run).
+constexpr int kSumThreads = 256;
+constexpr int kSumBlocks = 256;
+
+// What a sum of T accumulates in, as the CPU's sum_into: double for floating dtypes, the
+// unsigned 64-bit wrap of the integers, a count for bool.
+template <class T>
+using SumAcc = std::conditional_t<std::is_same_v<T, bool> || std::is_integral_v<T>, unsigned long long, double>;
+
+template <class T>
+__device__ SumAcc<T> sum_term(T v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v ? 1ull : 0ull;
+  } else if constexpr (std::is_integral_v<T>) {
+    return static_cast<unsigned long long>(static_cast<long long>(v));
+  } else if constexpr (std::is_same_v<T, double>) {
+    return v;
+  } else {
+    return static_cast<double>(static_cast<float>(v));
+  }
+}
+
+// Sums s[0, kSumThreads) into s[0]; every thread of the block calls it.
+template <class A>
+__device__ void block_sum(A* s) {
+  for (int w = kSumThreads / 2; w > 0; w /= 2) {
+    if (static_cast<int>(threadIdx.x) < w) s[threadIdx.x] += s[threadIdx.x + w];
+    __syncthreads();
+  }
+}
+
+template <class T>
+__global__ void partial_sums_kernel(const T* x, std::int64_t n, SumAcc<T>* partial) {
+  __shared__ SumAcc<T> s[kSumThreads];
+  SumAcc<T> acc = 0;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    acc += sum_term(x[i]);
+  }
+  s[threadIdx.x] = acc;
+  __syncthreads();
+  block_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s[0];
+}
+
+template <class T>
+__global__ void final_sum_kernel(const SumAcc<T>* partial, int count, void* out) {
+  __shared__ SumAcc<T> s[kSumThreads];
+  SumAcc<T> acc = 0;
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += kSumThreads) acc += partial[i];
+  s[threadIdx.x] = acc;
+  __syncthreads();
+  block_sum(s);
+  if (threadIdx.x != 0) return;
+  if constexpr (std::is_same_v<T, bool>) {
+    *static_cast<long long*>(out) = static_cast<long long>(s[0]);
+  } else if constexpr (std::is_integral_v<T> || std::is_same_v<T, double>) {
+    *static_cast<T*>(out) = static_cast<T>(s[0]);
+  } else {
+    *static_cast<T*>(out) = T(static_cast<float>(s[0]));  // through float, as the CPU
+  }
+}
+
+// c = a b, one thread per element of c, a and b through shared 16 x 16 tiles.
+constexpr int kTile = 16;
+template <class T>
+__global__ void matmul_kernel(const T* a, const T* b, T* c, std::int64_t m, std::int64_t k, std::int64_t n) {
+  __shared__ T ta[kTile][kTile];
+  __shared__ T tb[kTile][kTile];
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.y) * kTile + threadIdx.y;
+  const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * kTile + threadIdx.x;
+  T acc = 0;
+  for (std::int64_t t = 0; t < k; t += kTile) {
+    ta[threadIdx.y][threadIdx.x] = row < m && t + threadIdx.x < k ? a[row * k + t + threadIdx.x] : T(0);
+    tb[threadIdx.y][threadIdx.x] = t + threadIdx.y < k && col < n ? b[(t + threadIdx.y) * n + col] : T(0);
+    __syncthreads();
+    for (int i = 0; i < kTile; ++i) acc += ta[threadIdx.y][i] * tb[i][threadIdx.x];
+    __syncthreads();
+  }
+  if (row < m && col < n) c[row * n + col] = acc;
+}
+
 constexpr int kThreads = 256;
 unsigned blocks(std::int64_t n) {
   const std::int64_t b = (n + kThreads - 1) / kThreads;
@@ -227,6 +310,47 @@ void apply_nan_mask(int dtype, void* x, const void* mask, std::int64_t n, void* 
   });
   if (!floating)
     throw UsageError("CUDA apply_nan_mask: expected a floating dtype, found code " + std::to_string(dtype));
+  MESHRT_CUDA_CHECK(cudaGetLastError());
+}
+
+std::size_t sum_scratch_bytes() {
+  return kSumBlocks * sizeof(double);
+}
+
+void sum(int dtype, const void* x, void* out, void* scratch, std::int64_t n, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  const std::int64_t wanted = (n + kSumThreads - 1) / kSumThreads;
+  const int grid = static_cast<int>(wanted < 1 ? 1 : wanted < kSumBlocks ? wanted : kSumBlocks);
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto* partial = static_cast<SumAcc<T>*>(scratch);
+    partial_sums_kernel<T><<<grid, kSumThreads, 0, s>>>(static_cast<const T*>(x), n, partial);
+    MESHRT_CUDA_CHECK(cudaGetLastError());
+    final_sum_kernel<T><<<1, kSumThreads, 0, s>>>(partial, grid, out);
+  });
+  MESHRT_CUDA_CHECK(cudaGetLastError());
+}
+
+void matmul(int dtype, const void* a, const void* b, void* c, std::int64_t m, std::int64_t k, std::int64_t n,
+            void* stream) {
+  if (m == 0 || n == 0) return;
+  const std::int64_t rows = (m + kTile - 1) / kTile;
+  if (rows > 65535) {
+    throw UsageError("CUDA matmul: expected at most " + std::to_string(65535 * kTile) + " rows, found " +
+                     std::to_string(m));
+  }
+  const dim3 grid(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>(rows));
+  const dim3 block(kTile, kTile);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (dtype == 6) {
+    matmul_kernel<float><<<grid, block, 0, s>>>(static_cast<const float*>(a), static_cast<const float*>(b),
+                                                static_cast<float*>(c), m, k, n);
+  } else if (dtype == 7) {
+    matmul_kernel<double><<<grid, block, 0, s>>>(static_cast<const double*>(a), static_cast<const double*>(b),
+                                                 static_cast<double*>(c), m, k, n);
+  } else {
+    throw UsageError("CUDA matmul: expected float32 or float64, found dtype code " + std::to_string(dtype));
+  }
   MESHRT_CUDA_CHECK(cudaGetLastError());
 }
 

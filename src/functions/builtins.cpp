@@ -497,6 +497,15 @@ std::vector<Tensor> matmul_kernel(CallContext& ctx, Args& args) {
     on_stream(ctx, x.device(), [a = x, b = args.tensor(1), c]() mutable { gemm(a, b, c); });
     return {c};
   }
+  if (x.device().is_cuda()) {
+    // On the device, on the call's stream: no copy to the host and back.
+    Tensor c = new_tensor(ctx, out.with_device(x.device()));
+#if MESHRT_HAVE_CUDA
+    cuda_kernels::matmul(static_cast<int>(x.dtype()), x.raw_data(), args.tensor(1).raw_data(), c.raw_data(),
+                         x.shape()[0], x.shape()[1], args.tensor(1).shape()[1], ctx.native_stream());
+#endif
+    return {c};
+  }
   const Tensor a = on_host(ctx.stream_id(), x);
   const Tensor b = on_host(ctx.stream_id(), args.tensor(1));
   Tensor c = Tensor::empty(out);
@@ -546,6 +555,18 @@ std::vector<Tensor> sum_kernel(CallContext& ctx, Args& args) {
   if (in.device().is_emulated()) {
     Tensor out = new_tensor(ctx, meta.with_device(in.device()));
     on_stream(ctx, in.device(), [in, out]() mutable { sum_into(in, out); });
+    return {out};
+  }
+  if (in.device().is_cuda()) {
+    // On the device, on the call's stream; the partial sums' scratch goes back to the
+    // stream's pool when this returns, after the kernels in its order.
+    Tensor out = new_tensor(ctx, meta.with_device(in.device()));
+#if MESHRT_HAVE_CUDA
+    const Tensor scratch = new_tensor(
+        ctx, TensorMeta({static_cast<std::int64_t>(cuda_kernels::sum_scratch_bytes())}, DType::UInt8, in.device()));
+    cuda_kernels::sum(static_cast<int>(in.dtype()), in.raw_data(), out.raw_data(),
+                      const_cast<void*>(scratch.raw_data()), in.numel(), ctx.native_stream());
+#endif
     return {out};
   }
   const Tensor x = on_host(ctx.stream_id(), in);
@@ -643,7 +664,9 @@ MESHRT_REGISTER_FUNCTION("meshrt.scale", scale_kernel, scale_shape,
 MESHRT_REGISTER_FUNCTION("meshrt.matmul", matmul_kernel, matmul_shape,
                          Description{.params = {{"a", "tensor"}, {"b", "tensor"}},
                                      .returns = "tensor",
-                                     .doc = "The matrix product of [m, k] and [k, n] float32 or float64 matrices."});
+                                     .doc = "The matrix product of [m, k] and [k, n] float32 or float64 matrices "
+                                            "(OpenBLAS on the host; on a CUDA device a kernel on the call's "
+                                            "stream, whose rounding is not OpenBLAS's)."});
 MESHRT_REGISTER_FUNCTION("meshrt.copy", copy_kernel, copy_shape,
                          Description{
                              .params = {{"x", "tensor"}}, .returns = "tensor", .doc = "A copy of x, on x's device."});
@@ -658,10 +681,11 @@ MESHRT_REGISTER_FUNCTION("meshrt.shard", shard_kernel, shard_shape,
                                      .doc = "Shard coordinate(dim) of x split along its first axis into `parts` equal "
                                             "shards (mesh.scatter(dim, x))."});
 MESHRT_REGISTER_FUNCTION("meshrt.sum", sum_kernel, sum_shape,
-                         Description{
-                             .params = {{"x", "tensor"}},
-                             .returns = "tensor",
-                             .doc = "The sum of every element as a 0-d tensor (int64 for bool; integers wrap)."});
+                         Description{.params = {{"x", "tensor"}},
+                                     .returns = "tensor",
+                                     .doc = "The sum of every element as a 0-d tensor (int64 for bool; integers wrap; "
+                                            "floating dtypes add in double, on a CUDA device by a kernel on the call's "
+                                            "stream)."});
 MESHRT_REGISTER_FUNCTION("meshrt.fill_", fill__kernel, fill__shape,
                          Description{.params = {{"x", "tensor"}, {"value", "int | float | bool"}},
                                      .returns = "none (writes x in place)",

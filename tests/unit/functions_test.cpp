@@ -457,6 +457,32 @@ TEST(Builtins, CudaKernelsMatchTheCpu) {
   const auto f = functions::lookup("meshrt.full").kernel(ctx, full).at(0);
   EXPECT_TRUE(f.device().is_cuda());
   EXPECT_TRUE(f.to(Device::cpu()).equals(filled<Half>({2}, {2.5, 2.5})));
+  // sum and matmul run on the device (no copy to the host and back); small integers, so
+  // the sums' orders give the CPU's bits.
+  const Device gpu = Device::cuda(0);
+  const auto on_gpu = [&](const std::string& fn, std::vector<Value> cpu_args) {
+    std::vector<Value> gpu_args;
+    for (const Value& v : cpu_args) gpu_args.push_back(v.is_tensor() ? Value(v.as_tensor().to(gpu)) : v);
+    Args device_args(fn, std::move(gpu_args));
+    const Tensor got = functions::lookup(fn).kernel(ctx, device_args).at(0);
+    EXPECT_TRUE(got.device().is_cuda()) << fn;
+    const Tensor want = call(fn, std::move(cpu_args)).at(0);
+    EXPECT_TRUE(got.to(Device::cpu()).equals(want)) << fn << " " << want.to_string();
+  };
+  std::vector<float> many(5000);
+  for (std::size_t i = 0; i < many.size(); ++i) many[i] = static_cast<float>(i % 7) - 3.0f;
+  on_gpu("meshrt.sum", {Value(Tensor::from<float>({5000}, std::span<const float>(many)))});
+  on_gpu("meshrt.sum", {Value(Tensor::from<std::int32_t>({4}, {-7, 3, 2147483647, 5}))});  // wraps
+  on_gpu("meshrt.sum", {Value(Tensor::from<bool>({5}, {true, false, true, true, false}))});
+  on_gpu("meshrt.sum", {Value(filled<Half>({3}, {1.5, 2.5, -1}))});
+  on_gpu("meshrt.sum", {Value(Tensor::zeros(TensorMeta({0}, DType::Float64)))});
+  on_gpu("meshrt.matmul", {Value(Tensor::from<float>({2, 3}, {1, 2, 3, 4, 5, 6})),
+                           Value(Tensor::from<float>({3, 2}, {1, 0, 0, 1, 1, 1}))});
+  std::vector<double> left(37 * 19), right(19 * 21);
+  for (std::size_t i = 0; i < left.size(); ++i) left[i] = static_cast<double>(i % 5);
+  for (std::size_t i = 0; i < right.size(); ++i) right[i] = static_cast<double>(i % 3) - 1.0;
+  on_gpu("meshrt.matmul", {Value(Tensor::from<double>({37, 19}, std::span<const double>(left))),
+                           Value(Tensor::from<double>({19, 21}, std::span<const double>(right)))});
 }
 
 }  // namespace
