@@ -1,7 +1,8 @@
 # FindNCCL
 # --------
 # Finds NVIDIA's NCCL. Looks under NCCL_ROOT (variable or environment), then under the
-# CUDA toolkit's root, then the system. Defines NCCL_FOUND, NCCL_VERSION and NCCL::nccl.
+# CUDA toolkit's root, then the system. Defines NCCL_FOUND, NCCL_VERSION and NCCL::nccl;
+# find_package(NCCL <version>) refuses an older one.
 include(FindPackageHandleStandardArgs)
 
 set(_nccl_hints ${NCCL_ROOT} $ENV{NCCL_ROOT} $ENV{NCCL_HOME})
@@ -14,7 +15,8 @@ if(CUDAToolkit_BIN_DIR)
 endif()
 
 find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include)
-find_library(NCCL_LIBRARY NAMES nccl HINTS ${_nccl_hints} PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
+# libnccl.so.2 too: pip's nvidia-nccl wheels ship no unversioned link.
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${_nccl_hints} PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
 
 if(NCCL_INCLUDE_DIR AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")
   file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _nccl_major REGEX "^#define NCCL_MAJOR +[0-9]+")

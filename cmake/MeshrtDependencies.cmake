@@ -34,12 +34,15 @@ if(NOT _meshrt_cuda STREQUAL "OFF")
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      # Hopper (H100/H200) and Ampere; override with -DCMAKE_CUDA_ARCHITECTURES=...
-      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+      # Hopper (H100/H200) and Ampere; override with -DCMAKE_CUDA_ARCHITECTURES=... (in the
+      # cache, so that what a build was made for can be read back: gpu-bundle.sh's MANIFEST).
+      set(CMAKE_CUDA_ARCHITECTURES 80 90 CACHE STRING "The GPU architectures meshrt's CUDA kernels are built for")
     endif()
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
-    find_package(NCCL)
+    # 2.14: non-blocking communicators (ncclConfig_t), ncclCommFinalize and the async
+    # error of an in-progress call, which the device layer's deadlines rest on.
+    find_package(NCCL 2.14)
     if(NCCL_FOUND)
       set(MESHRT_HAVE_CUDA ON)
       set(MESHRT_HAVE_NCCL ON)

@@ -2,7 +2,10 @@
 # meshrt_target_warnings(<target>...)
 set(MESHRT_WARNING_FLAGS
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wold-style-cast -Wno-missing-field-initializers>
-  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${MESHRT_WERROR}>>:-Werror>)
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${MESHRT_WERROR}>>:-Werror>
+  # CUDA sources: nvcc's own warnings, and the host compiler's on the host code it passes on.
+  $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wshadow>
+  $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${MESHRT_WERROR}>>:-Werror=all-warnings -Xcompiler=-Werror>)
 
 function(meshrt_target_warnings)
   foreach(t ${ARGN})

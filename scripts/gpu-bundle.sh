@@ -245,7 +245,9 @@ cudart=$(basename "$(readlink -f "${lib_path[libcudart.so.13]:-${lib_path[libcud
   echo "source:      $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
   echo "build:       $BUILD ($(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$BUILD/CMakeCache.txt"))"
   if [ -n "$CUDA_ON" ]; then
-    echo "cuda:        $("$CUDA_ON" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), architectures $(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$BUILD/CMakeCache.txt"), runtime $cudart (bundled)"
+    # The build's CUDA architectures (cached since the default went into the cache).
+    archs=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$BUILD/CMakeCache.txt" | tr ';' ' ')
+    echo "cuda:        $("$CUDA_ON" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), architectures ${archs:-unknown (not in CMakeCache.txt)}, runtime $cudart (bundled)"
     echo "nccl-built:  ${nccl_built:-unknown} (libnccl.so.2 is the machine's: NCCL 2.14 or later)"
   else
     echo "cuda:        none (a CPU build: the emulated accelerator only)"

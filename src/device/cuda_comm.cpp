@@ -321,8 +321,29 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
+namespace {
+
+// The NCCL loaded at run time (the machine's libnccl.so.2, maybe not the build's): 2.14
+// or later, which has what the deadlines rest on (non-blocking communicators,
+// ncclCommFinalize, the asynchronous error of a call in progress).
+void require_nccl_version() {
+  static const int version = [] {
+    int v = 0;
+    return ncclGetVersion(&v) == ncclSuccess ? v : 0;
+  }();
+  if (version < 21400) {
+    throw UsageError(fmt::format(
+        "NCCL communicator: expected NCCL 2.14 or later (non-blocking communicators, ncclCommFinalize), found the "
+        "libnccl.so.2 loaded at version code {}; put a newer NCCL first on the library path",
+        version));
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Communicator> create_nccl_communicator(MPI_Comm members, int device,
                                                        std::chrono::duration<double> timeout) {
+  require_nccl_version();
   const auto deadline = detail::deadline_after(timeout);
   int rank = 0;
   int size = 0;
