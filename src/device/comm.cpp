@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -27,8 +29,14 @@
 namespace meshrt::device {
 namespace {
 
+// This rank's host, told apart as NCCL tells hosts apart (its host hash): NCCL_HOSTID when
+// set, NCCL's own override, else the node's name. With a NCCL_HOSTID per rank, ranks on
+// one GPU are hosts of their own to NCCL, and so to this check (scripts/gpu-check.sh).
 std::uint64_t host_hash() {
-  return detail::fnv1a_64(detail::processor_name());  // as NCCL hashes host names
+  if (const char* id = std::getenv("NCCL_HOSTID"); id != nullptr && *id != '\0') {
+    return detail::fnv1a_64(id, detail::fnv1a_64("NCCL_HOSTID="));
+  }
+  return detail::fnv1a_64(detail::processor_name());
 }
 
 // One member's place: its node, and its device as a name every process of the node gives
@@ -92,6 +100,18 @@ std::pair<int, int> on_node(MPI_Comm world) {
   return {rank, size};
 }
 }  // namespace
+
+int most_ranks_on_a_host(MPI_Comm world) {
+  int size = 0;
+  MESHRT_MPI_CHECK(MPI_Comm_size(world, &size));
+  const std::uint64_t mine = host_hash();
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(size));
+  MESHRT_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, world));
+  std::map<std::uint64_t, int> count;
+  int most = 0;
+  for (std::uint64_t h : all) most = std::max(most, ++count[h]);
+  return most;
+}
 
 int local_rank(MPI_Comm world) {
   return on_node(world).first;

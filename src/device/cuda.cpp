@@ -70,12 +70,17 @@ class OrderedMemory {
     std::lock_guard lock(mutex_);
     const auto it = streams_.find(key);
     if (it == streams_.end()) return;
-    cudaEvent_t tail = nullptr;
-    if (cudaEventCreateWithFlags(&tail, cudaEventDisableTiming) == cudaSuccess) {
-      if (cudaEventRecord(tail, it->second) == cudaSuccess) {
-        if (cudaStream_t frees = frees_stream(device)) (void)cudaStreamWaitEvent(frees, tail, 0);
+    try {
+      CudaDeviceGuard guard(device);  // the tail event on the stream's device
+      cudaEvent_t tail = nullptr;
+      if (cudaEventCreateWithFlags(&tail, cudaEventDisableTiming) == cudaSuccess) {
+        if (cudaEventRecord(tail, it->second) == cudaSuccess) {
+          if (cudaStream_t frees = frees_stream(device)) (void)cudaStreamWaitEvent(frees, tail, 0);
+        }
+        (void)cudaEventDestroy(tail);  // released once the device is past it
       }
-      (void)cudaEventDestroy(tail);  // released once the device is past it
+    } catch (const std::exception&) {
+      // CUDA is gone (the process ends): nothing is freed any more.
     }
     (void)cudaGetLastError();
     streams_.erase(it);
@@ -102,11 +107,15 @@ class OrderedMemory {
   }
 
   void free(int device, void* p, std::uint64_t key) noexcept {
-    CudaDeviceGuard guard(device);
     std::lock_guard lock(mutex_);
-    const auto it = streams_.find(key);
-    cudaStream_t on = it != streams_.end() ? it->second : frees_stream(device);
-    if (on == nullptr || cudaFreeAsync(p, on) != cudaSuccess) (void)cudaGetLastError();  // at exit: CUDA is gone
+    try {
+      CudaDeviceGuard guard(device);
+      const auto it = streams_.find(key);
+      cudaStream_t on = it != streams_.end() ? it->second : frees_stream(device);
+      if (on == nullptr || cudaFreeAsync(p, on) != cudaSuccess) (void)cudaGetLastError();
+    } catch (const std::exception&) {
+      (void)cudaGetLastError();  // CUDA is gone (the process ends): the block goes with it
+    }
     freed_since_trim_ = true;
   }
 
@@ -117,7 +126,6 @@ class OrderedMemory {
     std::lock_guard lock(mutex_);
     for (std::size_t d = 0; d < devices_.size(); ++d) {
       if (devices_[d].pool == nullptr) continue;
-      CudaDeviceGuard guard(static_cast<int>(d));
       if (cudaMemPoolTrimTo(devices_[d].pool, 0) != cudaSuccess) (void)cudaGetLastError();
     }
   }

@@ -25,12 +25,14 @@ inline DeviceKind job_kind(DeviceKind otherwise) {
 
 // Why this job cannot run a test of a communicator over every rank, with `ranks` ranks or
 // more each on a device of its own (NCCL, and the emulated accelerator like it, refuse
-// two members on one device; all ranks of a test run on one node); nullopt when it can.
+// two members on one device of one host; all ranks of a test run on one node, which a
+// NCCL_HOSTID per rank makes hosts of their own: scripts/gpu-check.sh); nullopt when it
+// can.
 inline std::optional<std::string> lacks_devices(device::Accelerator accelerator, int ranks) {
   const int world = world_size();
   const int devices = device::backend(accelerator).device_count();
   const int need = std::max(ranks, world);
-  if (world >= ranks && devices >= world) return std::nullopt;
+  if (world >= ranks && devices >= device::most_ranks_on_a_host(MPI_COMM_WORLD)) return std::nullopt;
   auto devices_text = [&](int n) {
     const bool cuda = accelerator == device::Accelerator::Cuda;
     return fmt::format("{} {}{}", n, cuda ? "GPU" : "emulated device", n == 1 ? "" : "s");

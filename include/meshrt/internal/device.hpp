@@ -188,13 +188,19 @@ class Communicator {
 std::unique_ptr<Communicator> create_communicator(Accelerator accelerator, MPI_Comm members, int device,
                                                   std::chrono::duration<double> timeout);
 
-// What create_communicator checks first: members' (node, physical device) pairs must
-// differ (Backend::physical_device: ranks that each see one GPU all call theirs device
-// 0). Throws UsageError naming both ranks and the device otherwise, on every member
-// alike. Collective over `members`, non-blocking: TimeoutError when a member has not
-// joined by `deadline`.
+// What create_communicator checks first: members' (host, physical device) pairs must
+// differ (Backend::physical_device: ranks that each see one GPU all call theirs device 0;
+// hosts told apart as NCCL does, by NCCL_HOSTID when set, else by node). Throws
+// UsageError naming both ranks and the device otherwise, on every member alike.
+// Collective over `members`, non-blocking: TimeoutError when a member has not joined by
+// `deadline`.
 void check_distinct_devices(MPI_Comm members, Accelerator accelerator, int device,
                             std::chrono::steady_clock::time_point deadline);
+
+// How many ranks the host with the most of them holds, telling hosts apart as NCCL does
+// and check_distinct_devices checks (NCCL_HOSTID when set, else the node): a communicator
+// over every rank needs that many devices per host. Collective over `world`.
+int most_ranks_on_a_host(MPI_Comm world);
 
 // This rank's index among the ranks of its node (MPI_Comm_split_type SHARED), and how
 // many ranks the node runs; each collective over `world`.
