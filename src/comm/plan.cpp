@@ -39,7 +39,8 @@ ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim_name, Reduct
   if (!rule.allowed()) throw UsageError(rule.error + where_reduce(mesh, plan.dim));
   plan.collective = rule.collective;
   plan.reshaped = std::move(rule.reshaped);
-  check_count(factory.numel(), plan.collective);
+  // NCCL's counts are size_t; MPI's (the emulated accelerator's collectives too) are int.
+  if (backend == Backend::Mpi || factory.device().is_emulated()) check_count(factory.numel(), plan.collective);
   return plan;
 }
 
@@ -125,7 +126,7 @@ SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const 
     throw UsageError(fmt::format("send_tensor over NCCL: expected a CUDA tensor, found {} (world rank {})",
                                  factory.to_string(), my_rank));
   }
-  check_count(factory.numel(), "send_tensor");
+  if (backend == Backend::Mpi || factory.device().is_emulated()) check_count(factory.numel(), "send_tensor");
   SendPlan plan;
   const NDSlice::Int send_index = position(from_ranks, my_rank);
   if (to_order.empty()) {
@@ -162,7 +163,8 @@ std::string describe_send(const SendPlan& plan, int my_rank, std::size_t bytes, 
 void check_count(std::int64_t count, std::string_view what) {
   if (count > INT_MAX) {
     throw UsageError(
-        fmt::format("{}: expected at most {} elements in one message (MPI and NCCL counts are int), "
+        fmt::format("{}: expected at most {} elements in one message (MPI's counts are int, the emulated accelerator's "
+                    "included; NCCL's are not), "
                     "found {}",
                     what, INT_MAX, count));
   }

@@ -65,7 +65,8 @@ SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const 
                    const TensorMeta& factory, Backend backend, std::span<const std::int64_t> to_order = {});
 std::string describe_send(const SendPlan& plan, int my_rank, std::size_t bytes, std::string_view backend);
 
-// MPI and NCCL counts are int: more elements than that in one message are refused.
+// MPI's counts are int: more elements than that in one message over MPI (the emulated
+// accelerator's collectives included) are refused; NCCL's counts are size_t.
 void check_count(std::int64_t count, std::string_view what);
 
 }  // namespace meshrt::detail

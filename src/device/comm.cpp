@@ -125,15 +125,16 @@ int select_device(Accelerator accelerator, MPI_Comm world) {
   // Collective first, before anything can throw: ranks with and without MESHRT_DEVICE,
   // and ranks that fail here and ranks that do not, still make the same calls.
   const int local = local_rank(world);
+  std::string why;  // CUDA's reason for none
 #if MESHRT_HAVE_CUDA
   // Counting CUDA devices needs no backend (and so no context) yet.
-  const int count = accelerator == Accelerator::Cuda ? cuda_visible_devices() : backend(accelerator).device_count();
+  const int count = accelerator == Accelerator::Cuda ? cuda_visible_devices(&why) : backend(accelerator).device_count();
 #else
   const int count = backend(accelerator).device_count();
 #endif
   if (count < 1) {
-    throw UsageError(
-        fmt::format("device placement: expected at least one {} device on this node, found none", name(accelerator)));
+    throw UsageError(fmt::format("device placement: expected at least one {} device on this node, found none{}",
+                                 name(accelerator), why.empty() ? "" : " (" + why + ")"));
   }
   if (const std::optional<std::int64_t> chosen = settings::kDevice.from_environment()) {
     if (*chosen >= count) {

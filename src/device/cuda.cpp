@@ -574,10 +574,16 @@ void cuda_trim() noexcept {
   if (CudaBackend* b = g_cuda_backend.load()) b->trim();
 }
 
-int cuda_visible_devices() noexcept {
+int cuda_visible_devices(std::string* why) noexcept {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+  if (const cudaError_t rc = cudaGetDeviceCount(&count); rc != cudaSuccess) {
     (void)cudaGetLastError();
+    if (why != nullptr) {
+      try {
+        *why = fmt::format("cudaGetDeviceCount: {} ({})", cudaGetErrorString(rc), cudaGetErrorName(rc));
+      } catch (...) {
+      }
+    }
     return 0;
   }
   return count;

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 
 #include "common/checks.hpp"
 #include "common/cuda_guard.hpp"
@@ -17,8 +18,9 @@ using detail::CudaDeviceGuard;  // common/cuda_guard.hpp, shared with tensor
 
 // Created on first use; creating it makes no context (only cudaGetDeviceCount).
 Backend& cuda_backend();
-// cudaGetDeviceCount, 0 when it fails (no driver, no device); makes no context.
-int cuda_visible_devices() noexcept;
+// cudaGetDeviceCount, 0 when it fails (no driver, no device; `why`, if given, gets CUDA's
+// error then); makes no context.
+int cuda_visible_devices(std::string* why = nullptr) noexcept;
 // device::trace_flush for the CUDA streams with spans not yet recorded.
 void cuda_trace_flush(bool wait);
 // Backend::trim of the cuda backend, if it was made.

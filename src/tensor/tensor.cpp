@@ -286,13 +286,15 @@ void require_cuda(const Device& device, const char* what) {
   if (!device.is_cuda()) return;
 #if MESHRT_HAVE_CUDA
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+  std::string why;  // CUDA's reason for none
+  if (const cudaError_t rc = cudaGetDeviceCount(&count); rc != cudaSuccess) {
     (void)cudaGetLastError();
     count = 0;
+    why = fmt::format(" (cudaGetDeviceCount: {}, {})", cudaGetErrorString(rc), cudaGetErrorName(rc));
   }
   if (device.index() >= count) {
-    throw UsageError(fmt::format("{}: expected a visible CUDA device, found {} requested and {} device(s) visible",
-                                 what, device.to_string(), count));
+    throw UsageError(fmt::format("{}: expected a visible CUDA device, found {} requested and {} device(s) visible{}",
+                                 what, device.to_string(), count, why));
   }
 #else
   throw UsageError(fmt::format("{}: expected a CPU device in this build (meshrt was built without CUDA), found {}",

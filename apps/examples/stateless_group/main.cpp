@@ -17,6 +17,7 @@
 #include <fmt/ranges.h>
 #include <mpi.h>
 
+#include <array>
 #include <boost/serialization/map.hpp>
 #include <boost/serialization/string.hpp>
 #include <boost/serialization/vector.hpp>
@@ -141,10 +142,32 @@ void nccl_bootstrap(int w, int world) {
   int local = 0;
   MPI_Comm_rank(node, &local);
   MPI_Comm_free(&node);
-  // NCCL refuses two ranks of one communicator on one GPU: local rank i takes GPU i.
-  const int mine = local < devices ? 1 : 0;
-  std::vector<int> has(static_cast<std::size_t>(world));
-  MPI_Allgather(&mine, 1, MPI_INT, has.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  // NCCL refuses two ranks of one communicator on one GPU of one host. Local rank i takes
+  // visible GPU i modulo the count (one visible GPU per rank, as Slurm's GPU binding
+  // gives, is every rank's device 0); a rank joins if no lower rank has the same GPU,
+  // told apart as NCCL does: by host and PCI bus id, not by index.
+  const int device = devices > 0 ? local % devices : -1;
+  std::array<char, 256> place{};
+  if (device >= 0) {
+    char host[MPI_MAX_PROCESSOR_NAME] = {};
+    int length = 0;
+    MPI_Get_processor_name(host, &length);
+    char bus[32] = {};
+    if (cudaDeviceGetPCIBusId(bus, static_cast<int>(sizeof bus), device) != cudaSuccess) (void)cudaGetLastError();
+    fmt::format_to_n(place.data(), place.size() - 1, "{} {}", host, bus);
+  }
+  std::vector<std::array<char, 256>> places(static_cast<std::size_t>(world));
+  MPI_Allgather(place.data(), static_cast<int>(place.size()), MPI_CHAR, places.data(), static_cast<int>(place.size()),
+                MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<int> has(static_cast<std::size_t>(world), 0);
+  for (int r = 0; r < world; ++r) {
+    const auto& p = places[static_cast<std::size_t>(r)];
+    if (p[0] == '\0') continue;  // no GPU
+    bool first = true;
+    for (int q = 0; q < r && first; ++q) first = places[static_cast<std::size_t>(q)] != p;
+    has[static_cast<std::size_t>(r)] = first ? 1 : 0;
+  }
+  const int mine = has[static_cast<std::size_t>(w)];
   std::vector<int> members;
   for (int r = 0; r < world; ++r) {
     if (has[static_cast<std::size_t>(r)] != 0) members.push_back(r);
@@ -155,7 +178,7 @@ void nccl_bootstrap(int w, int world) {
   }
   if (!mine) return;
   auto g = StatelessGroup::create(members);
-  ncclComm_t comm = meshrt::make_nccl_comm(g, local, 30s);
+  ncclComm_t comm = meshrt::make_nccl_comm(g, device, 30s);
   float* buf = nullptr;
   const float value = static_cast<float>(g.rank() + 1);
   float sum = 0;
