@@ -79,7 +79,8 @@ inline constexpr Setting<std::int64_t> kTraceEvents{{
     .kind = Kind::Integer, .min = 4096, .max = std::int64_t{1} << 24}};
 inline constexpr Setting<Seconds> kGroupTimeout{{
     .name = "MESHRT_GROUP_TIMEOUT", .default_value = "300",
-    .description = "Default timeout of StatelessGroup operations, seconds (0 = none)",
+    .description = "Default timeout of StatelessGroup operations, and the limit on creating a mesh's, a line's or a "
+                   "send's communicators (MPI and device) and make_nccl_comm's, seconds (0 = none)",
     .kind = Kind::Duration, .zero_is_no_limit = true}};
 inline constexpr Setting<std::int64_t> kGroupChunkBytes{{
     .name = "MESHRT_GROUP_CHUNK_BYTES", .default_value = "1073741824",
