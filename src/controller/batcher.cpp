@@ -110,6 +110,12 @@ void Batcher::take_failure() {
 void Batcher::append(const std::vector<int>& dests, protocol::Command c, std::size_t payload) {
   take_failure();
   std::unique_lock lock(mutex_);
+  if (flusher_failure_) {
+    // The flusher failed while this call waited for the lock (it holds it while it sends).
+    lock.unlock();
+    take_failure();
+    lock.lock();
+  }
   if (!batch_.empty() && (dests != batch_dests_ || batch_payload_ + payload > payload_limit())) flush_locked();
   if (batch_.empty()) {
     batch_dests_ = dests;
