@@ -318,15 +318,17 @@ class CudaStream final : public Stream::Impl {
       MESHRT_CUDA_CHECK(rc);
     }
   }
+  // An error of a stream's work is a kernel's asynchronous one (an illegal address, a
+  // failed launch): sticky, the context is lost, and the rank with it (device_fault).
   bool query() override {
     const cudaError_t rc = cudaStreamQuery(stream_);
     if (rc == cudaErrorNotReady) return false;
-    if (rc != cudaSuccess) slot_->set(fmt::format("{}: {}", to_string(), cudaGetErrorString(rc)));
+    if (rc != cudaSuccess) faulted(rc);
     return true;
   }
   void synchronize() override {
     const cudaError_t rc = cudaStreamSynchronize(stream_);
-    if (rc != cudaSuccess) slot_->set(fmt::format("{}: {}", to_string(), cudaGetErrorString(rc)));
+    if (rc != cudaSuccess) faulted(rc);
   }
   std::optional<std::string> error() override {
     std::lock_guard lock(slot_->mutex);
@@ -335,6 +337,11 @@ class CudaStream final : public Stream::Impl {
   std::string to_string() const override { return fmt::format("cuda:{} stream {}", device_, id_); }
 
  private:
+  void faulted(cudaError_t rc) {
+    const std::string what = fmt::format("{}: {} ({})", to_string(), cudaGetErrorString(rc), cudaGetErrorName(rc));
+    slot_->set(what);
+    record_device_fault(what);
+  }
   // Under trace_mutex_, on a thread where device_ is current.
   cudaEvent_t take_event() {
     if (!spare_.empty()) {
@@ -389,6 +396,9 @@ class CudaEvent final : public Event::Impl {
   bool query() override {
     const cudaError_t rc = cudaEventQuery(event_);
     if (rc == cudaErrorNotReady) return false;
+    if (rc != cudaSuccess) {
+      record_device_fault(fmt::format("cuda event: {} ({})", cudaGetErrorString(rc), cudaGetErrorName(rc)));
+    }
     MESHRT_CUDA_CHECK(rc);
     return true;
   }

@@ -467,6 +467,46 @@ Tensor empty_on(std::uint64_t stream_id, const TensorMeta& meta) {
   return backend(meta.device().kind()).empty(meta, stream_for(stream_id, meta.device()));
 }
 
+namespace {
+thread_local std::shared_ptr<TaskFailures> t_task_failures;
+std::mutex g_fault_mutex;
+std::optional<std::string> g_fault;  // under g_fault_mutex
+std::atomic<bool> g_faulted{false};  // g_fault is set (read without the lock)
+}  // namespace
+
+void TaskFailures::record(std::string message) {
+  std::lock_guard lock(mutex);
+  if (!first) first = std::move(message);
+}
+
+std::optional<std::string> TaskFailures::error() {
+  std::lock_guard lock(mutex);
+  return first;
+}
+
+TaskScope::TaskScope(std::shared_ptr<TaskFailures> failures) noexcept
+    : previous_(std::exchange(t_task_failures, std::move(failures))) {}
+
+TaskScope::~TaskScope() {
+  t_task_failures = std::move(previous_);
+}
+
+std::optional<std::string> device_fault() {
+  if (!g_faulted.load(std::memory_order_acquire)) return std::nullopt;
+  std::lock_guard lock(g_fault_mutex);
+  return g_fault;
+}
+
+void record_device_fault(std::string message) noexcept {
+  try {
+    std::lock_guard lock(g_fault_mutex);
+    if (!g_fault) g_fault = std::move(message);
+  } catch (...) {
+    // An allocation failed: the flag below still ends the rank.
+  }
+  g_faulted.store(true, std::memory_order_release);
+}
+
 void host_task(std::uint64_t stream_id, const Device& device, std::function<void()> work) {
   if (device.is_cpu()) {
     work();
@@ -477,6 +517,20 @@ void host_task(std::uint64_t stream_id, const Device& device, std::function<void
         fmt::format("host_task on {}: expected host-readable memory, found CUDA device memory; run a "
                     "CUDA kernel on ctx.native_stream() instead",
                     device.to_string()));
+  }
+  // In a kernel of the worker's (a TaskScope is open), the task's exception fails its call
+  // (the worker reads it once the stream has run the task); elsewhere it faults the stream.
+  if (std::shared_ptr<TaskFailures> failures = t_task_failures) {
+    failures->tasks.fetch_add(1, std::memory_order_relaxed);
+    work = [work = std::move(work), failures = std::move(failures)] {
+      try {
+        work();
+      } catch (const std::exception& e) {
+        failures->record(e.what());
+      } catch (...) {
+        failures->record("a host task threw an exception not derived from std::exception");
+      }
+    };
   }
   stream_for(stream_id, device).enqueue(std::move(work));
   // A kernel launch on the emulated device: the thread's last error is reported after it,

@@ -117,8 +117,16 @@ bool EmulatedStream::faulted_now() noexcept {
 }
 
 void EmulatedStream::enqueue(std::function<void()> task) {
-  enqueue_communication([task = std::move(task)] {
-    if (!t_faulted) task();
+  enqueue_communication([task = std::move(task), device = shared_->device, id = shared_->id] {
+    if (t_faulted) return;
+    try {
+      task();
+    } catch (const std::exception& e) {
+      // A kernel's error (a host task's is its call's, caught before it gets here): the
+      // emulator's model of an illegal address, which loses a GPU's context.
+      record_device_fault(fmt::format("emulated:{} stream {}: {}", device, id, e.what()));
+      throw;
+    }
   });
 }
 

@@ -121,10 +121,19 @@ void Monitor::finished(std::uint64_t seq, bool failed) {
     r.at.ended = Clock::now();
     if (trace::enabled()) trace::record(trace_event(r));
   }
-  // The operation still in flight, if any, is current again. InFlight clears in_flight
-  // before it finishes that operation itself, so this is never `seq`.
+  std::erase(on_device_, seq);
+  // The operation still in flight, if any, is current again (InFlight clears in_flight
+  // before it finishes that operation itself, so this is never `seq`), else the oldest
+  // call whose host tasks still run.
+  std::uint64_t next = in_flight_.load();
+  if (next == 0 && !on_device_.empty()) next = on_device_.front();
   std::uint64_t expected = seq;
-  current_.compare_exchange_strong(expected, in_flight_.load());
+  current_.compare_exchange_strong(expected, next);
+}
+
+void Monitor::on_device(std::uint64_t seq) {
+  std::lock_guard lock(mutex_);
+  on_device_.push_back(seq);
 }
 
 void Monitor::reset_queue() {
@@ -137,6 +146,7 @@ void Monitor::reset_queue() {
   }
   current_.store(0);
   in_flight_.store(0);
+  on_device_.clear();
   first_uncompleted_.store(0);
 }
 

@@ -72,6 +72,9 @@ class Monitor {
   // The collective or send in flight (0: none) while later commands run: the running
   // command again once each of them finishes, so a report shows what the rank waits in.
   void in_flight(std::uint64_t seq) noexcept { in_flight_.store(seq); }
+  // A call whose host tasks still run on its device stream after the worker moved on: it
+  // stays running (and current when nothing else is) until finished(seq).
+  void on_device(std::uint64_t seq);
   void completed_ident(std::uint64_t first_uncompleted) noexcept { first_uncompleted_.store(first_uncompleted); }
   // A new event loop (after a restart) starts from an empty queue.
   void reset_queue();
@@ -108,6 +111,7 @@ class Monitor {
   std::uint64_t next_seq_ = 1;
   std::atomic<std::uint64_t> current_{0};    // seq of the running command, 0 when idle
   std::atomic<std::uint64_t> in_flight_{0};  // seq of the operation in flight, 0 when none
+  std::vector<std::uint64_t> on_device_;     // seqs of calls whose host tasks run, oldest first
   std::atomic<std::uint64_t> first_uncompleted_{0};
   std::atomic<std::uint64_t> worker_thread_{0};
 };

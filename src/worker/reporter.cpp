@@ -130,7 +130,12 @@ void Reporter::reply(const Reply& r) {
   }
 }
 
-void Reporter::fetched(PendingFetch&& fetch) {
+void Reporter::call_pending(PendingWork&& call) {
+  outgoing_.emplace_back(std::move(call));
+  monitor_.completed_ident(reportable());
+}
+
+void Reporter::fetched(PendingWork&& fetch) {
   const Ident ident = fetch.ident;
   if (fetch.copies.empty()) {
     reply(FetchResult{.ident = ident, .value = std::move(fetch.value)});
@@ -145,43 +150,55 @@ bool Reporter::poll(Env& env) {
   while (!outgoing_.empty()) {
     if (const auto* r = std::get_if<Reply>(&outgoing_.front())) {
       send(*r);
-    } else if (!finish_fetch(*std::get_if<PendingFetch>(&outgoing_.front()), env)) {
+    } else if (!finish(*std::get_if<PendingWork>(&outgoing_.front()), env)) {
       break;
     }
     outgoing_.pop_front();
     moved = true;
   }
+  if (moved) monitor_.completed_ident(reportable());
   return moved;
 }
 
-// A faulted stream fails the fetch with the device's message, as the copy's value cannot
-// be trusted.
-bool Reporter::finish_fetch(PendingFetch& f, Env& env) {
+// A failed host task fails its call (or a fetch's preprocess) with the task's message; a
+// faulted stream fails a fetch with the device's message, as the copy's value cannot be
+// trusted (the worker ends the rank for the fault itself: device_fault).
+bool Reporter::finish(PendingWork& w, Env& env) {
   std::optional<std::string> error;
+  std::string type = "meshrt::SystemError";
   try {
-    for (const auto& [done, stream] : f.copies) {
+    for (const auto& [done, stream] : w.copies) {
       if (!done.query()) return false;
     }
-    for (const auto& [done, stream] : f.copies) {
-      if (auto e = stream.error()) {
-        error = fmt::format("{} on rank {}: the copy to the host on {} failed: device error: {}", f.function, rank_,
-                            stream.to_string(), *e);
-        break;
+    if (w.tasks) error = w.tasks->error();
+    if (error) {
+      type = "meshrt::RemoteError";
+    } else {
+      for (const auto& [done, stream] : w.copies) {
+        if (auto e = stream.error()) {
+          error = w.is_call ? fmt::format("{} on rank {}: its work on {} failed: device error: {}", w.function, rank_,
+                                          stream.to_string(), *e)
+                            : fmt::format("{} on rank {}: the copy to the host on {} failed: device error: {}",
+                                          w.function, rank_, stream.to_string(), *e);
+          break;
+        }
       }
     }
   } catch (const std::exception& e) {
-    error = fmt::format("{} on rank {}: polling the copy to the host failed: {}", f.function, rank_, e.what());
+    error = fmt::format("{} on rank {}: polling its device work failed: {}", w.function, rank_, e.what());
   }
+  if (w.seq) monitor_.finished(w.seq, error.has_value());
   if (error) {
-    for (Ref r : f.mutates) env.define(r, DependentOnError{f.ident});
-    MESHRT_LOG(info) << "function " << f.function << " (ident " << f.ident << ") failed: " << *error;
-    send(RemoteFunctionFailed{.ident = f.ident,
+    for (Ref r : w.results) env.define(r, DependentOnError{w.ident});
+    for (Ref r : w.mutates) env.define(r, DependentOnError{w.ident});
+    MESHRT_LOG(info) << "function " << w.function << " (ident " << w.ident << ") failed: " << *error;
+    send(RemoteFunctionFailed{.ident = w.ident,
                               .error = std::move(*error),
                               .rank = rank_,
-                              .function = f.function,
-                              .exception_type = "meshrt::SystemError"});
-  } else {
-    send(FetchResult{.ident = f.ident, .value = std::move(f.value)});
+                              .function = w.function,
+                              .exception_type = std::move(type)});
+  } else if (!w.is_call) {
+    send(FetchResult{.ident = w.ident, .value = std::move(w.value)});
   }
   return true;
 }
@@ -189,7 +206,7 @@ bool Reporter::finish_fetch(PendingFetch& f, Env& env) {
 void Reporter::passed(Ident ident) {
   if (ident == held_) held_ = 0;
   first_uncompleted_ = std::max(first_uncompleted_, ident + 1);
-  monitor_.completed_ident(held_ != 0 ? std::min(first_uncompleted_, held_) : first_uncompleted_);
+  monitor_.completed_ident(reportable());
 }
 
 void Reporter::asked(Ident ident, std::size_t live_values) {
@@ -201,7 +218,7 @@ void Reporter::asked(Ident ident, std::size_t live_values) {
 Ident Reporter::reportable() const {
   const Ident done = held_ != 0 ? std::min(first_uncompleted_, held_) : first_uncompleted_;
   for (const auto& o : outgoing_) {
-    if (const auto* f = std::get_if<PendingFetch>(&o)) return std::min(done, f->ident);
+    if (const auto* w = std::get_if<PendingWork>(&o)) return std::min(done, w->ident);
   }
   return done;
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -16,6 +17,7 @@
 
 #include "meshrt/device.hpp"
 #include "meshrt/internal/control.hpp"
+#include "meshrt/internal/device.hpp"
 #include "meshrt/internal/protocol.hpp"
 #include "meshrt/internal/worker.hpp"
 
@@ -25,14 +27,20 @@ class Backoff;
 class Env;
 class Monitor;
 
-// A device fetch whose copies are still in flight: its FetchResult goes once every copy's
-// event completed (Reporter::poll).
-struct PendingFetch {
+// An invocation whose device work is still in flight (Reporter::poll finishes it once
+// every event completed): a device fetch's copies to the host (its FetchResult goes then),
+// or a call's host tasks (docs/ARCHITECTURE.md section 7: a task's exception fails the call,
+// whose outputs and mutated inputs are re-marked then). Status claims nothing from it on.
+struct PendingWork {
   protocol::Ident ident = 0;
   std::string function;
   std::vector<Ref> mutates;
-  Value value;  // device leaves already replaced by their pinned host copies
-  std::vector<std::pair<device::Event, device::Stream>> copies;
+  Value value;  // a fetch: device leaves already replaced by their pinned host copies
+  std::vector<std::pair<device::Event, device::Stream>> copies;  // the events to wait for
+  bool is_call = false;                                          // no FetchResult
+  std::vector<Ref> results;                                      // a call's outputs
+  std::uint64_t seq = 0;                                         // a call's flight-recorder entry, finished here
+  std::shared_ptr<device::TaskFailures> tasks;                   // the host tasks' errors
 };
 
 // The status tree seen from one rank (section 8): instead of its own Status, a rank reports
@@ -90,7 +98,10 @@ class Reporter {
   void reply(const protocol::Reply& r);
   // A fetch's result: sent when its copies are done (at once without any). It counts as
   // this rank's report up to the fetch: no Status needs to follow it.
-  void fetched(PendingFetch&& fetch);
+  void fetched(PendingWork&& fetch);
+  // A call whose host tasks are still on their stream: it completes (or fails) when they
+  // have run.
+  void call_pending(PendingWork&& call);
   // Sends what is ready at the head of the held replies, in order; true when something
   // went. A fetch whose copy failed re-marks what it mutates in `env`.
   bool poll(Env& env);
@@ -129,13 +140,13 @@ class Reporter {
   void send_status(bool force, std::size_t live_values);
   // Sends a held fetch's result (or its failure) once its copies completed; false while
   // one is still in flight.
-  bool finish_fetch(PendingFetch& f, Env& env);
+  bool finish(PendingWork& w, Env& env);
 
   control::Transport& channel_;
   Monitor& monitor_;
   int rank_;
   std::chrono::duration<double> interval_;
-  std::deque<std::variant<PendingFetch, protocol::Reply>> outgoing_;
+  std::deque<std::variant<PendingWork, protocol::Reply>> outgoing_;
   protocol::Ident first_uncompleted_ = 0;
   protocol::Ident held_ = 0;  // 0: none
   protocol::Ident last_status_sent_ = 0;

@@ -8,11 +8,14 @@
 #include <boost/core/demangle.hpp>
 
 #include <chrono>
+#include <cstdio>
+#include <memory>
 #include <optional>
 #include <typeinfo>
 #include <variant>
 
 #include "common/backoff.hpp"
+#include "common/checks.hpp"
 #include "common/trace.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/internal/comm.hpp"
@@ -104,6 +107,7 @@ struct Worker::Impl {
   struct Running {
     std::uint64_t seq = 0;
     bool failed = false;
+    bool on_device = false;  // a call whose host tasks still run (the reporter finishes it)
   } current;
   std::optional<WorkerExit> exit;
 
@@ -258,14 +262,41 @@ struct Worker::Impl {
       const Signature& expected = kernels.expected(fn, kernel_args, ctx.device());
       ctx.set_signature(&expected);
       std::vector<Tensor> outputs;
+      // On an accelerator the kernel's host tasks run later on its stream: their errors
+      // are the call's (the reporter holds its completion until they have run).
+      std::shared_ptr<device::TaskFailures> tasks =
+          ctx.device().is_accelerator() ? std::make_shared<device::TaskFailures>() : nullptr;
       {
         const RunningKernel running(c.function);
+        const device::TaskScope scope(tasks);
         outputs = fn.kernel(ctx, kernel_args);
       }
       kernels.check(c.function, expected, outputs, kernel_args);
       for (std::size_t i = 0; i < outputs.size(); ++i) env.define(c.results[i], std::move(outputs[i]));
+      if (tasks && tasks->tasks.load(std::memory_order_relaxed) > 0) {
+        detail::PendingWork pending{.ident = c.ident,
+                                    .function = c.function,
+                                    .mutates = c.mutates,
+                                    .value = {},
+                                    .copies = {},
+                                    .is_call = true,
+                                    .results = c.results,
+                                    .seq = current.seq,
+                                    .tasks = std::move(tasks)};
+        pending.copies.push_back(tasks_done(ctx));
+        reporter.call_pending(std::move(pending));
+        current.on_device = true;
+      }
       return std::nullopt;
     });
+  }
+
+  // An event after the host tasks a kernel enqueued on its call's stream.
+  static std::pair<device::Event, device::Stream> tasks_done(const CallContext& ctx) {
+    const device::Stream s = device::stream_for(ctx.stream_id(), ctx.device());
+    device::Event done = device::backend(ctx.device().kind()).create_event(s.device());
+    done.record(s);
+    return {std::move(done), s};
   }
 
   void run(FetchValue& c) {
@@ -274,20 +305,25 @@ struct Worker::Impl {
       auto resolved = env.resolve(c.value);
       if (const auto* marker = std::get_if<DependentOnError>(&resolved)) return *marker;
       Value& value = *std::get_if<Value>(&resolved);
+      std::shared_ptr<device::TaskFailures> tasks;
       if (c.function) {
         auto found = value_context(c.stream, value);
         if (const auto* marker = std::get_if<DependentOnError>(&found)) return *marker;
         CallContext& ctx = *std::get_if<CallContext>(&found);
         Args args(*c.function, std::vector<Value>{std::move(value)});
         const RunningKernel running(*c.function);
+        if (ctx.device().is_accelerator()) tasks = std::make_shared<device::TaskFailures>();
+        const device::TaskScope scope(tasks);
         std::vector<Tensor> outputs = functions::lookup(*c.function).kernel(ctx, args);
         value = outputs.size() == 1 ? Value(outputs[0]) : Value(Value::List(outputs.begin(), outputs.end()));
       }
       // Device tensors travel as host copies, made in the order of the fetch's device
-      // stream (after the kernels that wrote them) into pinned memory. The loop polls the
-      // copies' events (Reporter::poll): later commands run meanwhile.
-      detail::PendingFetch pending{
+      // stream (after the kernels that wrote them, the preprocess's host tasks too) into
+      // pinned memory. The loop polls the copies' events (Reporter::poll): later commands
+      // run meanwhile.
+      detail::PendingWork pending{
           .ident = c.ident, .function = function, .mutates = c.mutates, .value = {}, .copies = {}};
+      if (tasks && tasks->tasks.load(std::memory_order_relaxed) > 0) pending.tasks = std::move(tasks);
       pending.value = value.map([&](const Value& leaf) {
         if (!leaf.is_tensor() || leaf.as_tensor().device().is_cpu()) return leaf;
         const Tensor& t = leaf.as_tensor();
@@ -381,6 +417,7 @@ struct Worker::Impl {
     current.seq = q.seq;
     if (q.seq) monitor().running(q.seq);
     current.failed = false;
+    current.on_device = false;
     // MESHRT_TRACE on CUDA: the device work this command enqueues on its stream is one span.
     const std::optional<std::uint64_t> traced = detail::trace::enabled() ? stream_of(command) : std::nullopt;
     if (traced) device::trace_command_begin(*traced);
@@ -400,7 +437,28 @@ struct Worker::Impl {
       fail_command(command, "an exception not derived from std::exception", "unknown");
     }
     complete(ident_of(command));
-    if (q.seq) monitor().finished(q.seq, current.failed);
+    if (q.seq) {
+      if (current.on_device) {
+        monitor().on_device(q.seq);
+      } else {
+        monitor().finished(q.seq, current.failed);
+      }
+    }
+  }
+
+  // A device fault (device::device_fault) loses the device's context, as an illegal
+  // address loses a GPU's: nothing on this rank's device can be trusted, and its peers
+  // would wait in collectives it cannot join. So the rank ends the job, named, as for a
+  // crash.
+  [[noreturn]] void device_fault_ends_rank(const std::string& fault) {
+    const std::string report = fmt::format(
+        "meshrt: rank {} on {}: device fault: {}; the device's context is lost (as after an illegal address on a "
+        "GPU), so this rank cannot go on: ending the job (MPI_Abort) so that no rank waits for it. What it did "
+        "last:\n{}",
+        opt.rank, monitor().host(), fault, monitor().recent(16));
+    std::fputs(report.c_str(), stderr);
+    std::fflush(stderr);
+    detail::end_job_after_report(1);
   }
 
   WorkerExit loop() {
@@ -421,6 +479,7 @@ struct Worker::Impl {
       if (reporter.holding() && reporter.poll(env)) worked = true;
       if (in_flight.active() && in_flight.poll(env, reporter)) worked = true;
       device::release_completed();
+      if (std::optional<std::string> fault = device::device_fault()) device_fault_ends_rank(*fault);
       // While a collective or send is in flight, the commands that do not depend on it run.
       while (!inbox.empty() && !exit && (!in_flight.active() || in_flight.admits(inbox.front()))) {
         step(inbox.pop());

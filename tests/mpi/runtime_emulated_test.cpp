@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "../support/devices.hpp"
@@ -56,22 +58,59 @@ std::vector<Tensor> switch_kernel(CallContext&, Args& args) {
   return {Tensor::zeros(TensorMeta({}, DType::Float32))};
 }
 
-// test.fault(shape, base, rank): test.on_emulated, then on `rank` a task on the call's
-// stream faults (an asynchronous kernel error: the call itself returns).
-Signature fault_shape(const ArgMetas& args) {
+// test.task_fails(shape, base, rank): test.on_emulated, then on `rank` a host task on the
+// call's stream throws (after the call returned): the call's own failure, found when the
+// stream runs the task; rank -1: on every rank.
+Signature task_fails_shape(const ArgMetas& args) {
   args.expect_count(3, 3);
   (void)args.number(1);
   (void)args.integer(2);
   return {.outputs = {TensorMeta(args.shape(0), DType::Float32, Device::of(test_kind(), 0))}, .mutates = {}};
 }
-std::vector<Tensor> fault_kernel(CallContext& ctx, Args& args) {
+std::vector<Tensor> task_fails_kernel(CallContext& ctx, Args& args) {
   std::vector<Tensor> out = on_emulated_kernel(ctx, args);
-  if (ctx.rank() == args.integer(2)) {
-    device::stream_for(ctx.stream_id(), device::rank_device(test_kind())).enqueue([] {
-      throw std::runtime_error("an asynchronous kernel fault");
+  if (args.integer(2) < 0 || ctx.rank() == args.integer(2)) {
+    device::host_task(ctx.stream_id(), ctx.device(), [rank = ctx.rank()] {
+      throw std::runtime_error("a host task failed on rank " + std::to_string(rank));
     });
   }
   return out;
+}
+
+// test.task_fails_quietly(): no outputs, a host task that throws on every rank.
+Signature quiet_shape(const ArgMetas& args) {
+  args.expect_count(0, 0);
+  return {.outputs = {}, .mutates = {}};
+}
+std::vector<Tensor> quiet_kernel(CallContext& ctx, Args&) {
+  device::host_task(ctx.stream_id(), ctx.device(), [] { throw std::runtime_error("a task with no outputs failed"); });
+  return {};
+}
+
+// test.plus_one(x): x + 1 in a host task (x read there, where device memory is readable).
+Signature plus_one_shape(const ArgMetas& args) {
+  args.expect_count(1, 1);
+  return {.outputs = {args.tensor(0)}, .mutates = {}};
+}
+std::vector<Tensor> plus_one_kernel(CallContext& ctx, Args& args) {
+  const Tensor x = args.tensor(0);
+  Tensor y = device::empty_on(ctx.stream_id(), x.meta());
+  device::host_task(ctx.stream_id(), ctx.device(), [x, y]() mutable {
+    for (std::int64_t i = 0; i < x.numel(); ++i) y.data<float>()[i] = x.data<float>()[i] + 1.0f;
+  });
+  return {y};
+}
+
+// test.task_sleeps(ms): a host task of `ms` milliseconds on every rank.
+Signature sleeps_shape(const ArgMetas& args) {
+  args.expect_count(1, 1);
+  (void)args.integer(0);
+  return {.outputs = {}, .mutates = {}};
+}
+std::vector<Tensor> sleeps_kernel(CallContext& ctx, Args& args) {
+  device::host_task(ctx.stream_id(), ctx.device(),
+                    [ms = args.integer(0)] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); });
+  return {};
 }
 
 // test.busy(tasks): `tasks` host tasks of 1 ms each on the call's device stream (on top of
@@ -122,7 +161,10 @@ MESHRT_REGISTER_FUNCTION("test.busy", busy_kernel, busy_shape);
 MESHRT_REGISTER_FUNCTION("test.where_it_runs", where_kernel, where_shape);
 MESHRT_REGISTER_FUNCTION("test.stream_idle", idle_kernel, idle_shape);
 MESHRT_REGISTER_FUNCTION("test.on_emulated", on_emulated_kernel, on_emulated_shape);
-MESHRT_REGISTER_FUNCTION("test.fault", fault_kernel, fault_shape);
+MESHRT_REGISTER_FUNCTION("test.task_fails", task_fails_kernel, task_fails_shape);
+MESHRT_REGISTER_FUNCTION("test.task_fails_quietly", quiet_kernel, quiet_shape);
+MESHRT_REGISTER_FUNCTION("test.plus_one", plus_one_kernel, plus_one_shape);
+MESHRT_REGISTER_FUNCTION("test.task_sleeps", sleeps_kernel, sleeps_shape);
 MESHRT_REGISTER_FUNCTION("test.unordered_fetch", switch_kernel, switch_shape);
 
 float first(const Tensor& t) {
@@ -247,40 +289,102 @@ TEST(RuntimeEmulated, HostDataOntoAnAcceleratorMesh) {
   });
 }
 
-// A device fault on one rank of four: every value that depends on it raises RemoteError at
-// its fetch (the faulted rank still takes part in the reduction, so no peer waits), work on
-// another stream computes right, and synchronize() returns or raises.
-TEST(RuntimeEmulated, AFaultOnOneRankFailsItsDependentsAndHangsNothing) {
-  if (test_kind() != DeviceKind::Emulated) GTEST_SKIP() << "a throwing stream task is the emulator's fault";
+// A host task that fails on one rank of four fails its call (docs/ARCHITECTURE.md section
+// 7): every value that depends on it raises RemoteError naming the task's error at its
+// fetch, from every rank (the failed rank still takes part in the reduction, so no peer
+// waits), and independent work, on the same stream too, computes right.
+TEST(RuntimeEmulated, AHostTaskThatFailsFailsItsCallAndOnlyWhatDependsOnIt) {
+  if (test_kind() != DeviceKind::Emulated) GTEST_SKIP() << "host tasks run on the emulated accelerator only";
   session([](Controller& ctl) {
     Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}}, test_kind());
     Stream side = ctl.stream("side");
-    DTensor x = mesh.call("test.fault", {4}, 1.0, 1);  // rank 1's default stream faults
+    DTensor x = mesh.call("test.task_fails", {4}, 1.0, 1);
     DTensor y = x.reduce("gpu", Reduction::Sum);
     for (std::int64_t h = 0; h < 2; ++h) {
       for (std::int64_t g = 0; g < 2; ++g) {
-        try {
-          (void)ctl.fetch_shard(y, {{"host", h}, {"gpu", g}}).get();
-          ADD_FAILURE() << "expected a RemoteError for host " << h << ", gpu " << g;
-        } catch (const RemoteError& e) {
-          EXPECT_NE(std::string(e.what()).find("an asynchronous kernel fault"), std::string::npos) << e.what();
-          // The worker's message names the operation once: "<op> failed on rank 1: device error: ..."
-          const std::string& message = e.worker_message();
-          const auto op = message.find("all_reduce sum over dimension 'gpu'");
-          EXPECT_NE(op, std::string::npos) << message;
-          EXPECT_EQ(message.find("all_reduce", op + 1), std::string::npos) << message;
-          EXPECT_NE(message.find("failed on rank 1: device error: "), std::string::npos) << message;
+        for (const DTensor* t : {&x, &y}) {
+          try {
+            (void)ctl.fetch_shard(*t, {{"host", h}, {"gpu", g}}).get();
+            ADD_FAILURE() << "expected a RemoteError for host " << h << ", gpu " << g;
+          } catch (const RemoteError& e) {
+            EXPECT_NE(std::string(e.what()).find("a host task failed on rank 1"), std::string::npos) << e.what();
+            EXPECT_EQ(e.function(), "test.task_fails") << e.what();
+          }
         }
       }
     }
-    DTensor a = mesh.call_on(side, "test.on_emulated", {{4}, 5.0}).at(0);  // rank r holds 5 + r
+    // The same stream goes on: the failure was the call's, not the stream's.
+    DTensor a = mesh.call("test.on_emulated", {4}, 5.0);  // rank r holds 5 + r
     DTensor b = a.reduce("host", Reduction::Sum);
     EXPECT_EQ(first(ctl.fetch_shard(b, {{"host", 0}, {"gpu", 1}}).get()), 14.0f);  // ranks 1 and 3: 6 + 8
+    EXPECT_EQ(first(ctl.fetch_shard(a, {{"host", 0}, {"gpu", 1}}).get()), 6.0f);   // from the failed rank
+    DTensor c = mesh.call_on(side, "test.on_emulated", {{4}, 1.0}).at(0);
+    EXPECT_EQ(first(ctl.fetch_shard(c, {{"host", 1}, {"gpu", 1}}).get()), 4.0f);
     try {
       ctl.synchronize();
     } catch (const Error&) {
       // raising is as good as returning: the point is that it comes back
     }
+  });
+}
+
+// A failed call with no outputs: nothing to fetch, so synchronize() raises it.
+TEST(RuntimeEmulated, AFailedHostTaskOfACallWithoutOutputsIsRaisedBySynchronize) {
+  if (test_kind() != DeviceKind::Emulated) GTEST_SKIP() << "host tasks run on the emulated accelerator only";
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}}, test_kind());
+    mesh.call_n("test.task_fails_quietly", {});
+    try {
+      ctl.synchronize();
+      ADD_FAILURE() << "expected synchronize() to raise the host task's error";
+    } catch (const RemoteError& e) {
+      EXPECT_NE(std::string(e.what()).find("a task with no outputs failed"), std::string::npos) << e.what();
+    }
+  });
+}
+
+// A failed value borrowed onto another stream: what uses it there fails with the root
+// cause, never reading the failed call's never-written output.
+TEST(RuntimeEmulated, AFailedValueBorrowedOntoAnotherStreamFailsWhatUsesIt) {
+  if (test_kind() != DeviceKind::Emulated) GTEST_SKIP() << "host tasks run on the emulated accelerator only";
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}}, test_kind());
+    Stream side = ctl.stream("side");
+    DTensor failed = mesh.call("test.task_fails", {4}, 0.0, -1);
+    DTensor borrowed = side.borrow(failed);
+    DTensor used = mesh.call_on(side, "test.plus_one", {borrowed}).at(0);
+    try {
+      const Tensor v = ctl.fetch_shard(used, {{"host", 0}, {"gpu", 0}}).get();
+      ADD_FAILURE() << "expected a RemoteError, found a value " << v.span<float>()[0];
+    } catch (const RemoteError& e) {
+      EXPECT_NE(std::string(e.what()).find("a host task failed on rank"), std::string::npos) << e.what();
+    }
+    borrowed.drop();
+    try {
+      ctl.synchronize();
+    } catch (const Error&) {
+    }
+  });
+}
+
+// Ranks whose host tasks still run are behind in a timeout's report, each named running
+// the call: not "finished, its report not arrived".
+TEST(RuntimeEmulated, ATimeoutNamesEveryRankWhoseHostTasksStillRun) {
+  if (test_kind() != DeviceKind::Emulated) GTEST_SKIP() << "host tasks run on the emulated accelerator only";
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}}, test_kind());
+    mesh.call_n("test.task_sleeps", {3000});
+    DTensor x = mesh.call("test.on_emulated", {4}, 1.0);
+    try {
+      (void)ctl.fetch_shard(x, {{"host", 0}, {"gpu", 0}}).get(std::chrono::milliseconds(1000));
+      ADD_FAILURE() << "expected a TimeoutError";
+    } catch (const TimeoutError& e) {
+      const std::string text = e.what();
+      EXPECT_EQ(e.missing_ranks(), (std::vector<int>{0, 1, 2, 3})) << text;
+      EXPECT_NE(text.find("running test.task_sleeps"), std::string::npos) << text;
+      EXPECT_EQ(text.find("has finished it"), std::string::npos) << text;
+    }
+    ctl.synchronize();
   });
 }
 
@@ -313,29 +417,6 @@ TEST(RuntimeEmulated, AFetchLetsLaterCommandsRunWhileItsCopyIsPending) {
       ctl.synchronize();
     } catch (const Error&) {
       // the failure may be raised again here
-    }
-  });
-}
-
-// A fetch from a rank whose stream faulted raises RemoteError with the device's message;
-// the same value from a healthy rank fetches right.
-TEST(RuntimeEmulated, AFetchOnAFaultedStreamRaisesRemoteError) {
-  if (test_kind() != DeviceKind::Emulated) GTEST_SKIP() << "a throwing stream task is the emulator's fault";
-  session([](Controller& ctl) {
-    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
-    DTensor x = mesh.call("test.fault", {4}, 7.0, 3);  // rank 3's default stream faults
-    try {
-      (void)ctl.fetch_shard(x, {{"host", 1}, {"gpu", 1}}).get();
-      ADD_FAILURE() << "expected a RemoteError from the faulted rank";
-    } catch (const RemoteError& e) {
-      EXPECT_NE(std::string(e.what()).find("an asynchronous kernel fault"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("copy to the host"), std::string::npos) << e.what();
-    }
-    EXPECT_EQ(first(ctl.fetch_shard(x, {{"host", 0}, {"gpu", 1}}).get()), 8.0f);
-    try {
-      ctl.synchronize();
-    } catch (const Error&) {
-      // the fault may be raised again here: the point is that it comes back
     }
   });
 }

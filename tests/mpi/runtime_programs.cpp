@@ -23,6 +23,8 @@
 //               kernel's and the controller's stacks from a provider this program registers
 //   absent      every rank starts MPI itself (as mpi4py does), but rank 1 never calls run:
 //               the start's deadline (MESHRT_START_TIMEOUT) names it and ends the job
+//   device_fault rank 1's emulated stream faults as a GPU's on an illegal address: the
+//               rank ends the job, naming the fault
 //   plain       does a little work (with MESHRT_EXTRA_FUNCTION defined at compile time
 //               the binary has one more function: the handshake must refuse to start)
 #include <mpi.h>
@@ -127,6 +129,11 @@ int main(int argc, char** argv) {
           DTensor s = mesh.call("test.sleep", 30.0, {1});
           ctl.fetch_shard(s.reduce("w", Reduction::Sum), {{"w", 0}}).get(std::chrono::milliseconds(300));
           throw Error("the timeout did not end the job");
+        }
+        if (mode == "device_fault") {
+          DTensor c = mesh.call("test.device_fault", {1});
+          ctl.fetch_shard(c.reduce("w", Reduction::Sum), {{"w", 0}}).get();
+          throw Error("the device fault did not end the job");
         }
         if (mode == "stopped") {
           DTensor c = mesh.call("test.stop", {2});

@@ -5,6 +5,7 @@
 #include <string>
 #include <thread>
 
+#include "meshrt/device.hpp"
 #include "meshrt/functions.hpp"
 #include "meshrt/internal/comm.hpp"
 
@@ -112,6 +113,17 @@ std::vector<Tensor> crash_kernel(CallContext& ctx, Args& args) {
   }
   return {Tensor::zeros(TensorMeta({}, DType::Float32))};
 }
+// test.device_fault(ranks): on the listed ranks a stream task that is no host task throws on
+// the emulated accelerator: the emulator's model of an illegal address in a GPU kernel.
+std::vector<Tensor> device_fault_kernel(CallContext& ctx, Args& args) {
+  for (const Value& r : args.value(0).as_list()) {
+    if (r.as_int() != ctx.rank()) continue;
+    device::stream_for(ctx.stream_id(), device::rank_device(Device::Kind::Emulated)).enqueue([] {
+      throw std::runtime_error("an illegal address (the emulator's model of one)");
+    });
+  }
+  return {Tensor::zeros(TensorMeta({}, DType::Float32))};
+}
 // test.stop(ranks): the listed ranks stop themselves (SIGSTOP), as a process on a node
 // that lost power goes silent without closing anything.
 std::vector<Tensor> stop_kernel(CallContext& ctx, Args& args) {
@@ -191,6 +203,7 @@ MESHRT_REGISTER_FUNCTION("test.alias", alias_kernel, alias_shape);
 MESHRT_REGISTER_FUNCTION("test.misbehave", misbehave_kernel, misbehave_shape);
 MESHRT_REGISTER_FUNCTION("test.crash", crash_kernel, one_scalar_shape);
 MESHRT_REGISTER_FUNCTION("test.stop", stop_kernel, one_scalar_shape);
+MESHRT_REGISTER_FUNCTION("test.device_fault", device_fault_kernel, one_scalar_shape);
 MESHRT_REGISTER_FUNCTION("test.usr1", usr1_kernel, one_scalar_shape);
 MESHRT_REGISTER_FUNCTION("test.pattern", pattern_kernel, pattern_shape);
 MESHRT_REGISTER_FUNCTION("test.bump_and_copy_", bump_kernel, bump_shape);

@@ -2,9 +2,12 @@
 delay on every stream operation): a Python kernel runs as a host task on the call's
 device stream, so it reads its inputs after the work that wrote them and later work
 reads its outputs after it; its numpy views of device memory are valid inside the task
-only, and a kernel that keeps one fails its call, as an error in a kernel faults the
-stream of its rank."""
+only. A kernel that raises (or keeps a view) fails its call, found when the stream runs
+the task: what depends on it fails, on every rank, and nothing else does."""
+import time
+
 import numpy as np
+import pytest
 
 import meshrt
 
@@ -29,13 +32,28 @@ def arange(ctx, n):
 kept = []
 
 
-@meshrt.function("test.emu_misbehave", shape=lambda x: x)
-def misbehave(ctx, x):
-    if ctx.rank == 1:
+@meshrt.function("test.emu_misbehave", shape=lambda x, how: x)
+def misbehave(ctx, x, how):
+    if ctx.rank == 1 and how == "raise":
         raise RuntimeError("an error in a Python kernel on the emulated accelerator")
-    if ctx.rank == 2:
+    if ctx.rank == 2 and how == "keep":
         kept.append(x)  # a view of device memory, past the task
     return x
+
+
+@meshrt.function("test.emu_raise_everywhere", shape=lambda: None)
+def raise_everywhere(ctx):
+    raise ValueError(f"nothing to return, and rank {ctx.rank} raised")
+
+
+@meshrt.function("test.emu_plus_one", shape=lambda x: x)
+def plus_one(ctx, x):
+    return x + 1
+
+
+@meshrt.function("test.emu_sleep", shape=lambda s: None)
+def sleep(ctx, s):
+    time.sleep(s)
 
 
 @meshrt.function("test.emu_forget", shape=lambda: None)
@@ -65,26 +83,67 @@ def test_python_kernels_run_in_stream_order_on_the_device():
     meshrt.run(main)
 
 
-def test_an_error_or_a_kept_view_faults_the_ranks_stream():
+@pytest.mark.parametrize("how, text", [
+    ("raise", "test.emu_misbehave on rank 1 raised RuntimeError: an error in a Python kernel on the emulated "
+              "accelerator"),
+    ("keep", "test.emu_misbehave on rank 2: the kernel kept its view of argument 0 (float32[2] on emulated"),
+])
+def test_a_failed_kernel_fails_its_call_on_every_rank_and_nothing_else(how, text):
     def main(ctl):
         mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind="emulated")
         x = mesh.call("meshrt.full", (2,), meshrt.float32, 3.0)
-        y = mesh.call("test.emu_misbehave", x)
-        np.testing.assert_array_equal(fetch(ctl, y, dp=0, tp=0), np.full((2,), 3, np.float32))
-        for coords, text in (({"dp": 0, "tp": 1}, "test.emu_misbehave on rank 1 raised RuntimeError: an error in a "
-                                                  "Python kernel on the emulated accelerator"),
-                             ({"dp": 1, "tp": 0}, "test.emu_misbehave on rank 2: the kernel kept its view of "
-                                                  "argument 0 (float32[2] on emulated")):
-            try:
-                ctl.fetch_shard(y, **coords).result(timeout=30)
-                raise AssertionError(f"expected a RemoteError from {coords}")
-            except meshrt.RemoteError as e:
-                assert text in str(e), str(e)
-                assert "device error" in str(e), str(e)
+        y = mesh.call("test.emu_misbehave", x, how)
+        for dp in range(2):
+            for tp in range(2):  # from the rank that failed and from the others alike
+                with pytest.raises(meshrt.RemoteError) as e:
+                    ctl.fetch_shard(y, dp=dp, tp=tp).result(timeout=30)
+                assert text in str(e.value), str(e.value)
+        # The stream goes on: unrelated work on it, on the failed rank too, computes right.
+        z = mesh.call("meshrt.full", (2,), meshrt.float32, 2.0)
+        np.testing.assert_array_equal(fetch(ctl, z, dp=0, tp=1), np.full((2,), 2, np.float32))
+        s = z.reduce("tp", "sum")
+        np.testing.assert_array_equal(fetch(ctl, s, dp=1, tp=0), np.full((2,), 4, np.float32))
         ctl.world_mesh({"dp": 2, "tp": 2}).call("test.emu_forget")
-        try:
-            ctl.synchronize()
-        except meshrt.Error:
-            pass  # the faults may be raised again here: the point is that it comes back
+        ctl.synchronize(timeout=30)
+
+    meshrt.run(main)
+
+
+def test_a_failed_kernel_without_outputs_is_raised_by_synchronize():
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind="emulated")
+        mesh.call("test.emu_raise_everywhere")
+        with pytest.raises(meshrt.RemoteError, match=r"nothing to return, and rank \d raised"):
+            ctl.synchronize(timeout=30)
+
+    meshrt.run(main)
+
+
+def test_a_failed_value_borrowed_onto_another_stream_fails_what_uses_it():
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind="emulated")
+        side = ctl.stream("side")
+        x = mesh.call("meshrt.full", (4,), meshrt.float32, 0.0)
+        failed = mesh.call("test.emu_misbehave", x, "raise")
+        borrowed = side.borrow(failed)
+        used = mesh.call_on(side, "test.emu_plus_one", borrowed)[0]
+        with pytest.raises(meshrt.RemoteError, match="an error in a Python kernel"):
+            ctl.fetch_shard(used, dp=0, tp=0).result(timeout=30)  # never [1, 1, 1, 1]
+        borrowed.drop()
+        ctl.synchronize(timeout=30)
+
+    meshrt.run(main)
+
+
+def test_a_timeout_names_every_rank_still_running_its_kernel():
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind="emulated").slice("dp", 0)  # ranks 0 and 1
+        mesh.call("test.emu_sleep", 3.0)
+        x = mesh.call("meshrt.full", (2,), meshrt.float32, 1.0)
+        with pytest.raises(meshrt.TimeoutError) as e:
+            ctl.fetch_shard(x, tp=0).result(timeout=1)
+        assert e.value.missing_ranks == [0, 1], str(e.value)
+        assert "running test.emu_sleep" in str(e.value) and "has finished it" not in str(e.value), str(e.value)
+        ctl.synchronize(timeout=30)
 
     meshrt.run(main)

@@ -45,7 +45,7 @@ WorkerOptions flat(int rank) {
   return o;
 }
 
-TEST(WorkerReporter, StatusNeverClaimsPastAPendingFetchAndRepliesWaitBehindIt) {
+TEST(WorkerReporter, StatusNeverClaimsPastAPendingWorkAndRepliesWaitBehindIt) {
   Rig rig(flat(1));
   rig.reporter.passed(4);
   // A fetch (ident 3) whose copy waits at a gate on an emulated stream.
@@ -55,7 +55,7 @@ TEST(WorkerReporter, StatusNeverClaimsPastAPendingFetchAndRepliesWaitBehindIt) {
   stream.enqueue([gate = go.get_future().share()] { gate.wait(); });
   device::Event copied = emulated.create_event(0);
   copied.record(stream);
-  PendingFetch fetch{.ident = 3, .function = "fetch", .mutates = {}, .value = Value(1), .copies = {}};
+  PendingWork fetch{.ident = 3, .function = "fetch", .mutates = {}, .value = Value(1), .copies = {}};
   fetch.copies.emplace_back(copied, stream);
   rig.reporter.fetched(std::move(fetch));
   rig.reporter.reply(RemoteFunctionFailed{.ident = 6, .error = "no luck", .rank = 1, .function = "f"});
@@ -88,7 +88,7 @@ TEST(WorkerReporter, StatusNeverClaimsPastAPendingFetchAndRepliesWaitBehindIt) {
 TEST(WorkerReporter, AFetchResultIsTheReportUpToItsIdent) {
   Rig rig(flat(1));
   rig.reporter.passed(2);
-  rig.reporter.fetched(PendingFetch{.ident = 3, .function = "fetch", .mutates = {}, .value = Value(1), .copies = {}});
+  rig.reporter.fetched(PendingWork{.ident = 3, .function = "fetch", .mutates = {}, .value = Value(1), .copies = {}});
   rig.reporter.passed(3);
   rig.reporter.report(/*moved_and_idle=*/true, 0);  // nothing new past the FetchResult
   const std::vector<Reply> got = rig.replies();

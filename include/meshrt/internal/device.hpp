@@ -5,10 +5,12 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -118,6 +120,36 @@ void trace_flush(bool wait);
 // That stream if it exists already, else an undefined one: creates nothing (no context).
 Stream existing_stream(std::uint64_t stream_id, const Device& device);
 void release_stream(std::uint64_t stream_id);
+
+// The host tasks of one call (docs/ARCHITECTURE.md section 7, "Kernels on the
+// accelerator"): an exception in one fails that call, not its stream. The worker opens a
+// TaskScope around a kernel on an accelerator mesh; every host_task the kernel enqueues
+// counts itself and, if it throws, records the first error here. The worker then holds the
+// call's completion until its stream has run those tasks (an event after them).
+struct TaskFailures {
+  std::atomic<int> tasks{0};
+  std::mutex mutex;
+  std::optional<std::string> first;  // under mutex
+  void record(std::string message);
+  std::optional<std::string> error();
+};
+class TaskScope {
+ public:
+  explicit TaskScope(std::shared_ptr<TaskFailures> failures) noexcept;
+  ~TaskScope();
+  TaskScope(const TaskScope&) = delete;
+  TaskScope& operator=(const TaskScope&) = delete;
+
+ private:
+  std::shared_ptr<TaskFailures> previous_;
+};
+
+// A device fault of this process: an error in device work that is not a host task's (an
+// illegal address in a CUDA kernel, which poisons the context; on the emulated
+// accelerator, a stream task other than a host task that throws). The rank cannot go on:
+// the worker ends the job naming it. nullopt while there is none.
+std::optional<std::string> device_fault();
+void record_device_fault(std::string message) noexcept;
 
 // The test-only switch that removes a fetch's ordering: the copy then runs at once
 // instead of after the stream's queued work, as if a fetch used another stream without
