@@ -233,11 +233,11 @@ class BasicWriter {
 
   void command(const Command& c) {
     u8(static_cast<std::uint8_t>(c.index()));
-    std::visit([this](const auto& m) { body(m); }, c);
+    std::visit([&](const auto& m) { body(m); }, c);
   }
   void reply(const Reply& r) {
     u8(static_cast<std::uint8_t>(r.index()));
-    std::visit([this](const auto& m) { body(m); }, r);
+    std::visit([&](const auto& m) { body(m); }, r);
   }
 
   void body(const CreateDeviceMesh& m) {
