@@ -1,8 +1,8 @@
 // The controller's session: handles' states and the glue between the batcher, the
-// completion tracker, the dependency graph and diagnostics (docs/ARCHITECTURE.md sections 3 and 6).
+// completion tracker, the dependency graph, diagnostics and the recorder (docs/ARCHITECTURE.md
+// sections 3 and 6; recorded steps' glue in recording.cpp).
 #include "controller/state.hpp"
 #include "common/checks.hpp"
-#include "controller/recording.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -122,6 +122,16 @@ ControllerState::ControllerState(std::shared_ptr<control::Transport> transport, 
 
 ControllerState::~ControllerState() = default;
 
+Ref ControllerState::new_tensor_ref() {
+  if (recorder_.active()) return recorder_.new_ref();
+  return new_ref();
+}
+
+Ident ControllerState::new_ident(const char* label) {
+  if (recorder_.active()) return recorder_.new_ident();
+  return tracker_.new_ident(label);
+}
+
 void ControllerState::check_epoch(std::uint64_t e, std::string_view what) const {
   if (e != epoch_) {
     throw UsageError(fmt::format("this {} was made before restart_workers(); the workers no longer have it", what));
@@ -161,7 +171,7 @@ const Words& MeshState::reduce_words(std::int64_t d, Reduction reduction, bool s
 
 std::shared_ptr<Node> ControllerState::make_node(Ident ident, Words what, const CallSite& where,
                                                  std::span<const std::shared_ptr<Node>> inputs) {
-  if (recording_) return recorded_node(ident, std::move(what), where);
+  if (recorder_.active()) return recorder_.node(ident, std::move(what), where);
   if (ident != 0) tracker_.describe(ident, what, where);
   if (ident != 0 && trace::enabled()) trace_call(ident, what, where, {});
   auto n = graph_.make_node(ident, std::move(what), where, inputs);
@@ -221,7 +231,7 @@ void ControllerState::remember_mesh(const std::string& key, const std::shared_pt
 
 void ControllerState::ensure_mesh(MeshState& mesh) {
   check_epoch(mesh.epoch, "mesh");
-  if (recording_) recording_->meshes.push_back(mesh.shared_from_this());
+  if (recorder_.active()) recorder_.keep(mesh.shared_from_this());
   if (mesh.created) return;
   mesh.created = true;
   append_now(mesh.dests, protocol::CreateDeviceMesh{
@@ -230,7 +240,7 @@ void ControllerState::ensure_mesh(MeshState& mesh) {
 
 void ControllerState::ensure_stream(StreamState& stream) {
   check_epoch(stream.epoch, "stream");
-  if (recording_) recording_->streams.push_back(stream.shared_from_this());
+  if (recorder_.active()) recorder_.keep(stream.shared_from_this());
   if (stream.created) return;
   stream.created = true;
   append_now(workers_, protocol::CreateStream{.result = stream.ref, .is_default = stream.is_default});
@@ -255,11 +265,17 @@ void ControllerState::flush_deferred() {
   batcher_.flush_deferred();
 }
 
+void ControllerState::append_now(const std::vector<int>& dests, protocol::Command c, std::size_t payload) {
+  batcher_.take_failure();
+  send_deferred_drops();
+  batcher_.append(dests, std::move(c), payload);
+}
+
 void ControllerState::append(const std::vector<int>& dests, protocol::Command c, Ident ident, std::size_t payload) {
   refuse_on_worker_thread(protocol::name(c));
   batcher_.take_failure();  // an earlier batch the flusher could not send: raised before anything changes
   send_deferred_drops();    // implicit drops first: the origin's next use must find the borrow dropped
-  if (recording_) return capture(dests, std::move(c), payload);
+  if (recorder_.active()) return recorder_.capture(dests, std::move(c), payload);
   // Outstanding once queued (a failed flush before it queues nothing). Replies are read on
   // this thread only, so none for `ident` is taken before this.
   batcher_.append(dests, std::move(c), payload);

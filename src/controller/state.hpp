@@ -22,6 +22,7 @@
 #include "controller/completion.hpp"
 #include "controller/diagnostics.hpp"
 #include "controller/graph.hpp"
+#include "controller/recorder.hpp"
 #include "meshrt/call_site.hpp"
 #include "meshrt/controller.hpp"
 #include "meshrt/internal/control.hpp"
@@ -102,9 +103,6 @@ struct TensorState : std::enable_shared_from_this<TensorState> {
   } borrow;
 };
 
-struct RecordingContext;
-struct RecordingState;
-
 struct FutureState {
   std::weak_ptr<ControllerState> controller;
   Ident ident = 0;
@@ -115,11 +113,11 @@ struct FutureState {
   std::exception_ptr error;
 };
 
-// The controller's session: the handles' shared state and the four parts that implement
+// The controller's session: the handles' shared state and the five parts that implement
 // docs/ARCHITECTURE.md section 3's rules, each with one job (batcher: the transport; tracker: the
 // completion rule; graph: dependencies and failures; diagnostics: queries, reports,
-// abort). Handles call its methods; it feeds each part what the others learn, so no
-// part calls another but Diagnostics, which asks through the Batcher.
+// abort; recorder: recorded steps). Handles call its methods; it feeds each part what the
+// others learn, so no part calls another but Diagnostics, which asks through the Batcher.
 struct ControllerState : std::enable_shared_from_this<ControllerState> {
  public:
   ControllerState(std::shared_ptr<control::Transport> transport, int world_size, NDSlice workers);
@@ -154,21 +152,24 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   // `ident` is outstanding on `dests`, sent inside a command that is not its own (a replay).
   void sent(const std::vector<int>& dests, Ident ident) { tracker_.sent(dests, ident); }
 
-  // Recorded steps (controller/recording.cpp). The recording being made, or null.
-  RecordingContext* recording() const noexcept { return recording_.get(); }
-  // UsageError when a recording is being made: `what` needs a value back, or is not recordable.
-  void refuse_in_recording(std::string_view what) const;
-  // Every use of a tensor passes here: inside a recording a tensor from outside is
-  // captured (kept, and named by its own ref in the recorded commands); a tensor made in
-  // a recording is refused outside it.
-  void note_use(TensorState& t, std::string_view what);
+  // Recorded steps (the Recorder; controller/recording.cpp). UsageError when a recording
+  // is being made: `what` needs a value back, or is not recordable.
+  void refuse_in_recording(std::string_view what) const { recorder_.refuse(what); }
+  // Every use of a tensor passes here (Recorder::note_use).
+  void note_use(TensorState& t, std::string_view what) { recorder_.note_use(t, what); }
   // A tensor made now: inside a recording, one of its values.
-  void note_new(const std::shared_ptr<TensorState>& t);
+  void note_new(const std::shared_ptr<TensorState>& t) { recorder_.note_new(t); }
   // Records the commands `body` issues on formals like `examples`.
-  std::shared_ptr<RecordingState> record(const std::vector<DTensor>& examples,
-                                         const std::function<std::vector<DTensor>(const std::vector<DTensor>&)>& body,
+  std::shared_ptr<RecordingState> record(const std::vector<DTensor>& examples, const Recorder::Body& body,
                                          const CallSite& where);
   std::vector<DTensor> replay(RecordingState& r, const std::vector<DTensor>& inputs, const CallSite& where);
+  // A DTensor's state and (sub-)mesh, and a DTensor of them: DTensor befriends the session,
+  // which lends this to its parts.
+  static const std::shared_ptr<TensorState>& state_of(const DTensor& t) noexcept { return t.state_; }
+  static const std::shared_ptr<MeshState>& mesh_of(const DTensor& t) noexcept { return t.mesh_; }
+  static DTensor handle(std::shared_ptr<TensorState> t, std::shared_ptr<MeshState> mesh) {
+    return DTensor(std::move(t), std::move(mesh));
+  }
   void flush() { batcher_.flush(); }
   void flush_deferred();
   // For handle destructors: work for the next command, sent with it.
@@ -260,6 +261,7 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   CompletionTracker tracker_;
   DependencyGraph graph_;
   Diagnostics diagnostics_;
+  Recorder recorder_;
   // MESHRT_STALL_WARNING, read once (Seconds::max(): off).
   const std::chrono::duration<double> stall_warning_;
   // A wait of `ident` past stall_warning_: the desync report to stderr, once.
@@ -273,13 +275,8 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   std::unordered_map<std::string, std::weak_ptr<MeshState>> meshes_;
   std::deque<std::shared_ptr<MeshState>> recent_meshes_;
   std::vector<std::pair<std::vector<int>, Ref>> pending_drops_;  // defer_drop's, sent by send_deferred_drops
-  std::unique_ptr<RecordingContext> recording_;
-  // Inside a recording: `c` joins it (append's work), and a node made at record time.
-  void capture(const std::vector<int>& dests, protocol::Command c, std::size_t payload);
   // MESHRT_TRACE: a call with an ident, on the controller's track.
   static void trace_call(Ident ident, const Words& what, const CallSite& where, const CallSite& replayed_at);
-  std::shared_ptr<Node> recorded_node(Ident ident, Words what, const CallSite& where);
-  std::uint64_t recordings_made_ = 0;
 
   // Appends a BorrowDrop for each deferred drop (defer_drop), ahead of what follows.
   void send_deferred_drops();
