@@ -278,58 +278,63 @@ Stream DTensor::stream() const {
   return Stream(state_->stream);
 }
 
+namespace {
+
+// DTensor::reduce and reduce_: the same rules (in place allows all_reduce and all_to_all
+// only) and one Reduce command, with an ident of its own so a failure in flight names
+// this call. Out of place it returns the result, a new tensor; in place it returns null,
+// and the command redefines `t`'s own ref.
+std::shared_ptr<TensorState> reduce_impl(const std::shared_ptr<TensorState>& t, const std::shared_ptr<MeshState>& on,
+                                         std::string_view dim, Reduction reduction, bool scatter, bool inplace,
+                                         const CallSite& where) {
+  if (!t) throw UsageError(inplace ? "reduce_: an undefined DTensor" : "reduce: an undefined DTensor");
+  auto ctl = lock(t->controller);
+  MeshState& mesh = *on;
+  const std::int64_t d = mesh.dim_index(dim);
+  const std::int64_t n = mesh.ranks.sizes()[static_cast<std::size_t>(d)];
+  const TensorMeta& in = t->meta;
+  const detail::Words& what = mesh.reduce_words(d, reduction, scatter, inplace);
+  const ReductionRule rule = reduction_rule(in, n, reduction, scatter, inplace, in.device().kind());
+  if (!rule.allowed()) throw UsageError(fmt::format("{}: {}", what.str(), rule.error));
+  if (inplace && !same_layout(*t->home, mesh)) {
+    throw UsageError(
+        fmt::format("{}: in place needs the tensor's whole mesh; this handle covers a slice of it", what.str()));
+  }
+  use_tensor(*ctl, *t, mesh, *t->stream, inplace, what);
+  ctl->ensure_mesh(mesh);
+  ctl->ensure_stream(*t->stream);
+  const protocol::Ident ident = ctl->new_ident();
+  std::shared_ptr<Node> node = ctl->make_node(ident, what, where, {t->node});
+  std::shared_ptr<TensorState> result;  // out of place only
+  if (inplace)
+    t->node = std::move(node);
+  else
+    result = new_tensor(*ctl, rule.out_meta(in), on, t->stream, std::move(node));
+  ctl->append(mesh.dests,
+              protocol::Reduce{.result = inplace ? t->ref : result->ref,
+                               .tensor = t->ref,
+                               .factory = in,
+                               .mesh = mesh.ref,
+                               .stream = t->stream->ref,
+                               .dim = std::string(dim),
+                               .reduction = reduction,
+                               .scatter = scatter,
+                               .inplace = inplace,
+                               .ident = ident},
+              ident);
+  return result;
+}
+
+}  // namespace
+
 DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter, CallSite where) const {
-  return at_site(where, [&] {
-    if (!state_) throw UsageError("reduce: an undefined DTensor");
-    auto ctl = lock(state_->controller);
-    MeshState& mesh = *mesh_;
-    const std::int64_t d = mesh.dim_index(dim);
-    const std::int64_t n = mesh.ranks.sizes()[static_cast<std::size_t>(d)];
-    const TensorMeta& in = state_->meta;
-    const detail::Words& what = mesh.reduce_words(d, reduction, scatter, false);
-    const ReductionRule rule = reduction_rule(in, n, reduction, scatter, false, in.device().kind());
-    if (!rule.allowed()) throw UsageError(fmt::format("{}: {}", what.str(), rule.error));
-    const TensorMeta& out = rule.out_meta(in);
-    use_tensor(*ctl, *state_, mesh, *state_->stream, false, what);
-    ctl->ensure_mesh(mesh);
-    ctl->ensure_stream(*state_->stream);
-    // An ident of its own: a failure in flight names this call.
-    const protocol::Ident ident = ctl->new_ident();
-    auto result = new_tensor(*ctl, out, mesh_, state_->stream, ctl->make_node(ident, what, where, {state_->node}));
-    ctl->append(mesh.dests,
-                protocol::Reduce{result->ref, state_->ref, in, mesh.ref, state_->stream->ref, std::string(dim),
-                                 reduction, scatter, false, ident},
-                ident);
-    return DTensor(result, mesh_);
-  });
+  return at_site(where,
+                 [&] { return DTensor(reduce_impl(state_, mesh_, dim, reduction, scatter, false, where), mesh_); });
 }
 
 DTensor& DTensor::reduce_(std::string_view dim, Reduction reduction, bool scatter, CallSite where) {
   return at_site(where, [&]() -> DTensor& {
-    if (!state_) throw UsageError("reduce_: an undefined DTensor");
-    // The same rules as out of place (in place allows all_reduce and all_to_all only);
-    // then this tensor's own ref is redefined.
-    auto ctl = lock(state_->controller);
-    MeshState& mesh = *mesh_;
-    const std::int64_t d = mesh.dim_index(dim);
-    const detail::Words& what = mesh.reduce_words(d, reduction, scatter, true);
-    const std::int64_t n = mesh.ranks.sizes()[static_cast<std::size_t>(d)];
-    const TensorMeta& in = state_->meta;
-    const ReductionRule rule = reduction_rule(in, n, reduction, scatter, true, in.device().kind());
-    if (!rule.allowed()) throw UsageError(fmt::format("{}: {}", what.str(), rule.error));
-    if (!same_layout(*state_->home, mesh)) {
-      throw UsageError(
-          fmt::format("{}: in place needs the tensor's whole mesh; this handle covers a slice of it", what.str()));
-    }
-    use_tensor(*ctl, *state_, mesh, *state_->stream, true, what);
-    ctl->ensure_mesh(mesh);
-    ctl->ensure_stream(*state_->stream);
-    const protocol::Ident ident = ctl->new_ident();
-    state_->node = ctl->make_node(ident, what, where, {state_->node});
-    ctl->append(mesh.dests,
-                protocol::Reduce{state_->ref, state_->ref, in, mesh.ref, state_->stream->ref, std::string(dim),
-                                 reduction, scatter, true, ident},
-                ident);
+    reduce_impl(state_, mesh_, dim, reduction, scatter, true, where);
     return *this;
   });
 }
