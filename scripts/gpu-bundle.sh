@@ -55,7 +55,7 @@ if [ -z "$FROM" ]; then
   fi
   generator=()
   [ -f "$BUILD/CMakeCache.txt" ] || ! command -v ninja >/dev/null || generator=(-G Ninja)
-  # Release at -O2: GCC 12 at -O3 warns falsely (-Wrestrict) in src/group/group.cpp, and
+  # Release at -O2: GCC 12 at -O3 warns falsely (-Wrestrict) in the group module (src/group/), and
   # -O2 is what CI's RelWithDebInfo build tests.
   say "configuring $BUILD (Release, CUDA architectures ${MESHRT_BUNDLE_CUDA_ARCHITECTURES:-90})"
   cmake -S "$ROOT" -B "$BUILD" "${generator[@]}" "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release \

@@ -379,7 +379,7 @@ class StatelessGroup {
 
   void barrier(Timeout timeout = {});
 
-  // The transfer functions the templates call; all MPI calls live in group.cpp.
+  // The transfer functions the templates call; all MPI calls live in src/group/.
   // `raw`: the payload is the object's bytes (else a Boost binary archive).
   void send_bytes(const detail::TypeTag& type, bool raw, std::span<const char> payload, int dst, Timeout timeout);
   void recv_bytes(const detail::TypeTag& type, bool raw, detail::PayloadSink& sink, int src, Timeout timeout);

@@ -28,7 +28,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Tag of a send_obj first message in the group protocol (group.cpp: header_tag(Send)).
+// Tag of a send_obj first message in the group protocol (src/group/wire.hpp: header_tag(Send)).
 // Tests use it to inject raw messages the receiver will take for send_obj's.
 constexpr int kSendHeaderTag = 1;
 // A tag the group protocol never uses (it uses tags below 64).
