@@ -438,17 +438,24 @@ class Tensor:
     through DLPack: np.from_dlpack(t) and torch.from_dlpack(t) view it, meshrt.from_dlpack(obj)
     views theirs.
     """
-    def __init__(self, obj: _TensorLike) -> None:
-        """A view of a numpy array, torch tensor or writable buffer (read-only memory is copied)."""
+    def __init__(self, obj: _TensorLike, *, copy: Any = None) -> None:
+        """
+        A view of a numpy array, torch tensor or writable buffer; read-only or strided memory is
+        copied (copy=False refuses that with BufferError, copy=True always copies).
+        """
     @staticmethod
-    def from_dlpack(obj: _TensorLike) -> Tensor:
-        """A view of anything with __dlpack__ (or the buffer protocol): no copy."""
-    def __dlpack__(self, stream: int | None = None) -> Any:
+    def from_dlpack(obj: _TensorLike, *, device: Any = None, copy: Any = None) -> Tensor:
+        """meshrt.from_dlpack(obj, device=, copy=)."""
+    def __dlpack__(self, stream: Any = None, *, max_version: Any = None, dl_device: Any = None, copy: Any = None) -> Any:
         """
-        A DLPack capsule viewing this tensor (the DLPack protocol; stream is accepted and not used:
-        the caller orders device work).
+        A DLPack capsule of this tensor (the Python array API's protocol): 'dltensor', or DLPack
+        1.0's 'dltensor_versioned' when max_version is (1, 0) or later. A view; a copy when
+        copy=True, or on dl_device when it differs from this tensor's device (BufferError with
+        copy=False). On a CUDA tensor inside a torch kernel, the consumer's stream waits for the
+        kernel's.
         """
-    def __dlpack_device__(self) -> tuple[int, int]: ...
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(device type, device id) as DLPack names them."""
     def numpy(self) -> numpy.ndarray[Any, Any]:
         """A numpy array viewing this host tensor's memory."""
     def __array__(self, dtype: Any = None) -> numpy.ndarray[Any, Any]: ...
@@ -546,10 +553,12 @@ float32: DType
 
 float64: DType
 
-def from_dlpack(obj: _TensorLike) -> Tensor:
+def from_dlpack(obj: _TensorLike, /, *, device: Any = None, copy: Any = None) -> Tensor:
     """
-    A meshrt.Tensor viewing a numpy array, torch tensor or anything with __dlpack__ (or the buffer
-    protocol): no copy.
+    A meshrt.Tensor of a numpy array, torch tensor or anything with __dlpack__ (or the buffer
+    protocol): a view where meshrt can view the memory as it is (contiguous, row-major, writable),
+    else a copy; copy=True always copies, copy=False never does (BufferError where it would have
+    to); device= copies to that device where the memory is elsewhere.
     """
 
 int32: DType

@@ -599,4 +599,15 @@ int cuda_visible_devices(std::string* why) noexcept {
   return count;
 }
 
+void cuda_make_native_wait(void* native, Stream::Impl& stream) {
+  CudaDeviceGuard guard(stream.device());
+  cudaEvent_t event = nullptr;
+  MESHRT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  cudaError_t rc = cudaEventRecord(event, static_cast<cudaStream_t>(stream.native()));
+  if (rc == cudaSuccess) rc = cudaStreamWaitEvent(static_cast<cudaStream_t>(native), event, 0);
+  // Destroyed at once: CUDA keeps a recorded event until the work it marks is done.
+  (void)cudaEventDestroy(event);
+  MESHRT_CUDA_CHECK(rc);
+}
+
 }  // namespace meshrt::device

@@ -25,6 +25,9 @@ int cuda_visible_devices(std::string* why = nullptr) noexcept;
 void cuda_trace_flush(bool wait);
 // Backend::trim of the cuda backend, if it was made.
 void cuda_trim() noexcept;
+// device::make_native_wait on a CUDA stream: an event recorded on `stream`, waited for by
+// `native`.
+void cuda_make_native_wait(void* native, Stream::Impl& stream);
 
 #if MESHRT_HAVE_NCCL
 // ncclCommInitRankConfig with blocking = 0 over `members`, polled against `timeout`.

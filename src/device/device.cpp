@@ -277,6 +277,19 @@ Stream stream_for(std::uint64_t stream_id, const Device& device) {
   return g_streams.try_emplace(key, std::move(s)).first->second;
 }
 
+void make_native_wait(void* native, const Stream& stream) {
+  Stream::Impl& s = require(stream, "make_native_wait");
+  if (s.accelerator() != Accelerator::Cuda) {
+    throw UsageError(
+        fmt::format("make_native_wait: expected a cuda stream (another library's streams are CUDA streams), found {}",
+                    s.to_string()));
+  }
+  if (native == s.native()) return;
+#if MESHRT_HAVE_CUDA
+  cuda_make_native_wait(native, s);
+#endif
+}
+
 Stream existing_stream(std::uint64_t stream_id, const Device& device) {
   std::lock_guard lock(g_streams_mutex);
   const auto it = g_streams.find(std::make_tuple(stream_id, static_cast<int>(device.kind()), device.index()));

@@ -6,13 +6,16 @@
 #include <fmt/ranges.h>
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "meshrt/internal/tensor.hpp"
 #include "meshrt/tensor.hpp"
 
 namespace meshrt {
@@ -130,7 +133,7 @@ std::optional<DType> meshrt_dtype(const DLDataType& t) {
   return std::nullopt;
 }
 
-Device meshrt_device(const DLDevice& d) {
+Device meshrt_device(const DLDevice& d, const char* what) {
   switch (d.device_type) {
     case kDLCPU:
     case kDLCUDAHost:  // page-locked host memory: a CPU tensor to meshrt
@@ -143,28 +146,67 @@ Device meshrt_device(const DLDevice& d) {
       break;
     default:
       throw UsageError(fmt::format(
-          "Tensor::from_dlpack: expected a kDLCPU (1), kDLCUDA (2), kDLCUDAHost (3) or kDLExtDev (12, meshrt's "
-          "emulated accelerator) tensor, found device type {}; copy it to the CPU first",
-          static_cast<int>(d.device_type)));
+          "{}: expected a kDLCPU (1), kDLCUDA (2), kDLCUDAHost (3) or kDLExtDev (12, meshrt's emulated accelerator) "
+          "tensor, found device type {}; copy it to the CPU first",
+          what, static_cast<int>(d.device_type)));
   }
-  throw UsageError(fmt::format("Tensor::from_dlpack: expected a device id >= 0, found {} on device type {}",
-                               d.device_id, static_cast<int>(d.device_type)));
+  throw UsageError(fmt::format("{}: expected a device id >= 0, found {} on device type {}", what, d.device_id,
+                               static_cast<int>(d.device_type)));
 }
 
 // Null strides, or the row-major ones on every dimension longer than 1; an empty tensor
 // addresses no element, so any strides describe it.
-void check_strides(const DLTensor& t, std::span<const std::int64_t> shape, std::int64_t numel) {
+void check_strides(const DLTensor& t, std::span<const std::int64_t> shape, std::int64_t numel, const char* what) {
   if (t.strides == nullptr || numel == 0) return;
   const std::span<const std::int64_t> strides(t.strides, shape.size());
   const std::vector<std::int64_t> compact = row_major_strides(shape);
   for (std::size_t d = 0; d < shape.size(); ++d) {
     if (shape[d] != 1 && strides[d] != compact[d]) {
       throw UsageError(fmt::format(
-          "Tensor::from_dlpack: expected a contiguous row-major tensor (strides [{}] in elements for shape [{}]), "
-          "found strides [{}]; make it contiguous first (numpy.ascontiguousarray, torch's .contiguous())",
-          fmt::join(compact, ", "), fmt::join(shape, ", "), fmt::join(strides, ", ")));
+          "{}: expected a contiguous row-major tensor (strides [{}] in elements for shape [{}]), found strides [{}]; "
+          "make it contiguous first (numpy.ascontiguousarray, torch's .contiguous())",
+          what, fmt::join(compact, ", "), fmt::join(shape, ", "), fmt::join(strides, ", ")));
     }
   }
+}
+
+// The meta a DLTensor describes (dtype, device, shape), checked; UsageError naming `what`.
+TensorMeta imported_meta(const DLTensor& t, const char* what) {
+  const std::optional<DType> dtype = meshrt_dtype(t.dtype);
+  if (!dtype) {
+    throw UsageError(fmt::format(
+        "{}: expected one lane of bool8, uint8, int32, int64, float16, bfloat16, float32 or float64, found {}", what,
+        dl_dtype_name(t.dtype)));
+  }
+  if (t.ndim < 0 || (t.ndim > 0 && t.shape == nullptr)) {
+    throw UsageError(fmt::format("{}: expected ndim >= 0 and a shape array, found ndim {} and {}", what, t.ndim,
+                                 t.shape == nullptr ? "no shape" : "a shape"));
+  }
+  const Device device = meshrt_device(t.device, what);
+  try {
+    return TensorMeta(std::vector<std::int64_t>(t.shape, t.shape + t.ndim), *dtype, device);
+  } catch (const UsageError& e) {
+    throw UsageError(fmt::format("{}: {}", what, e.what()));
+  }
+}
+
+// The address of a DLTensor's first element (data + byte_offset), checked for alignment;
+// an empty tensor with no address gets g_empty_storage's.
+void* imported_data(const DLTensor& t, const TensorMeta& meta, const char* what) {
+  void* data = t.data == nullptr ? nullptr : static_cast<std::byte*>(t.data) + t.byte_offset;
+  if (data == nullptr) {
+    if (meta.numel() != 0) {
+      throw UsageError(fmt::format("{}: expected a data pointer for {}, found null", what, meta.to_string()));
+    }
+    return g_empty_storage;
+  }
+  const std::size_t alignment = element_size(meta.dtype());
+  if (reinterpret_cast<std::uintptr_t>(data) % alignment != 0) {
+    throw UsageError(fmt::format(
+        "{}: expected data aligned to the {}-byte elements of {}, found address {} (data {} + byte_offset {})", what,
+        alignment, meta.to_string(), data, t.data, t.byte_offset));
+  }
+  return data;
 }
 
 }  // namespace
@@ -199,46 +241,80 @@ Tensor Tensor::from_dlpack(DLManagedTensor* managed) {
     return t;
   }
   const DLTensor& t = managed->dl_tensor;
-  const std::optional<DType> dtype = meshrt_dtype(t.dtype);
-  if (!dtype) {
-    throw UsageError(fmt::format(
-        "Tensor::from_dlpack: expected one lane of bool8, uint8, int32, int64, float16, bfloat16, float32 or "
-        "float64, found {}",
-        dl_dtype_name(t.dtype)));
-  }
-  if (t.ndim < 0 || (t.ndim > 0 && t.shape == nullptr)) {
-    throw UsageError(fmt::format("Tensor::from_dlpack: expected ndim >= 0 and a shape array, found ndim {} and {}",
-                                 t.ndim, t.shape == nullptr ? "no shape" : "a shape"));
-  }
-  const Device device = meshrt_device(t.device);
-  std::vector<std::int64_t> shape(t.shape, t.shape + t.ndim);
-  TensorMeta meta;
-  try {
-    meta = TensorMeta(shape, *dtype, device);
-  } catch (const UsageError& e) {
-    throw UsageError(fmt::format("Tensor::from_dlpack: {}", e.what()));
-  }
-  check_strides(t, shape, meta.numel());
-  void* data = t.data == nullptr ? nullptr : static_cast<std::byte*>(t.data) + t.byte_offset;
-  if (data == nullptr) {
-    if (meta.numel() != 0) {
-      throw UsageError(
-          fmt::format("Tensor::from_dlpack: expected a data pointer for {}, found null", meta.to_string()));
-    }
-    data = g_empty_storage;
-  }
-  const std::size_t alignment = element_size(*dtype);
-  if (reinterpret_cast<std::uintptr_t>(data) % alignment != 0) {
-    throw UsageError(fmt::format(
-        "Tensor::from_dlpack: expected data aligned to the {}-byte elements of {}, found address {} (data {} + "
-        "byte_offset {})",
-        alignment, meta.to_string(), data, t.data, t.byte_offset));
-  }
+  const TensorMeta meta = imported_meta(t, "Tensor::from_dlpack");
+  check_strides(t, meta.shape(), meta.numel(), "Tensor::from_dlpack");
+  void* data = imported_data(t, meta, "Tensor::from_dlpack");
   auto owner = std::make_shared<Imported>();
   std::shared_ptr<void> buffer(owner, data);
-  Tensor out = device.is_cpu() ? adopt_host(meta, std::move(buffer)) : adopt_device(meta, std::move(buffer));
+  Tensor out = meta.device().is_cpu() ? adopt_host(meta, std::move(buffer)) : adopt_device(meta, std::move(buffer));
   owner->managed = managed;  // the last step: nothing throws after it
   return out;
+}
+
+bool is_compact_dlpack(const DLManagedTensor& managed) {
+  const DLTensor& t = managed.dl_tensor;
+  if (t.strides == nullptr || t.ndim <= 0 || t.shape == nullptr) return true;
+  const std::span<const std::int64_t> shape(t.shape, static_cast<std::size_t>(t.ndim));
+  std::int64_t numel = 1;
+  for (const std::int64_t n : shape) numel *= n;
+  if (numel == 0) return true;
+  const std::vector<std::int64_t> compact = row_major_strides(shape);
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] != 1 && t.strides[d] != compact[d]) return false;
+  }
+  return true;
+}
+
+Tensor copy_from_dlpack(const DLManagedTensor& managed) {
+  const DLTensor& t = managed.dl_tensor;
+  const TensorMeta meta = imported_meta(t, "copy_from_dlpack");
+  const auto* data = static_cast<const std::byte*>(imported_data(t, meta, "copy_from_dlpack"));
+  if (!meta.device().is_cpu()) {
+    // Device memory is copied by the device, which copies compact memory only.
+    check_strides(t, meta.shape(), meta.numel(), "copy_from_dlpack");
+    const std::shared_ptr<void> borrowed(const_cast<std::byte*>(data), [](void*) {});
+    return Tensor::adopt_device(meta, borrowed).clone();
+  }
+  Tensor out = Tensor::empty(meta);
+  if (meta.numel() == 0) return out;
+  const std::size_t element = element_size(meta.dtype());
+  const std::span<const std::int64_t> shape = meta.shape();
+  const std::vector<std::int64_t> strides =
+      t.strides == nullptr ? row_major_strides(shape)
+                           : std::vector<std::int64_t>(t.strides, t.strides + static_cast<std::size_t>(t.ndim));
+  auto* dst = static_cast<std::byte*>(out.raw_data());
+  if (shape.empty()) {
+    std::memcpy(dst, data, element);
+    return out;
+  }
+  // Row by row along the last dimension (one memcpy when its stride is one element),
+  // stepping an index over the others as an odometer.
+  const std::size_t last = shape.size() - 1;
+  const std::int64_t row = shape[last];
+  const bool contiguous_rows = strides[last] == 1;
+  std::vector<std::int64_t> index(last, 0);  // of the row, over every dimension but the last
+  std::ptrdiff_t offset = 0;                 // of the row's first element, in elements
+  while (true) {
+    const std::byte* src = data + offset * static_cast<std::ptrdiff_t>(element);
+    if (contiguous_rows) {
+      std::memcpy(dst, src, static_cast<std::size_t>(row) * element);
+      dst += static_cast<std::size_t>(row) * element;
+    } else {
+      for (std::int64_t i = 0; i < row; ++i, dst += element) {
+        std::memcpy(dst, src + i * strides[last] * static_cast<std::ptrdiff_t>(element), element);
+      }
+    }
+    // The next row: the index counts up as an odometer, the last of its dimensions fastest.
+    std::size_t d = last;
+    while (true) {
+      if (d == 0) return out;
+      --d;
+      offset += strides[d];
+      if (++index[d] < shape[d]) break;
+      offset -= strides[d] * shape[d];
+      index[d] = 0;
+    }
+  }
 }
 
 }  // namespace meshrt

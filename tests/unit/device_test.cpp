@@ -352,6 +352,15 @@ TEST(DeviceBackend, RefusesDevicesOutOfRange) {
   expect_contains(usage_error([&] { emulated().make_current(-1); }), "found -1");
 }
 
+// DLPack's stream hand-off is CUDA's: another library's stream never waits on an emulated
+// stream (its kernels get host views inside host tasks, ordered by the stream itself).
+TEST(DeviceStream, TheNativeStreamHandOffIsRefusedOffCuda) {
+  Stream s = emulated().create_stream(0);
+  int not_a_stream = 0;
+  expect_contains(usage_error([&] { device::make_native_wait(&not_a_stream, s); }),
+                  "make_native_wait: expected a cuda stream (another library's streams are CUDA streams), found ");
+}
+
 // The NaN rule's element bits (device/nan_rule.hpp), shared by the CUDA kernels and the
 // emulated communicator: NaNs of any sign and payload are found, infinities and numbers
 // are not, and the NaN written reads as NaN in each floating dtype.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../support/expect_error.hpp"
+#include "meshrt/internal/tensor.hpp"
 #include "meshrt/tensor.hpp"
 
 namespace meshrt {
@@ -329,6 +330,45 @@ TEST(TensorDLPack, Refusals) {
                                              std::shared_ptr<void>(std::shared_ptr<void>(), memory.data() + 4));
                   }),
                   "Tensor::adopt_host: expected a buffer aligned to the 8-byte elements of int64[2] on cpu, found");
+}
+
+TEST(TensorDLPack, CopyGathersAnyStridesInRowMajorOrder) {
+  // A 3x4 int32 grid holding 0..11; its transpose, a negative-stride column, a stepped
+  // slice and a 0-d element, each copied into compact row-major memory of its own.
+  std::array<std::int32_t, 12> grid{};
+  std::iota(grid.begin(), grid.end(), 0);
+  int deleted = 0;
+  struct Case {
+    std::vector<std::int64_t> shape, strides;
+    std::int64_t first;  // element offset of the first element
+    std::vector<std::int32_t> want;
+  };
+  for (const Case& c : {Case{{4, 3}, {1, 4}, 0, {0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11}}, Case{{3}, {-4}, 9, {9, 5, 1}},
+                        Case{{3, 2}, {4, 2}, 1, {1, 3, 5, 7, 9, 11}}, Case{{2, 1, 2}, {8, 99, 1}, 2, {2, 3, 10, 11}},
+                        Case{{}, {}, 7, {7}}}) {
+    SCOPED_TRACE(::testing::PrintToString(c.shape));
+    Foreign f(grid.data() + c.first, {kDLInt, 32, 1}, c.shape, &deleted);
+    if (!c.strides.empty()) f.set_strides(c.strides);
+    EXPECT_EQ(is_compact_dlpack(f.managed), c.shape.empty()) << "none but the 0-d one is row-major";
+    const Tensor t = copy_from_dlpack(f.managed);
+    EXPECT_EQ(t.meta(), TensorMeta(c.shape, DType::Int32));
+    EXPECT_TRUE(t.equals(Tensor::from<std::int32_t>(c.shape, std::span<const std::int32_t>(c.want))));
+    EXPECT_NE(t.raw_data(), grid.data() + c.first);
+  }
+  EXPECT_EQ(deleted, 0) << "a copy leaves the producer's tensor to its owner";
+  grid[0] = 100;  // the copies have memory of their own
+  Foreign f(grid.data(), {kDLInt, 32, 1}, {2, 2}, &deleted);
+  EXPECT_TRUE(is_compact_dlpack(f.managed));
+  const Tensor copy = copy_from_dlpack(f.managed);
+  grid[0] = 0;
+  EXPECT_EQ(copy.data<std::int32_t>()[0], 100);
+  f.set_strides({1, 2});
+  EXPECT_FALSE(is_compact_dlpack(f.managed));
+  expect_contains(usage_error([&] {
+                    Foreign g(grid.data(), {kDLComplex, 64, 1}, {2}, &deleted);
+                    (void)copy_from_dlpack(g.managed);
+                  }),
+                  "copy_from_dlpack: expected one lane of bool8");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The device layer's runtime side (docs/ARCHITECTURE.md section 7): the backends, this
 // rank's placement, the device communicators and the test switches. The runtime, the
-// worker and the data plane use it; kernels use meshrt/device.hpp. Not installed.
+// worker, the data plane and the Python binding use it; kernels use meshrt/device.hpp.
+// Not installed.
 #pragma once
 
 #include <mpi.h>
@@ -241,5 +242,12 @@ int node_size(MPI_Comm world);
 // This rank's device of `accelerator`: MESHRT_DEVICE if set, else the local rank modulo
 // the node's device count. Collective over `world`.
 int select_device(Accelerator accelerator, MPI_Comm world);
+
+// Makes `native`, another library's CUDA stream (a cudaStream_t of torch's, CuPy's; nullptr
+// or cudaStreamLegacy for the legacy default stream, cudaStreamPerThread for the thread's),
+// wait on the device for everything enqueued on `stream` so far, without blocking the
+// host: DLPack's stream hand-off, after which work on `native` reads what `stream`'s work
+// wrote. Nothing when `native` is `stream`'s own. cuda streams only (UsageError otherwise).
+void make_native_wait(void* native, const Stream& stream);
 
 }  // namespace meshrt::device

@@ -2,7 +2,6 @@
 // (meta.shape, meta.dtype); shapes are tuples; dtypes are meshrt.float32, ... and numpy
 // or torch dtypes wherever one is taken. Tensor speaks DLPack both ways (__dlpack__,
 // __dlpack_device__, from_dlpack) and views as numpy (numpy(), __array__) without a copy.
-#include <dlpack/dlpack.h>
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
@@ -15,6 +14,7 @@
 #include "bindings.hpp"
 #include "meshrt/tensor.hpp"
 #include "support/convert.hpp"
+#include "support/dlpack.hpp"
 
 namespace meshrt::python {
 namespace {
@@ -35,34 +35,18 @@ Device to_device(py::handle obj) {
   return Device::parse(obj.cast<std::string>());
 }
 
-// The capsule finishes what the consumer did not take: renamed "used_dltensor", it is the
-// consumer's; still "dltensor", the DLManagedTensor is deleted with it.
-void delete_unused_capsule(PyObject* capsule) {
-  if (PyCapsule_IsValid(capsule, "dltensor") == 0) return;
-  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
-  if (managed->deleter != nullptr) managed->deleter(managed);
-}
-
-py::object dlpack_capsule(const Tensor& t, std::optional<std::int64_t> /*stream*/) {
-  DLManagedTensor* managed = t.to_dlpack();
-  PyObject* capsule = PyCapsule_New(managed, "dltensor", delete_unused_capsule);
-  if (capsule == nullptr) {
-    managed->deleter(managed);
-    throw py::error_already_set();
+// from_dlpack's device= and copy= (the array API's), as ImportOptions.
+ImportOptions import_options(py::handle device, py::handle copy, const char* what) {
+  ImportOptions how;
+  if (!device.is_none()) how.device = to_device(device);
+  if (!copy.is_none()) {
+    if (!py::isinstance<py::bool_>(copy)) {
+      throw py::type_error(
+          fmt::format("{}: expected copy=None, True or False, found {}", what, std::string(py::repr(copy))));
+    }
+    how.copy = copy.cast<bool>();
   }
-  return py::reinterpret_steal<py::object>(capsule);
-}
-
-py::tuple dlpack_device(const Tensor& t) {
-  switch (t.device().kind()) {
-    case Device::Kind::Cpu:
-      return py::make_tuple(static_cast<int>(kDLCPU), 0);
-    case Device::Kind::Cuda:
-      return py::make_tuple(static_cast<int>(kDLCUDA), t.device().index());
-    case Device::Kind::Emulated:
-      break;
-  }
-  return py::make_tuple(static_cast<int>(kDLExtDev), t.device().index());
+  return how;
 }
 
 // The element as the Python scalar of its kind (an int64 stays exact, unlike Tensor::item's
@@ -151,15 +135,28 @@ void bind_tensor(py::module_& m) {
       .def("__repr__", [](const TensorMeta& t) { return "meshrt.TensorMeta(" + t.to_string() + ")"; });
 
   tensors
-      .def(py::init([](py::handle obj) { return to_tensor(obj, "meshrt.Tensor(obj)"); }), py::arg("obj"),
-           "A view of a numpy array, torch tensor or writable buffer (read-only memory is copied).")
+      .def(
+          py::init([](py::handle obj, py::handle copy) {
+            return to_tensor(obj, "meshrt.Tensor(obj)", import_options(py::none(), copy, "meshrt.Tensor(obj)"));
+          }),
+          py::arg("obj"), py::kw_only(), py::arg("copy") = py::none(),
+          "A view of a numpy array, torch tensor or writable buffer; read-only or strided memory is copied (copy=False "
+          "refuses that with BufferError, copy=True always copies).")
       .def_static(
-          "from_dlpack", [](py::handle obj) { return to_tensor(obj, "meshrt.Tensor.from_dlpack"); }, py::arg("obj"),
-          "A view of anything with __dlpack__ (or the buffer protocol): no copy.")
-      .def("__dlpack__", &dlpack_capsule, py::arg("stream") = py::none(),
-           "A DLPack capsule viewing this tensor (the DLPack protocol; stream is accepted and not used: the caller "
-           "orders device work).")
-      .def("__dlpack_device__", &dlpack_device)
+          "from_dlpack",
+          [](py::handle obj, py::handle device, py::handle copy) {
+            return to_tensor(obj, "meshrt.Tensor.from_dlpack",
+                             import_options(device, copy, "meshrt.Tensor.from_dlpack"));
+          },
+          py::arg("obj"), py::kw_only(), py::arg("device") = py::none(), py::arg("copy") = py::none(),
+          "meshrt.from_dlpack(obj, device=, copy=).")
+      .def("__dlpack__", &export_dlpack, py::arg("stream") = py::none(), py::kw_only(),
+           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(), py::arg("copy") = py::none(),
+           "A DLPack capsule of this tensor (the Python array API's protocol): 'dltensor', or DLPack 1.0's "
+           "'dltensor_versioned' when max_version is (1, 0) or later. A view; a copy when copy=True, or on dl_device "
+           "when it differs from this tensor's device (BufferError with copy=False). On a CUDA tensor inside a torch "
+           "kernel, the consumer's stream waits for the kernel's.")
+      .def("__dlpack_device__", &dlpack_device, "(device type, device id) as DLPack names them.")
       .def(
           "numpy", [](const Tensor& t) { return to_numpy(t); }, "A numpy array viewing this host tensor's memory.")
       .def(
@@ -199,9 +196,15 @@ void bind_tensor(py::module_& m) {
       .def("__repr__", &Tensor::to_string);
 
   m.def(
-      "from_dlpack", [](py::handle obj) { return to_tensor(obj, "meshrt.from_dlpack"); }, py::arg("obj"),
-      "A meshrt.Tensor viewing a numpy array, torch tensor or anything with __dlpack__ (or the buffer protocol): no "
-      "copy.");
+      "from_dlpack",
+      [](py::handle obj, py::handle device, py::handle copy) {
+        return to_tensor(obj, "meshrt.from_dlpack", import_options(device, copy, "meshrt.from_dlpack"));
+      },
+      py::arg("obj"), py::pos_only(), py::kw_only(), py::arg("device") = py::none(), py::arg("copy") = py::none(),
+      "A meshrt.Tensor of a numpy array, torch tensor or anything with __dlpack__ (or the buffer protocol): a view "
+      "where meshrt can view the memory as it is (contiguous, row-major, writable), else a copy; copy=True always "
+      "copies, copy=False never does (BufferError where it would have to); device= copies to that device where the "
+      "memory is elsewhere.");
 }
 
 }  // namespace meshrt::python

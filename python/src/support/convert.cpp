@@ -1,10 +1,10 @@
 // Conversions between Python objects and meshrt's C++ values (convert.hpp). Tensors cross
-// without a copy: DLPack first (numpy arrays, torch tensors, anything with __dlpack__),
-// then the buffer protocol (bytearray, array.array, memoryview); only read-only memory is
-// copied, since a meshrt tensor may be written in place.
+// without a copy where meshrt can view the memory: DLPack first (numpy arrays, torch
+// tensors, anything with __dlpack__: support/dlpack.cpp), then the buffer protocol
+// (bytearray, array.array, memoryview); read-only and strided memory is copied, since a
+// meshrt tensor is contiguous and may be written in place.
 #include "support/convert.hpp"
 
-#include <dlpack/dlpack.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <pybind11/numpy.h>
@@ -17,16 +17,11 @@
 #include <vector>
 
 #include "meshrt/error.hpp"
+#include "support/call_args.hpp"
+#include "support/dlpack.hpp"
 
 namespace meshrt::python {
 namespace {
-
-// DLPack 0.8's kDLBool; Debian 12's dlpack.h (0.6) predates it. Tensor::from_dlpack takes it.
-constexpr std::uint8_t kDLBoolCode = 6;
-
-std::string type_name(py::handle obj) {
-  return py::str(py::type::handle_of(obj).attr("__qualname__"));
-}
 
 const char* numpy_name(DType dtype) {
   switch (dtype) {
@@ -48,85 +43,6 @@ const char* numpy_name(DType dtype) {
       return "float64";
   }
   return nullptr;
-}
-
-// Whether Python objects may still be touched: a tensor's last handle can go on a worker
-// thread after the interpreter has finished, where taking the GIL would crash. Then the
-// producer's memory is left to the process's exit.
-bool python_alive() {
-  return Py_IsInitialized() != 0 && _Py_IsFinalizing() == 0;
-}
-
-// ---------------------------------------------------------------------------- DLPack
-
-// A Python producer's DLManagedTensor, as meshrt holds it: numpy's deleter (1.24) drops
-// a reference without taking the GIL, and meshrt's last handle may go on any thread, so
-// meshrt calls it with the GIL held.
-struct HeldWithGil {
-  DLManagedTensor managed{};
-  DLManagedTensor* producer = nullptr;
-};
-
-void delete_with_gil(DLManagedTensor* managed) {
-  auto* held = static_cast<HeldWithGil*>(managed->manager_ctx);
-  DLManagedTensor* producer = held->producer;
-  delete held;
-  if (producer->deleter == nullptr || !python_alive()) return;
-  py::gil_scoped_acquire gil;
-  producer->deleter(producer);
-}
-
-// The tensor a "dltensor" capsule describes; the capsule is renamed "used_dltensor" once
-// meshrt owns it (the DLPack protocol), and left as it was on a refusal. `as_bool`
-// reads uint8 memory as bool (torch 1.13 exports no bool: its bool tensors come as a
-// uint8 view).
-Tensor from_capsule(py::handle capsule, std::string_view what, bool as_bool) {
-  if (PyCapsule_IsValid(capsule.ptr(), "dltensor") == 0) {
-    const std::string found =
-        PyCapsule_CheckExact(capsule.ptr()) != 0
-            ? fmt::format("a capsule named '{}'",
-                          PyCapsule_GetName(capsule.ptr()) ? PyCapsule_GetName(capsule.ptr()) : "(null)")
-            : type_name(capsule);
-    throw UsageError(
-        fmt::format("{}: expected __dlpack__() to return a capsule named 'dltensor', found {}", what, found));
-  }
-  auto* producer = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
-  auto held = std::make_unique<HeldWithGil>();
-  held->managed.dl_tensor = producer->dl_tensor;
-  if (as_bool) held->managed.dl_tensor.dtype = {kDLBoolCode, 8, 1};
-  held->managed.manager_ctx = held.get();
-  held->managed.deleter = delete_with_gil;
-  held->producer = producer;
-  Tensor t;
-  try {
-    t = Tensor::from_dlpack(&held->managed);
-  } catch (const UsageError& e) {
-    throw UsageError(fmt::format("{}: {}", what, e.what()));
-  }
-  held.release();  // the tensor's storage owns it now
-  PyCapsule_SetName(capsule.ptr(), "used_dltensor");
-  return t;
-}
-
-// torch 1.13 exports no bool tensor through DLPack: its uint8 view, read back as bool.
-bool is_torch_bool(py::handle obj) {
-  if (!py::hasattr(obj, "dtype") || !py::hasattr(obj, "view")) return false;
-  return std::string(py::str(obj.attr("dtype"))) == "torch.bool";
-}
-
-std::optional<Tensor> try_dlpack(py::handle obj, std::string_view what, bool buffer_fallback) {
-  const bool as_bool = is_torch_bool(obj);
-  py::object capsule;
-  try {
-    py::object source = as_bool ? obj.attr("view")(py::module_::import("torch").attr("uint8"))
-                                : py::reinterpret_borrow<py::object>(obj);
-    capsule = source.attr("__dlpack__")();
-  } catch (py::error_already_set& e) {
-    // numpy 1.24 exports neither read-only nor bool arrays; the buffer protocol takes both.
-    if (buffer_fallback) return std::nullopt;
-    throw UsageError(fmt::format("{}: {}.__dlpack__() failed: {}", what, type_name(obj), e.what()));
-  }
-  return from_capsule(capsule, what, as_bool);
 }
 
 // ---------------------------------------------------------------------------- buffers
@@ -177,7 +93,7 @@ std::optional<DType> buffer_dtype(std::string_view format, py::ssize_t itemsize)
   return dtype;
 }
 
-Tensor from_buffer(py::handle obj, std::string_view what) {
+Tensor from_buffer(py::handle obj, std::string_view what, const ImportOptions& how) {
   std::unique_ptr<Py_buffer, BufferDeleter> view(new Py_buffer{});
   bool writable = PyObject_GetBuffer(obj.ptr(), view.get(), PyBUF_RECORDS) == 0;
   if (!writable) {
@@ -197,31 +113,51 @@ Tensor from_buffer(py::handle obj, std::string_view what) {
         what, format, view->itemsize, type_name(obj)));
   }
   std::vector<std::int64_t> shape(view->shape, view->shape + view->ndim);
-  if (PyBuffer_IsContiguous(view.get(), 'C') == 0) {
-    throw UsageError(fmt::format(
-        "{}: expected a contiguous row-major buffer, found a {} of shape ({}) with other strides; make it contiguous "
-        "first (numpy.ascontiguousarray)",
-        what, type_name(obj), fmt::join(shape, ", ")));
-  }
+  const bool contiguous = PyBuffer_IsContiguous(view.get(), 'C') != 0;
   TensorMeta meta;
   try {
     meta = TensorMeta(std::move(shape), *dtype);
   } catch (const UsageError& e) {
     throw UsageError(fmt::format("{}: {}", what, e.what()));
   }
-  if (!writable || meta.numel() == 0) {
-    // Read-only memory (bytes, a read-only array) is copied: kernels may write a tensor.
-    Tensor t = Tensor::empty(meta);
-    if (meta.nbytes() > 0) std::memcpy(t.raw_data(), view->buf, meta.nbytes());
-    return t;
+  std::optional<std::string> copy_reason;
+  if (how.copy == true) {
+    copy_reason = "copy=True";
+  } else if (!writable) {
+    copy_reason = "read-only memory";
+  } else if (!contiguous) {
+    copy_reason = "strided memory (not contiguous and row-major)";
   }
-  void* data = view->buf;
-  std::shared_ptr<Py_buffer> owner(std::move(view));
-  try {
-    return Tensor::adopt_host(meta, std::shared_ptr<void>(owner, data));
-  } catch (const UsageError& e) {
-    throw UsageError(fmt::format("{}: {}", what, e.what()));
+  Tensor t;
+  if (copy_reason || meta.numel() == 0) {
+    if (copy_reason && how.copy == false) {
+      throw py::buffer_error(fmt::format(
+          "{}: expected memory meshrt can view (contiguous, row-major, writable: kernels may write a tensor) with "
+          "copy=False, found {} in a {} of {}; pass copy=None to let meshrt copy it",
+          what, *copy_reason, type_name(obj), meta.to_string()));
+    }
+    t = Tensor::empty(meta);
+    if (meta.nbytes() > 0 && PyBuffer_ToContiguous(t.raw_data(), view.get(), view->len, 'C') != 0) {
+      throw py::error_already_set();
+    }
+  } else {
+    void* data = view->buf;
+    std::shared_ptr<Py_buffer> owner(std::move(view));
+    try {
+      t = Tensor::adopt_host(meta, std::shared_ptr<void>(owner, data));
+    } catch (const UsageError& e) {
+      throw UsageError(fmt::format("{}: {}", what, e.what()));
+    }
   }
+  if (how.device && !how.device->is_cpu()) {
+    if (how.copy == false) {
+      throw py::buffer_error(fmt::format("{}: expected a tensor on {} without a copy (copy=False), found {} from {}",
+                                         what, how.device->to_string(), t.meta().to_string(), type_name(obj)));
+    }
+    py::gil_scoped_release release;
+    t = t.to(*how.device);
+  }
+  return t;
 }
 
 }  // namespace
@@ -240,16 +176,30 @@ bool is_tensor_like(py::handle obj) {
   return py::hasattr(obj, "__dlpack__") || py::hasattr(obj, "__array_interface__") || PyObject_CheckBuffer(obj.ptr());
 }
 
-Tensor to_tensor(py::handle obj, std::string_view what) {
-  if (py::isinstance<Tensor>(obj)) return obj.cast<Tensor>();
+bool python_alive() {
+  return Py_IsInitialized() != 0 && _Py_IsFinalizing() == 0;
+}
+
+Tensor to_tensor(py::handle obj, std::string_view what, const ImportOptions& how) {
+  if (py::isinstance<Tensor>(obj)) {
+    Tensor t = obj.cast<Tensor>();
+    const bool elsewhere = how.device && t.device() != *how.device;
+    if (elsewhere && how.copy == false) {
+      throw py::buffer_error(fmt::format("{}: expected a tensor on {} without a copy (copy=False), found {}", what,
+                                         how.device->to_string(), t.meta().to_string()));
+    }
+    py::gil_scoped_release release;
+    if (elsewhere) return t.to(*how.device);
+    return how.copy == true ? t.clone() : t;
+  }
   const bool buffer = PyObject_CheckBuffer(obj.ptr()) != 0;
   if (py::hasattr(obj, "__dlpack__") && !py::isinstance<py::type>(obj)) {
-    if (std::optional<Tensor> t = try_dlpack(obj, what, buffer)) return *std::move(t);
+    if (std::optional<Tensor> t = import_dlpack(obj, what, how, buffer)) return *std::move(t);
   }
-  if (buffer) return from_buffer(obj, what);
+  if (buffer) return from_buffer(obj, what, how);
   if (py::hasattr(obj, "__array_interface__")) {
     // Array-likes with neither (old array libraries): numpy views them through the interface.
-    return to_tensor(py::module_::import("numpy").attr("asarray")(obj), what);
+    return to_tensor(py::module_::import("numpy").attr("asarray")(obj), what, how);
   }
   throw UsageError(fmt::format(
       "{}: expected a tensor (a meshrt.Tensor, numpy array, torch tensor, or an object with __dlpack__ or the buffer "

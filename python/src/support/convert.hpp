@@ -4,6 +4,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include <optional>
+#include <string>
 #include <string_view>
 
 #include "meshrt/tensor.hpp"
@@ -14,14 +16,24 @@ namespace py = pybind11;
 
 // A meshrt.Tensor object holding `t` (a handle: it shares t's storage).
 py::object wrap_tensor(Tensor t);
+// How to_tensor takes memory (the array API's from_dlpack(x, device=, copy=)).
+struct ImportOptions {
+  // None: a view where meshrt can view the memory, else a copy; True: always a copy;
+  // False: never one (BufferError where one is needed).
+  std::optional<bool> copy;
+  // Where the tensor must be: a copy there when the producer's memory is elsewhere.
+  std::optional<Device> device;
+};
+
 // The meshrt Tensor an object holds or views: a meshrt.Tensor (its handle), or anything
 // that speaks DLPack or the buffer protocol (numpy arrays, torch tensors, bytearray,
-// array.array), without a copy; read-only memory (bytes, a read-only array) is copied,
-// since kernels may write a tensor. The view keeps the producer alive and releases it with
-// the GIL, from whichever thread drops the last handle. `what` names the object in errors
-// ("argument 2 of example.scale"). Throws UsageError (non-contiguous memory, a dtype meshrt
-// lacks, a failing __dlpack__).
-Tensor to_tensor(py::handle obj, std::string_view what);
+// array.array), without a copy where meshrt can view the memory: contiguous, row-major
+// and writable. Other memory (strided, read-only: a kernel may write a tensor) is copied,
+// unless how.copy is False (BufferError). The view keeps the producer alive and releases
+// it with the GIL, from whichever thread drops the last handle. `what` names the object in
+// errors ("argument 2 of example.scale"). Throws UsageError (a dtype meshrt lacks, a
+// failing __dlpack__).
+Tensor to_tensor(py::handle obj, std::string_view what, const ImportOptions& how = {});
 // Whether to_tensor takes `obj` (a meshrt.Tensor, or an object with __dlpack__ or
 // __array_interface__ or the buffer protocol; not str, bytes, numbers or lists).
 bool is_tensor_like(py::handle obj);
@@ -35,5 +47,8 @@ py::object to_numpy(const Tensor& t);
 DType to_dtype(py::handle obj);
 // Whether `obj` is one of the forms to_dtype takes other than a string.
 bool is_dtype_like(py::handle obj);
+// Whether Python objects may still be touched: a tensor's last handle can go on a worker
+// thread after the interpreter has finished, where taking the GIL would crash.
+bool python_alive();
 
 }  // namespace meshrt::python
