@@ -87,6 +87,13 @@ class CallContext:
     def device(self) -> Device: ...
     @property
     def stream_id(self) -> int: ...
+    @property
+    def torch_device(self) -> str:
+        """
+        Where a torch kernel's tensors are, as torch names devices: 'cuda:N' on a CUDA mesh, 'cpu'
+        on cpu and emulated meshes (whose kernels get host views): torch.zeros(n,
+        device=ctx.torch_device) runs unchanged on every kind.
+        """
     def coordinate(self, dim: str) -> int:
         """This rank's coordinate along mesh dimension dim."""
     def size(self, dim: str) -> int:
@@ -523,6 +530,13 @@ def _caller_site() -> tuple[Any, ...]:
     """
     (file, function, line) of the Python line that called it, as the controller records a call site
     (for the package's tests).
+    """
+
+def _infer(name: str, device: Any, *args: Any) -> Signature:
+    """
+    The Signature a call of remote function `name` with these arguments (TensorMetas for tensors)
+    gets from its shape function on a mesh placed on `device`, as the controller and the workers ask
+    it; what it raises. For tests.
     """
 
 def _mpi_library_version() -> str:

@@ -35,7 +35,11 @@ def function(name: str, *, shape: Callable[..., Any], torch: bool = False) -> Ca
     ``kernel(ctx, *args)`` runs on every rank of the mesh with ``ctx`` a
     ``meshrt.CallContext`` and each tensor argument a numpy view of the rank's local
     tensor (read-only unless the shape function declares it mutated), or a torch tensor
-    over it with ``torch=True``. It returns a tensor (anything that speaks DLPack or the
+    over it with ``torch=True``. Only torch kernels run on CUDA meshes: there their
+    tensors are torch CUDA tensors over meshrt's device memory, and their torch work runs
+    on the call's stream (torch's current stream while the kernel runs); the same kernel
+    runs unchanged on cpu, emulated and cuda meshes (``ctx.torch_device`` names where its
+    new tensors go). It returns a tensor (anything that speaks DLPack or the
     buffer protocol), a tuple or list of them, or ``None``; the outputs must match the
     shape function's metas. An exception there is a ``meshrt.RemoteError`` at the
     values that depend on the call, with the exception and its last frames.
@@ -63,3 +67,12 @@ def function(name: str, *, shape: Callable[..., Any], torch: bool = False) -> Ca
         return kernel
 
     return register
+
+
+def _cuda_stream(stream_ptr: int, device_index: int) -> Any:
+    """The context a torch kernel on a CUDA mesh runs in (python_kernels.cpp): meshrt's
+    CUDA stream of the call, wrapped as a ``torch.cuda.ExternalStream``, as torch's current
+    stream (and its device as torch's current device)."""
+    import torch as _torch
+
+    return _torch.cuda.stream(_torch.cuda.ExternalStream(stream_ptr, device=device_index))

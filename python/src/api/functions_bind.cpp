@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,27 @@
 #include "meshrt/functions.hpp"
 
 namespace meshrt::python {
+namespace {
+
+// A shape function's argument from Python (_infer): TensorMetas, plain values and tuples
+// or lists of them.
+Value meta_value(py::handle a) {
+  if (a.is_none()) return {};
+  if (py::isinstance<TensorMeta>(a)) return a.cast<TensorMeta>();
+  if (py::isinstance<py::bool_>(a)) return a.cast<bool>();
+  if (py::isinstance<py::int_>(a)) return a.cast<std::int64_t>();
+  if (py::isinstance<py::float_>(a)) return a.cast<double>();
+  if (py::isinstance<py::str>(a)) return a.cast<std::string>();
+  if (py::isinstance<py::tuple>(a) || py::isinstance<py::list>(a)) {
+    Value::List items;
+    for (py::handle item : a) items.push_back(meta_value(item));
+    return Value::list(std::move(items));
+  }
+  throw py::type_error(fmt::format("_infer: expected TensorMetas, numbers, strings, None or tuples of them, found {}",
+                                   std::string(py::repr(a))));
+}
+
+}  // namespace
 
 void bind_functions(py::module_& m) {
   py::class_<CallContext>(m, "CallContext", "Where and on what a kernel runs: the first argument of a Python kernel.")
@@ -20,6 +42,12 @@ void bind_functions(py::module_& m) {
       .def_property_readonly("sizes", [](const CallContext& c) { return py::tuple(py::cast(c.sizes())); })
       .def_property_readonly("device", [](const CallContext& c) { return c.device(); })
       .def_property_readonly("stream_id", &CallContext::stream_id)
+      .def_property_readonly(
+          "torch_device",
+          [](const CallContext& c) { return c.device().is_cuda() ? c.device().to_string() : std::string("cpu"); },
+          "Where a torch kernel's tensors are, as torch names devices: 'cuda:N' on a CUDA mesh, 'cpu' on cpu and "
+          "emulated meshes (whose kernels get host views): torch.zeros(n, device=ctx.torch_device) runs unchanged on "
+          "every kind.")
       .def("coordinate", &CallContext::coordinate, py::arg("dim"), "This rank's coordinate along mesh dimension dim.")
       .def("size", &CallContext::size, py::arg("dim"), "The mesh's size along dimension dim.")
       .def("__repr__", [](const CallContext& c) {
@@ -52,6 +80,19 @@ void bind_functions(py::module_& m) {
   m.def("_register_function", &register_python_function, py::arg("name"), py::arg("kernel"), py::arg("shape"),
         py::arg("torch"), py::arg("file"), py::arg("line"), py::arg("params"), py::arg("returns"), py::arg("doc"),
         "Registers a Python kernel and shape function (meshrt.function is the way to call it).");
+  m.def(
+      "_infer",
+      [](const std::string& name, py::handle device, const py::args& args) {
+        std::vector<Value> values;
+        for (py::handle a : args) values.push_back(meta_value(a));
+        const Device where =
+            py::isinstance<Device>(device) ? device.cast<Device>() : Device::parse(device.cast<std::string>());
+        return functions::infer(functions::lookup(name), ArgMetas(name, std::move(values), where));
+      },
+      py::arg("name"), py::arg("device"),
+      "The Signature a call of remote function `name` with these arguments (TensorMetas for tensors) gets from its "
+      "shape function on a mesh placed on `device`, as the controller and the workers ask it; what it raises. For "
+      "tests.");
   m.def("_release_functions", &release_functions,
         "Drops the Python functions' callables (at exit, before Python finalises).");
   // Last out, after _shutdown (registered later, by the package) has stopped the runtime.

@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 
 #include <atomic>
+#include <string>
 
 #include "bindings.hpp"
 #include "support/gil.hpp"
@@ -105,15 +106,44 @@ Signature signature_of(const PyFunction& f, py::handle r) {
                   f.name, qualified_name(py::type::handle_of(r))));
 }
 
+void require_torch_cuda(const PyFunction& f, const Device& device) {
+  static std::atomic<bool> available{false};
+  if (available.load()) return;
+  std::string version = "(its version unknown)";
+  std::string answer;
+  try {
+    py::module_ torch = py::module_::import("torch");
+    version = py::str(torch.attr("__version__"));
+    if (torch.attr("cuda").attr("is_available")().cast<bool>()) {
+      available.store(true);
+      return;
+    }
+    const py::object cuda = torch.attr("version").attr("cuda");
+    answer = cuda.is_none() ? "False, and torch.version.cuda is None: a build of torch without CUDA"
+                            : fmt::format("False (a build for CUDA {} that finds no usable GPU or driver here)",
+                                          std::string(py::str(cuda)));
+  } catch (const py::error_already_set& e) {
+    answer = fmt::format("not known: asking raised {}", exception_line(e));
+  }
+  throw UsageError(fmt::format(
+      "{} on {}: a torch kernel on a CUDA mesh needs torch with CUDA, found torch {} whose "
+      "torch.cuda.is_available() is {}; install a CUDA build of torch, or place the mesh on the cpu or the emulated "
+      "accelerator (kind=\"emulated\" with MESHRT_ACCELERATOR=emulated)",
+      f.name, device.to_string(), version, answer));
+}
+
 Signature run_shape(const PyFunction& f, const ArgMetas& args) {
-  if (args.device().is_cuda()) {
-    throw UsageError(
-        fmt::format("{}: expected a mesh on the cpu or the emulated accelerator, found one on {}: a "
-                    "Python kernel runs on the host, which cannot read CUDA memory",
-                    f.name, args.device().to_string()));
+  if (args.device().is_cuda() && !f.torch) {
+    throw UsageError(fmt::format(
+        "{}: expected a mesh on the cpu or the emulated accelerator for a numpy kernel, found one on {}: a numpy "
+        "kernel runs on the host, which cannot read CUDA memory; register it with torch=True "
+        "(@meshrt.function(..., torch=True)): its tensors are then torch CUDA tensors over the device memory, and "
+        "its torch work runs on the call's stream",
+        f.name, args.device().to_string()));
   }
   KeptGil gil;
   require_live(f);
+  if (args.device().is_cuda()) require_torch_cuda(f, args.device());
   Signature s;
   try {
     py::tuple call_args(args.size());
@@ -166,8 +196,13 @@ void register_python_function(const std::string& name, const py::object& kernel,
   if (torch && g_torch.from_numpy == nullptr) {
     try {
       py::module_ t = py::module_::import("torch");
+      py::module_ dlpack = py::module_::import("torch.utils.dlpack");
+      py::module_ functions = py::module_::import("meshrt._functions");
       g_torch.from_numpy = py::object(t.attr("from_numpy")).release().ptr();
       g_torch.bfloat16 = py::object(t.attr("bfloat16")).release().ptr();
+      g_torch.bool_ = py::object(t.attr("bool")).release().ptr();
+      g_torch.from_dlpack = py::object(dlpack.attr("from_dlpack")).release().ptr();
+      g_torch.cuda_stream = py::object(functions.attr("_cuda_stream")).release().ptr();
     } catch (const py::error_already_set& e) {
       throw UsageError(fmt::format("{}: torch=True needs torch, which does not import: {}", where, exception_line(e)));
     }

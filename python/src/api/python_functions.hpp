@@ -2,8 +2,8 @@
 // C++ registry whose kernel and shape function call Python callables with the GIL taken
 // for that call only: the shape function at the controller's call site (and again on each
 // worker, which checks the kernel's outputs against it), the kernel on the worker thread
-// or, on an emulated accelerator, as a host task on the call's device stream
-// (python_kernels.cpp).
+// (on a CUDA mesh, a torch kernel on the call's CUDA stream) or, on an emulated
+// accelerator, as a host task on the call's device stream (python_kernels.cpp).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -53,11 +53,20 @@ py::object meta_arg(const Value& v);
 void require_live(const PyFunction& f);
 // The function's kernel on this rank (python_kernels.cpp).
 std::vector<Tensor> run_kernel(const PyFunction& f, CallContext& ctx, Args& args);
-// torch.from_numpy and torch.bfloat16, or null before the first torch=True registration.
+// What torch=True kernels call, looked up at the first torch=True registration (null
+// before): torch.from_numpy, torch.bfloat16 and torch.bool, torch.utils.dlpack.from_dlpack
+// (CUDA arguments), and meshrt._functions._cuda_stream (the kernel's stream as torch's).
 struct TorchHooks {
   PyObject* from_numpy = nullptr;
   PyObject* bfloat16 = nullptr;
+  PyObject* bool_ = nullptr;
+  PyObject* from_dlpack = nullptr;
+  PyObject* cuda_stream = nullptr;
 };
 const TorchHooks& torch_hooks();
+// A torch kernel on a CUDA mesh needs torch with CUDA: UsageError naming f, `device`, the
+// torch version and what torch.cuda.is_available() says, where it has none. Asked once
+// per process while the answer is yes.
+void require_torch_cuda(const PyFunction& f, const Device& device);
 
 }  // namespace meshrt::python

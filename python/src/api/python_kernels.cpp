@@ -1,8 +1,10 @@
 // A Python kernel's run on a worker: its tensor arguments as views of the rank's local
-// tensors (numpy arrays, or torch tensors over them), its results as the call's outputs.
+// tensors (numpy arrays, or torch tensors over them: torch CUDA tensors on a CUDA mesh), its
+// results as the call's outputs.
 #include <fmt/format.h>
 #include <pybind11/numpy.h>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -11,6 +13,7 @@
 #include "api/python_functions.hpp"
 #include "meshrt/device.hpp"
 #include "support/convert.hpp"
+#include "support/dlpack.hpp"
 #include "support/gil.hpp"
 #include "support/tracebacks.hpp"
 
@@ -79,9 +82,12 @@ class KernelArgs {
   const std::vector<std::pair<std::size_t, py::object>>& views() const noexcept { return views_; }
 
   // torch has no read-only tensors: a torch view of an input not declared mutated is
-  // writable, and every in-place op moves its _version. A moved one fails the call.
-  void check_read_only(const std::vector<Value>& values) const {
-    for (const auto& [index, view] : read_only_torch_) {
+  // writable, and every in-place op moves its _version. A moved one fails the call. Once
+  // checked, the list lets its views go: only views() counts the kernel's references then.
+  void check_read_only(const std::vector<Value>& values) {
+    const auto checked = std::move(read_only_torch_);
+    read_only_torch_.clear();
+    for (const auto& [index, view] : checked) {
       if (view.attr("_version").cast<long long>() == 0) continue;
       throw UsageError(fmt::format(
           "{} on rank {}: its kernel wrote argument {} ({}) in place, which its shape function does not declare "
@@ -113,6 +119,7 @@ class KernelArgs {
   }
 
   py::object view(const Tensor& t, std::size_t index, bool writable) {
+    if (t.device().is_cuda()) return cuda_view(t, index, writable);
     if (t.dtype() == DType::BFloat16 && !f_.torch) {
       throw UsageError(
           fmt::format("{} on rank {}: argument {} is a {} tensor, and numpy has no bfloat16; register "
@@ -136,6 +143,19 @@ class KernelArgs {
     }
     views_.emplace_back(index, out);
     if (f_.torch && !writable) read_only_torch_.emplace_back(index, out);
+    return out;
+  }
+
+  // A torch CUDA tensor over the device memory, through DLPack (no copy): it holds a handle
+  // of the storage, so meshrt's pool keeps the memory while torch uses it. bool crosses as
+  // uint8 (torch 1.13 takes no kDLBool) and is viewed back as bool.
+  py::object cuda_view(const Tensor& t, std::size_t index, bool writable) {
+    const py::object capsule = unversioned_capsule(t);
+    py::object out = py::reinterpret_steal<py::object>(PyObject_CallOneArg(torch_hooks().from_dlpack, capsule.ptr()));
+    if (!out) throw py::error_already_set();
+    if (t.dtype() == DType::Bool) out = out.attr("view")(py::handle(torch_hooks().bool_));
+    views_.emplace_back(index, out);
+    if (!writable) read_only_torch_.emplace_back(index, out);
     return out;
   }
 
@@ -250,16 +270,68 @@ std::vector<Tensor> run_on_emulated(const PyFunction& f, CallContext& ctx, Args&
   return outputs;
 }
 
+// torch's current stream and device, while it lives, are the call's CUDA stream (as a
+// torch.cuda.ExternalStream) and the rank's GPU: the kernel's torch work is enqueued in
+// the call's order, after the work that made its inputs and before the work that reads
+// its outputs, as a C++ kernel's launches on ctx.native_stream() are.
+class TorchOnCallStream {
+ public:
+  explicit TorchOnCallStream(const CallContext& ctx)
+      : context_(py::reinterpret_borrow<py::object>(torch_hooks().cuda_stream)(
+            py::int_(reinterpret_cast<std::intptr_t>(ctx.native_stream())), ctx.device().index())) {
+    context_.attr("__enter__")();
+  }
+  ~TorchOnCallStream() {
+    try {
+      context_.attr("__exit__")(py::none(), py::none(), py::none());
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("meshrt: restoring torch's stream after a kernel");
+    }
+  }
+  TorchOnCallStream(const TorchOnCallStream&) = delete;
+  TorchOnCallStream& operator=(const TorchOnCallStream&) = delete;
+
+ private:
+  py::object context_;
+};
+
+// On the worker thread, a torch kernel on a CUDA mesh (run_shape refuses numpy kernels
+// there): its tensor arguments are torch CUDA tensors viewing meshrt's device memory, its
+// torch work runs on the call's stream, and the CUDA tensors it returns become the call's
+// outputs without a copy (meshrt's tensor holds torch's, so torch's caching allocator
+// keeps that memory until meshrt lets it go, and then reuses it in the call stream's order).
+std::vector<Tensor> run_on_cuda(const PyFunction& f, CallContext& ctx, Args& args) {
+  KeptGil gil;
+  PythonKernelRunning running;
+  require_live(f);
+  try {
+    const KernelStreamScope scope(device::stream_for(ctx.stream_id(), ctx.device()));
+    const TorchOnCallStream on_stream(ctx);
+    KernelArgs kernel_args(f, ctx.rank());
+    py::tuple call_args = kernel_args.build(ctx, args.values(), ctx.signature());
+    py::object result = call(f.kernel, call_args);
+    kernel_args.check_read_only(args.values());
+    std::vector<Tensor> outputs = outputs_of(f, result, ctx.rank());
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      if (!outputs[i].device().is_cuda()) {
+        throw UsageError(fmt::format(
+            "{} returned on rank {} as output {} {}: expected a tensor on the rank's GPU {}, where the outputs of a "
+            "kernel on a CUDA mesh live; make it there (torch.zeros(..., device=ctx.torch_device), "
+            "x.new_zeros(...), t.to(x.device))",
+            f.name, ctx.rank(), i, outputs[i].meta().to_string(), ctx.device().to_string()));
+      }
+    }
+    return outputs;
+  } catch (const py::error_already_set& e) {
+    throw PythonError(kernel_failure(f, ctx.rank(), e));
+  }
+}
+
 }  // namespace
 
 std::vector<Tensor> run_kernel(const PyFunction& f, CallContext& ctx, Args& args) {
   if (ctx.device().is_emulated()) return run_on_emulated(f, ctx, args);
-  if (ctx.device().is_cuda()) {
-    throw UsageError(
-        fmt::format("{} on rank {}: expected a cpu or emulated device, found {}: a Python kernel runs on "
-                    "the host, which cannot read CUDA memory",
-                    f.name, ctx.rank(), ctx.device().to_string()));
-  }
+  if (ctx.device().is_cuda()) return run_on_cuda(f, ctx, args);
   return run_on_host(f, ctx, args);
 }
 
