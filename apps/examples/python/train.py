@@ -1,15 +1,21 @@
 """Data- and tensor-parallel training of a two-layer MLP from one Python controller.
 
     mpiexec -n 4 python3 apps/examples/python/train.py --mesh 2x2 --steps 100
+    MESHRT_ACCELERATOR=emulated mpiexec -n 4 python3 apps/examples/python/train.py --kind cpu,emulated
+    mpiexec -n 1 python3 apps/examples/python/train.py --kind cuda --mesh 1x1     (one GPU per rank)
 
 The Python twin of apps/meshrt-demo: y = relu(x W1 + b1) W2 + b2, trained with SGD on
 a mean squared error against a fixed "teacher" t = sin(x A). Tensor parallelism over
 "tp" (Megatron-style): each tp rank holds W1[:, block], b1[block] and W2[block, :], and
 the partial outputs are summed with an all_reduce over "tp". Data parallelism over
 "dp": each dp rank makes its own rows of the global batch, and the gradients are
-averaged with an all_reduce over "dp". The kernels are numpy functions registered with
-@meshrt.function; at the end the trained weights are fetched and checked against the
-same training run in one process (numpy only).
+averaged with an all_reduce over "dp". The kernels are torch functions registered with
+@meshrt.function(..., torch=True), and the same kernels run on every kind of mesh:
+--kind cpu, emulated (MESHRT_ACCELERATOR=emulated: the GPU code path on the host) or
+cuda (torch CUDA tensors over meshrt's device memory, on the call's stream), or several
+of them one after the other; the default is the job's accelerator (ctl.accelerator). At
+the end the trained weights are fetched and checked against the same training run in one
+process, in numpy.
 """
 
 import argparse
@@ -18,6 +24,12 @@ import sys
 import numpy as np
 
 import meshrt
+
+try:
+    import torch
+except ImportError:
+    raise SystemExit("train.py: its kernels are torch functions: expected torch to import, found none "
+                     "(Debian: apt install python3-torch; or pip install torch)")
 
 IN, HIDDEN, OUT = 32, 64, 8
 
@@ -65,40 +77,57 @@ def block_grads(x, t_rows, params, y_partial_sum, scale):
     return pack(x.T @ dh, dh.sum(0), h.T @ dy, dy.sum(0)).astype(np.float32)
 
 
-# --- remote functions: numpy kernels on every rank, shape functions on the controller ---
+# --- remote functions: torch kernels on every rank, shape functions on the controller ---
+# Their tensors are on the mesh's device as torch names it (ctx.torch_device: cuda:N on a
+# CUDA mesh, cpu on cpu and emulated meshes); data made on the host moves there.
 
 
 def f32(*shape):
     return meshrt.TensorMeta(shape, meshrt.float32)
 
 
-@meshrt.function("train.init", shape=lambda seed, tp: f32(grad_size(HIDDEN // tp)))
+def on(ctx, array):
+    return torch.from_numpy(array).to(ctx.torch_device)
+
+
+def unpack_t(flat, cols):
+    w1, b1, w2, b2 = torch.split(flat, [IN * cols, cols, cols * OUT, OUT])
+    return w1.reshape(IN, cols), b1, w2.reshape(cols, OUT), b2
+
+
+@meshrt.function("train.init", shape=lambda seed, tp: f32(grad_size(HIDDEN // tp)), torch=True)
 def init_kernel(ctx, seed, tp):
     cols = HIDDEN // tp
     block = slice(ctx.coordinate("tp") * cols, (ctx.coordinate("tp") + 1) * cols)
     w1, b1, w2, b2 = init_params(seed)
-    return pack(w1[:, block], b1[block], w2[block], b2)
+    return on(ctx, pack(w1[:, block], b1[block], w2[block], b2))
 
 
-@meshrt.function("train.forward", shape=lambda p, seed, step, rows, tp: f32(rows, OUT))
+@meshrt.function("train.forward", shape=lambda p, seed, step, rows, tp: f32(rows, OUT), torch=True)
 def forward_kernel(ctx, params, seed, step, rows, tp):
     """This rank's rows of the batch through its hidden block: the partial output."""
-    w1, b1, w2, _ = unpack(params, HIDDEN // tp)
+    w1, b1, w2, _ = unpack_t(params, HIDDEN // tp)
     x, _ = local_rows(ctx, seed, step, rows)
-    return (np.maximum(x @ w1 + b1, 0) @ w2).astype(np.float32)
+    return torch.relu(on(ctx, x) @ w1 + b1) @ w2
 
 
-@meshrt.function("train.backward", shape=lambda p, y, seed, step, rows, tp: p)
+@meshrt.function("train.backward", shape=lambda p, y, seed, step, rows, tp: p, torch=True)
 def backward_kernel(ctx, params, y, seed, step, rows, tp):
     x, t = local_rows(ctx, seed, step, rows)
     # Scaled for the global batch, so that a sum over dp is the mean over all its rows. b2's
     # gradient needs no sum over tp: every tp rank holds the same y, so the same db2.
-    return block_grads(x, t, unpack(params, HIDDEN // tp), y, 1.0 / (rows * ctx.size("dp") * OUT))
+    w1, b1, w2, b2 = unpack_t(params, HIDDEN // tp)
+    x, t = on(ctx, x), on(ctx, t)
+    z = x @ w1 + b1
+    dy = 2 * (y + b2 - t) / (rows * ctx.size("dp") * OUT)
+    h = torch.relu(z)
+    dh = (dy @ w2.T) * (z > 0)
+    return torch.cat([(x.T @ dh).ravel(), dh.sum(0), (h.T @ dy).ravel(), dy.sum(0)])
 
 
-@meshrt.function("train.sgd", shape=lambda p, g, lr, tp: p)
+@meshrt.function("train.sgd", shape=lambda p, g, lr, tp: p, torch=True)
 def sgd_kernel(ctx, params, grads, lr, tp):
-    return (params - np.float32(lr) * grads).astype(np.float32)
+    return params - lr * grads
 
 
 def local_rows(ctx, seed, step, rows):
@@ -120,9 +149,10 @@ def reference(seed, steps, rows, lr):
     return w1, b1, w2, b2
 
 
-def main(ctl, args):
+def train(ctl, args, kind):
+    """Trains on a mesh placed on `kind` and checks the weights against the reference."""
     dp, tp = (int(v) for v in args.mesh.split("x"))
-    mesh = ctl.world_mesh({"dp": dp, "tp": tp})
+    mesh = ctl.world_mesh({"dp": dp, "tp": tp}, kind=kind)
     rows = args.batch // dp
     params = mesh.call("train.init", args.seed, tp)
     for step in range(args.steps):
@@ -145,11 +175,18 @@ def main(ctl, args):
     scale = max(float(np.abs(w).max()) for w in want)
     diff = max(float(np.abs(a - b).max()) for a, b in zip(full, want)) / scale
     first, last = loss(init_params(args.seed), args.seed, 0, args.batch), loss(full, args.seed, 0, args.batch)
-    print(f"trained {args.steps} steps on a {dp}x{tp} mesh; max |distributed - reference| / max |w| = {diff:.2e}")
+    print(f"trained {args.steps} steps on a {dp}x{tp} mesh on {kind}; "
+          f"max |distributed - reference| / max |w| = {diff:.2e}")
     if diff > args.rtol:
-        raise SystemExit(f"FAILED: the distributed weights differ from the reference by {diff:.2e} > {args.rtol}")
-    print(f"verification passed; loss on batch 0: {first:.4f} before training, {last:.4f} after")
+        raise SystemExit(f"FAILED on {kind}: the distributed weights differ from the reference by {diff:.2e} > "
+                         f"{args.rtol}")
+    print(f"verification passed on {kind}; loss on batch 0: {first:.4f} before training, {last:.4f} after")
     return diff
+
+
+def main(ctl, args):
+    kinds = [str(ctl.accelerator) if k == "auto" else k for k in args.kind.split(",")]
+    return [train(ctl, args, kind) for kind in kinds]
 
 
 def loss(params, seed, step, rows):
@@ -161,11 +198,17 @@ def loss(params, seed, step, rows):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mesh", default="2x2", help="DPxTP (their product is the number of ranks)")
+    parser.add_argument("--kind", default="auto",
+                        help="where the mesh is placed: cpu, emulated, cuda or auto (the job's accelerator, "
+                        "MESHRT_ACCELERATOR), or several, comma-separated, trained one after the other")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--batch", type=int, default=32, help="global batch (divisible by dp)")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rtol", type=float, default=1e-4)
     args = parser.parse_args()
+    for k in args.kind.split(","):
+        if k not in ("auto", "cpu", "emulated", "cuda"):
+            parser.error(f"--kind: expected cpu, emulated, cuda or auto (comma-separated), found '{k}'")
     meshrt.run(lambda ctl: main(ctl, args))
     sys.exit(0)
