@@ -421,6 +421,17 @@ class StatelessGroup:
         """
     def all_gather_obj(self, obj: Any, timeout: float | None = None, *, allow_pickle: bool = False) -> list[Any]:
         """Every member's object, in group rank order (obj itself at this rank's)."""
+    def gather_obj(self, obj: Any, dst: int, timeout: float | None = None, *, allow_pickle: bool = False) -> list[Any] | None:
+        """
+        Every member calls it with the same dst; returns every member's object in group rank order
+        on dst (obj itself at dst's place), None on the others.
+        """
+    def scatter_obj(self, objs: Sequence[Any] | None, src: int, timeout: float | None = None, *, allow_pickle: bool = False) -> Any:
+        """
+        Every member calls it with the same src; src passes a list or tuple of one object per member
+        (objs is ignored elsewhere) and each member gets its own, objs[rank] (the root's: the object
+        itself).
+        """
     def barrier(self, timeout: float | None = None) -> None:
         """Returns once every member has called it."""
     def close(self) -> None:
@@ -531,6 +542,12 @@ def _caller_site() -> tuple[Any, ...]:
     (file, function, line) of the Python line that called it, as the controller records a call site
     (for the package's tests).
     """
+
+def _codec_decode(data: bytes, buffers: list[bytes], allow_pickle: bool = False) -> Any:
+    """The group's codec alone (for tests): the object _codec_encode's bytes and buffers encode."""
+
+def _codec_encode(obj: Any, allow_pickle: bool = False) -> tuple[bytes, list[bytes]]:
+    """The group's codec alone (for tests): (bytes, [out-of-band buffers])."""
 
 def _infer(name: str, device: Any, *args: Any) -> Signature:
     """

@@ -37,13 +37,28 @@ const detail::TypeTag& all_gather_tag() {
   static const detail::TypeTag& t = named_tag("Python codec (all_gather_obj)");
   return t;
 }
+namespace {
+// One tag per operation and root, made once.
+const detail::TypeTag& rooted_tag(std::vector<const detail::TypeTag*>& by_root, const char* what, int root) {
+  const auto r = static_cast<std::size_t>(root);
+  if (r >= by_root.size()) by_root.resize(r + 1, nullptr);
+  auto& tag = by_root[r];
+  if (tag == nullptr) tag = &named_tag(fmt::format("Python codec ({} root {})", what, root));
+  return *tag;
+}
+}  // namespace
+
 const detail::TypeTag& broadcast_tag(int root) {
   static auto* by_root = new std::vector<const detail::TypeTag*>();
-  const auto r = static_cast<std::size_t>(root);
-  if (r >= by_root->size()) by_root->resize(r + 1, nullptr);
-  auto& tag = (*by_root)[r];
-  if (tag == nullptr) tag = &named_tag(fmt::format("Python codec (broadcast_obj from root {})", root));
-  return *tag;
+  return rooted_tag(*by_root, "broadcast_obj from", root);
+}
+const detail::TypeTag& gather_tag(int root) {
+  static auto* by_root = new std::vector<const detail::TypeTag*>();
+  return rooted_tag(*by_root, "gather_obj to", root);
+}
+const detail::TypeTag& scatter_tag(int root) {
+  static auto* by_root = new std::vector<const detail::TypeTag*>();
+  return rooted_tag(*by_root, "scatter_obj from", root);
 }
 
 namespace {
@@ -149,13 +164,17 @@ void raise_member_errors(PyGroup& pg, const char* op, const std::vector<Part>& p
 
 // Pickled parts need every receiving member's consent; raises on every member alike.
 void check_pickle_consent(PyGroup& pg, const char* op, const std::vector<Part>& parts,
-                          const std::vector<int>& pickled_by) {
+                          const std::vector<int>& pickled_by, const std::vector<int>& decoders) {
   if (pickled_by.empty()) return;
   std::vector<int> refusing;
-  for (std::size_t p = 0; p < parts.size(); ++p) {
-    const int r = static_cast<int>(p);
+  auto check = [&](int r) {
     const bool receives = pickled_by.size() > 1 || pickled_by[0] != r;
-    if (receives && !(parts[p].flags & kAllowPickle)) refusing.push_back(r);
+    if (receives && !(parts[static_cast<std::size_t>(r)].flags & kAllowPickle)) refusing.push_back(r);
+  };
+  if (decoders.empty()) {
+    for (std::size_t p = 0; p < parts.size(); ++p) check(static_cast<int>(p));
+  } else {
+    for (int r : decoders) check(r);
   }
   if (refusing.empty()) return;
   throw UsageError(fmt::format(

@@ -45,6 +45,8 @@ const detail::TypeTag& object_tag();
 const detail::TypeTag& buffer_tag();
 const detail::TypeTag& all_gather_tag();
 const detail::TypeTag& broadcast_tag(int root);
+const detail::TypeTag& gather_tag(int root);
+const detail::TypeTag& scatter_tag(int root);
 
 enum PartFlags : std::uint8_t { kAllowPickle = 1, kHasOut = 2, kHasObject = 4, kHasError = 8 };
 
@@ -153,8 +155,9 @@ LocalError before_collective(F&& f) {
 
 // Raises on every member alike if any member met an error before the collective.
 void raise_member_errors(PyGroup& pg, const char* op, const std::vector<Part>& parts, int root);
-// Pickled parts need every receiving member's consent; raises on every member alike.
+// Pickled parts need the consent of every member that decodes one it did not pickle
+// itself: of `decoders` (every member when empty). Raises on every member alike.
 void check_pickle_consent(PyGroup& pg, const char* op, const std::vector<Part>& parts,
-                          const std::vector<int>& pickled_by);
+                          const std::vector<int>& pickled_by, const std::vector<int>& decoders = {});
 
 }  // namespace meshrt::python::group_ops

@@ -31,12 +31,15 @@ enum Tag : std::uint8_t {
   kInt = 'i',
   kBigInt = 'I',
   kFloat = 'f',
+  kComplex = 'c',  // two float64: real, imaginary
   kStr = 's',
   kBytes = 'b',
   kByteArray = 'y',
   kList = 'l',
   kTuple = 't',
   kDict = 'd',
+  kSet = 'u',        // a count, then the items (each a dict key: inline, hashed on arrival)
+  kFrozenSet = 'z',  // as kSet
   kNumpy = 'a',
   kNumpyScalar = 'e',
   kTorch = 'g',

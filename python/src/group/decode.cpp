@@ -190,6 +190,11 @@ class Decoder {
       }
       case kFloat:
         return py::float_(r_.get<double>());
+      case kComplex: {
+        const auto re = r_.get<double>();
+        const auto im = r_.get<double>();
+        return py::reinterpret_steal<py::object>(PyComplex_FromDoubles(re, im));
+      }
       case kStr: {
         const std::string_view s = r_.blob();
         PyObject* u = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "strict");
@@ -231,6 +236,9 @@ class Decoder {
         }
         return d;
       }
+      case kSet:
+      case kFrozenSet:
+        return set(tag == kFrozenSet, depth);
       case kNumpy:
       case kNumpyScalar:
       case kTorch:
@@ -251,6 +259,27 @@ class Decoder {
       default:
         r_.corrupt(fmt::format("unknown tag {:#04x}", tag));
     }
+  }
+
+  // A set's items are decoded as dict keys (inline only); a sender's set holds distinct
+  // items, and they stay distinct when decoded.
+  py::object set(bool frozen, int depth) {
+    const std::size_t n = r_.count(1);
+    PyObject* s = frozen ? PyFrozenSet_New(nullptr) : PySet_New(nullptr);
+    if (s == nullptr) throw py::error_already_set();
+    auto owner = py::reinterpret_steal<py::object>(s);
+    for (std::size_t i = 0; i < n; ++i) {
+      py::object item = value(depth + 1, true, nullptr);
+      if (PySet_Add(s, item.ptr()) != 0) {
+        PyErr_Clear();
+        r_.corrupt(fmt::format("a set item of type {} is unhashable", type_name(item)));
+      }
+    }
+    if (static_cast<std::size_t>(PySet_GET_SIZE(s)) != n) {
+      r_.corrupt(fmt::format("a {} declares {} items, {} of them distinct", frozen ? "frozenset" : "set", n,
+                             PySet_GET_SIZE(s)));
+    }
+    return owner;
   }
 
   // Where `n` bytes of an array go: copied now if inline, else a target for buffer i.

@@ -57,6 +57,12 @@ class Encoder {
       const double v = PyFloat_AS_DOUBLE(p);
       return put(&v, sizeof v);
     }
+    if (PyComplex_CheckExact(p)) {
+      u8(kComplex);
+      const Py_complex c = PyComplex_AsCComplex(p);
+      put(&c.real, sizeof c.real);
+      return put(&c.imag, sizeof c.imag);
+    }
     if (PyUnicode_CheckExact(p)) {
       Py_ssize_t n = 0;
       const char* s = PyUnicode_AsUTF8AndSize(p, &n);
@@ -115,6 +121,7 @@ class Encoder {
       }
       return;
     }
+    if (PyAnySet_CheckExact(p)) return set(o, depth);
     if (PyByteArray_CheckExact(p)) {
       u8(kByteArray);
       return storage(PyByteArray_AS_STRING(p), static_cast<std::size_t>(PyByteArray_GET_SIZE(p)), o, in_key);
@@ -157,6 +164,35 @@ class Encoder {
   void shape(const std::vector<std::int64_t>& s) {
     u32(static_cast<std::uint32_t>(s.size()));
     for (std::int64_t d : s) put(&d, sizeof d);
+  }
+
+  // A set's items are hashed as soon as they are decoded, so they travel as dict keys do.
+  void set(py::handle o, int depth) {
+    PyObject* p = o.ptr();
+    const auto n = static_cast<std::size_t>(PySet_GET_SIZE(p));
+    const char* kind = PyFrozenSet_CheckExact(p) ? "frozenset" : "set";
+    u8(PyFrozenSet_CheckExact(p) ? kFrozenSet : kSet);
+    u64(n);
+    auto it = py::reinterpret_steal<py::object>(PyObject_GetIter(p));
+    if (!it) throw py::error_already_set();
+    std::size_t count = 0;
+    while (PyObject* next = PyIter_Next(it.ptr())) {
+      py::object item = py::reinterpret_steal<py::object>(next);
+      if (count == n) break;
+      try {
+        value(item, depth + 1, true);
+      } catch (Unsupported& e) {
+        e.path = fmt::format("{{{}}}{}", key_text(item), e.path);
+        throw;
+      }
+      ++count;
+    }
+    // The set's own iterator raises once its size changes (under a __reduce__ called while
+    // encoding it).
+    if (PyErr_Occurred() != nullptr) PyErr_Clear();
+    if (count != n || static_cast<std::size_t>(PySet_GET_SIZE(p)) != n) {
+      throw Unsupported{kind, "it changed size while being encoded", "", false};
+    }
   }
 
   void integer(py::handle o) {

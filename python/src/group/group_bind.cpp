@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -94,9 +95,41 @@ std::unique_ptr<PyGroup> from_mpi4py(py::handle comm, std::optional<double> time
   return pg;
 }
 
+// The codec alone, for tests of what it takes and refuses: the encoded bytes (header,
+// structure, trailer) and the out-of-band buffers' bytes; and back.
+py::tuple codec_encode(py::handle obj, bool allow_pickle) {
+  codec::Encoded e;
+  codec::encode(obj, allow_pickle, e);
+  py::list buffers;
+  for (const codec::Buffer& b : e.buffers) buffers.append(py::bytes(b.data, b.size));
+  return py::make_tuple(py::bytes(e.bytes), buffers);
+}
+
+py::object codec_decode(const py::bytes& data, const std::vector<py::bytes>& buffers, bool allow_pickle) {
+  const codec::Where where = [] { return std::string("meshrt._codec_decode"); };
+  codec::Decoded d = codec::decode(std::string_view(data), allow_pickle, nullptr, where, where);
+  if (d.targets.size() != buffers.size()) {
+    throw UsageError(fmt::format("_codec_decode: the object holds {} out-of-band buffers, {} were given",
+                                 d.targets.size(), buffers.size()));
+  }
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    const std::string_view b = buffers[i];
+    if (b.size() != d.targets[i].size) {
+      throw UsageError(
+          fmt::format("_codec_decode: buffer {} holds {} bytes, expected {}", i, b.size(), d.targets[i].size));
+    }
+    if (!b.empty()) std::memcpy(d.targets[i].data, b.data(), b.size());
+  }
+  return d.value;
+}
+
 }  // namespace
 
 void bind_group(py::module_& m) {
+  m.def("_codec_encode", &codec_encode, py::arg("obj"), py::arg("allow_pickle") = false,
+        "The group's codec alone (for tests): (bytes, [out-of-band buffers]).");
+  m.def("_codec_decode", &codec_decode, py::arg("data"), py::arg("buffers"), py::arg("allow_pickle") = false,
+        "The group's codec alone (for tests): the object _codec_encode's bytes and buffers encode.");
   m.def("_mpi_library_version", &mpi_library_version, "MPI_Get_library_version of the MPI meshrt is built with.");
   m.def("_mpi_vendor", &mpi_vendor, "The MPI meshrt is built with, as mpi4py.MPI.get_vendor() names it.");
 
@@ -142,6 +175,14 @@ void bind_group(py::module_& m) {
            "and shape must match, else a UsageError on every member).")
       .def("all_gather_obj", &all_gather_obj, py::arg("obj"), py::arg("timeout") = py::none(), py::kw_only(),
            py::arg("allow_pickle") = false, "Every member's object, in group rank order (obj itself at this rank's).")
+      .def("gather_obj", &gather_obj, py::arg("obj"), py::arg("dst"), py::arg("timeout") = py::none(), py::kw_only(),
+           py::arg("allow_pickle") = false,
+           "Every member calls it with the same dst; returns every member's object in group rank order on dst "
+           "(obj itself at dst's place), None on the others.")
+      .def("scatter_obj", &scatter_obj, py::arg("objs"), py::arg("src"), py::arg("timeout") = py::none(), py::kw_only(),
+           py::arg("allow_pickle") = false,
+           "Every member calls it with the same src; src passes a list or tuple of one object per member "
+           "(objs is ignored elsewhere) and each member gets its own, objs[rank] (the root's: the object itself).")
       .def("barrier", &barrier, py::arg("timeout") = py::none(), "Returns once every member has called it.")
       .def(
           "close", [](PyGroup& pg) { pg.g.reset(); }, "Frees the group's communicator now (later calls raise).")

@@ -107,6 +107,10 @@ py::object recv_obj(PyGroup& pg, int src, std::optional<double> timeout, bool al
 py::object broadcast_obj(PyGroup& pg, py::handle obj, int src, std::optional<double> timeout, bool allow_pickle,
                          py::handle out);
 py::list all_gather_obj(PyGroup& pg, py::handle obj, std::optional<double> timeout, bool allow_pickle);
+// A list of every member's object on dst, None on the others.
+py::object gather_obj(PyGroup& pg, py::handle obj, int dst, std::optional<double> timeout, bool allow_pickle);
+// objs[i] on group rank i, from src (objs is not used on the others).
+py::object scatter_obj(PyGroup& pg, py::handle objs, int src, std::optional<double> timeout, bool allow_pickle);
 void barrier(PyGroup& pg, std::optional<double> timeout);
 
 }  // namespace meshrt::python

@@ -1,5 +1,5 @@
 // The Python group's object codec (docs/python.md, "StatelessGroup"): a safe encoding of None, bool, int,
-// float, str, bytes, bytearray, lists, tuples, dicts of these, numpy arrays and scalars,
+// float, complex, str, bytes, bytearray, lists, tuples, sets, frozensets, dicts of these, numpy arrays and scalars,
 // torch tensors (CPU) and meshrt tensors. Decoding never runs code: pickle is only used
 // where both sides allow it. Arrays and long bytes travel as raw buffers beside the
 // structure, and the decoder allocates the new array first so that its buffer can be
