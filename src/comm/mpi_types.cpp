@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <type_traits>
@@ -66,21 +67,33 @@ void float_op(void* in, void* inout, int* len, MPI_Datatype*) {
   for (std::size_t i = 0; i < n; ++i) b[i] = Op{}(a[i], b[i]);
 }
 
-struct FloatOps {
+// uint8 sums wrap (mod 256), as NCCL's, torch's and numpy's do. MPI_SUM is not relied on
+// for them: Open MPI's vectorised reductions (its op/avx component) saturate 8-bit sums
+// at 255 on the elements their vector loop covers, and wrap on the rest.
+void uint8_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto n = static_cast<std::size_t>(*len);
+  const auto* a = static_cast<const std::uint8_t*>(in);
+  auto* b = static_cast<std::uint8_t*>(inout);
+  for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<std::uint8_t>(a[i] + b[i]);
+}
+
+struct OwnOps {
   std::array<MPI_Op, 2> f32{};  // min, max
   std::array<MPI_Op, 2> f64{};
+  MPI_Op u8_sum = MPI_OP_NULL;
 };
 
 // Created once, on first use after MPI_Init, and kept for the life of the process, like
 // types16().
-const FloatOps& float_ops() {
-  static FloatOps t;
+const OwnOps& own_ops() {
+  static OwnOps t;
   static std::once_flag once;
   std::call_once(once, [] {
     MESHRT_MPI_CHECK(MPI_Op_create(float_op<float, Min>, 1, &t.f32[0]));
     MESHRT_MPI_CHECK(MPI_Op_create(float_op<float, Max>, 1, &t.f32[1]));
     MESHRT_MPI_CHECK(MPI_Op_create(float_op<double, Min>, 1, &t.f64[0]));
     MESHRT_MPI_CHECK(MPI_Op_create(float_op<double, Max>, 1, &t.f64[1]));
+    MESHRT_MPI_CHECK(MPI_Op_create(uint8_sum, 1, &t.u8_sum));
   });
   return t;
 }
@@ -153,9 +166,10 @@ MPI_Op mpi_op(Reduction reduction, DType dtype) {
   if (dtype == DType::BFloat16) return types16().bf16[op16_index(reduction)];
   if ((dtype == DType::Float32 || dtype == DType::Float64) &&
       (reduction == Reduction::Min || reduction == Reduction::Max)) {
-    const auto& ops = dtype == DType::Float32 ? float_ops().f32 : float_ops().f64;
+    const auto& ops = dtype == DType::Float32 ? own_ops().f32 : own_ops().f64;
     return ops[reduction == Reduction::Min ? 0 : 1];
   }
+  if (dtype == DType::UInt8 && reduction == Reduction::Sum) return own_ops().u8_sum;
   switch (reduction) {
     case Reduction::Sum:
     case Reduction::Avg:
