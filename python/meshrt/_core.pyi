@@ -537,6 +537,9 @@ class TensorMeta:
     def __eq__(self, arg0: TensorMeta) -> bool: ...
     def __str__(self) -> str: ...
 
+def _abort_job(code: int) -> None:
+    """Ends the whole job now (MPI_Abort, or this process without MPI; for meshrt.testing)."""
+
 def _caller_site() -> tuple[Any, ...]:
     """
     (file, function, line) of the Python line that called it, as the controller records a call site
@@ -548,6 +551,12 @@ def _codec_decode(data: bytes, buffers: list[bytes], allow_pickle: bool = False)
 
 def _codec_encode(obj: Any, allow_pickle: bool = False) -> tuple[bytes, list[bytes]]:
     """The group's codec alone (for tests): (bytes, [out-of-band buffers])."""
+
+def _in_session() -> bool:
+    """
+    Whether this process is inside meshrt.run (its worker's SIGUSR1 handler then writes the flight
+    recorder to the log; for meshrt.testing).
+    """
 
 def _infer(name: str, device: Any, *args: Any) -> Signature:
     """

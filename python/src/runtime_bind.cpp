@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -301,6 +302,23 @@ void bind_runtime(py::module_& m) {
         return n;
       },
       "The number of ranks in the job (starts MPI if nothing has).");
+  m.def(
+      "_in_session", [] { return process().in_session; },
+      "Whether this process is inside meshrt.run (its worker's SIGUSR1 handler then writes the flight recorder "
+      "to the log; for meshrt.testing).");
+  m.def(
+      "_abort_job",
+      [](int code) {
+        std::fflush(nullptr);
+        int started = 0;
+        int finished = 0;
+        MPI_Initialized(&started);
+        MPI_Finalized(&finished);
+        py::gil_scoped_release release;
+        if (started != 0 && finished == 0) MPI_Abort(MPI_COMM_WORLD, code);
+        std::_Exit(code);
+      },
+      py::arg("code"), "Ends the whole job now (MPI_Abort, or this process without MPI; for meshrt.testing).");
   m.def("_shutdown", &shutdown,
         "Ends meshrt's runtime; registered with atexit (MPI, if meshrt started it, ends after the interpreter).");
 }
