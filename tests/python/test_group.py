@@ -1,9 +1,9 @@
 """meshrt.StatelessGroup from Python (4 ranks): the codec's round trips, pickle consent,
 type and size mismatches, timeouts and bad calls.
 
-Every rank runs every test in the same order, and every test ends on a barrier of the
-world group, so a test that fails on one rank fails there and the next test starts in step.
-Tests that leave a group unusable, or a member that never created one, use a sub-group.
+Every rank runs every test in the same order under meshrt.testing (-p meshrt.testing): a
+test that fails on one rank fails on all, and the next test starts in step. Tests that
+leave a group unusable, or a member that never created one, use a sub-group.
 """
 import math
 import re
@@ -21,12 +21,6 @@ T = 30  # seconds: any call that should succeed does so long before this
 WORLD = meshrt.world_size()
 ME = meshrt.rank()
 W = meshrt.StatelessGroup.create(list(range(WORLD)), timeout=T)
-
-
-@pytest.fixture(autouse=True)
-def in_step():
-    yield
-    W.barrier(T)
 
 
 def ring(send, receive):
