@@ -3,6 +3,8 @@
 # ctest. Extra arguments go to ctest (e.g. -R ndslice). Settings (environment):
 #   MESHRT_TEST_LARGE=1   also run the tests labelled "large" (over 2 GiB of data)
 #   MESHRT_TEST_SCALE64=1 also run the tests labelled "scale64" (64 ranks, oversubscribed)
+#   MESHRT_TEST_NIGHTLY=1 also run the tests labelled "nightly" (a peer test in 100 fresh
+#                         jobs in a row: about 15 minutes on 2 cores)
 #   MESHRT_TEST_FUZZ=0    skip the fuzzer run (MESHRT_FUZZ_SECONDS sets its length)
 #   MESHRT_TEST_SLURM=0   skip the Slurm templates (and the two-node cluster)
 #   MESHRT_TEST_MULTINODE=0  skip the two-node cluster only
@@ -33,6 +35,7 @@ echo "== builtins check"
 skip=()
 [ "${MESHRT_TEST_LARGE:-0}" = 1 ] || skip+=(large)
 [ "${MESHRT_TEST_SCALE64:-0}" = 1 ] || skip+=(scale64)
+[ "${MESHRT_TEST_NIGHTLY:-0}" = 1 ] || skip+=(nightly)
 exclude=()
 [ ${#skip[@]} -eq 0 ] || exclude=(-LE "$(IFS='|'; echo "${skip[*]}")")
 echo "== ctest"
