@@ -32,7 +32,8 @@ done
 LIMIT_MIB=${MESHRT_BUNDLE_LIMIT_MIB:-56}
 
 # The programs gpu-check.sh runs (tests, then apps).
-TESTS=(unit_functions unit_tensor unit_device device_comm device_data_plane runtime_cuda mpi_group_nccl runtime_overlap)
+TESTS=(unit_functions unit_tensor unit_device device_comm device_data_plane runtime_cuda mpi_group_nccl runtime_overlap
+  peer_nccl_exact)
 APPS=(meshrt-info meshrt-bench meshrt-demo)
 # glibc: the one part of the base system the bundle relies on (its programs are built
 # against this machine's glibc; MANIFEST.txt says which version they need).

@@ -368,6 +368,14 @@ if [ "$NGPU" -lt 2 ]; then
   shared_gpu "device_comm@2 (1 GPU)" device_comm
   shared_gpu "device_data_plane@2 (1 GPU)" device_data_plane
 fi
+# nccl-tests' exactness (tests/peer/nccl_exact_test.cpp) to nccl-tests' 2^27 elements per
+# rank on the GPU (the largest counts take turns among the combinations; 2^20 rehearsed).
+# Its CPU half fills and checks about 5 GB per rank, so its watchdog gets the step's time.
+PEER_MAX=$([ "$REHEARSAL" = 1 ] && echo 1048576 || echo 134217728)
+PEER_NCCL_MAX_COUNT=$PEER_MAX MESHRT_TEST_WATCHDOG=140 run "peer_nccl_exact@$NP" 150 gtest mpiexec -n "$NP" \
+  peer_nccl_exact
+[ "$NGPU" -lt 2 ] && PEER_NCCL_MAX_COUNT=$PEER_MAX MESHRT_TEST_WATCHDOG=110 \
+  shared_gpu "peer_nccl_exact@2 (1 GPU)" peer_nccl_exact
 run "mpi_group_nccl@$NP" 60 gtest mpiexec -n "$NP" mpi_group_nccl
 [ "$NP" -ge 2 ] && run runtime_overlap@2 90 gtest mpiexec -n 2 runtime_overlap
 
