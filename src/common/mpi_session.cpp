@@ -16,6 +16,19 @@ namespace {
 
 std::atomic<bool> g_started{false};
 
+std::mutex g_turn;
+thread_local bool t_holds_turn = false;
+
+bool turns_needed() {
+  // The level is fixed once MPI runs; the first caller (after MPI_Init) reads it.
+  static const bool needed = [] {
+    int level = MPI_THREAD_MULTIPLE;
+    MESHRT_MPI_IGNORE(MPI_Query_thread(&level));
+    return level < MPI_THREAD_MULTIPLE;
+  }();
+  return needed;
+}
+
 }  // namespace
 
 bool running() {
@@ -81,6 +94,34 @@ std::string thread_level_constant(int level) {
   std::string name = thread_level_name(level);
   for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return "MPI_THREAD_" + name;
+}
+
+HeldTurn::HeldTurn() {
+  if (!turns_needed()) return;
+  g_turn.lock();
+  t_holds_turn = held_ = true;
+}
+
+HeldTurn::~HeldTurn() {
+  if (!held_) return;
+  t_holds_turn = false;
+  g_turn.unlock();
+}
+
+LentTurn::LentTurn() {
+  if (!t_holds_turn) return;
+  g_turn.unlock();
+  lent_ = true;
+}
+
+LentTurn::~LentTurn() {
+  if (lent_) g_turn.lock();
+}
+
+TakenTurn::TakenTurn() {
+  if (!turns_needed()) return;
+  lock_ = std::unique_lock<std::mutex>(g_turn, std::try_to_lock);
+  ok_ = lock_.owns_lock();
 }
 
 }  // namespace meshrt::mpi_session

@@ -199,6 +199,9 @@ struct Runtime::Impl {
   MPI_Comm p2p = MPI_COMM_NULL;
   NDSlice worker_ranks = NDSlice::row_major({1});
   bool block_in_mpi = false;  // WorkerOptions::block_in_mpi, decided once at start
+  // Below MPI_THREAD_MULTIPLE this thread and the watch take turns at MPI (mpi_session.hpp);
+  // declared before the watch, so that the watch has stopped when the turn is let go.
+  std::optional<mpi_session::HeldTurn> turn;
   // This rank's flight recorder, the thread that answers the controller's queries and
   // the signal handlers (ranks that run a worker).
   std::unique_ptr<WorkerWatch> watch;
@@ -251,6 +254,7 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
   i.options = options;
   i.initialized_mpi = !mpi_session::running();
   i.provided = mpi_session::ensure_started("meshrt::Runtime", &argc, &argv);
+  i.turn.emplace();
   MESHRT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &i.rank));
   MESHRT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &i.size));
   try {
@@ -340,7 +344,10 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : impl_(std::m
     if (i.tracing) detail::trace::enable(detail::trace::session().capacity);
   } catch (...) {
     i.peers.reset();
-    i.watch.reset();
+    {
+      const mpi_session::LentTurn lent;  // the watch sends its last answers
+      i.watch.reset();
+    }
     i.free_comms();
     if (i.initialized_mpi) mpi_session::finish();  // the start's own error follows
     throw;
@@ -361,7 +368,10 @@ Runtime::~Runtime() {
     }
   }
   impl_->peers.reset();
-  impl_->watch.reset();
+  {
+    const mpi_session::LentTurn lent;  // the watch sends its last answers
+    impl_->watch.reset();
+  }
   impl_->free_comms();
   if (impl_->initialized_mpi) mpi_session::finish();
 }

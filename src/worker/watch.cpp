@@ -18,6 +18,7 @@
 #include "common/timeline.hpp"
 #include "meshrt/internal/comm.hpp"
 #include "meshrt/internal/device.hpp"
+#include "meshrt/internal/mpi_session.hpp"
 #include "meshrt/internal/protocol.hpp"
 #include "meshrt/internal/settings.hpp"
 #include "meshrt/internal/stacks.hpp"
@@ -205,6 +206,12 @@ void Watch::loop() {
       MESHRT_LOG(warning) << "SIGUSR1: " << monitor_.dump();
     }
     if (g_term_arrived_ns.load() != 0) report_sigterm();
+    // Below MPI_THREAD_MULTIPLE the worker lends its turn at MPI only while it is idle.
+    const mpi_session::TakenTurn turn;
+    if (!turn) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      continue;
+    }
     bool got = false;
     try {
       got = control_->try_receive(control::kControllerRank, control::Tag::Query, buf);
@@ -296,7 +303,14 @@ void Watch::loop() {
   }
   g_watch_thread.store(0);
   // Answers still in flight go to a controller that may be waiting for them.
-  control_->drain(std::chrono::seconds(1));
+  for (auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+       std::chrono::steady_clock::now() < give_up;) {
+    if (const mpi_session::TakenTurn turn; turn) {
+      control_->drain(std::chrono::seconds(1));
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 [[noreturn]] void Watch::report_sigterm() {

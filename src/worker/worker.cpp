@@ -21,6 +21,7 @@
 #include "meshrt/internal/comm.hpp"
 #include "meshrt/internal/control.hpp"
 #include "meshrt/internal/device.hpp"
+#include "meshrt/internal/mpi_session.hpp"
 #include "meshrt/internal/protocol.hpp"
 #include "meshrt/internal/settings.hpp"
 #include "meshrt/log.hpp"
@@ -510,6 +511,7 @@ struct Worker::Impl {
       if (doorbell) {
         backoff.pause([&](std::chrono::microseconds d) { channel->wait_ring(control::Tag::Command, rung, d); });
       } else {
+        const mpi_session::LentTurn lent;  // the watch's turn at MPI below MPI_THREAD_MULTIPLE
         backoff.pause();
       }
     }
