@@ -1,6 +1,7 @@
-// The reductions over a mesh dimension and their rules (docs/ARCHITECTURE.md section 3.6,
-// "Reductions"). The rules live here once: the controller checks them at the call site
-// and every worker checks them again before posting (a worker cannot trust a frame).
+// The reductions over a mesh dimension (or several as one) and the rooted collectives, and
+// their rules (docs/ARCHITECTURE.md section 3.6, "Reductions"). The rules live here once:
+// the controller checks them at the call site and every worker checks them again before
+// posting (a worker cannot trust a frame).
 #pragma once
 
 #include <cstdint>
@@ -56,5 +57,30 @@ struct ReductionRule {
 // integer average would truncate).
 ReductionRule reduction_rule(const TensorMeta& in, std::int64_t n, Reduction reduction, bool scatter, bool inplace,
                              Device::Kind device);
+
+// What a Collective command runs over its ranks (a mesh dimension, or several as one):
+// the table above (Reduce without a root), a rooted reduce (with a root; stack is a
+// gather), a broadcast and a scatter from a root, or a barrier.
+enum class CollectiveKind : std::uint8_t { Reduce, Broadcast, Scatter, Barrier };
+inline constexpr int kNumCollectiveKinds = 4;
+// "reduce", "broadcast", "scatter", "barrier".
+std::string_view name(CollectiveKind kind) noexcept;
+
+// The rules of a collective of `kind` of `in` over `n` ranks, rooted at position `root`
+// (0..n-1; -1: none), run on `device`. Without a root, Reduce is reduction_rule. With one:
+//
+//   kind       reduction     collective  shape in -> out           the result lives on
+//   Reduce     sum .. bxor   reduce      S -> S                    the root
+//   Reduce     stack         gather      S -> [n, *S]              the root
+//   Broadcast  (none)        broadcast   S -> S                    every rank
+//   Scatter    (none)        scatter     [k*n, *R] -> [k, *R]      every rank (part i on i)
+//   Barrier    (none)        barrier     no tensor                 no tensor
+//
+// Refused besides reduction_rule's dtype and device rules: a root outside 0..n-1 (or
+// none for Broadcast and Scatter), scatter or in place with a root (a reduce_scatter has
+// no root, and a rooted result is not on every rank of the input), a scatter whose input
+// has no dimension 0 that splits into n equal parts. Pure, as reduction_rule.
+ReductionRule collective_rule(const TensorMeta& in, std::int64_t n, CollectiveKind kind, Reduction reduction,
+                              bool scatter, bool inplace, std::int64_t root, Device::Kind device);
 
 }  // namespace meshrt

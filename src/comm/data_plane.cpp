@@ -1,5 +1,7 @@
 // The MPI data plane for CPU tensors: Reduce as all_reduce / all_gather / all_to_all /
-// reduce_scatter over a mesh dimension's communicator, SendTensor as point-to-point.
+// reduce_scatter over a mesh dimension's communicator, a Collective the same over a set of
+// dimensions' (or reduce, gather, broadcast, scatter to or from a root, or a barrier),
+// SendTensor as point-to-point.
 #include <fmt/format.h>
 
 #include <array>
@@ -100,7 +102,18 @@ struct ThreadJob {
 
 // One collective call, described once and run blocking, non-blocking or on the thread.
 struct Call {
-  enum class Kind : std::uint8_t { AllGather, AllToAll, ReduceScatter, AllReduce } kind;
+  enum class Kind : std::uint8_t {
+    AllGather,
+    AllToAll,
+    ReduceScatter,
+    AllReduce,
+    Reduce,
+    Gather,
+    Bcast,
+    Scatter,
+    Barrier
+  };
+  Kind kind;
   const void* send;
   void* recv;
   int count;
@@ -108,6 +121,7 @@ struct Call {
   MPI_Datatype type;
   MPI_Op op;
   MPI_Comm comm;
+  int root = 0;  // the rooted kinds'
 
   void run() const {
     switch (kind) {
@@ -122,6 +136,21 @@ struct Call {
         break;
       case Kind::AllReduce:
         MESHRT_MPI_CHECK(MPI_Allreduce(send, recv, count, type, op, comm));
+        break;
+      case Kind::Reduce:
+        MESHRT_MPI_CHECK(MPI_Reduce(send, recv, count, type, op, root, comm));
+        break;
+      case Kind::Gather:
+        MESHRT_MPI_CHECK(MPI_Gather(send, count, type, recv, count, type, root, comm));
+        break;
+      case Kind::Bcast:
+        MESHRT_MPI_CHECK(MPI_Bcast(recv, count, type, root, comm));
+        break;
+      case Kind::Scatter:
+        MESHRT_MPI_CHECK(MPI_Scatter(send, count, type, recv, count, type, root, comm));
+        break;
+      case Kind::Barrier:
+        MESHRT_MPI_CHECK(MPI_Barrier(comm));
         break;
     }
   }
@@ -138,6 +167,21 @@ struct Call {
         break;
       case Kind::AllReduce:
         MESHRT_MPI_CHECK(MPI_Iallreduce(send, recv, count, type, op, comm, req));
+        break;
+      case Kind::Reduce:
+        MESHRT_MPI_CHECK(MPI_Ireduce(send, recv, count, type, op, root, comm, req));
+        break;
+      case Kind::Gather:
+        MESHRT_MPI_CHECK(MPI_Igather(send, count, type, recv, count, type, root, comm, req));
+        break;
+      case Kind::Bcast:
+        MESHRT_MPI_CHECK(MPI_Ibcast(recv, count, type, root, comm, req));
+        break;
+      case Kind::Scatter:
+        MESHRT_MPI_CHECK(MPI_Iscatter(send, count, type, recv, count, type, root, comm, req));
+        break;
+      case Kind::Barrier:
+        MESHRT_MPI_CHECK(MPI_Ibarrier(comm, req));
         break;
     }
   }
@@ -179,6 +223,7 @@ class MpiPending final : public Pending {
   }
 
   std::string describe() const override {
+    if (mesh && set) return detail::describe_collective(*mesh, op, mask, collective, bytes, "MPI");
     if (mesh) return detail::describe_reduce(*mesh, dim, collective, reduction, bytes, "MPI");
     return detail::describe_send(send, my_rank, bytes, "MPI");
   }
@@ -218,6 +263,9 @@ class MpiPending final : public Pending {
   std::size_t dim = 0;
   const char* collective = "";
   Reduction reduction = Reduction::Sum;
+  bool set = false;  // a Collective's: over `mask`, as `op` says (its dims not kept)
+  std::uint64_t mask = 0;
+  CollectiveOp op;
   detail::SendPlan send;
   int my_rank = -1;
   std::size_t bytes = 0;
@@ -241,6 +289,62 @@ Completion resolve(Completion c, std::size_t bytes) {
 
 }  // namespace
 
+namespace {
+
+// The table's collective (docs/ARCHITECTURE.md section 3.6) over `comm`, a line of `n`
+// ranks, into `p`; `where` names the line for a mismatched input.
+template <class Where>
+void post_table(MpiPending& p, MPI_Comm comm, std::int64_t n, const TensorMeta& out_meta, Reduction reduction,
+                bool scatter, bool inplace, Input&& input, const TensorMeta& factory, Completion completion,
+                Where&& where) {
+  detail::Joined in = detail::join_input(std::move(input), factory, p.collective);
+  if (!in.mismatch.empty()) p.defer(in.mismatch + where());
+  p.result.broken = in.broken;
+
+  const MPI_Datatype type = detail::mpi_datatype(factory.dtype());
+  const std::int64_t numel = factory.numel();
+  Call call{Call::Kind::AllReduce, in.tensor.raw_data(), nullptr, 0, type, type, MPI_OP_NULL, comm};
+  Tensor out;
+  if (reduction == Reduction::Stack && !scatter) {
+    call.kind = Call::Kind::AllGather;
+    call.count = as_count(numel);
+    out = detail::output_tensor(out_meta);
+  } else if (reduction == Reduction::Stack) {
+    // In place is allowed (the prototype refused it: a known bug, not ported).
+    call.kind = Call::Kind::AllToAll;
+    call.count = as_count(numel / n);
+    out = inplace ? in.tensor : detail::output_tensor(out_meta);
+    if (inplace) {
+      call.send = MPI_IN_PLACE;
+      call.send_type = MPI_DATATYPE_NULL;
+    }
+  } else {
+    call.op = detail::mpi_op(reduction, factory.dtype());
+    if (scatter) {
+      call.kind = Call::Kind::ReduceScatter;
+      call.count = as_count(numel / n);
+      out = detail::output_tensor(out_meta);
+    } else {
+      // In place, the output is the input's storage (for a broken input: the zeros).
+      call.count = as_count(numel);
+      out = inplace ? in.tensor : detail::output_tensor(out_meta);
+      if (inplace) call.send = MPI_IN_PLACE;
+    }
+    if (reduction == Reduction::Avg) p.divide_by = n;
+  }
+  call.recv = out.raw_data();
+  p.result.tensor = std::move(out);
+  p.sent = std::move(in.tensor);
+  if (completion == Completion::NonBlocking) {
+    call.post(&p.reqs[0]);
+    p.nreqs = 1;
+  } else {
+    p.run(completion, [call] { call.run(); });
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Pending> start_reduce(WorkerMesh& mesh, std::string_view dim, Reduction reduction, bool scatter,
                                       bool inplace, Input input, const TensorMeta& factory, Completion completion) {
   const detail::ReducePlan plan =
@@ -252,45 +356,90 @@ std::unique_ptr<Pending> start_reduce(WorkerMesh& mesh, std::string_view dim, Re
   p->collective = plan.collective;
   p->reduction = reduction;
   p->bytes = factory.nbytes();
+  post_table(*p, mesh.dim_comm(plan.dim), plan.n, plan.out_meta(factory), reduction, scatter, inplace, std::move(input),
+             factory, completion, [&] { return detail::where_reduce(mesh, plan.dim); });
+  return p;
+}
 
-  detail::Joined in = detail::join_input(std::move(input), factory, plan.collective);
-  if (!in.mismatch.empty()) p->defer(in.mismatch + detail::where_reduce(mesh, plan.dim));
-  p->result.broken = in.broken;
+bool defines_result(const WorkerMesh& mesh, const CollectiveOp& op) {
+  if (op.kind == CollectiveKind::Barrier) return false;
+  if (op.kind != CollectiveKind::Reduce || op.root < 0) return true;
+  return mesh.dims_position(mesh.dims_mask(op.dims)) == op.root;
+}
 
-  const MPI_Datatype type = detail::mpi_datatype(factory.dtype());
-  const std::int64_t numel = factory.numel();
-  Call call{Call::Kind::AllReduce, in.tensor.raw_data(), nullptr, 0, type, type, MPI_OP_NULL, mesh.dim_comm(plan.dim)};
-  Tensor out;
-  if (reduction == Reduction::Stack && !scatter) {
-    call.kind = Call::Kind::AllGather;
-    call.count = as_count(numel);
-    out = detail::output_tensor(plan.out_meta(factory));
-  } else if (reduction == Reduction::Stack) {
-    // In place is allowed (the prototype refused it: a known bug, not ported).
-    call.kind = Call::Kind::AllToAll;
-    call.count = as_count(numel / plan.n);
-    out = inplace ? in.tensor : detail::output_tensor(plan.out_meta(factory));
-    if (inplace) {
-      call.send = MPI_IN_PLACE;
-      call.send_type = MPI_DATATYPE_NULL;
-    }
-  } else {
-    call.op = detail::mpi_op(reduction, factory.dtype());
-    if (scatter) {
-      call.kind = Call::Kind::ReduceScatter;
-      call.count = as_count(numel / plan.n);
-      out = detail::output_tensor(plan.out_meta(factory));
-    } else {
-      // In place, the output is the input's storage (for a broken input: the zeros).
-      call.count = as_count(numel);
-      out = inplace ? in.tensor : detail::output_tensor(plan.out_meta(factory));
-      if (inplace) call.send = MPI_IN_PLACE;
-    }
-    if (reduction == Reduction::Avg) p->divide_by = plan.n;
+bool reads_input(const WorkerMesh& mesh, const CollectiveOp& op) {
+  if (op.kind == CollectiveKind::Barrier) return false;
+  if (op.kind == CollectiveKind::Reduce) return true;
+  return mesh.dims_position(mesh.dims_mask(op.dims)) == op.root;
+}
+
+std::unique_ptr<Pending> start_collective(WorkerMesh& mesh, const CollectiveOp& op, Input input,
+                                          const TensorMeta& factory, Completion completion) {
+  const detail::CollectivePlan plan = detail::plan_collective(mesh, op, factory, detail::Backend::Mpi);
+  const std::size_t bytes = op.kind == CollectiveKind::Barrier ? 0 : factory.nbytes();
+  completion = resolve(completion, bytes);
+  auto p = std::make_unique<MpiPending>();
+  p->mesh = &mesh;
+  p->set = true;
+  p->mask = plan.mask;
+  p->op = CollectiveOp{.kind = op.kind,
+                       .dims = {},
+                       .reduction = op.reduction,
+                       .scatter = op.scatter,
+                       .inplace = op.inplace,
+                       .root = op.root};
+  p->collective = plan.collective;
+  p->reduction = op.reduction;
+  p->bytes = bytes;
+  const auto where = [&] { return detail::where_collective(mesh, plan.mask); };
+  MPI_Comm comm = mesh.dims_comm(plan.mask);
+  if (op.kind == CollectiveKind::Reduce && op.root < 0) {
+    post_table(*p, comm, plan.n, plan.out_meta(factory), op.reduction, op.scatter, op.inplace, std::move(input),
+               factory, completion, where);
+    return p;
   }
-  call.recv = out.raw_data();
+  const bool root = plan.is_root(op.root);
+  const MPI_Datatype type = detail::mpi_datatype(factory.dtype());
+  Call call{Call::Kind::Barrier, nullptr, nullptr, 0, type, type, MPI_OP_NULL, comm, static_cast<int>(op.root)};
+  Tensor out;
+  if (op.kind != CollectiveKind::Barrier && (op.kind == CollectiveKind::Reduce || root)) {
+    // Every rank's input counts for a rooted reduce or gather; the root's alone for a
+    // broadcast or scatter, where the others have none to give (a to_mesh broadcast).
+    detail::Joined in = detail::join_input(std::move(input), factory, plan.collective);
+    if (!in.mismatch.empty()) p->defer(in.mismatch + where());
+    if (op.kind != CollectiveKind::Reduce || root) p->result.broken = in.broken;  // where a result is defined
+    p->sent = std::move(in.tensor);
+    call.send = p->sent.raw_data();
+  }
+  switch (op.kind) {
+    case CollectiveKind::Reduce:
+      if (root) out = detail::output_tensor(plan.out_meta(factory));
+      if (op.reduction == Reduction::Stack) {
+        call.kind = Call::Kind::Gather;
+      } else {
+        call.kind = Call::Kind::Reduce;
+        call.op = detail::mpi_op(op.reduction, factory.dtype());
+        if (op.reduction == Reduction::Avg && root) p->divide_by = plan.n;
+      }
+      call.count = as_count(factory.numel());
+      break;
+    case CollectiveKind::Broadcast:
+      // The root's result is a copy of its input: a result never shares its input's memory.
+      out = detail::output_tensor(factory);
+      if (root && factory.nbytes() > 0) std::memcpy(out.raw_data(), p->sent.raw_data(), factory.nbytes());
+      call.kind = Call::Kind::Bcast;
+      call.count = as_count(factory.numel());
+      break;
+    case CollectiveKind::Scatter:
+      out = detail::output_tensor(plan.out_meta(factory));
+      call.kind = Call::Kind::Scatter;
+      call.count = as_count(factory.numel() / plan.n);
+      break;
+    case CollectiveKind::Barrier:
+      break;
+  }
+  call.recv = out.defined() ? out.raw_data() : nullptr;
   p->result.tensor = std::move(out);
-  p->sent = std::move(in.tensor);
   if (completion == Completion::NonBlocking) {
     call.post(&p->reqs[0]);
     p->nreqs = 1;

@@ -257,6 +257,42 @@ void enqueue_or_drop(DevicePending& p, Part&& part) {
   }
 }
 
+// The table's collective (docs/ARCHITECTURE.md section 3.6) of `in` over `p`'s communicator
+// of `n` ranks, on its stream; the output into p.result.
+void enqueue_table(DevicePending& p, std::int64_t n_ranks, const TensorMeta& out_meta, Reduction reduction,
+                   bool scatter, bool inplace, const Tensor& in, const TensorMeta& factory) {
+  device::Backend& b = device::backend(p.kind);
+  const auto numel = static_cast<std::size_t>(factory.numel());
+  const auto n = static_cast<std::size_t>(n_ranks);
+  const void* src = in.raw_data();
+  const DType dtype = factory.dtype();
+  Tensor out;
+  if (reduction == Reduction::Stack && !scatter) {
+    out = b.empty(out_meta, p.stream);
+    p.comm->all_gather(src, out.raw_data(), numel, dtype, p.stream);
+  } else if (reduction == Reduction::Stack) {
+    // No in-place all-to-all on the device: in place goes through a scratch output
+    // copied back on the same stream.
+    Tensor scratch = b.empty(out_meta, p.stream);
+    p.comm->all_to_all(src, scratch.raw_data(), numel / n, dtype, p.stream);
+    if (inplace) {
+      device::copy(in, scratch, p.stream);
+      p.keep.push_back(scratch);
+      out = in;
+    } else {
+      out = scratch;
+    }
+  } else if (scatter) {
+    out = b.empty(out_meta, p.stream);
+    p.comm->reduce_scatter(src, out.raw_data(), numel / n, dtype, reduction, p.stream);
+  } else {
+    out = inplace ? in : b.empty(out_meta, p.stream);
+    p.comm->all_reduce(src, out.raw_data(), numel, dtype, reduction, p.stream);
+  }
+  p.keep.push_back(in);
+  p.result.tensor = std::move(out);
+}
+
 }  // namespace
 
 void free_device_communicators() noexcept {
@@ -288,36 +324,94 @@ std::unique_ptr<Pending> start_reduce_device(WorkerMesh& mesh, std::string_view 
     detail::Joined in = join_device(std::move(input), factory, p->stream, plan.collective);
     if (!in.mismatch.empty()) p->defer(in.mismatch + detail::where_reduce(mesh, plan.dim));
     p->result.broken = in.broken;
+    p->mark_start();
+    enqueue_table(*p, plan.n, plan.out_meta(factory), reduction, scatter, inplace, in.tensor, factory);
+    p->record();
+  });
+  return p;
+}
+
+std::unique_ptr<Pending> start_collective_device(WorkerMesh& mesh, const CollectiveOp& op, Input input,
+                                                 const TensorMeta& controller_factory, std::uint64_t stream_id) {
+  if (op.kind == CollectiveKind::Barrier) {
+    throw UsageError(
+        fmt::format("barrier on the device data plane: expected a CPU operation (a barrier moves no "
+                    "tensor and runs over MPI), found it given an accelerator tensor {} (world rank {})",
+                    controller_factory.to_string(), mesh.world_rank()));
+  }
+  const TensorMeta factory = local_factory(controller_factory);
+  const detail::CollectivePlan plan = detail::plan_collective(mesh, op, factory, detail::Backend::Device);
+  auto p = std::make_unique<DevicePending>();
+  p->kind = factory.device().kind();
+  p->text = detail::describe_collective(mesh, op, plan.mask, plan.collective, factory.nbytes(), name(p->kind));
+  // The communicator first, as for a Reduce: its creation is collective.
+  p->comm = cached(p->kind, mesh.dims_world_ranks(plan.mask), mesh.dims_comm(plan.mask), factory.device().index());
+  enqueue_or_drop(*p, [&] {
+    p->stream = device::stream_for(stream_id, factory.device());
+    const bool table = op.kind == CollectiveKind::Reduce && op.root < 0;
+    const bool root = plan.is_root(op.root);
+    const int root_rank = static_cast<int>(op.root);
+    detail::Joined in;
+    // Every rank's input counts for the table and a rooted reduce or gather; the root's
+    // alone for a broadcast or scatter, where the others have none to give.
+    if (op.kind == CollectiveKind::Reduce || root) {
+      in = join_device(std::move(input), factory, p->stream, plan.collective);
+      if (!in.mismatch.empty()) p->defer(in.mismatch + detail::where_collective(mesh, plan.mask));
+      if (table || root) p->result.broken = in.broken;  // where this rank's result is its own
+      p->keep.push_back(in.tensor);
+    }
     device::Backend& b = device::backend(p->kind);
     p->mark_start();
     const auto numel = static_cast<std::size_t>(factory.numel());
-    const auto n = static_cast<std::size_t>(plan.n);
-    const void* src = in.tensor.raw_data();
     const DType dtype = factory.dtype();
     Tensor out;
-    if (reduction == Reduction::Stack && !scatter) {
-      out = b.empty(plan.out_meta(factory), p->stream);
-      p->comm->all_gather(src, out.raw_data(), numel, dtype, p->stream);
-    } else if (reduction == Reduction::Stack) {
-      // No in-place all-to-all on the device: in place goes through a scratch output
-      // copied back on the same stream.
-      Tensor scratch = b.empty(plan.out_meta(factory), p->stream);
-      p->comm->all_to_all(src, scratch.raw_data(), numel / n, dtype, p->stream);
-      if (inplace) {
-        device::copy(in.tensor, scratch, p->stream);
-        p->keep.push_back(scratch);
-        out = in.tensor;
-      } else {
-        out = scratch;
-      }
-    } else if (scatter) {
-      out = b.empty(plan.out_meta(factory), p->stream);
-      p->comm->reduce_scatter(src, out.raw_data(), numel / n, dtype, reduction, p->stream);
-    } else {
-      out = inplace ? in.tensor : b.empty(plan.out_meta(factory), p->stream);
-      p->comm->all_reduce(src, out.raw_data(), numel, dtype, reduction, p->stream);
+    if (table) {
+      enqueue_table(*p, plan.n, plan.out_meta(factory), op.reduction, op.scatter, op.inplace, in.tensor, factory);
+      p->record();
+      return;
     }
-    p->keep.push_back(in.tensor);
+    if (op.kind == CollectiveKind::Reduce && op.reduction == Reduction::Stack) {
+      // A gather: one group of sends to the root, which copies its own block.
+      const std::size_t block = factory.nbytes();
+      std::vector<device::Communicator::PeerOp> ops;
+      if (root) {
+        out = b.empty(plan.out_meta(factory), p->stream);
+        char* base = static_cast<char*>(out.raw_data());
+        for (int r = 0; r < static_cast<int>(plan.n); ++r) {
+          if (r != root_rank) ops.push_back({false, r, base + static_cast<std::size_t>(r) * block, numel});
+        }
+        if (block > 0)
+          b.copy_async(base + static_cast<std::size_t>(root_rank) * block, in.tensor.raw_data(), block, p->stream);
+      } else {
+        ops.push_back({true, root_rank, in.tensor.raw_data(), numel});
+      }
+      p->comm->send_recv(ops, dtype, p->stream);
+    } else if (op.kind == CollectiveKind::Reduce) {
+      if (root) out = b.empty(factory, p->stream);
+      p->comm->reduce(in.tensor.raw_data(), root ? out.raw_data() : nullptr, numel, dtype, op.reduction, root_rank,
+                      p->stream);
+    } else if (op.kind == CollectiveKind::Broadcast) {
+      out = b.empty(factory, p->stream);
+      p->comm->broadcast(root ? in.tensor.raw_data() : nullptr, out.raw_data(), numel, dtype, root_rank, p->stream);
+    } else {
+      // A scatter: one group of sends from the root, which copies its own part.
+      const TensorMeta& part = plan.out_meta(factory);
+      const std::size_t part_bytes = part.nbytes();
+      const auto part_count = static_cast<std::size_t>(part.numel());
+      out = b.empty(part, p->stream);
+      std::vector<device::Communicator::PeerOp> ops;
+      if (root) {
+        char* base = static_cast<char*>(in.tensor.raw_data());
+        for (int r = 0; r < static_cast<int>(plan.n); ++r) {
+          if (r != root_rank) ops.push_back({true, r, base + static_cast<std::size_t>(r) * part_bytes, part_count});
+        }
+        if (part_bytes > 0)
+          b.copy_async(out.raw_data(), base + static_cast<std::size_t>(root_rank) * part_bytes, part_bytes, p->stream);
+      } else {
+        ops.push_back({false, root_rank, out.raw_data(), part_count});
+      }
+      p->comm->send_recv(ops, dtype, p->stream);
+    }
     p->result.tensor = std::move(out);
     p->record();
   });

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <functional>
 #include <mutex>
@@ -27,6 +28,11 @@ constexpr int kAgreeMeshTag = 0x6d74;
 // agreement left over is never taken for another dimension's.
 constexpr int kAgreeLineTag = 0x6c00;
 constexpr int kCreateLineTag = 0x6b00;
+// A set of several dimensions': a tag per set (its mask, folded into 11 bits, within the
+// 32767 every MPI allows), for the same reason.
+constexpr int kAgreeSetTag = 0x7000;
+constexpr int kCreateSetTag = 0x7800;
+constexpr std::uint64_t kSetTagMask = 0x7ff;
 
 std::string join_names(const std::vector<std::string>& names) {
   std::string out;
@@ -152,6 +158,12 @@ WorkerMesh::~WorkerMesh() {
       g_live_communicators--;
     }
   }
+  for (auto& [mask, c] : impl_->set_comms) {
+    if (c != MPI_COMM_NULL) {
+      MESHRT_MPI_IGNORE(MPI_Comm_free(&c));
+      g_live_communicators--;
+    }
+  }
   if (impl_->comm != MPI_COMM_NULL) {
     MESHRT_MPI_IGNORE(MPI_Comm_free(&impl_->comm));
     g_live_communicators--;
@@ -238,6 +250,99 @@ std::vector<int> WorkerMesh::line_world_ranks(std::size_t dim) const {
     out[i] = static_cast<int>(impl_->ranks.location(c));
   }
   return out;
+}
+
+std::uint64_t WorkerMesh::dims_mask(std::span<const std::string> dims) const {
+  std::uint64_t mask = 0;
+  for (const std::string& d : dims) {
+    const std::size_t i = dim_index(d);  // names the mesh's dimensions when unknown
+    if (mask & (std::uint64_t{1} << i)) {
+      throw UsageError(fmt::format(
+          "device mesh {}: expected distinct dimensions, found '{}' twice in [{}] (world rank "
+          "{})",
+          to_string(), d, join_names(std::vector<std::string>(dims.begin(), dims.end())), impl_->world_rank));
+    }
+    mask |= std::uint64_t{1} << i;
+  }
+  return mask;
+}
+
+std::int64_t WorkerMesh::dims_size(std::uint64_t mask) const {
+  std::int64_t n = 1;
+  for (std::size_t d = 0; d < ndim(); ++d)
+    if (mask & (std::uint64_t{1} << d)) n *= impl_->ranks.sizes()[d];
+  return n;
+}
+
+std::int64_t WorkerMesh::dims_position(std::uint64_t mask) const {
+  std::int64_t p = 0;
+  for (std::size_t d = 0; d < ndim(); ++d)
+    if (mask & (std::uint64_t{1} << d)) p = p * impl_->ranks.sizes()[d] + impl_->coords[d];
+  return p;
+}
+
+namespace {
+// The coordinates of position `p` on the line of `mask` through `at` (row-major over the
+// set's dimensions, the last moving fastest).
+std::vector<std::int64_t> line_coordinates(std::vector<std::int64_t> at, const std::vector<std::int64_t>& sizes,
+                                           std::uint64_t mask, std::int64_t p) {
+  for (std::size_t d = at.size(); d-- > 0;) {
+    if ((mask & (std::uint64_t{1} << d)) == 0) continue;
+    at[d] = p % sizes[d];
+    p /= sizes[d];
+  }
+  return at;
+}
+}  // namespace
+
+std::vector<int> WorkerMesh::dims_world_ranks(std::uint64_t mask) const {
+  const std::int64_t n = dims_size(mask);
+  std::vector<int> out(static_cast<std::size_t>(n));
+  for (std::int64_t p = 0; p < n; ++p) {
+    out[static_cast<std::size_t>(p)] =
+        static_cast<int>(impl_->ranks.location(line_coordinates(impl_->coords, impl_->ranks.sizes(), mask, p)));
+  }
+  return out;
+}
+
+MPI_Comm WorkerMesh::dims_comm(std::uint64_t mask) {
+  Impl& m = *impl_;
+  const std::uint64_t all = ndim() == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << ndim()) - 1;
+  if ((mask & ~all) != 0) {
+    throw UsageError(fmt::format("device mesh {}: expected dimensions below {}, found the set {:#x} (world rank {})",
+                                 to_string(), ndim(), mask, m.world_rank));
+  }
+  if (mask == all) return m.comm;
+  if (std::popcount(mask) == 1) return dim_comm(static_cast<std::size_t>(std::countr_zero(mask)));
+  if (auto it = m.set_comms.find(mask); it != m.set_comms.end()) return it->second;
+  // The members as ranks of the mesh's communicator (a member's row-major index), by
+  // position on the line: the new communicator ranks them so.
+  const std::vector<std::int64_t>& sizes = m.ranks.sizes();
+  const auto index = [&](const std::vector<std::int64_t>& at) {
+    std::int64_t i = 0;
+    for (std::size_t d = 0; d < ndim(); ++d) i = i * sizes[d] + at[d];
+    return static_cast<int>(i);
+  };
+  std::vector<int> line;
+  for (std::int64_t p = 0, n = dims_size(mask); p < n; ++p)
+    line.push_back(index(line_coordinates(m.coords, sizes, mask, p)));
+  const std::vector<NDSlice::Int> world = m.ranks.to_vector();
+  const int fold = static_cast<int>(mask & kSetTagMask);
+  MPI_Comm comm = create_agreed(
+      fmt::format("the communicator of dimensions {} of device mesh {}", dims_names(mask), to_string()), m.comm,
+      index(m.coords), line, [&world](int r) { return static_cast<int>(world[static_cast<std::size_t>(r)]); },
+      kAgreeSetTag + fold, kCreateSetTag + fold);
+  if (comm != MPI_COMM_NULL) g_live_communicators++;
+  detail::set_error_policy(comm);
+  m.set_comms.emplace(mask, comm);
+  return comm;
+}
+
+std::string WorkerMesh::dims_names(std::uint64_t mask) const {
+  std::vector<std::string> names;
+  for (std::size_t d = 0; d < ndim(); ++d)
+    if (mask & (std::uint64_t{1} << d)) names.push_back(impl_->names[d]);
+  return names.empty() ? std::string("no dimension") : join_names(names);
 }
 
 std::string WorkerMesh::to_string() const {

@@ -3,7 +3,9 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,7 +19,8 @@ struct WorkerMesh::Impl {
   std::vector<std::int64_t> coords;
   int world_rank = -1;
   MPI_Comm comm = MPI_COMM_NULL;
-  std::vector<MPI_Comm> dim_comms;  // MPI_COMM_NULL until first use
+  std::vector<MPI_Comm> dim_comms;              // MPI_COMM_NULL until first use
+  std::map<std::uint64_t, MPI_Comm> set_comms;  // of several (not all) dimensions, by mask
 };
 
 // The communicator of `members` (ranks of `parent`, in the new communicator's order; the

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 
 namespace meshrt::detail {
@@ -14,6 +15,37 @@ std::string where_reduce(const WorkerMesh& mesh, std::size_t dim) {
 
 std::string where_send(int my_rank, int send_to) {
   return fmt::format(" (world rank {}, sending to rank {})", my_rank, send_to);
+}
+
+std::string where_collective(const WorkerMesh& mesh, std::uint64_t mask) {
+  return fmt::format(" (dimension{} {} of mesh {}, world rank {})", std::popcount(mask) == 1 ? "" : "s",
+                     mesh.dims_names(mask), mesh.to_string(), mesh.world_rank());
+}
+
+CollectivePlan plan_collective(const WorkerMesh& mesh, const CollectiveOp& op, const TensorMeta& factory,
+                               Backend backend) {
+  CollectivePlan plan;
+  plan.mask = mesh.dims_mask(op.dims);
+  plan.n = mesh.dims_size(plan.mask);
+  plan.position = mesh.dims_position(plan.mask);
+  if (op.kind == CollectiveKind::Barrier) {
+    plan.collective = "barrier";
+    return plan;
+  }
+  const bool on_device = factory.device().is_accelerator();
+  if (on_device != (backend == Backend::Device)) {
+    throw UsageError(fmt::format("{} over {}: expected a{} tensor, found {}{}", name(op.kind),
+                                 backend == Backend::Device ? "the device data plane" : "MPI",
+                                 backend == Backend::Device ? "n accelerator" : " CPU", factory.to_string(),
+                                 where_collective(mesh, plan.mask)));
+  }
+  ReductionRule rule = collective_rule(factory, plan.n, op.kind, op.reduction, op.scatter, op.inplace, op.root,
+                                       backend == Backend::Device ? Device::Kind::Cuda : Device::Kind::Cpu);
+  if (!rule.allowed()) throw UsageError(rule.error + where_collective(mesh, plan.mask));
+  plan.collective = rule.collective;
+  plan.reshaped = std::move(rule.reshaped);
+  if (backend == Backend::Mpi || factory.device().is_emulated()) check_count(factory.numel(), plan.collective);
+  return plan;
 }
 
 ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim_name, Reduction reduction, bool scatter,
@@ -73,6 +105,19 @@ std::string describe_reduce(const WorkerMesh& mesh, std::size_t dim, const char*
   for (int r : mesh.line_world_ranks(dim)) peers += (peers.empty() ? "" : ",") + std::to_string(r);
   return fmt::format("{} {} over dimension '{}' of mesh {}, {} bytes, peers world ranks {} ({})", collective,
                      name(reduction), mesh.names()[dim], mesh.to_string(), bytes, peers, backend);
+}
+
+std::string describe_collective(const WorkerMesh& mesh, const CollectiveOp& op, std::uint64_t mask,
+                                const char* collective, std::size_t bytes, std::string_view backend) {
+  std::string peers;
+  for (int r : mesh.dims_world_ranks(mask)) peers += (peers.empty() ? "" : ",") + std::to_string(r);
+  std::string what = collective;
+  const bool combines = op.kind == CollectiveKind::Reduce && op.reduction != Reduction::Stack;
+  if (combines) what += fmt::format(" {}", name(op.reduction));
+  if (op.root >= 0) what += fmt::format(" {} position {}", op.kind == CollectiveKind::Reduce ? "to" : "from", op.root);
+  return fmt::format("{} over dimension{} {} of mesh {}, {} bytes, peers world ranks {} ({})", what,
+                     std::popcount(mask) == 1 ? "" : "s", mesh.dims_names(mask), mesh.to_string(), bytes, peers,
+                     backend);
 }
 
 namespace {

@@ -22,8 +22,22 @@ struct ReducePlan {
   const TensorMeta& out_meta(const TensorMeta& factory) const { return reshaped ? *reshaped : factory; }
 };
 
+// A Collective's operation on this rank: the line (a set of dimensions), its size and this
+// rank's position, and what collective_rule says.
+struct CollectivePlan {
+  std::uint64_t mask = 0;
+  std::int64_t n = 1;
+  std::int64_t position = 0;
+  const char* collective = "";
+  std::optional<TensorMeta> reshaped;
+  const TensorMeta& out_meta(const TensorMeta& factory) const { return reshaped ? *reshaped : factory; }
+  bool is_root(std::int64_t root) const noexcept { return root == position; }
+};
+
 // Every check depends only on the command (the mesh, `factory`, the flags), never on the
 // local input, so every member of the line throws alike and none is left waiting.
+CollectivePlan plan_collective(const WorkerMesh& mesh, const CollectiveOp& op, const TensorMeta& factory,
+                               Backend backend);
 ReducePlan plan_reduce(const WorkerMesh& mesh, std::string_view dim, Reduction reduction, bool scatter, bool inplace,
                        const TensorMeta& factory, Backend backend);
 
@@ -47,10 +61,18 @@ std::string where_reduce(const WorkerMesh& mesh, std::size_t dim);
 // " (world rank 3, sending to rank 5)"
 std::string where_send(int my_rank, int send_to);
 
+// " (dimensions 'host', 'gpu' of mesh [host=2, gpu=2], world rank 3)"
+std::string where_collective(const WorkerMesh& mesh, std::uint64_t mask);
+
 // "all_reduce sum over dimension 'gpu' of mesh [host=2, gpu=2], 4096 bytes, peers world
 // ranks 1,3"
 std::string describe_reduce(const WorkerMesh& mesh, std::size_t dim, const char* collective, Reduction reduction,
                             std::size_t bytes, std::string_view backend);
+
+// "reduce sum to position 1 over dimensions 'host', 'gpu' of mesh [host=2, gpu=2], 4096
+// bytes, peers world ranks 0,1,2,3 (MPI)"
+std::string describe_collective(const WorkerMesh& mesh, const CollectiveOp& op, std::uint64_t mask,
+                                const char* collective, std::size_t bytes, std::string_view backend);
 
 // SendTensor: from_ranks[i] -> to_ranks[i], or to_ranks[to_order[i]] for a permutation
 // send (to_order: a permutation of the positions, checked by the decoder); this rank's

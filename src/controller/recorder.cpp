@@ -126,7 +126,8 @@ void classify(const RecordingContext& ctx, RecordedCommand& rc) {
           }
           for (Ref r : m.results) rc.writes.push_back(slot(r));
           for (Ref r : m.mutates) rc.writes.push_back(slot(r));
-        } else if constexpr (std::is_same_v<C, Reduce> || std::is_same_v<C, SendTensor>) {
+        } else if constexpr (std::is_same_v<C, Reduce> || std::is_same_v<C, SendTensor> ||
+                             std::is_same_v<C, Collective>) {
           rc.flow = RecordedCommand::Flow::Node;
           rc.reads.push_back(slot(m.tensor));
           rc.writes.push_back(slot(m.result));
@@ -216,8 +217,9 @@ void Recorder::capture(const std::vector<int>& dests, protocol::Command c, std::
   }
   ctx_->payload += payload;
   if (!std::holds_alternative<CallFunction>(c) && !std::holds_alternative<Reduce>(c) &&
-      !std::holds_alternative<SendTensor>(c) && !std::holds_alternative<BorrowCreate>(c) &&
-      !std::holds_alternative<BorrowFirstUse>(c) && !std::holds_alternative<BorrowDrop>(c)) {
+      !std::holds_alternative<Collective>(c) && !std::holds_alternative<SendTensor>(c) &&
+      !std::holds_alternative<BorrowCreate>(c) && !std::holds_alternative<BorrowFirstUse>(c) &&
+      !std::holds_alternative<BorrowDrop>(c)) {
     throw Error(fmt::format("recording: {} cannot be recorded", name(c)));
   }
   RecordedCommand rc;

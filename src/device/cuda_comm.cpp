@@ -90,6 +90,35 @@ class NcclCommunicator final : public Communicator {
       cuda_kernels::apply_nan_mask(static_cast<int>(dtype), recv, masks.recv, static_cast<std::int64_t>(count), s);
     if (reduction == Reduction::Avg) divide(recv, count, dtype, s);
   }
+  void reduce(const void* send, void* recv, std::size_t count, DType dtype, Reduction reduction, int root,
+              const Stream& stream) override {
+    const ncclRedOp_t op = nccl_op(reduction, where("reduce"));
+    check_root(root, "reduce");
+    cudaStream_t s = native(stream, "reduce");
+    CudaDeviceGuard guard(device_);
+    const bool at_root = root == rank_;
+    // Every member makes its mask and reduces it in place (the root's is the result there);
+    // the root alone applies it.
+    const NanMasks masks = nan_masks(send, count, count, dtype, reduction, stream);
+    Group group(*this, "reduce");
+    check(ncclReduce(send, recv, count, nccl_datatype(dtype), op, root, comm_, s), "ncclReduce");
+    if (masks) {
+      check(ncclReduce(masks.send, masks.send, count, ncclUint8, ncclMax, root, comm_, s), "ncclReduce (NaN mask)");
+    }
+    group.end();
+    if (!at_root) return;
+    if (masks)
+      cuda_kernels::apply_nan_mask(static_cast<int>(dtype), recv, masks.send, static_cast<std::int64_t>(count), s);
+    if (reduction == Reduction::Avg) divide(recv, count, dtype, s);
+  }
+  void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root,
+                 const Stream& stream) override {
+    check_root(root, "broadcast");
+    cudaStream_t s = native(stream, "broadcast");
+    CudaDeviceGuard guard(device_);
+    if (auto fault = take_enqueue_fault()) throw SystemError(fmt::format("{}: {}", where("broadcast"), *fault));
+    check(ncclBroadcast(send, recv, count, nccl_datatype(dtype), root, comm_, s), "ncclBroadcast");
+  }
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
     cudaStream_t s = native(stream, "all_gather");
     CudaDeviceGuard guard(device_);
@@ -197,6 +226,11 @@ class NcclCommunicator final : public Communicator {
 
  private:
   std::string where(const char* what) const { return fmt::format("{} on {}", what, describe()); }
+  void check_root(int root, const char* what) const {
+    if (root < 0 || root >= size_) {
+      throw UsageError(fmt::format("{}: expected a root in 0..{}, found {}", where(what), size_ - 1, root));
+    }
+  }
 
   // ncclGroupStart, and ncclGroupEnd on every way out: NCCL keeps the group per thread
   // (its group.h), and a group left open by a call that failed inside it queues every

@@ -285,6 +285,53 @@ class EmulatedCommunicator final : public Communicator {
     if (reduction == Reduction::Avg && count > 0 && n > 1) launch_check("all_reduce", describe());
   }
 
+  void reduce(const void* send, void* recv, std::size_t count, DType dtype, Reduction reduction, int root,
+              const Stream& stream) override {
+    check_reduction(reduction, dtype, "reduce");
+    check_root(root, "reduce");
+    const std::size_t bytes = checked_bytes(count, dtype, size_, "reduce");
+    const int n = size_;
+    const bool at_root = root == rank_;
+    // As all_reduce, the reduction done at the root only: every member's block comes to it.
+    if (nan_rule::applies(static_cast<int>(dtype), static_cast<int>(reduction)) && count > 0)
+      launch_check("reduce", describe());
+    GroupGuard group;
+    submit(stream, "reduce", [=](MPI_Comm c, bool shadow, const Wait& wait) {
+      if (!shadow) {
+        check_memory(send, bytes, "reduce send buffer");
+        if (at_root) check_memory(recv, bytes, "reduce receive buffer");
+      }
+      auto keep = std::make_shared<Buffers>();
+      char* all = at_root ? keep->make(bytes * static_cast<std::size_t>(n)) : nullptr;
+      MPI_Request r = MPI_REQUEST_NULL;
+      MESHRT_MPI_CHECK(MPI_Igather(keep->or_scratch(shadow, send, bytes), static_cast<int>(bytes), MPI_BYTE, all,
+                                   static_cast<int>(bytes), MPI_BYTE, root, c, &r));
+      wait(&r, 1, keep);
+      if (!shadow && at_root) reduce_blocks(all, bytes, n, count, dtype, reduction, recv);
+    });
+    group.end();
+    if (at_root && reduction == Reduction::Avg && count > 0 && n > 1) launch_check("reduce", describe());
+  }
+
+  void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root,
+                 const Stream& stream) override {
+    check_root(root, "broadcast");
+    const std::size_t bytes = checked_bytes(count, dtype, 1, "broadcast");
+    const bool at_root = root == rank_;
+    submit(stream, "broadcast", [=](MPI_Comm c, bool shadow, const Wait& wait) {
+      if (!shadow) {
+        if (at_root) check_memory(send, bytes, "broadcast send buffer");
+        check_memory(recv, bytes, "broadcast receive buffer");
+        if (at_root && send != recv && bytes > 0) std::memcpy(recv, send, bytes);
+      }
+      auto keep = std::make_shared<Buffers>();
+      MPI_Request r = MPI_REQUEST_NULL;
+      MESHRT_MPI_CHECK(
+          MPI_Ibcast(keep->or_scratch(shadow, recv, bytes), static_cast<int>(bytes), MPI_BYTE, root, c, &r));
+      wait(&r, 1, keep);
+    });
+  }
+
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) override {
     const std::size_t bytes = checked_bytes(count, dtype, size_, "all_gather");
     const auto n = static_cast<std::size_t>(size_);
@@ -432,6 +479,12 @@ class EmulatedCommunicator final : public Communicator {
           fmt::format("{} on {}: expected sum, avg, product, min or max (NCCL has no {} operator), "
                       "found {} on {}",
                       what, describe(), name(r), name(r), meshrt::name(dtype)));
+    }
+  }
+
+  void check_root(int root, const char* what) const {
+    if (root < 0 || root >= size_) {
+      throw UsageError(fmt::format("{} on {}: expected a root in 0..{}, found {}", what, describe(), size_ - 1, root));
     }
   }
 

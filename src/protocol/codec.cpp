@@ -44,7 +44,8 @@ namespace {
 constexpr std::string_view kCommandNames[] = {
     "CreateDeviceMesh", "CreateStream",  "CallFunction",   "FetchValue",      "Reduce",
     "SendTensor",       "BorrowCreate",  "BorrowFirstUse", "BorrowDrop",      "DeleteRefs",
-    "CommandGroup",     "RequestStatus", "Exit",           "DefineRecording", "CallRecording"};
+    "CommandGroup",     "RequestStatus", "Exit",           "DefineRecording", "CallRecording",
+    "Collective"};
 constexpr std::string_view kReplyNames[] = {"Status", "RemoteFunctionFailed", "FetchResult", "Restarted", "TreeStatus"};
 static_assert(std::size(kCommandNames) == std::variant_size_v<Command>);
 static_assert(std::size(kReplyNames) == std::variant_size_v<Reply>);
@@ -83,6 +84,7 @@ enum class CommandTag : std::uint8_t {
   Exit = 12,
   DefineRecording = 13,
   CallRecording = 14,
+  Collective = 15,
 };
 static_assert(static_cast<std::uint8_t>(CommandTag::CreateDeviceMesh) == tag_of<CreateDeviceMesh, Command>);
 static_assert(static_cast<std::uint8_t>(CommandTag::CreateStream) == tag_of<CreateStream, Command>);
@@ -99,6 +101,7 @@ static_assert(static_cast<std::uint8_t>(CommandTag::RequestStatus) == tag_of<Req
 static_assert(static_cast<std::uint8_t>(CommandTag::Exit) == tag_of<Exit, Command>);
 static_assert(static_cast<std::uint8_t>(CommandTag::DefineRecording) == tag_of<DefineRecording, Command>);
 static_assert(static_cast<std::uint8_t>(CommandTag::CallRecording) == tag_of<CallRecording, Command>);
+static_assert(static_cast<std::uint8_t>(CommandTag::Collective) == tag_of<Collective, Command>);
 
 enum class ReplyTag : std::uint8_t {
   Status = 0,
@@ -278,6 +281,21 @@ class BasicWriter {
     u8(static_cast<std::uint8_t>(m.reduction));
     boolean(m.scatter);
     boolean(m.inplace);
+    pod(m.ident);
+  }
+  void body(const Collective& m) {
+    u8(static_cast<std::uint8_t>(m.kind));
+    ref(m.result);
+    ref(m.tensor);
+    meta(m.factory);
+    ref(m.mesh);
+    ref(m.stream);
+    length(m.dims.size(), "Collective dims");
+    for (const auto& d : m.dims) string(d, "Collective dim");
+    u8(static_cast<std::uint8_t>(m.reduction));
+    boolean(m.scatter);
+    boolean(m.inplace);
+    pod(m.root);
     pod(m.ident);
   }
   void body(const SendTensor& m) {
@@ -650,6 +668,31 @@ class Reader {
         m.ident = pod<Ident>("Reduce.ident");
         return m;
       }
+      case CommandTag::Collective: {
+        Collective m;
+        m.kind = enumeration<CollectiveKind>("Collective.kind", kNumCollectiveKinds);
+        m.result = ref("Collective.result");
+        m.tensor = ref("Collective.tensor");
+        m.factory = meta("Collective.factory");
+        m.mesh = ref("Collective.mesh");
+        m.stream = ref("Collective.stream");
+        const std::size_t dims_at = pos_;
+        const std::size_t n = length("Collective.dims", 4);
+        if (n > kMaxDims)
+          fail_at(dims_at, "Collective.dims", fmt::format("expected at most {} dimensions, found {}", kMaxDims, n));
+        m.dims.reserve(n);
+        for (std::size_t i = 0; i < n; ++i) m.dims.push_back(string("Collective.dims"));
+        m.reduction = enumeration<Reduction>("Collective.reduction", kNumReductions);
+        m.scatter = boolean("Collective.scatter");
+        m.inplace = boolean("Collective.inplace");
+        const std::size_t root_at = pos_;
+        m.root = pod<std::int64_t>("Collective.root");
+        if (m.root < -1) {
+          fail_at(root_at, "Collective.root", fmt::format("expected -1 (none) or a position >= 0, found {}", m.root));
+        }
+        m.ident = pod<Ident>("Collective.ident");
+        return m;
+      }
       case CommandTag::SendTensor: {
         SendTensor m;
         m.result = ref("SendTensor.result");
@@ -725,8 +768,9 @@ class Reader {
           m.commands.push_back(command(kMaxDepth));
           const Command& c = m.commands.back();
           if (!std::holds_alternative<CallFunction>(c) && !std::holds_alternative<Reduce>(c) &&
-              !std::holds_alternative<SendTensor>(c) && !std::holds_alternative<BorrowCreate>(c) &&
-              !std::holds_alternative<BorrowFirstUse>(c) && !std::holds_alternative<BorrowDrop>(c)) {
+              !std::holds_alternative<Collective>(c) && !std::holds_alternative<SendTensor>(c) &&
+              !std::holds_alternative<BorrowCreate>(c) && !std::holds_alternative<BorrowFirstUse>(c) &&
+              !std::holds_alternative<BorrowDrop>(c)) {
             fail_at(c_at, "DefineRecording.commands",
                     fmt::format("expected a call, reduction, send or borrow command, found {}", name(c)));
           }

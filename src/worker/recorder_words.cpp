@@ -35,6 +35,19 @@ void record(const Command& command, CommandRecord& r) {
           r.stream = c.stream.id;
           r.dim.assign(c.dim);
           r.bytes = c.factory.nbytes();
+        } else if constexpr (std::is_same_v<C, Collective>) {
+          r.ident = c.ident;
+          r.name.assign(meshrt::name(c.kind));
+          if (c.kind == CollectiveKind::Reduce) r.name.append(" ").append(meshrt::name(c.reduction));
+          if (c.root >= 0)
+            r.name.append(c.kind == CollectiveKind::Reduce ? " to " : " from ").append(std::to_string(c.root));
+          if (c.scatter) r.name.append(" scatter");
+          if (c.inplace) r.name.append(" in place");
+          if (c.result.id != 0) r.result = c.result.id;
+          r.mesh = c.mesh.id;
+          r.stream = c.stream.id;
+          for (const std::string& d : c.dims) r.dim.append(r.dim.empty() ? "" : ",").append(d);
+          r.bytes = c.kind == CollectiveKind::Barrier ? 0 : c.factory.nbytes();
         } else if constexpr (std::is_same_v<C, SendTensor>) {
           r.ident = c.ident;
           r.result = c.result.id;
@@ -99,6 +112,23 @@ void CollectiveWords::posted(Monitor& monitor, std::uint64_t seq, const Reduce& 
   reduce_.running = op.describe();
   reduce_.peers = mesh.line_world_ranks(mesh.dim_index(c.dim));
   monitor.describe(seq, reduce_.running, reduce_.peers, 0);
+}
+
+void CollectiveWords::posting(Monitor& monitor, std::uint64_t seq, const Collective& c, const WorkerMesh& mesh) {
+  std::vector<int> members;
+  for (auto r : mesh.ranks()) members.push_back(static_cast<int>(r));
+  std::string dims;
+  for (const std::string& d : c.dims) dims.append(dims.empty() ? "'" : ", '").append(d).append("'");
+  monitor.describe(seq,
+                   fmt::format("{} over [{}], joining (a set of dimensions' first use sets up its communicator with "
+                               "the line's members)",
+                               meshrt::name(c.kind), dims),
+                   members, c.kind == CollectiveKind::Barrier ? 0 : c.factory.nbytes());
+}
+
+void CollectiveWords::posted(Monitor& monitor, std::uint64_t seq, const Collective& c, const Pending& op,
+                             const WorkerMesh& mesh) {
+  monitor.describe(seq, op.describe(), mesh.dims_world_ranks(mesh.dims_mask(c.dims)), 0);
 }
 
 void CollectiveWords::posting(Monitor& monitor, std::uint64_t seq, const SendTensor& c, int rank) {

@@ -32,6 +32,10 @@ class CollectiveWords {
   // Once it is posted (`op` in flight): the first time, the words of what it runs and its peers.
   void posted(Monitor& monitor, std::uint64_t seq, const protocol::Reduce& c, const Pending& op,
               const WorkerMesh& mesh);
+  // The same for a Collective (not cached: not the 8-byte hot path's command).
+  void posting(Monitor& monitor, std::uint64_t seq, const protocol::Collective& c, const WorkerMesh& mesh);
+  void posted(Monitor& monitor, std::uint64_t seq, const protocol::Collective& c, const Pending& op,
+              const WorkerMesh& mesh);
   // The same for a SendTensor on `rank`.
   void posting(Monitor& monitor, std::uint64_t seq, const protocol::SendTensor& c, int rank);
   void posted(Monitor& monitor, std::uint64_t seq, const protocol::SendTensor& c, const Pending& op, int rank);

@@ -46,7 +46,8 @@ struct Instance {
             refs(m.results);
             refs(m.mutates);
             for (Value& a : m.args) a = value(a);
-          } else if constexpr (std::is_same_v<C, Reduce> || std::is_same_v<C, SendTensor>) {
+          } else if constexpr (std::is_same_v<C, Reduce> || std::is_same_v<C, SendTensor> ||
+                               std::is_same_v<C, Collective>) {
             m.ident = ident(m.ident);
             m.result = ref(m.result);
             m.tensor = ref(m.tensor);
@@ -87,7 +88,8 @@ void check(const DefineRecording& d, const Command& c, std::size_t index) {
             a.for_each_leaf([&](const Value& leaf) {
               if (leaf.is_ref()) ref(leaf.as_ref());
             });
-        } else if constexpr (std::is_same_v<C, Reduce> || std::is_same_v<C, SendTensor>) {
+        } else if constexpr (std::is_same_v<C, Reduce> || std::is_same_v<C, SendTensor> ||
+                             std::is_same_v<C, Collective>) {
           ident(m.ident);
           ref(m.result);
           ref(m.tensor);

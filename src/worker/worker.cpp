@@ -126,7 +126,8 @@ struct Worker::Impl {
         .ident = ident, .error = message, .rank = opt.rank, .function = function, .exception_type = type});
   }
 
-  // Reduce and SendTensor carry an ident like an invocation: reported past once they end.
+  // Reduce, Collective and SendTensor carry an ident like an invocation: reported past once
+  // they end.
   void complete(Ident ident) {
     if (ident != 0) reporter.passed(ident);
   }
@@ -134,6 +135,8 @@ struct Worker::Impl {
   // the marker, so what depends on it is poisoned rather than undefined.
   void poison_result(const Command& command, DependentOnError marker) {
     if (const auto* r = std::get_if<Reduce>(&command)) env.define(r->result, marker);
+    if (const auto* c = std::get_if<Collective>(&command); c && c->result.id != 0 && defines_result_here(*c))
+      env.define(c->result, marker);
     if (const auto* s = std::get_if<SendTensor>(&command); s && s->to_ranks.contains(opt.rank))
       env.define(s->result, marker);
   }
@@ -149,8 +152,27 @@ struct Worker::Impl {
         },
         command);
   }
+  // Whether this rank holds a Collective's result (a rooted reduce's is the root's only);
+  // when its mesh or dimensions are bad, as if it did: a marker there poisons what the
+  // controller may still ask of it.
+  bool defines_result_here(const Collective& c) const {
+    try {
+      return defines_result(*env.mesh(c.mesh, "mesh").mesh, operation(c));
+    } catch (const std::exception&) {
+      return true;
+    }
+  }
+  static CollectiveOp operation(const Collective& c) {
+    return CollectiveOp{.kind = c.kind,
+                        .dims = c.dims,
+                        .reduction = c.reduction,
+                        .scatter = c.scatter,
+                        .inplace = c.inplace,
+                        .root = c.root};
+  }
   static Ident ident_of(const Command& command) {
     if (const auto* r = std::get_if<Reduce>(&command)) return r->ident;
+    if (const auto* c = std::get_if<Collective>(&command)) return c->ident;
     if (const auto* s = std::get_if<SendTensor>(&command)) return s->ident;
     return 0;
   }
@@ -359,6 +381,31 @@ struct Worker::Impl {
     words.posted(monitor(), current.seq, c, in_flight.op(), mesh);
   }
 
+  void run(Collective& c) {
+    WorkerMesh& mesh = *env.mesh(c.mesh, "mesh").mesh;
+    words.posting(monitor(), current.seq, c, mesh);
+    const CollectiveOp op = operation(c);
+    const bool reads = reads_input(mesh, op);
+    const bool defines = defines_result(mesh, op);
+    Input in = reads ? env.input(c.tensor) : Input(Tensor());
+    detail::Footprint footprint{.stream = c.stream.id, .reads = {}, .writes = {}};
+    if (reads) footprint.reads.push_back(c.tensor.id);
+    if (defines) footprint.writes.push_back(c.result.id);
+    if (c.inplace) footprint.writes.push_back(c.tensor.id);
+    const std::optional<Ref> result = defines ? std::optional<Ref>(c.result) : std::nullopt;
+    // A barrier moves no tensor: it runs over MPI whatever its mesh is placed on.
+    if (c.kind != CollectiveKind::Barrier && c.factory.device().is_accelerator()) {
+      in_flight.start(start_collective_device(mesh, op, std::move(in), c.factory, c.stream.id), result, current.seq,
+                      "Collective", c.ident, std::nullopt, std::move(footprint));
+    } else {
+      in_flight.start(start_collective(mesh, op, std::move(in), c.factory, in_flight.cpu_completion()), result,
+                      current.seq, "Collective", c.ident, c.kind == CollectiveKind::Barrier ? 0 : c.factory.nbytes(),
+                      std::move(footprint));
+    }
+    reporter.hold(c.ident);
+    words.posted(monitor(), current.seq, c, in_flight.op(), mesh);
+  }
+
   void run(SendTensor& c) {
     words.posting(monitor(), current.seq, c, opt.rank);
     const bool sends = c.from_ranks.contains(opt.rank);
@@ -429,7 +476,8 @@ struct Worker::Impl {
       }
     } close_span{traced};
     try {
-      const bool started = std::holds_alternative<Reduce>(command) || std::holds_alternative<SendTensor>(command);
+      const bool started = std::holds_alternative<Reduce>(command) || std::holds_alternative<SendTensor>(command) ||
+                           std::holds_alternative<Collective>(command);
       execute(command);
       if (started && in_flight.active()) return;  // it completes, or fails, in the loop's polls
     } catch (const std::exception& e) {

@@ -136,13 +136,29 @@ class RandomMessages {
       case 13: {
         // Only the recordable kinds may be recorded (the decoder refuses the others).
         DefineRecording d{ref(), static_cast<std::uint32_t>(uniform(0, 4)), rng_(), rng_(), refs(5), {}};
-        constexpr int kRecordable[] = {2, 4, 5, 6, 7, 8};
+        constexpr int kRecordable[] = {2, 4, 5, 6, 7, 8, 15};
         for (int i = 0, n = static_cast<int>(uniform(0, 4)); i < n; ++i)
-          d.commands.push_back(command(kRecordable[uniform(0, 5)], depth + 1));
+          d.commands.push_back(command(kRecordable[uniform(0, 6)], depth + 1));
         return d;
       }
       case 14:
         return CallRecording{ref(), refs(4), rng_(), rng_()};
+      case 15: {
+        Collective m{.kind = static_cast<CollectiveKind>(uniform(0, kNumCollectiveKinds - 1)),
+                     .result = ref(),
+                     .tensor = ref(),
+                     .factory = meta(),
+                     .mesh = ref(),
+                     .stream = ref(),
+                     .dims = {},
+                     .reduction = static_cast<Reduction>(uniform(0, kNumReductions - 1)),
+                     .scatter = coin(),
+                     .inplace = coin(),
+                     .root = uniform(-1, 7),
+                     .ident = rng_()};
+        for (int i = 0, n = static_cast<int>(uniform(0, 3)); i < n; ++i) m.dims.push_back(string(6));
+        return m;
+      }
       default:
         return Exit{coin()};
     }

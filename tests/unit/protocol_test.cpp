@@ -102,14 +102,14 @@ TEST(Protocol, HeaderErrors) {
   b[0] = std::byte{'x'};
   expect_contains(protocol_error([&] { decode_command(b); }), "expected the magic bytes 'm' 'r', found 0x78");
   b = good;
-  b[2] = std::byte{2};
+  b[2] = std::byte{3};
   const std::string version = protocol_error([&] { decode_command(b); });
-  expect_contains(version, "expected protocol version 1, found 2");
+  expect_contains(version, "expected protocol version 2, found 3");
   expect_contains(version, "at byte 2");
   expect_contains(protocol_error([&] { decode_reply(good); }), "expected frame kind 2 (reply), found 1");
   b = good;
   b[4] = std::byte{99};
-  expect_contains(protocol_error([&] { decode_command(b); }), "expected a command tag in 0..14, found 99");
+  expect_contains(protocol_error([&] { decode_command(b); }), "expected a command tag in 0..15, found 99");
   b = encode(Reply{Restarted{}});
   b[4] = std::byte{5};
   expect_contains(protocol_error([&] { decode_reply(b); }), "expected a reply tag in 0..4, found 5");

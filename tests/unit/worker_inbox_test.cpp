@@ -83,7 +83,7 @@ TEST(WorkerInbox, ABadFrameIsReportedOutsideAnyInvocationAndTheNextStillRun) {
   ASSERT_EQ(errors.size(), 2u);
   EXPECT_NE(errors[0].find("envelope for ranks 2,3 reached rank 1, which is not one of them"), std::string::npos)
       << errors[0];
-  EXPECT_NE(errors[1].find("expected a command tag in 0..14, found 200"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("expected a command tag in 0..15, found 200"), std::string::npos) << errors[1];
 }
 
 TEST(WorkerInbox, PastItsLimitBatchesWaitInTheTransport) {

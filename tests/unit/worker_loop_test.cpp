@@ -316,7 +316,7 @@ TEST(WorkerLoop, AFailingFunctionIsReportedOnceAndPoisonsWhatDependsOnIt) {
   const auto undecodable = ctl.expect<RemoteFunctionFailed>(ctl.next_not_status());
   EXPECT_EQ(undecodable.ident, 0u);
   EXPECT_EQ(undecodable.function, "<protocol>");
-  expect_contains(undecodable.error, "expected a command tag in 0..14, found 200");
+  expect_contains(undecodable.error, "expected a command tag in 0..15, found 200");
   // The worker goes on.
   EXPECT_EQ(ctl.status(6).first_uncompleted_ident, 7u);
 }

@@ -94,6 +94,26 @@ class WorkerMesh {
   // World ranks of this rank's line along `dim`, by coordinate.
   std::vector<int> line_world_ranks(std::size_t dim) const;
 
+  // Several dimensions as one line (docs/ARCHITECTURE.md section 3.6): the ranks that
+  // share this rank's coordinates along the other dimensions, ranked row-major over the
+  // set's dimensions in the mesh's order. A set is a mask of dimension indices (bit d:
+  // dimension d; at most 64).
+  // The mask of `dims`; UsageError naming the mesh's dimensions for an unknown one, or
+  // one given twice.
+  std::uint64_t dims_mask(std::span<const std::string> dims) const;
+  // The line's size (the product of the set's sizes; 1 for none) and this rank's position
+  // on it.
+  std::int64_t dims_size(std::uint64_t mask) const;
+  std::int64_t dims_position(std::uint64_t mask) const;
+  // The line's world ranks, by position.
+  std::vector<int> dims_world_ranks(std::uint64_t mask) const;
+  // Its communicator (rank = position): a single dimension's is dim_comm's, every
+  // dimension's is comm(); another set's is made on first use by the line's members only
+  // (after their agreement, within MESHRT_GROUP_TIMEOUT), and freed with the mesh.
+  MPI_Comm dims_comm(std::uint64_t mask);
+  // "'a', 'b'" (or "no dimension")
+  std::string dims_names(std::uint64_t mask) const;
+
   // "[host=2, gpu=2]"
   std::string to_string() const;
 
@@ -175,6 +195,34 @@ inline constexpr std::size_t kThreadMinBytes = std::size_t{256} << 10;
                                                     bool scatter, bool inplace, Input input, const TensorMeta& factory,
                                                     Completion completion = Completion::Auto);
 
+// A Collective command's operation (docs/ARCHITECTURE.md section 3.6): `kind` over the line
+// of the mesh dimensions `dims` (several as one; WorkerMesh::dims_mask), rooted at position
+// `root` of that line (-1: none). A Reduce without a root is the table's collective; with
+// one, a reduce (stack: a gather) to the root, whose Outcome is undefined on other ranks.
+// A Broadcast or Scatter reads the input on the root's ranks only (others pass an undefined
+// tensor). A Barrier has no tensor: `factory` is ignored; it completes once every rank of
+// the line has reached it.
+struct CollectiveOp {
+  CollectiveKind kind = CollectiveKind::Reduce;
+  std::span<const std::string> dims;
+  Reduction reduction = Reduction::Sum;
+  bool scatter = false;
+  bool inplace = false;
+  std::int64_t root = -1;
+};
+// Whether this rank holds the result of `op` on `mesh` (UsageError as start_collective for
+// an unknown dimension): every rank of the line, or for a rooted reduce only the root.
+bool defines_result(const WorkerMesh& mesh, const CollectiveOp& op);
+// Whether this rank reads its input: every rank, or for a broadcast or scatter the root.
+bool reads_input(const WorkerMesh& mesh, const CollectiveOp& op);
+// As start_reduce, over MPI: MPI_(I)allreduce .. alltoall over the line's communicator,
+// MPI_(I)reduce, gather, bcast, scatter and barrier for the rooted kinds. Usage errors
+// (the rules of collective_rule, a dimension not in the mesh) are thrown before anything
+// is posted, alike on every member.
+[[nodiscard]] std::unique_ptr<Pending> start_collective(WorkerMesh& mesh, const CollectiveOp& op, Input input,
+                                                        const TensorMeta& factory,
+                                                        Completion completion = Completion::Auto);
+
 // Positional point-to-point over `p2p`: from_ranks[i] sends to to_ranks[i] (ranks of
 // `p2p`; `my_rank` is this rank in it), or to to_ranks[to_order[i]] when `to_order` (a
 // permutation of the positions) is given. A rank may send and receive in one command; a
@@ -226,6 +274,12 @@ std::size_t release_output_pool();
 [[nodiscard]] std::unique_ptr<Pending> start_reduce_device(WorkerMesh& mesh, std::string_view dim, Reduction reduction,
                                                            bool scatter, bool inplace, Input input,
                                                            const TensorMeta& factory, std::uint64_t stream_id);
+// A Collective's operation on accelerator tensors, over the device communicator of the
+// line (made from dims_comm): the table as start_reduce_device; reduce and broadcast as
+// ncclReduce / ncclBroadcast (the emulator's alike); gather and scatter as one group of
+// sends and receives at the root. A barrier is never a device operation (start_collective).
+[[nodiscard]] std::unique_ptr<Pending> start_collective_device(WorkerMesh& mesh, const CollectiveOp& op, Input input,
+                                                               const TensorMeta& factory, std::uint64_t stream_id);
 [[nodiscard]] std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks,
                                                                 const NDSlice& to_ranks, Input input,
                                                                 const TensorMeta& factory, std::uint64_t stream_id,

@@ -187,6 +187,14 @@ class Communicator {
   // send holds size() * count elements; recv gets the reduction of every rank's block rank().
   virtual void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, Reduction reduction,
                               const Stream& stream) = 0;
+  // The reduction of every rank's send into recv on rank `root` only (ncclReduce; recv is
+  // not used elsewhere and may be null there): the reductions and NaN rule of all_reduce.
+  virtual void reduce(const void* send, void* recv, std::size_t count, DType dtype, Reduction reduction, int root,
+                      const Stream& stream) = 0;
+  // Rank `root`'s send into every rank's recv, root's included (ncclBroadcast; send is
+  // read on the root only, and may be null elsewhere).
+  virtual void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root,
+                         const Stream& stream) = 0;
   // Block r of send goes to rank r, and arrives in block (sender) of recv; count per block.
   virtual void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Stream& stream) = 0;
   // Grouped point-to-point (ncclGroupStart ... ncclGroupEnd): every op posted at once, so

@@ -32,7 +32,9 @@ namespace meshrt {
 
 namespace protocol {
 
-inline constexpr std::uint8_t kVersion = 1;
+// 2: the Collective command (tag 15). Every frame carries it, and the start-up handshake
+// compares it: a rank of another version fails the start, named.
+inline constexpr std::uint8_t kVersion = 2;
 // Deepest nesting of Values and CommandGroups a frame may hold.
 inline constexpr int kMaxDepth = 64;
 
@@ -88,6 +90,27 @@ struct Reduce {
   // controller's call site) when the collective ends.
   Ident ident = 0;
   friend bool operator==(const Reduce&, const Reduce&) = default;
+};
+
+// A collective beyond Reduce's one dimension (docs/ARCHITECTURE.md section 3.6): over
+// several mesh dimensions as one line (their ranks ranked row-major in the mesh's order of
+// the dimensions), rooted (a reduce or gather to one position of that line, a broadcast or
+// scatter from one), or a barrier. Reduce stays the frame of the common one-dimension
+// reduction: the 8-byte hot path's.
+struct Collective {
+  CollectiveKind kind = CollectiveKind::Reduce;
+  Ref result;  // 0 for a barrier; defined only on the root's ranks for a rooted reduce
+  Ref tensor;  // 0 for a barrier; read only on the root's ranks for a broadcast or scatter
+  TensorMeta factory;
+  Ref mesh;
+  Ref stream;
+  std::vector<std::string> dims;  // in the mesh's order
+  Reduction reduction = Reduction::Sum;
+  bool scatter = false;
+  bool inplace = false;
+  std::int64_t root = -1;  // the root's position on the line of `dims`, or -1: none
+  Ident ident = 0;         // as Reduce's
+  friend bool operator==(const Collective&, const Collective&) = default;
 };
 
 struct SendTensor {
@@ -152,10 +175,11 @@ struct CallRecording;
 
 using Command = std::variant<CreateDeviceMesh, CreateStream, CallFunction, FetchValue, Reduce, SendTensor, BorrowCreate,
                              BorrowFirstUse, BorrowDrop, DeleteRefs, CommandGroup, RequestStatus, Exit, DefineRecording,
-                             CallRecording>;
+                             CallRecording, Collective>;
 
 // A recording's commands for this rank, kept under `recording` until a DeleteRefs names
-// it. Only CallFunction, Reduce, SendTensor and the borrow commands may be recorded.
+// it. Only CallFunction, Reduce, Collective, SendTensor and the borrow commands may be
+// recorded.
 struct DefineRecording {
   Ref recording;
   std::uint32_t formals = 0;
