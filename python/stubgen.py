@@ -32,6 +32,8 @@ TYPES = {
     "Tensor.empty.dtype": "_DTypeLike",
     "DType.__init__.value": "_DTypeLike",
     "Device.__init__.value": "_DeviceLike",
+    "DTensor.reduce.dim": "str | Sequence[str]",
+    "DTensor.reduce_.dim": "str | Sequence[str]",
     "DTensor.reduce.reduction": "Reduction | str",
     "DTensor.reduce_.reduction": "Reduction | str",
     "DTensor.reduce_.return": "DTensor",

@@ -176,6 +176,11 @@ class MeshPermutation {
   std::vector<std::int64_t> to_;
 };
 
+// The destination coordinate of a rooted reduce: x.reduce("gpu", Reduction::Sum, Dst{0}).
+struct Dst {
+  std::int64_t index = 0;
+};
+
 // A distributed tensor: one local tensor per rank of its mesh, all with meta().
 class DTensor {
  public:
@@ -192,6 +197,33 @@ class DTensor {
   // changes; handles that share it see the change.
   DTensor& reduce_(std::string_view dim, Reduction reduction, bool scatter = false,
                    CallSite where = std::source_location::current());
+  // The same over several dimensions as one: their ranks form one line of the product of
+  // their sizes, ranked row-major in the mesh's order of the dimensions (whatever order
+  // `dims` gives), as if the mesh were flattened over them; stack and scatter stack and
+  // split along that line. No dimension ({}) means every dimension of the mesh. One
+  // collective, over a communicator of that set of dimensions.
+  DTensor reduce(const std::vector<std::string>& dims, Reduction reduction, bool scatter = false,
+                 CallSite where = std::source_location::current()) const;
+  DTensor reduce(std::initializer_list<std::string_view> dims, Reduction reduction, bool scatter = false,
+                 CallSite where = std::source_location::current()) const;
+  DTensor& reduce_(const std::vector<std::string>& dims, Reduction reduction, bool scatter = false,
+                   CallSite where = std::source_location::current());
+  DTensor& reduce_(std::initializer_list<std::string_view> dims, Reduction reduction, bool scatter = false,
+                   CallSite where = std::source_location::current());
+  // Rooted (docs/guide.md, "Rooted collectives"): the reduction over `dim` to coordinate
+  // dst.index only; the result lives on mesh().slice(dim, dst.index). Sum..bxor as reduce
+  // (and its dtype rules), stack as gather.
+  DTensor reduce(std::string_view dim, Reduction reduction, Dst dst,
+                 CallSite where = std::source_location::current()) const;
+  // Every coordinate's tensor stacked ([size(dim), *S]) on coordinate `dst` only: the
+  // result lives on mesh().slice(dim, dst).
+  DTensor gather(std::string_view dim, std::int64_t dst, CallSite where = std::source_location::current()) const;
+  // Coordinate `src`'s tensor, on every coordinate along `dim` (a new tensor on this mesh).
+  DTensor broadcast(std::string_view dim, std::int64_t src, CallSite where = std::source_location::current()) const;
+  // Coordinate `src`'s tensor split along its first axis into size(dim) equal parts:
+  // coordinate i gets part i ([size(0) / size(dim), ...]); a size(0) that does not split
+  // is a UsageError.
+  DTensor scatter(std::string_view dim, std::int64_t src, CallSite where = std::source_location::current()) const;
   // The same values, sent positionally to `target` (a mesh of the same sizes).
   DTensor to_mesh(const Mesh& target, CallSite where = std::source_location::current()) const;
   // The same values, sent to `target` (a mesh of the same sizes, or this tensor's own
@@ -228,6 +260,10 @@ class Mesh {
   const std::vector<std::string>& names() const;
   std::vector<std::int64_t> sizes() const;
   std::int64_t size(std::string_view dim) const;
+  // The product of the dimensions' sizes (every dimension's for {}): the ranks of one line
+  // of a reduction over them.
+  std::int64_t size(const std::vector<std::string>& dims) const;
+  std::int64_t size(std::initializer_list<std::string_view> dims) const;
   // The world ranks of the mesh.
   const NDSlice& ranks() const;
 

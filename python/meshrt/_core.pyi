@@ -178,13 +178,27 @@ class DTensor:
     def mesh(self) -> Mesh: ...
     @property
     def stream(self) -> Stream: ...
-    def reduce(self, dim: str, reduction: Reduction | str, scatter: bool = False) -> DTensor:
+    def reduce(self, dim: str | Sequence[str], reduction: Reduction | str, scatter: bool = False, *, dst: int | None = None) -> DTensor:
         """
-        The reduction over mesh dimension dim: meshrt.Reduction.SUM or "sum", ...; stack gathers.
+        The reduction over mesh dimension dim (a str), or over several as one (a tuple; () = every
+        dimension): meshrt.Reduction.SUM or "sum", ...; stack gathers. With dst=i, to coordinate i
+        of dim only: the result lives on mesh.slice(dim, i).
         """
-    def reduce_(self, dim: str, reduction: Reduction | str, scatter: bool = False) -> DTensor:
+    def reduce_(self, dim: str | Sequence[str], reduction: Reduction | str, scatter: bool = False) -> DTensor:
         """
         In place: this tensor's value changes (and every handle's that shares it); returns self.
+        """
+    def gather(self, dim: str, *, dst: int) -> DTensor:
+        """
+        Every coordinate's tensor stacked along a new first axis, on coordinate dst of dim only (the
+        result lives on mesh.slice(dim, dst)).
+        """
+    def broadcast(self, dim: str, *, src: int) -> DTensor:
+        """Coordinate src's tensor, on every coordinate along dim."""
+    def scatter(self, dim: str, *, src: int) -> DTensor:
+        """
+        Coordinate src's tensor split along its first axis into size(dim) parts: coordinate i gets
+        part i.
         """
     def to_mesh(self, target: Mesh, permutation: MeshPermutation | None = None) -> DTensor:
         """

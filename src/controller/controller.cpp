@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <numeric>
 #include <set>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "controller/state.hpp"
 #include "meshrt/functions.hpp"
@@ -325,6 +328,91 @@ std::shared_ptr<TensorState> reduce_impl(const std::shared_ptr<TensorState>& t, 
   return result;
 }
 
+// The dimensions of a Collective: `dims` in the mesh's order, every dimension for none; a
+// dimension not in the mesh or given twice is a UsageError naming the mesh's.
+std::vector<std::string> dimension_set(const MeshState& mesh, std::span<const std::string> dims,
+                                       std::string_view call) {
+  std::vector<bool> in_set(mesh.names.size(), false);
+  for (const std::string& d : dims) {
+    const auto i = static_cast<std::size_t>(mesh.dim_index(d));
+    if (in_set[i]) {
+      throw UsageError(fmt::format("{}: expected each mesh dimension at most once, found '{}' twice in [{}]", call, d,
+                                   fmt::join(dims, ", ")));
+    }
+    in_set[i] = true;
+  }
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < mesh.names.size(); ++i)
+    if (dims.empty() || in_set[i]) out.push_back(mesh.names[i]);
+  return out;
+}
+
+// What a Collective says: "reduce sum over 'host', 'gpu'", "broadcast over 'gpu' from gpu=1".
+std::string collective_words(std::string_view call, const std::vector<std::string>& dims, Reduction reduction,
+                             bool combines, bool scatter, std::int64_t root) {
+  std::string out(call);
+  if (combines) out += fmt::format(" {}", name(reduction));
+  if (scatter) out += " with scatter";
+  out += fmt::format(" over '{}'", fmt::join(dims, "', '"));
+  if (root >= 0)
+    out += fmt::format(" {} {}={}", call == "broadcast" || call == "scatter" ? "from" : "to", dims[0], root);
+  return out;
+}
+
+// One Collective command (docs/ARCHITECTURE.md section 3.6), as reduce_impl: over the line
+// of `dims` (several as one), rooted at `root` (-1: none). The result, out of place, lives
+// on `result_mesh` (the root's slice for a rooted reduce or gather; `on` otherwise).
+std::shared_ptr<TensorState> collective_impl(const std::shared_ptr<TensorState>& t,
+                                             const std::shared_ptr<MeshState>& on, std::string_view call,
+                                             CollectiveKind kind, std::span<const std::string> given,
+                                             Reduction reduction, bool scatter, bool inplace, std::int64_t root,
+                                             const std::shared_ptr<MeshState>& result_mesh, const CallSite& where) {
+  if (!t) throw UsageError(fmt::format("{}: an undefined DTensor", call));
+  auto ctl = lock(t->controller);
+  MeshState& mesh = *on;
+  const std::vector<std::string> dims = dimension_set(mesh, given, call);
+  std::int64_t n = 1;
+  for (const std::string& d : dims) n *= mesh.ranks.sizes()[static_cast<std::size_t>(mesh.dim_index(d))];
+  const TensorMeta& in = t->meta;
+  const detail::Words what(collective_words(
+      call, dims, reduction, kind == CollectiveKind::Reduce && reduction != Reduction::Stack, scatter, root));
+  const ReductionRule rule = collective_rule(in, n, kind, reduction, scatter, inplace, root, in.device().kind());
+  if (!rule.allowed()) throw UsageError(fmt::format("{}: {}", what.str(), rule.error));
+  if (inplace && !same_layout(*t->home, mesh)) {
+    throw UsageError(
+        fmt::format("{}: in place needs the tensor's whole mesh; this handle covers a slice of it", what.str()));
+  }
+  use_tensor(*ctl, *t, mesh, *t->stream, inplace, what);
+  ctl->ensure_mesh(mesh);
+  ctl->ensure_stream(*t->stream);
+  const protocol::Ident ident = ctl->new_ident();
+  std::shared_ptr<Node> node = ctl->make_node(ident, what, where, {t->node});
+  std::shared_ptr<TensorState> result;  // out of place only
+  if (inplace)
+    t->node = std::move(node);
+  else
+    result = new_tensor(*ctl, rule.out_meta(in), result_mesh, t->stream, std::move(node));
+  ctl->append(mesh.dests,
+              protocol::Collective{.kind = kind,
+                                   .result = inplace ? t->ref : result->ref,
+                                   .tensor = t->ref,
+                                   .factory = in,
+                                   .mesh = mesh.ref,
+                                   .stream = t->stream->ref,
+                                   .dims = dims,
+                                   .reduction = reduction,
+                                   .scatter = scatter,
+                                   .inplace = inplace,
+                                   .root = root,
+                                   .ident = ident},
+              ident);
+  return result;
+}
+
+std::vector<std::string> to_strings(std::initializer_list<std::string_view> dims) {
+  return {dims.begin(), dims.end()};
+}
+
 }  // namespace
 
 DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter, CallSite where) const {
@@ -336,6 +424,81 @@ DTensor& DTensor::reduce_(std::string_view dim, Reduction reduction, bool scatte
   return at_site(where, [&]() -> DTensor& {
     reduce_impl(state_, mesh_, dim, reduction, scatter, true, where);
     return *this;
+  });
+}
+
+DTensor DTensor::reduce(const std::vector<std::string>& dims, Reduction reduction, bool scatter, CallSite where) const {
+  return at_site(where, [&] {
+    return DTensor(collective_impl(state_, mesh_, "reduce", CollectiveKind::Reduce, dims, reduction, scatter, false, -1,
+                                   mesh_, where),
+                   mesh_);
+  });
+}
+
+DTensor DTensor::reduce(std::initializer_list<std::string_view> dims, Reduction reduction, bool scatter,
+                        CallSite where) const {
+  return reduce(to_strings(dims), reduction, scatter, where);
+}
+
+DTensor& DTensor::reduce_(const std::vector<std::string>& dims, Reduction reduction, bool scatter, CallSite where) {
+  return at_site(where, [&]() -> DTensor& {
+    collective_impl(state_, mesh_, "reduce_", CollectiveKind::Reduce, dims, reduction, scatter, true, -1, mesh_, where);
+    return *this;
+  });
+}
+
+DTensor& DTensor::reduce_(std::initializer_list<std::string_view> dims, Reduction reduction, bool scatter,
+                          CallSite where) {
+  return reduce_(to_strings(dims), reduction, scatter, where);
+}
+
+namespace {
+// A root outside `dim` is a UsageError naming the dimension's coordinates.
+void check_root(const Mesh& mesh, std::string_view call, std::string_view dim, std::int64_t root) {
+  const std::int64_t n = mesh.size(dim);
+  if (root < 0 || root >= n) {
+    throw UsageError(fmt::format("{} over '{}': expected a coordinate in 0..{} (the size of '{}' is {}), found {}",
+                                 call, dim, n - 1, dim, n, root));
+  }
+}
+}  // namespace
+
+DTensor DTensor::reduce(std::string_view dim, Reduction reduction, Dst dst, CallSite where) const {
+  return at_site(where, [&] {
+    if (!state_) throw UsageError("reduce: an undefined DTensor");
+    const std::string call = reduction == Reduction::Stack ? "gather" : "reduce";
+    check_root(Mesh(mesh_), call, dim, dst.index);
+    std::shared_ptr<MeshState> on = Mesh(mesh_).slice(dim, dst.index).state_;
+    const std::string d(dim);
+    return DTensor(collective_impl(state_, mesh_, call, CollectiveKind::Reduce, std::span(&d, 1), reduction, false,
+                                   false, dst.index, on, where),
+                   on);
+  });
+}
+
+DTensor DTensor::gather(std::string_view dim, std::int64_t dst, CallSite where) const {
+  return reduce(dim, Reduction::Stack, Dst{dst}, where);
+}
+
+DTensor DTensor::broadcast(std::string_view dim, std::int64_t src, CallSite where) const {
+  return at_site(where, [&] {
+    if (!state_) throw UsageError("broadcast: an undefined DTensor");
+    check_root(Mesh(mesh_), "broadcast", dim, src);
+    const std::string d(dim);
+    return DTensor(collective_impl(state_, mesh_, "broadcast", CollectiveKind::Broadcast, std::span(&d, 1),
+                                   Reduction::Sum, false, false, src, mesh_, where),
+                   mesh_);
+  });
+}
+
+DTensor DTensor::scatter(std::string_view dim, std::int64_t src, CallSite where) const {
+  return at_site(where, [&] {
+    if (!state_) throw UsageError("scatter: an undefined DTensor");
+    check_root(Mesh(mesh_), "scatter", dim, src);
+    const std::string d(dim);
+    return DTensor(collective_impl(state_, mesh_, "scatter", CollectiveKind::Scatter, std::span(&d, 1), Reduction::Sum,
+                                   false, false, src, mesh_, where),
+                   mesh_);
   });
 }
 
@@ -514,6 +677,15 @@ std::vector<std::int64_t> Mesh::sizes() const {
 }
 std::int64_t Mesh::size(std::string_view dim) const {
   return state_->ranks.sizes()[static_cast<std::size_t>(state_->dim_index(dim))];
+}
+std::int64_t Mesh::size(const std::vector<std::string>& dims) const {
+  std::int64_t n = 1;
+  for (const std::string& d : dimension_set(*state_, dims, "Mesh::size"))
+    n *= state_->ranks.sizes()[static_cast<std::size_t>(state_->dim_index(d))];
+  return n;
+}
+std::int64_t Mesh::size(std::initializer_list<std::string_view> dims) const {
+  return size(to_strings(dims));
 }
 const NDSlice& Mesh::ranks() const {
   return state_->ranks;

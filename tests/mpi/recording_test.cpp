@@ -82,6 +82,36 @@ TEST(Recording, ReplaysGiveWhatTheCommandsGiveOneByOne) {
   });
 }
 
+// The collectives of a Collective command record and replay: a broadcast, a reduction over
+// several dimensions, and a rooted reduce whose result lives on the root's slice.
+std::vector<DTensor> collective_step(const DTensor& x) {
+  DTensor b = x.broadcast("gpu", 1);
+  DTensor all = b.reduce({"host", "gpu"}, Reduction::Sum);
+  DTensor rooted = x.reduce("host", Reduction::Max, Dst{0});
+  return {all, rooted};
+}
+
+TEST(Recording, CollectivesOfSeveralDimensionsAndRootsReplay) {
+  session([](Controller& ctl) {
+    Mesh mesh = mesh2x2(ctl);
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
+    Recording rec = ctl.record({x}, [&](const std::vector<DTensor>& in) { return collective_step(in[0]); });
+    for (int i = 0; i < 2; ++i) {
+      const std::vector<DTensor> want = collective_step(x);
+      const std::vector<DTensor> got = rec({x});
+      ASSERT_EQ(got.size(), 2u);
+      EXPECT_EQ(shards(ctl, got[0]), shards(ctl, want[0])) << "replay " << i;
+      EXPECT_TRUE(got[1].mesh() == mesh.slice("host", 0));
+      for (std::int64_t g = 0; g < mesh.size("gpu"); ++g) {
+        EXPECT_TRUE(ctl.fetch_shard(got[1], {{"gpu", g}}).get().equals(ctl.fetch_shard(want[1], {{"gpu", g}}).get()))
+            << "replay " << i << ", gpu " << g;
+      }
+      x = mesh.call("meshrt.scale", got[0], 0.5);
+    }
+    ctl.synchronize();
+  });
+}
+
 TEST(Recording, ResultsFeedReplaysAndOrdinaryCalls) {
   session([](Controller& ctl) {
     Mesh mesh = mesh2x2(ctl);

@@ -1,6 +1,10 @@
 // The tutorial flows of the source document on a 2x2 mesh (4 ranks).
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <string>
+#include <vector>
+
 #include "runtime_support.hpp"
 
 using namespace meshrt;
@@ -67,6 +71,128 @@ TEST(Runtime, HostDataOntoAMesh) {
     EXPECT_NE(list.find("host numbers go as a meshrt::Tensor, e.g. meshrt::Tensor::from<float>({3}, values)"),
               std::string::npos)
         << list;
+    ctl.synchronize();
+  });
+}
+
+namespace {
+
+std::string usage_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a UsageError";
+  return "";
+}
+
+// x(h, g) = 100h + [4g, 4g+1, 4g+2, 4g+3], float32[2, 2]: distinct along both dimensions.
+Tensor expected_x(std::int64_t h, std::int64_t g) {
+  const auto b = static_cast<float>(100 * h + 4 * g);
+  return Tensor::from<float>({2, 2}, {b, b + 1, b + 2, b + 3});
+}
+
+// Entry i of a stack of float32[2, 2] tensors.
+Tensor entry(const Tensor& stacked, std::int64_t i) {
+  const auto all = stacked.span<float>();
+  const auto at = static_cast<std::size_t>(4 * i);
+  return Tensor::from<float>({2, 2}, {all[at], all[at + 1], all[at + 2], all[at + 3]});
+}
+
+}  // namespace
+
+// Rooted collectives over one dimension: the expected values are closed forms of x.
+TEST(Runtime, RootedCollectivesOverADimension) {
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
+    DTensor by_gpu = mesh.scatter("gpu", Tensor::from<float>({4, 2}, {0, 1, 2, 3, 4, 5, 6, 7}));
+    DTensor by_host = mesh.scatter("host", Tensor::from<float>({4, 2}, {0, 0, 0, 0, 100, 100, 100, 100}));
+    DTensor x = mesh.call("meshrt.add", by_gpu, by_host);
+
+    DTensor to1 = x.reduce("gpu", Reduction::Sum, Dst{1});
+    EXPECT_EQ(to1.mesh().names(), (std::vector<std::string>{"host"}));
+    EXPECT_EQ(to1.mesh().ranks().to_vector(), (std::vector<NDSlice::Int>{1, 3}));  // gpu=1 of each host
+    DTensor gathered = x.gather("gpu", 0);
+    EXPECT_EQ(gathered.meta(), TensorMeta({2, 2, 2}, DType::Float32));
+    DTensor from_host1 = x.broadcast("host", 1);
+    DTensor parts = x.scatter("gpu", 0);
+    EXPECT_EQ(parts.meta(), TensorMeta({1, 2}, DType::Float32));
+    for (std::int64_t h = 0; h < 2; ++h) {
+      const auto hb = static_cast<float>(200 * h);
+      EXPECT_TRUE(ctl.fetch_shard(to1, {{"host", h}})
+                      .get()
+                      .equals(Tensor::from<float>({2, 2}, {hb + 4, hb + 6, hb + 8, hb + 10})))
+          << h;
+      const Tensor g = ctl.fetch_shard(gathered, {{"host", h}}).get();
+      for (std::int64_t i = 0; i < 2; ++i) EXPECT_TRUE(entry(g, i).equals(expected_x(h, i))) << h << i;
+      for (std::int64_t i = 0; i < 2; ++i) {
+        const std::vector<std::pair<std::string, std::int64_t>> at = {{"host", h}, {"gpu", i}};
+        EXPECT_TRUE(ctl.fetch_shard(from_host1, at).get().equals(expected_x(1, i))) << h << i;
+        const auto p = static_cast<float>(100 * h + 2 * i);  // row i of x(h, 0)
+        EXPECT_TRUE(ctl.fetch_shard(parts, at).get().equals(Tensor::from<float>({1, 2}, {p, p + 1}))) << h << i;
+      }
+    }
+
+    const std::string root = usage_error([&] { (void)x.reduce("gpu", Reduction::Sum, Dst{2}); });
+    EXPECT_NE(root.find("reduce over 'gpu': expected a coordinate in 0..1 (the size of 'gpu' is 2), found 2"),
+              std::string::npos)
+        << root;
+    const std::string scalar = usage_error([&] { (void)mesh.rank("gpu").scatter("host", 0); });
+    EXPECT_NE(scalar.find("scatter over 'host' from host=0: scatter over 2 ranks needs an input whose size(0) splits "
+                          "into 2 equal parts, found int64[] on cpu"),
+              std::string::npos)
+        << scalar;
+    const std::string avg = usage_error([&] { (void)mesh.rank("gpu").reduce("host", Reduction::Avg, Dst{0}); });
+    EXPECT_NE(avg.find("reduction avg needs a floating-point dtype, found int64"), std::string::npos) << avg;
+    ctl.synchronize();
+  });
+}
+
+// Several dimensions as one collective: the line is the mesh flattened over them, in the
+// mesh's order whatever order the call gives; {} is every dimension.
+TEST(Runtime, AReductionOverSeveralDimensionsIsOneCollective) {
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
+    DTensor by_gpu = mesh.scatter("gpu", Tensor::from<float>({4, 2}, {0, 1, 2, 3, 4, 5, 6, 7}));
+    DTensor by_host = mesh.scatter("host", Tensor::from<float>({4, 2}, {0, 0, 0, 0, 100, 100, 100, 100}));
+    DTensor x = mesh.call("meshrt.add", by_gpu, by_host);
+    EXPECT_EQ(mesh.size({"host", "gpu"}), 4);
+    EXPECT_EQ(mesh.size({}), 4);
+
+    DTensor sum = x.reduce({"host", "gpu"}, Reduction::Sum);
+    DTensor every = x.reduce({}, Reduction::Sum);
+    DTensor stacked = x.reduce({"gpu", "host"}, Reduction::Stack);  // ranked host-major, the mesh's order
+    EXPECT_EQ(stacked.meta(), TensorMeta({4, 2, 2}, DType::Float32));
+    DTensor scattered = stacked.reduce({"host", "gpu"}, Reduction::Sum, /*scatter=*/true);
+    EXPECT_EQ(scattered.meta(), TensorMeta({2, 2}, DType::Float32));
+    const Tensor total = Tensor::from<float>({2, 2}, {208, 212, 216, 220});  // sum of 100h + 4g + k
+    for (std::int64_t h = 0; h < 2; ++h) {
+      for (std::int64_t g = 0; g < 2; ++g) {
+        const std::vector<std::pair<std::string, std::int64_t>> at = {{"host", h}, {"gpu", g}};
+        EXPECT_TRUE(ctl.fetch_shard(sum, at).get().equals(total)) << h << g;
+        EXPECT_TRUE(ctl.fetch_shard(every, at).get().equals(total)) << h << g;
+        const Tensor s = ctl.fetch_shard(stacked, at).get();
+        for (std::int64_t p = 0; p < 4; ++p) EXPECT_TRUE(entry(s, p).equals(expected_x(p / 2, p % 2))) << p;
+        // Four equal stacks, scattered: position h*2+g gets four times x(h, g).
+        const Tensor part = ctl.fetch_shard(scattered, at).get();
+        const auto b = static_cast<float>(4 * (100 * h + 4 * g));
+        EXPECT_TRUE(part.equals(Tensor::from<float>({2, 2}, {b, b + 4, b + 8, b + 12}))) << h << g;
+      }
+    }
+    x.reduce_({"gpu", "host"}, Reduction::Max);
+    for (std::int64_t r = 0; r < 4; ++r) {
+      EXPECT_TRUE(ctl.fetch_shard(x, {{"host", r / 2}, {"gpu", r % 2}}).get().equals(expected_x(1, 1))) << r;
+    }
+
+    const std::string twice = usage_error([&] { (void)x.reduce({"gpu", "gpu"}, Reduction::Sum); });
+    EXPECT_NE(twice.find("reduce: expected each mesh dimension at most once, found 'gpu' twice in [gpu, gpu]"),
+              std::string::npos)
+        << twice;
+    const std::string unknown = usage_error([&] { (void)x.reduce({"host", "rack"}, Reduction::Sum); });
+    EXPECT_NE(unknown.find("rack"), std::string::npos) << unknown;
+    const std::string split = usage_error([&] { (void)x.reduce({"host", "gpu"}, Reduction::Sum, true); });
+    EXPECT_NE(split.find("reduce sum with scatter over 'host', 'gpu': "), std::string::npos) << split;
     ctl.synchronize();
   });
 }

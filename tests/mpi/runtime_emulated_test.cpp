@@ -193,6 +193,42 @@ TEST(RuntimeEmulated, ReduceAndFetchFromEveryRank) {
   });
 }
 
+// Rooted collectives and a reduction over several dimensions on device tensors (the
+// emulator's reduce and broadcast, a gather and scatter as grouped sends).
+TEST(RuntimeEmulated, RootedAndSeveralDimensionCollectives) {
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
+    DTensor x = mesh.call("test.on_emulated", {4, 3}, 1.0);  // rank r = 2h + g holds r + 1
+    DTensor to0 = x.reduce("gpu", Reduction::Sum, Dst{0});
+    DTensor avg = x.reduce("host", Reduction::Avg, Dst{1});
+    DTensor gathered = x.gather("gpu", 1);
+    DTensor from1 = x.broadcast("host", 1);
+    DTensor parts = x.scatter("gpu", 0);
+    DTensor every = x.reduce({}, Reduction::Sum);
+    DTensor stacked = x.reduce({"host", "gpu"}, Reduction::Stack);
+    EXPECT_EQ(gathered.meta().shape(), (std::vector<std::int64_t>{2, 4, 3}));
+    EXPECT_EQ(parts.meta().shape(), (std::vector<std::int64_t>{2, 3}));
+    for (std::int64_t h = 0; h < 2; ++h) {
+      EXPECT_EQ(first(ctl.fetch_shard(to0, {{"host", h}}).get()), static_cast<float>(4 * h + 3));
+      const Tensor g = ctl.fetch_shard(gathered, {{"host", h}}).get();
+      EXPECT_EQ(g.span<float>()[0], static_cast<float>(2 * h + 1));
+      EXPECT_EQ(g.span<float>()[12], static_cast<float>(2 * h + 2));
+      for (std::int64_t i = 0; i < 2; ++i) {
+        const std::vector<std::pair<std::string, std::int64_t>> at = {{"host", h}, {"gpu", i}};
+        EXPECT_EQ(first(ctl.fetch_shard(from1, at).get()), static_cast<float>(3 + i));
+        EXPECT_EQ(first(ctl.fetch_shard(parts, at).get()), static_cast<float>(2 * h + 1));
+        EXPECT_EQ(first(ctl.fetch_shard(every, at).get()), 10.0f);
+        const Tensor s = ctl.fetch_shard(stacked, at).get();
+        for (std::int64_t p = 0; p < 4; ++p) EXPECT_EQ(s.span<float>()[static_cast<std::size_t>(12 * p)], p + 1.0f);
+      }
+    }
+    for (std::int64_t g = 0; g < 2; ++g)
+      EXPECT_EQ(first(ctl.fetch_shard(avg, {{"gpu", g}}).get()), static_cast<float>(g + 2));  // ((g+1) + (g+3)) / 2
+    x.reduce_({"gpu", "host"}, Reduction::Max);
+    EXPECT_EQ(first(ctl.fetch_shard(x, {{"host", 0}, {"gpu", 0}}).get()), 4.0f);
+  });
+}
+
 TEST(RuntimeEmulated, ToMeshBetweenSubMeshes) {
   session([](Controller& ctl) {
     Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});

@@ -161,6 +161,34 @@ def test_call_arguments(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_rooted_and_several_dimension_collectives(kind):
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind=kind)
+        dp, tp = mesh.rank("dp"), mesh.rank("tp")
+        x = mesh.call("meshrt.add", mesh.call("meshrt.add", dp, dp), tp)  # 2 * dp + tp
+        to1 = x.reduce("tp", "sum", dst=1)  # on the sub-mesh tp=1
+        assert to1.mesh == mesh.slice("tp", 1)
+        assert [int(value(ctl, to1, dp=d)) for d in range(2)] == [1, 5]
+        np.testing.assert_array_equal(value(ctl, x.gather("dp", dst=0), tp=1), [1, 3])
+        b = x.broadcast("tp", src=1)
+        assert [int(value(ctl, b, dp=d, tp=t)) for d in range(2) for t in range(2)] == [1, 1, 3, 3]
+        rows = x.reduce(("tp", "dp"), "stack")  # ranked dp-major, the mesh's order: [0, 1, 2, 3]
+        np.testing.assert_array_equal(value(ctl, rows, dp=1, tp=0), [0, 1, 2, 3])
+        np.testing.assert_array_equal(value(ctl, rows.scatter("dp", src=1), dp=1, tp=0), [2, 3])
+        assert int(value(ctl, x.reduce((), "sum"), dp=0, tp=1)) == 6
+        assert x.reduce_(["tp", "dp"], "max") is x
+        assert int(value(ctl, x, dp=0, tp=0)) == 3
+        with pytest.raises(meshrt.UsageError, match=r"expected one dimension \(a str\) with dst=, found a tuple"):
+            x.reduce(("dp",), "sum", dst=0)
+        with pytest.raises(meshrt.UsageError, match=r"reduce: expected each dimension a str, found int"):
+            x.reduce(("dp", 1), "sum")
+        with pytest.raises(meshrt.UsageError, match=r"broadcast over 'tp': expected a coordinate in 0..1"):
+            x.broadcast("tp", src=2)
+
+    meshrt.run(main)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_reductions_and_sends(kind):
     def main(ctl):
         mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind=kind)

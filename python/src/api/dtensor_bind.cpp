@@ -16,6 +16,25 @@
 
 namespace meshrt::python {
 
+namespace {
+// The dimensions of a reduction: None for one (a str), the list for a tuple or list of
+// str (several as one; empty: every dimension).
+std::optional<std::vector<std::string>> dimension_list(py::handle dim, std::string_view call, const CallSite& where) {
+  if (py::isinstance<py::str>(dim)) return std::nullopt;
+  if (py::isinstance<py::tuple>(dim) || py::isinstance<py::list>(dim)) {
+    std::vector<std::string> out;
+    for (py::handle d : dim) {
+      if (!py::isinstance<py::str>(d)) {
+        usage(where, fmt::format("{}: expected each dimension a str, found {}", call, found(d)));
+      }
+      out.push_back(d.cast<std::string>());
+    }
+    return out;
+  }
+  usage(where, fmt::format("{}: expected a dimension (a str) or several (a tuple of str), found {}", call, found(dim)));
+}
+}  // namespace
+
 void bind_dtensor(py::module_& m) {
   auto cls = api_class<DTensorClass>(m, "DTensor");
   cls.def_property_readonly("meta", [](const DTensor& t) { return t.meta(); })
@@ -23,24 +42,71 @@ void bind_dtensor(py::module_& m) {
       .def_property_readonly("stream", &DTensor::stream)
       .def(
           "reduce",
-          [](const DTensor& t, const std::string& dim, py::handle r, bool scatter) {
+          [](const DTensor& t, py::handle dim, py::handle r, bool scatter, std::optional<std::int64_t> dst) {
             const auto where = caller_site();
             const Reduction red = to_reduction(r, where);
-            return released([&] { return t.reduce(dim, red, scatter, where); });
+            const std::optional<std::vector<std::string>> dims = dimension_list(dim, "reduce", where);
+            if (dst && dims) {
+              usage(where, fmt::format("reduce: expected one dimension (a str) with dst=, found a tuple of {}; "
+                                       "reduce to a root over one dimension",
+                                       dims->size()));
+            }
+            if (dst && scatter) {
+              usage(where,
+                    "reduce: expected scatter=False with dst=, found scatter=True (a reduce_scatter has no root); "
+                    "drop dst= or scatter=");
+            }
+            return released([&] {
+              if (dims) return t.reduce(*dims, red, scatter, where);
+              const std::string d = py::cast<std::string>(dim);
+              return dst ? t.reduce(d, red, Dst{*dst}, where) : t.reduce(d, red, scatter, where);
+            });
           },
-          py::arg("dim"), py::arg("reduction"), py::arg("scatter") = false,
-          "The reduction over mesh dimension dim: meshrt.Reduction.SUM or \"sum\", ...; stack gathers.")
+          py::arg("dim"), py::arg("reduction"), py::arg("scatter") = false, py::kw_only(), py::arg("dst") = py::none(),
+          "The reduction over mesh dimension dim (a str), or over several as one (a tuple; () = every dimension): "
+          "meshrt.Reduction.SUM or \"sum\", ...; stack gathers. With dst=i, to coordinate i of dim only: the "
+          "result lives on mesh.slice(dim, i).")
       .def(
           "reduce_",
-          [](py::object self, const std::string& dim, py::handle r, bool scatter) {
+          [](py::object self, py::handle dim, py::handle r, bool scatter) {
             const auto where = caller_site();
             const Reduction red = to_reduction(r, where);
+            const std::optional<std::vector<std::string>> dims = dimension_list(dim, "reduce_", where);
             DTensor& t = self.cast<DTensor&>();
-            released([&] { t.reduce_(dim, red, scatter, where); });
+            released([&] {
+              if (dims)
+                t.reduce_(*dims, red, scatter, where);
+              else
+                t.reduce_(py::cast<std::string>(dim), red, scatter, where);
+            });
             return self;
           },
           py::arg("dim"), py::arg("reduction"), py::arg("scatter") = false,
           "In place: this tensor's value changes (and every handle's that shares it); returns self.")
+      .def(
+          "gather",
+          [](const DTensor& t, const std::string& dim, std::int64_t dst) {
+            const auto where = caller_site();
+            return released([&] { return t.gather(dim, dst, where); });
+          },
+          py::arg("dim"), py::kw_only(), py::arg("dst"),
+          "Every coordinate's tensor stacked along a new first axis, on coordinate dst of dim only (the result lives "
+          "on mesh.slice(dim, dst)).")
+      .def(
+          "broadcast",
+          [](const DTensor& t, const std::string& dim, std::int64_t src) {
+            const auto where = caller_site();
+            return released([&] { return t.broadcast(dim, src, where); });
+          },
+          py::arg("dim"), py::kw_only(), py::arg("src"), "Coordinate src's tensor, on every coordinate along dim.")
+      .def(
+          "scatter",
+          [](const DTensor& t, const std::string& dim, std::int64_t src) {
+            const auto where = caller_site();
+            return released([&] { return t.scatter(dim, src, where); });
+          },
+          py::arg("dim"), py::kw_only(), py::arg("src"),
+          "Coordinate src's tensor split along its first axis into size(dim) parts: coordinate i gets part i.")
       .def(
           "to_mesh",
           [](const DTensor& t, const Mesh& target, std::optional<MeshPermutation> permutation) {
