@@ -9,6 +9,9 @@
 # the same nvidia-nccl-cu13 wheel's file, where a venv keeps it). gpu-check.sh runs
 # outside it but starts every bundle program inside it (chroot): its library trace covers
 # every program and component, its steps run the suites with mpiexec at 1 to 4 ranks.
+# The Python step runs outside it, as on the machine: Debian's python3 builds the
+# extension from the bundle's kit and runs the torch kernels' tests and train.py on the
+# emulated accelerator (MESHRT_GPU_CHECK_PYTHON names another python3).
 # Needs root (unshare, mount, chroot); the bundle comes from scripts/gpu-bundle.sh.
 # Exits with gpu-check.sh's code; prints its verdict and the time taken, and leaves what
 # gpu-check.sh wrote under $OUT in the bundle's folder, under rehearsal/.
@@ -56,6 +59,13 @@ if grep -q '^cuda: *[0-9]' "$BASE/MANIFEST.txt"; then
   touch "$NCCL_IN/libnccl.so.2"
 fi
 
+# The Python step: Debian's python3 (torch, numpy, pytest), the kit's extension built with
+# the objects of the build the bundle came from where their preprocessed sources match
+# (scripts/gpu-python/reuse_object.py: compiling it takes minutes on two cores).
+PY_OBJECTS=$(sed -n 's/^build: *\(.*\) (.*)$/\1/p' "$BASE/MANIFEST.txt")
+[ -f "$PY_OBJECTS/compile_commands.json" ] || PY_OBJECTS=""
+export PY_OBJECTS
+
 start=$(date +%s)
 set +e
 # shellcheck disable=SC2016
@@ -70,6 +80,7 @@ unshare -m bash -euc '
   fi
   shift 3
   exec env TMPDIR="$shared" OUT="$shared/out" MESHRT_GPU_CHECK_REHEARSAL=1 \
+    MESHRT_GPU_CHECK_PYTHON="${MESHRT_GPU_CHECK_PYTHON:-/usr/bin/python3}" MESHRT_GPU_CHECK_PY_OBJECTS="$PY_OBJECTS" \
     MESHRT_GPU_CHECK_WRAP="chroot $sysroot" MESHRT_GPU_CHECK_SYSROOT="$sysroot" \
     MESHRT_GPU_CHECK_BUDGET="${MESHRT_GPU_CHECK_BUDGET:-110}" MESHRT_GPU_BUNDLE="$1" bash "$2"
 ' rehearse "$SYSROOT" "$SHARED" "$NCCL_HERE" "$BUNDLE" "$ROOT/scripts/gpu-check.sh"

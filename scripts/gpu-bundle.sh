@@ -13,6 +13,11 @@
 # (libnccl.so.2, 218 MB: the machine's pip nvidia-nccl-cu13, found by gpu-check.sh).
 # env.sh at the bundle's root sets the environment its programs need (library path, Open
 # MPI's and PMIx's relocation) from wherever it was unpacked. Nothing is installed here.
+# With the Python package in the build, python-kit/ holds what gpu-check.sh needs to build the
+# extension there for the machine's own python3: its sources, a CMake project for it alone
+# (scripts/gpu-python/CMakeLists.txt), and the headers it includes that are not Python's,
+# pybind11's or the compiler's (meshrt's under include/; Boost's, fmt's, DLPack's and
+# MPI's under python-kit/sysroot/, where they lie here); the libraries it links come along.
 # scripts/gpu-bundle-rehearse.sh runs the bundle with only glibc beside it.
 # Settings: MESHRT_JOBS (build jobs), MESHRT_BUNDLE_BUILD_DIR (default build-bundle),
 # MESHRT_BUNDLE_CUDA_ARCHITECTURES (default 90: the H100 and H200), MESHRT_BUNDLE_LIMIT_MIB
@@ -62,8 +67,12 @@ if [ -z "$FROM" ]; then
   cmake -S "$ROOT" -B "$BUILD" "${generator[@]}" "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" -DCMAKE_C_FLAGS_RELEASE="-O2 -DNDEBUG" -DMESHRT_WERROR=ON \
     -DMESHRT_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${MESHRT_BUNDLE_CUDA_ARCHITECTURES:-90}" >/dev/null
-  say "building ${TESTS[*]} ${APPS[*]}"
-  cmake --build "$BUILD" -j "${MESHRT_JOBS:-$(nproc)}" --target "${TESTS[@]}" "${APPS[@]}"
+  # The Python extension (where this machine has Python's headers and pybind11): what it
+  # links and how it was compiled is what the machine's build of it repeats.
+  py_target=()
+  grep -q '^MESHRT_PYTHON_BUILD_DIR:' "$BUILD/CMakeCache.txt" && py_target=(meshrt_python)
+  say "building ${TESTS[*]} ${APPS[*]} ${py_target[*]}"
+  cmake --build "$BUILD" -j "${MESHRT_JOBS:-$(nproc)}" --target "${TESTS[@]}" "${APPS[@]}" "${py_target[@]}"
 else
   BUILD=$FROM
 fi
@@ -176,6 +185,89 @@ for c in "$OMPI_PKGLIB"/mca_*.so; do
 done
 for c in "$STAGE"/lib/openmpi/*.so; do add_closure "$OMPI_PKGLIB/$(basename "$c")"; done
 
+# The Python extension's kit (python-kit/): built on the GPU machine by gpu-check.sh for its
+# python3, from the build's flags (compile_commands.json) over the bundle's files.
+PY_CORE=$(find "$BUILD/python/meshrt" -maxdepth 1 -name '_core*.so' -print -quit 2>/dev/null)
+PY_NOTE="none (a build without the Python package)"
+if [ -n "$PY_CORE" ]; then
+  add_closure "$PY_CORE"
+  mkdir -p "$STAGE/python-kit/source" "$STAGE/python-kit/sysroot" "$STAGE/include"
+  cp "$ROOT/scripts/gpu-python/CMakeLists.txt" "$STAGE/python-kit/CMakeLists.txt"
+  cp "$ROOT/python/CMakeLists.txt" "$STAGE/python-kit/source/"
+  (cd "$ROOT/python" && find src meshrt -type f \( -name '*.cpp' -o -name '*.hpp' -o -name '*.py' -o -name '*.pyi' -o -name py.typed \) \
+    -not -path '*/__pycache__/*' -print0 | xargs -0 cp --parents -t "$STAGE/python-kit/source")
+  cp -r "$ROOT/include/meshrt" "$STAGE/include/"
+  cp -r "$BUILD/include/meshrt"/. "$STAGE/include/meshrt/"
+  # How the build compiled one of the extension's files: its definitions and include folders.
+  py_flags=$(python3 - "$BUILD/compile_commands.json" "$ROOT/python/src/module.cpp" <<'PYEOF'
+import json, shlex, sys
+entry = next(e for e in json.load(open(sys.argv[1])) if e["file"] == sys.argv[2])
+args = shlex.split(entry["command"]) if "command" in entry else entry["arguments"]
+i = 0
+while i < len(args):
+    a = args[i]
+    for flag in ("-D", "-I", "-isystem"):
+        if a == flag:
+            print(flag, args[i + 1]); i += 1; break
+        if a.startswith(flag) and flag != "-isystem":
+            print(flag, a[len(flag):]); break
+    i += 1
+PYEOF
+  ) || die "expected $ROOT/python/src/module.cpp in $BUILD/compile_commands.json (CMAKE_EXPORT_COMPILE_COMMANDS), found none"
+  defs=() third=() flags=()
+  while read -r flag val; do
+    case $flag in
+    -D) [[ $val == *_EXPORTS ]] || defs+=("$val"); flags+=("-D$val") ;;
+    -I | -isystem)
+      flags+=("$flag" "$val")
+      # Left out: the extension's own sources, meshrt's headers (include/), Python's.
+      [ "$val" = "$ROOT/python/src" ] || [ "$val" = "$ROOT/include" ] || [ "$val" = "$BUILD/include" ] ||
+        [ -f "$val/Python.h" ] || third+=("$val") ;;
+    esac
+  done <<<"$py_flags"
+  # The third-party headers named in /usr/include by meshrt's own #include lines (Boost,
+  # fmt, DLPack: not Python's or pybind11's, which are the machine's).
+  tops=$(grep -rhoE '^#include <[a-z0-9_]+/' "$ROOT/include/meshrt" "$ROOT/python/src" | sed 's/#include <//; s/\/$//' |
+    sort -u | grep -vx pybind11)
+  # Every header the extension's files reach through meshrt's headers and those lines (a
+  # compiler's dependency list of one file that includes them all), mirrored under
+  # sysroot/; and Boost's configuration whole (another compiler takes other files of it).
+  tu=$STAGE_PARENT/python-headers.cpp
+  { find "$ROOT/include/meshrt" -name '*.hpp' | sort | sed 's/.*/#include "&"/'
+    grep -rhoE "^#include <($(echo "$tops" | paste -sd'|'))/[^>]*>" "$ROOT/include/meshrt" "$ROOT/python/src" | sort -u
+  } >"$tu"
+  cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt")
+  deps=$("${cxx:-c++}" -std=c++20 "${flags[@]}" -M "$tu" | tr -d '\\' | tr ' ' '\n' | grep '^/' | sort -u) ||
+    die "could not list the headers of the Python extension (${cxx:-c++} -M $tu)"
+  dlpack=$(sed -n 's/^DLPACK_INCLUDE_DIR:[A-Z]*=//p' "$BUILD/CMakeCache.txt")
+  sys_dirs=("${third[@]}" "${dlpack:-/usr/include}")
+  mirrored=0
+  while read -r h; do
+    [ -n "$h" ] || continue
+    keep=0
+    for d in "${third[@]}"; do [[ $h == "$d"/* ]] && keep=1; done
+    for t in $tops; do [[ $h == /usr/include/$t/* ]] && keep=1; done
+    [ $keep = 1 ] || continue
+    mkdir -p "$STAGE/python-kit/sysroot$(dirname "$h")"
+    cp "$h" "$STAGE/python-kit/sysroot$h"
+    mirrored=$((mirrored + 1))
+  done <<<"$deps"
+  [ -d /usr/include/boost/config ] && cp -r /usr/include/boost/config "$STAGE/python-kit/sysroot/usr/include/boost/"
+  # The libraries it links, as the build's extension names them (libmeshrt's first).
+  py_libs=(libmeshrt.so.0)
+  while read -r so; do
+    [[ $so =~ $BASE_RE || $so =~ ^(libstdc\+\+\.so\.6|libgcc_s\.so\.1|libmeshrt\.so\.0)$ ]] || py_libs+=("$so")
+  done < <(readelf -d "$PY_CORE" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+  {
+    echo "# Written by scripts/gpu-bundle.sh from $BUILD: how it compiled meshrt's Python extension."
+    echo "set(MESHRT_KIT_DEFINITIONS \"$(IFS=';'; echo "${defs[*]}")\")"
+    echo "set(MESHRT_KIT_SYSTEM_INCLUDE_DIRS \"$(IFS=';'; echo "${sys_dirs[*]}")\")"
+    echo "set(MESHRT_KIT_DLPACK_INCLUDE_DIR \"${dlpack:-/usr/include}\")"
+    echo "set(MESHRT_KIT_LIBRARIES \"$(IFS=';'; echo "${py_libs[*]}")\")"
+  } >"$STAGE/python-kit/kit.cmake"
+  PY_NOTE="the extension's sources and $mirrored headers (python-kit/), for $(basename "$PY_CORE" | sed 's/^_core\.//; s/\.so$//') here: gpu-check.sh builds it for the machine's python3"
+fi
+
 for so in "${!lib_path[@]}"; do cp "${lib_path[$so]}" "$STAGE/lib/$so"; done
 
 # 3. Strip, and point every run path at the bundle ($ORIGIN-relative): the build's own
@@ -255,7 +347,8 @@ cudart=$(basename "$(readlink -f "${lib_path[libcudart.so.13]:-${lib_path[libcud
   fi
   echo "glibc:       ${glibc_needed:-unknown} or later (the machine's)"
   echo "open-mpi:    $(ompi_info --parsable 2>/dev/null | sed -n 's/^ompi:version:full://p')"
-  echo "from the machine: libcuda.so.1 (its driver), libnccl.so.2, glibc"
+  echo "python:      $PY_NOTE"
+  echo "from the machine: libcuda.so.1 (its driver), libnccl.so.2, glibc; for Python: python3 with Python.h, pybind11, torch, pytest, a C++ compiler, CMake"
   for d in "${dropped[@]}"; do echo "left out:    $d"; done
   echo "files:"
   (cd "$STAGE" && find . -type f -printf '  %8s  %P\n' | sort -k2)

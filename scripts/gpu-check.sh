@@ -8,7 +8,10 @@
 # the bundled CUDA runtime (meshrt-info); Open MPI at 2 ranks; the device suites on CUDA
 # with MESHRT_REQUIRE_GPU=1 (one rank per GPU: with one GPU every NCCL line has one rank);
 # meshrt-bench device-collectives against the same NCCL calls by hand; meshrt-demo on the
-# CPUs. Each step's line is printed as it ends, a failing step's log tail with it, and the
+# CPUs; the Python path (the extension built here for this machine's python3 from the
+# bundle's python-kit/, then tests/python/test_torch_kernels.py and
+# apps/examples/python/train.py on CUDA; a SKIP line names what the machine lacks for it).
+# Each step's line is printed as it ends, a failing step's log tail with it, and the
 # verdict at the end; exits 0 only if every step passed.
 # Everything it writes goes under $OUT (the device tool's folder that comes back; default
 # gpu-check-logs): verdict.txt (rewritten after every step), steps.log (each step's log,
@@ -16,10 +19,12 @@
 # Settings: MESHRT_GPU_BUNDLE (the bundle: .tar.gz or an unpacked folder; default
 # gpu-bundle/meshrt-gpu-bundle.tar.gz), MESHRT_NCCL_LIB_DIR (the folder holding
 # libnccl.so.2; default: looked for, the machine's pip nvidia-nccl-cu13 first),
+# MESHRT_GPU_CHECK_PYTHON (the python3 of the Python step; default: the first on PATH),
 # MESHRT_GPU_CHECK_BUDGET. scripts/gpu-bundle-rehearse.sh sets MESHRT_GPU_CHECK_REHEARSAL=1
 # (no GPU: the suites on the emulated accelerator), MESHRT_GPU_CHECK_WRAP (a command put
-# before every bundle program: its chroot) and MESHRT_GPU_CHECK_SYSROOT (where NCCL is
-# looked for).
+# before every bundle program: its chroot), MESHRT_GPU_CHECK_SYSROOT (where NCCL is
+# looked for) and MESHRT_GPU_CHECK_PY_OBJECTS (the build whose objects the extension's
+# build takes where its preprocessed sources match: scripts/gpu-python/reuse_object.py).
 # A new device test program goes into TESTS in scripts/gpu-bundle.sh and a run line below.
 set -uo pipefail
 
@@ -112,16 +117,21 @@ gtest_counts() {
 }
 
 # run NAME LIMIT CHECK COMMAND...: COMMAND (a bundle program, with its arguments) under
-# `timeout`, its output in $LOG/NAME.txt. CHECK is gtest (counts in the detail) or a
-# string the output must hold.
-run() {
-  local name=$1 lim check=$3 t0 rc detail f=$LOG/$1.txt
-  lim=$(limit "$2")
-  shift 3
+# `timeout`, its output in $LOG/NAME.txt. CHECK is gtest (counts in the detail), pytest
+# (its summary in the detail), - (the exit code only) or a string the output must hold.
+# run_here is the same for a program of the machine's (python3, cmake), never wrapped.
+run() { run_step 1 "$@"; }
+run_here() { run_step 0 "$@"; }
+run_step() {
+  local wrapped=$1 name=$2 lim check=$4 t0 rc detail f=$LOG/$2.txt
+  lim=$(limit "$3")
+  shift 4
   if [ "$lim" -lt 10 ]; then
     record "$name" FAIL 0 "not run: the budget of $BUDGET s is spent"
     return 1
   fi
+  local wrap=()
+  [ "$wrapped" = 1 ] && wrap=("${WRAP[@]}")
   local program=$1 a
   if [ "$program" = mpiexec ]; then  # the first bundle program among its arguments
     for a in "${@:2}"; do
@@ -131,7 +141,7 @@ run() {
       fi
     done
   fi
-  if [ ! -x "$BUNDLE/bin/$program" ]; then
+  if [ "$wrapped" = 1 ] && [ ! -x "$BUNDLE/bin/$program" ]; then
     if [ "$REHEARSAL" = 1 ]; then
       record "$name" SKIP 0 "$program is not in this bundle (a build without CUDA)"
       return 0
@@ -141,16 +151,18 @@ run() {
   fi
   t0=$SECONDS
   echo "\$ $*" >"$f"
-  timeout -k 10 "$lim" "${WRAP[@]}" "$@" >>"$f" 2>&1
+  timeout -k 10 "$lim" "${wrap[@]}" "$@" >>"$f" 2>&1
   rc=$?
-  if [ "$check" = gtest ]; then detail=$(gtest_counts "$f"); else detail=""; fi
+  detail=""
+  [ "$check" = gtest ] && detail=$(gtest_counts "$f")
+  [ "$check" = pytest ] && detail=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error|skipped)' "$f" | tail -1 | tr -d '=' | xargs)
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
     record "$name" FAIL $((SECONDS - t0)) "timed out after $lim s ${detail:+($detail)}" "$f"
     return 1
   elif [ $rc -ne 0 ]; then
     record "$name" FAIL $((SECONDS - t0)) "exit code $rc ${detail:+($detail)}" "$f"
     return 1
-  elif [ "$check" != gtest ] && ! grep -q -- "$check" "$f"; then
+  elif [ "$check" != gtest ] && [ "$check" != pytest ] && [ "$check" != - ] && ! grep -q -- "$check" "$f"; then
     record "$name" FAIL $((SECONDS - t0)) "expected '$check' in its output, found none" "$f"
     return 1
   fi
@@ -395,11 +407,114 @@ fi
 # the demo on CPU meshes (on one GPU its 2x2 mesh would put two ranks of a line on it).
 MESHRT_ACCELERATOR=none run meshrt-demo@4 60 PASS mpiexec -n 4 meshrt-demo --mesh 2x2 --steps 30 --hidden 64 --log-every 10
 
+# 9. The Python path: meshrt's extension built here for this machine's python3 (an
+# extension is built for one Python, and this one is not the bundle's build machine's) from
+# the bundle's python-kit/, then torch kernels on a mesh of the job's accelerator
+# (tests/python/test_torch_kernels.py) and the Python demo (apps/examples/python/train.py),
+# one process each (Open MPI's singleton start). Each missing prerequisite is a SKIP line
+# that names it; then Python is not verified, and the headline says so.
+PY_STATUS="not verified"
+python_skip() {
+  # In the rehearsal a bundle with the kit has all it needs here: a skip is a broken step.
+  if [ "$REHEARSAL" = 1 ] && [ -f "$BUNDLE/python-kit/CMakeLists.txt" ]; then
+    record "python" FAIL 0 "python step: skipped: $1 (the rehearsal expects Debian's python3 with all of it)"
+  else
+    record "python" SKIP 0 "python step: skipped: $1"
+  fi
+  PY_STATUS="NOT verified ($1)"
+}
+python_step() {
+  local py=${MESHRT_GPU_CHECK_PYTHON:-$(command -v python3)} inc cxx cmake_bin pybind11_dir gen=() launcher=()
+  if [ ! -f "$BUNDLE/python-kit/CMakeLists.txt" ]; then
+    python_skip "the bundle has no python-kit/ (its build had no Python package)"
+    return
+  fi
+  if [ -z "$py" ] || [ ! -x "$py" ]; then
+    python_skip "no python3 on PATH"
+    return
+  fi
+  inc=$(timeout 30 "$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>&1)
+  if [ ! -f "$inc/Python.h" ]; then
+    python_skip "no Python.h for $py (expected $inc/Python.h: its -dev package)"
+    return
+  fi
+  cxx=${CXX:-$(command -v c++ || command -v g++ || command -v clang++)}
+  if [ -z "$cxx" ]; then
+    python_skip "no C++ compiler (c++, g++ or clang++) on PATH"
+    return
+  fi
+  cmake_bin=$(command -v cmake || ls "$(dirname "$py")/cmake" 2>/dev/null)
+  if [ -z "$cmake_bin" ]; then
+    python_skip "no cmake on PATH or beside $py"
+    return
+  fi
+  if ! timeout 60 "$py" -c 'import torch, numpy, pytest' >"$LOG/python-imports.txt" 2>&1; then
+    python_skip "$py cannot import torch, numpy and pytest: $(tail -1 "$LOG/python-imports.txt")"
+    return
+  fi
+  pybind11_dir=$(timeout 30 "$py" -c 'import pybind11; print(pybind11.get_cmake_dir())' 2>/dev/null)
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  # The extension's libraries, where it links them from and finds them at run time: the
+  # bundle's, less those this machine has (its python3 and torch load the machine's
+  # libstdc++ and the like, never older copies from the bundle); those the extension links
+  # always.
+  local pylib=$WORK/python-lib so
+  mkdir -p "$pylib"
+  for so in "$BUNDLE"/lib/*; do
+    [ -f "$so" ] || continue
+    if ! grep -q "[[:space:]]$(basename "$so") " <(ldconfig -p 2>/dev/null) ||
+      grep -q "\"[^\"]*$(basename "$so")[;\"]" "$BUNDLE/python-kit/kit.cmake"; then
+      ln -s "$so" "$pylib/"
+    fi
+  done
+  # The rehearsal: objects whose preprocessed source is the build's are taken from it.
+  [ -n "${MESHRT_GPU_CHECK_PY_OBJECTS:-}" ] &&
+    launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=$py;$ROOT/scripts/gpu-python/reuse_object.py;$MESHRT_GPU_CHECK_PY_OBJECTS")
+  local pybuild=$WORK/python-build
+  run_here "python configure" 120 - "$cmake_bin" -S "$BUNDLE/python-kit" -B "$pybuild" "${gen[@]}" "${launcher[@]}" \
+    -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O2 -DNDEBUG" -DCMAKE_CXX_COMPILER="$cxx" \
+    -DPython3_EXECUTABLE="$py" ${pybind11_dir:+-Dpybind11_DIR="$pybind11_dir"} \
+    -DMESHRT_KIT_LIBDIR="$pylib" -DMESHRT_KIT_RPATH_LINK="$BUNDLE/lib${MESHRT_NCCL_LIB_DIR:+;$MESHRT_NCCL_LIB_DIR}" || return
+  local t0=$SECONDS lim
+  lim=$(limit 300)
+  if [ "$lim" -lt 10 ]; then
+    record "python build" FAIL 0 "not run: the budget of $BUDGET s is spent"
+    return
+  fi
+  echo "\$ $cmake_bin --build $pybuild -j $(nproc)" >"$LOG/python build.txt"
+  if ! timeout -k 10 "$lim" "$cmake_bin" --build "$pybuild" -j "$(nproc)" >>"$LOG/python build.txt" 2>&1; then
+    record "python build" FAIL $((SECONDS - t0)) "the extension did not build for $py" "$LOG/python build.txt"
+    return
+  fi
+  local core reused
+  core=$(find "$pybuild/python/meshrt" -maxdepth 1 -name '_core*.so' -printf '%f\n' | head -1)
+  reused=$(grep -c '^reuse_object: reused ' "$LOG/python build.txt")
+  record "python build" PASS $((SECONDS - t0)) "$core for $("$py" -c 'import sys; print(sys.version.split()[0])') ($py)${launcher:+, $reused objects taken from the build (same preprocessed source)}" "$LOG/python build.txt"
+  local kind=cuda
+  [ "$REHEARSAL" = 1 ] && kind=emulated
+  # (the last step: what it exports ends with the check)
+  export LD_LIBRARY_PATH="$pylib${MESHRT_NCCL_LIB_DIR:+:$MESHRT_NCCL_LIB_DIR}" PYTHONPATH=$pybuild/python
+  export PYTHONDONTWRITEBYTECODE=1 MESHRT_ACCELERATOR=$kind
+  local failed_before=$FAILED
+  FAILED=0
+  if run_here "python torch kernels" 150 pytest "$py" -m pytest -q -rs -p no:cacheprovider \
+    --rootdir="$ROOT/tests/python" "$ROOT/tests/python/test_torch_kernels.py" &&
+    [ "$REHEARSAL" != 1 ] && grep -qE '^(=+ )?[0-9]+ passed.* skipped' "$LOG/python torch kernels.txt"; then
+    # MESHRT_REQUIRE_GPU's rule: on a GPU a skipped test is a test that did not run.
+    record "python: nothing skipped" FAIL 0 "expected no skipped test on a GPU, found some (-rs lists them)" "$LOG/python torch kernels.txt"
+  fi
+  run_here "python train.py" 150 "verification passed on $kind" "$py" "$ROOT/apps/examples/python/train.py" \
+    --kind "$kind" --mesh 1x1 --steps 15
+  [ "$FAILED" = 0 ] && PY_STATUS="verified on $kind"
+  [ "$failed_before" = 0 ] || FAILED=1
+}
+python_step
+
 if [ "$FAILED" = 0 ]; then
   if [ "$REHEARSAL" = 1 ]; then
-    HEADLINE="rehearsal passed: the bundle runs with only glibc beside it (CUDA itself NOT verified here)"
+    HEADLINE="rehearsal passed: the bundle runs with only glibc beside it; Python: $PY_STATUS (CUDA itself NOT verified here)"
   else
-    HEADLINE="CUDA backend verified on $GPU_NAME ($NGPU GPU(s)); what needs 2+ GPUs is not"
+    HEADLINE="CUDA backend verified on $GPU_NAME ($NGPU GPU(s)); what needs 2+ GPUs is not; Python: $PY_STATUS"
   fi
   finish 0
 fi
