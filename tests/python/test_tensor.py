@@ -480,6 +480,12 @@ def test_max_version_picks_the_capsule():
         assert (m.version.major, m.version.minor) == (1, 0), asked
     with pytest.raises(TypeError, match=r"expected max_version as a \(major, minor\) pair of ints or None, found '1.0'"):
         t.__dlpack__(max_version="1.0")
+    # A bare number is meshrt's TypeError too, not Python's about iterating it.
+    for bad in (1, 1.0, (1, 0, 0), (1.0, 0), (True, 0)):
+        with pytest.raises(TypeError, match=r"expected max_version as a \(major, minor\) pair of ints"):
+            t.__dlpack__(max_version=bad)
+        with pytest.raises(TypeError, match=r"expected dl_device as a \(device type, device id\) pair of ints"):
+            t.__dlpack__(dl_device=bad)
     # The keywords are the array API's: stream may come by position, the others by name.
     assert capsule_name(t.__dlpack__(None)) == "dltensor"
     with pytest.raises(TypeError):

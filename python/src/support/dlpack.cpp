@@ -4,8 +4,10 @@
 #include <dlpack/dlpack.h>
 #include <fmt/format.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -56,21 +58,35 @@ std::string describe(py::handle obj) {
   return std::string(py::repr(obj));
 }
 
+// A tuple or list of two ints (not bools), or nullopt: anything else, a bare int
+// included, is the caller's TypeError rather than Python's own about iterating it.
+std::optional<std::pair<std::int64_t, std::int64_t>> int_pair(py::handle value) {
+  if (!py::isinstance<py::tuple>(value) && !py::isinstance<py::list>(value)) return std::nullopt;
+  auto items = py::reinterpret_borrow<py::sequence>(value);
+  if (items.size() != 2) return std::nullopt;
+  std::int64_t both[2] = {0, 0};
+  for (std::size_t i = 0; i < 2; ++i) {
+    py::object item = items[i];
+    if (!py::isinstance<py::int_>(item) || py::isinstance<py::bool_>(item)) return std::nullopt;
+    try {
+      both[i] = item.cast<std::int64_t>();
+    } catch (const py::cast_error&) {
+      return std::nullopt;  // beyond int64
+    }
+  }
+  return std::pair{both[0], both[1]};
+}
+
 // DLPack's (device type, id) as a meshrt device; BufferError for a device meshrt has not.
 Device requested_device(py::handle dl_device, const Tensor& t) {
-  std::int64_t type = 0;
-  std::int64_t id = 0;
-  try {
-    auto pair = dl_device.cast<py::tuple>();
-    if (pair.size() != 2) throw py::cast_error();
-    type = pair[0].cast<std::int64_t>();
-    id = pair[1].cast<std::int64_t>();
-  } catch (const py::cast_error&) {
+  const std::optional<std::pair<std::int64_t, std::int64_t>> pair = int_pair(dl_device);
+  if (!pair) {
     throw py::type_error(
         fmt::format("Tensor.__dlpack__: expected dl_device as a (device type, device id) pair of "
                     "ints, found {}",
                     describe(dl_device)));
   }
+  const auto [type, id] = *pair;
   if (id < 0) {
     throw py::buffer_error(fmt::format("Tensor.__dlpack__ of {}: expected a device id >= 0 in dl_device, found {}",
                                        t.meta().to_string(), describe(dl_device)));
@@ -104,17 +120,14 @@ std::optional<bool> optional_bool(py::handle value, const char* what) {
 // DLPack 1.0), or a (major, minor) pair.
 bool wants_versioned(py::handle max_version) {
   if (max_version.is_none()) return false;
-  try {
-    auto pair = max_version.cast<py::tuple>();
-    if (pair.size() != 2) throw py::cast_error();
-    (void)pair[1].cast<std::int64_t>();
-    return pair[0].cast<std::int64_t>() >= 1;
-  } catch (const py::cast_error&) {
+  const std::optional<std::pair<std::int64_t, std::int64_t>> pair = int_pair(max_version);
+  if (!pair) {
     throw py::type_error(
         fmt::format("Tensor.__dlpack__: expected max_version as a (major, minor) pair of ints or "
                     "None, found {}",
                     describe(max_version)));
   }
+  return pair->first >= 1;
 }
 
 // The consumer's stream for a CUDA export (DLPack: None the legacy default stream, 1 the
