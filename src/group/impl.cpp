@@ -160,9 +160,17 @@ void StatelessGroup::Impl::release() noexcept {
   MESHRT_MPI_IGNORE(MPI_Finalized(&finalized));  // noexcept teardown, as the frees below
   if (!finalized) {
     broken.release();
-    // Disconnecting waits for pending traffic; after a timeout there may be some that
-    // never completes, so a broken cross-job group is only freed.
-    if (inter != MPI_COMM_NULL && unusable_after.empty()) {
+    if (!unusable_after.empty() || message_waiting()) {
+      // A broken group may have messages no member will ever receive (first messages and
+      // notices to members that never came), as has one with a message waiting unreceived.
+      // MPI may give a freed communicator's context to the next one made (MPICH does),
+      // where they would match as that group's: so the communicator is kept, unused, until
+      // MPI_Finalize (docs/ARCHITECTURE.md section 5).
+      comm = MPI_COMM_NULL;
+      inter = MPI_COMM_NULL;
+      return;
+    }
+    if (inter != MPI_COMM_NULL) {
       // Open MPI 4.1.4 hangs in MPI_Comm_disconnect of the merged intracommunicator
       // (even with no traffic on it), but disconnects the intercommunicator it came
       // from cleanly; the merged one is freed first so that nothing else connects them.
@@ -170,7 +178,6 @@ void StatelessGroup::Impl::release() noexcept {
       MESHRT_MPI_IGNORE(MPI_Comm_disconnect(&inter));
     } else {
       MESHRT_MPI_IGNORE(MPI_Comm_free(&comm));
-      if (inter != MPI_COMM_NULL) MESHRT_MPI_IGNORE(MPI_Comm_free(&inter));
     }
   }
   comm = MPI_COMM_NULL;
@@ -183,6 +190,12 @@ void StatelessGroup::Impl::check_usable(const char* op) {
         fmt::format("{} on {}: group is unusable after {}; create a new group", op, who.me(), unusable_after));
   }
   check_not_broken(op);
+}
+
+bool StatelessGroup::Impl::message_waiting() noexcept {
+  int flag = 0;
+  MESHRT_MPI_IGNORE(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, MPI_STATUS_IGNORE));  // failed: none seen
+  return flag != 0;
 }
 
 void StatelessGroup::Impl::check_not_broken(const char* op) {

@@ -133,7 +133,12 @@ struct StatelessGroup::Impl {
 
   // ---- the group's life (impl.cpp)
 
+  // Frees the communicator, or keeps it (unused) when the group is broken or a message
+  // waits unreceived, see release().
   void release() noexcept;
+  // Whether a message has arrived that this member has not received (another member's
+  // notice that it broke the group, or what its operation left in flight).
+  bool message_waiting() noexcept;
   void check_usable(const char* op);
   // Raises TimeoutError when another member has said it broke the group in a timeout
   // (BrokenWord): its operation ended without this member, so what this one would

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "meshrt/group.hpp"
 #include "meshrt/internal/settings.hpp"
@@ -117,6 +118,27 @@ TEST(GroupTimeout, AMemberArrivingAfterTheOthersTimedOutIsToldSo) {
     }
     EXPECT_FALSE(g.usable());
   }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(GroupTimeout, AGroupMadeAfterABrokenOneIsNotTouchedByWhatItLeftBehind) {
+  // Ranks 0 and 1 break a group in a barrier without rank 2: their first messages and
+  // notices to rank 2 (and to each other) are never received. The next group made from
+  // the same communicator must not take them as its own (an MPI may reuse the freed
+  // group's context for it): every member's barrier and all_gather complete.
+  {
+    auto broken = StatelessGroup::from_comm(MPI_COMM_WORLD);
+    if (broken.rank() != 2) EXPECT_TRUE(expect_timeout([&] { broken.barrier(kShort); }));
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  auto g = StatelessGroup::from_comm(MPI_COMM_WORLD);
+  try {
+    g.barrier(10s);
+    EXPECT_EQ(g.all_gather_obj(g.rank(), 10s), (std::vector<int>{0, 1, 2}));
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "the new group failed on rank " << g.rank() << ": " << e.what();
+  }
+  EXPECT_TRUE(g.usable());
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
