@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -40,6 +41,8 @@ namespace meshrt {
 class Controller;
 class DTensor;
 class Mesh;
+template <class T>
+class Future;
 class Recording;
 class Stream;
 
@@ -279,6 +282,18 @@ class Mesh {
   // Each rank's coordinate along `dim`, as an int64 0-d tensor.
   DTensor rank(std::string_view dim, CallSite where = std::source_location::current()) const;
 
+  // A barrier over `dim` (docs/guide.md, "Barriers"): each line along it on its own,
+  // several dimensions as one line, or every dimension (none given). A rank enters once it
+  // has run the commands issued to it before; it leaves once every rank of its line has
+  // entered. Device work already queued is not waited for. The future completes, as any
+  // future, once the barrier and all work issued before it are complete. Refused inside a
+  // recording. Runs on the default stream.
+  Future<void> barrier(CallSite where = std::source_location::current()) const;
+  Future<void> barrier(std::string_view dim, CallSite where = std::source_location::current()) const;
+  Future<void> barrier(const std::vector<std::string>& dims, CallSite where = std::source_location::current()) const;
+  Future<void> barrier(std::initializer_list<std::string_view> dims,
+                       CallSite where = std::source_location::current()) const;
+
   // Runs a registered function on every rank. Tensor arguments must be on this mesh and
   // on one stream (the call runs there; with no tensor arguments, the default stream).
   // Returns its one output (an undefined DTensor for a function that only mutates).
@@ -330,6 +345,7 @@ class Mesh {
   DTensor one(std::vector<DTensor> outputs) const;
   std::vector<DTensor> call_n_impl(FunctionName fn, std::vector<Arg> args) const;
   std::vector<DTensor> call_on_impl(const Stream& stream, FunctionName fn, std::vector<Arg> args) const;
+  Future<void> barrier_impl(std::vector<std::string> dims, const CallSite& where) const;
   std::shared_ptr<detail::MeshState> state_;
 };
 
@@ -371,7 +387,7 @@ const Value& future_value(const FutureState& f);
 Tensor value_to_tensor(const Value& v);
 }  // namespace detail
 
-// A value that will come back from the workers.
+// A value that will come back from the workers (Future<void>: a completion, a barrier's).
 template <class T>
 class Future {
  public:
@@ -386,10 +402,13 @@ class Future {
 
  private:
   friend class Controller;
+  friend class Mesh;
   explicit Future(std::shared_ptr<detail::FutureState> s) : state_(std::move(s)) {}
   T get_impl(std::optional<std::chrono::duration<double>> timeout) {
     if (auto e = detail::future_wait(*state_, timeout)) std::rethrow_exception(e);
-    if constexpr (std::is_same_v<T, Tensor>) {
+    if constexpr (std::is_void_v<T>) {
+      return;
+    } else if constexpr (std::is_same_v<T, Tensor>) {
       return detail::value_to_tensor(detail::future_value(*state_));
     } else {
       return detail::future_value(*state_);

@@ -265,11 +265,12 @@ class DeviceKind:
     def __index__(self) -> int: ...
 
 class Future:
-    """A tensor that will come back from the workers."""
-    def result(self, timeout: float | None = None) -> Tensor:
+    """A tensor that will come back from the workers, or a completion (mesh.barrier())."""
+    def result(self, timeout: float | None = None) -> Tensor | None:
         """
-        Waits (Ctrl-C interrupts) and returns the meshrt.Tensor; RemoteError if it depends on a
-        failure, meshrt.TimeoutError after `timeout` seconds.
+        Waits (Ctrl-C interrupts) and returns the meshrt.Tensor (None for a completion,
+        mesh.barrier()'s); RemoteError if it depends on a failure, meshrt.TimeoutError after
+        `timeout` seconds.
         """
     def done(self) -> bool:
         """True once result() would return or raise without waiting."""
@@ -300,6 +301,13 @@ class Mesh:
         """One dimension over all ranks, in row-major order."""
     def rank(self, dim: str) -> DTensor:
         """Each rank's coordinate along dim, as an int64 0-d DTensor."""
+    def barrier(self, dim: str | Sequence[str] | None = None) -> Future:
+        """
+        A barrier over dim (a str; each line along it on its own), several dimensions as one (a
+        tuple), or every dimension (none given): a Future whose result() is None once every rank of
+        each line has entered it and the work issued before it is complete. Device work already
+        queued is not waited for.
+        """
     def call(self, *args: Any) -> DTensor | None:
         """
         call(fn, *args): runs a registered function on every rank; its one output (None for a

@@ -791,6 +791,57 @@ DTensor Mesh::rank(std::string_view dim, CallSite where) const {
   return call(FunctionName("meshrt.mesh_coordinate", where), Arg(std::string(dim)));
 }
 
+Future<void> Mesh::barrier(CallSite where) const {
+  return at_site(where, [&] { return barrier_impl({}, where); });
+}
+Future<void> Mesh::barrier(std::string_view dim, CallSite where) const {
+  return at_site(where, [&] { return barrier_impl({std::string(dim)}, where); });
+}
+Future<void> Mesh::barrier(const std::vector<std::string>& dims, CallSite where) const {
+  return at_site(where, [&] { return barrier_impl(dims, where); });
+}
+Future<void> Mesh::barrier(std::initializer_list<std::string_view> dims, CallSite where) const {
+  return at_site(where, [&] { return barrier_impl(to_strings(dims), where); });
+}
+
+// One Collective of kind Barrier on the default stream: no tensor, no result; its future
+// is a completion (docs/ARCHITECTURE.md section 3.6).
+Future<void> Mesh::barrier_impl(std::vector<std::string> given, const CallSite& where) const {
+  auto ctl = lock(state_->controller);
+  ctl->check_epoch(state_->epoch, "mesh");
+  const std::vector<std::string> dims = dimension_set(*state_, given, "barrier");
+  const detail::Words what(dims.empty() ? std::string("barrier")
+                                        : collective_words("barrier", dims, Reduction::Sum, false, false, -1));
+  // Its future would name an invocation a replay renumbers, and waiting on it is what a
+  // recorded step cannot do.
+  ctl->refuse_in_recording(what.str());
+  std::shared_ptr<StreamState> stream = ctl->stream("default");
+  ctl->ensure_mesh(*state_);
+  ctl->ensure_stream(*stream);
+  const protocol::Ident ident = ctl->new_ident();
+  auto f = std::make_shared<detail::FutureState>();
+  f->controller = state_->controller;
+  f->ident = ident;
+  f->what = fmt::format("{} (invocation {})", what.str(), ident);
+  f->node = ctl->make_node(ident, what, where, std::span<const std::shared_ptr<Node>>());
+  ctl->append(state_->dests,
+              protocol::Collective{.kind = CollectiveKind::Barrier,
+                                   .result = Ref{},
+                                   .tensor = Ref{},
+                                   .factory = TensorMeta(),
+                                   .mesh = state_->ref,
+                                   .stream = stream->ref,
+                                   .dims = dims,
+                                   .reduction = Reduction::Sum,
+                                   .scatter = false,
+                                   .inplace = false,
+                                   .root = -1,
+                                   .ident = ident},
+              ident);
+  ctl->flush();
+  return Future<void>(f);
+}
+
 DTensor Mesh::one(std::vector<DTensor> outputs) const {
   if (outputs.empty()) return DTensor();  // an in-place function: its effect is on its arguments
   if (outputs.size() != 1) {
@@ -951,13 +1002,13 @@ std::exception_ptr future_wait(FutureState& f, std::optional<std::chrono::durati
   if (f.finished) return f.error;
   auto ctl = f.controller.lock();
   if (!ctl) return std::make_exception_ptr(UsageError("the future outlived its controller session"));
-  ctl->wait_for(f.ident, timeout, fmt::format("fetch (invocation {})", f.ident));
+  ctl->wait_for(f.ident, timeout, f.what);
   f.finished = true;
   ctl->forget_fetch(f.ident);
-  f.error = ctl->failure_of(f.node, fmt::format("fetch (invocation {})", f.ident));
-  if (!f.error && !f.value) {
-    f.error = std::make_exception_ptr(
-        Error(fmt::format("fetch (invocation {}): rank {} completed it without sending a value", f.ident, f.rank)));
+  f.error = ctl->failure_of(f.node, f.what);
+  if (!f.error && !f.value && f.rank >= 0) {
+    f.error =
+        std::make_exception_ptr(Error(fmt::format("{}: rank {} completed it without sending a value", f.what, f.rank)));
   }
   return f.error;
 }
@@ -1074,6 +1125,7 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
     f->controller = state_;
     f->ident = ident;
     f->rank = rank;
+    f->what = fmt::format("fetch (invocation {})", ident);
     f->node = ctl.make_node(ident, fmt::format("fetch from rank {}{}", rank, preprocess ? " via " + *preprocess : ""),
                             where, {t.state_->node});
     ctl.register_fetch(ident, f);

@@ -106,7 +106,8 @@ struct TensorState : std::enable_shared_from_this<TensorState> {
 struct FutureState {
   std::weak_ptr<ControllerState> controller;
   Ident ident = 0;
-  int rank = -1;
+  int rank = -1;     // a fetch's; -1 for a completion (a barrier's), which brings no value
+  std::string what;  // "fetch (invocation 7)", for its errors
   std::shared_ptr<Node> node;
   std::optional<Value> value;
   bool finished = false;

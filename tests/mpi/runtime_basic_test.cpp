@@ -1,8 +1,11 @@
 // The tutorial flows of the source document on a 2x2 mesh (4 ranks).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime_support.hpp"
@@ -100,7 +103,75 @@ Tensor entry(const Tensor& stacked, std::int64_t i) {
   return Tensor::from<float>({2, 2}, {all[at], all[at + 1], all[at + 2], all[at + 3]});
 }
 
+// test.stamp(ms, rank) -> int64 0-d: sleeps `ms` milliseconds on world rank `rank` only,
+// then gives this rank's steady clock (shared by the processes of one host) in ns.
+Signature stamp_shape(const ArgMetas& args) {
+  args.expect_count(2, 2);
+  (void)args.integer(0);
+  (void)args.integer(1);
+  return {.outputs = {TensorMeta({}, DType::Int64)}, .mutates = {}};
+}
+std::vector<Tensor> stamp_kernel(CallContext& ctx, Args& args) {
+  if (ctx.rank() == args.integer(1)) std::this_thread::sleep_for(std::chrono::milliseconds(args.integer(0)));
+  const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  return {Tensor::from<std::int64_t>({}, {now})};
+}
+MESHRT_REGISTER_FUNCTION("test.stamp", stamp_kernel, stamp_shape);
+
+std::int64_t stamp(Controller& ctl, const DTensor& t, std::int64_t h, std::int64_t g) {
+  return ctl.fetch_shard(t, {{"host", h}, {"gpu", g}}).get().span<std::int64_t>()[0];
+}
+
 }  // namespace
+
+// A barrier over 'gpu': no rank of a line leaves before the line's last one enters. World
+// rank 1 (host 0, gpu 1) sleeps before it, so every stamp taken after the barrier on host 0
+// is later than rank 1's stamp before it (and a barrier that waited for nobody would
+// stamp rank 0 first). The ordering is the clock's, not a duration.
+TEST(Runtime, ABarrierOverADimensionWaitsForEveryRankOfItsLine) {
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
+    // The communicators are made on first use, which itself waits for the line: made here
+    // first, so that only the barrier can order the stamps below.
+    mesh.barrier("gpu").get();
+    mesh.barrier().get();
+    DTensor before = mesh.call("test.stamp", 200, 1);
+    Future<void> f = mesh.barrier("gpu");
+    DTensor after = mesh.call("test.stamp", 0, -1);
+    f.get();
+    EXPECT_TRUE(f.done());
+    const std::int64_t slept = stamp(ctl, before, 0, 1);
+    for (std::int64_t g = 0; g < 2; ++g) EXPECT_GE(stamp(ctl, after, 0, g), slept) << g;
+    EXPECT_GE(std::chrono::steady_clock::now().time_since_epoch().count(), slept);  // f completed after it
+
+    // Several dimensions as one line, and every dimension: rank 1 sleeps, all wait.
+    before = mesh.call("test.stamp", 200, 1);
+    Future<void> all = mesh.barrier({"gpu", "host"});
+    after = mesh.call("test.stamp", 0, -1);
+    Future<void> every = mesh.barrier();
+    all.get(std::chrono::seconds(60));
+    every.get(std::chrono::seconds(60));
+    const std::int64_t slept_again = stamp(ctl, before, 0, 1);
+    for (std::int64_t r = 0; r < 4; ++r) EXPECT_GE(stamp(ctl, after, r / 2, r % 2), slept_again) << r;
+    mesh.slice("host", 1).barrier("gpu").get();  // a sub-mesh's line
+
+    const std::string unknown = usage_error([&] { (void)mesh.barrier("rack"); });
+    EXPECT_NE(unknown.find("rack"), std::string::npos) << unknown;
+    const std::string twice = usage_error([&] { (void)mesh.barrier({"gpu", "gpu"}); });
+    EXPECT_NE(twice.find("barrier: expected each mesh dimension at most once, found 'gpu' twice in [gpu, gpu]"),
+              std::string::npos)
+        << twice;
+    DTensor x = mesh.rank("gpu");
+    const std::string recorded = usage_error([&] {
+      (void)ctl.record({x}, [&](const std::vector<DTensor>& in) {
+        (void)mesh.barrier("gpu");
+        return in;
+      });
+    });
+    EXPECT_NE(recorded.find("barrier over 'gpu' inside a recording"), std::string::npos) << recorded;
+    ctl.synchronize();
+  });
+}
 
 // Rooted collectives over one dimension: the expected values are closed forms of x.
 TEST(Runtime, RootedCollectivesOverADimension) {

@@ -157,6 +157,21 @@ std::vector<Tensor> where_kernel(CallContext& ctx, Args& args) {
   return {x};
 }
 
+// test.stamp(ms, rank) -> int64 0-d on the host: sleeps `ms` milliseconds on world rank
+// `rank` only (in the kernel, not on a stream), then gives this rank's steady clock in ns.
+Signature stamp_shape(const ArgMetas& args) {
+  args.expect_count(2, 2);
+  (void)args.integer(0);
+  (void)args.integer(1);
+  return {.outputs = {TensorMeta({}, DType::Int64)}, .mutates = {}};
+}
+std::vector<Tensor> stamp_kernel(CallContext& ctx, Args& args) {
+  if (ctx.rank() == args.integer(1)) std::this_thread::sleep_for(std::chrono::milliseconds(args.integer(0)));
+  const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  return {Tensor::from<std::int64_t>({}, {now})};
+}
+
+MESHRT_REGISTER_FUNCTION("test.stamp", stamp_kernel, stamp_shape);
 MESHRT_REGISTER_FUNCTION("test.busy", busy_kernel, busy_shape);
 MESHRT_REGISTER_FUNCTION("test.where_it_runs", where_kernel, where_shape);
 MESHRT_REGISTER_FUNCTION("test.stream_idle", idle_kernel, idle_shape);
@@ -195,6 +210,29 @@ TEST(RuntimeEmulated, ReduceAndFetchFromEveryRank) {
 
 // Rooted collectives and a reduction over several dimensions on device tensors (the
 // emulator's reduce and broadcast, a gather and scatter as grouped sends).
+// A barrier on a mesh placed on the accelerator runs over MPI like a CPU mesh's: the stamps
+// after it on host 1 are later than world rank 3's before it, which slept.
+TEST(RuntimeEmulated, ABarrierWaitsForTheRanksOfItsLine) {
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}}, test_kind());
+    DTensor x = mesh.call("test.on_emulated", {2}, 1.0);
+    mesh.barrier("gpu").get();  // makes the line's communicator, whose making waits for the line too
+    DTensor before = mesh.call("test.stamp", 200, 3);
+    Future<void> f = mesh.barrier({"gpu"});
+    DTensor after = mesh.call("test.stamp", 0, -1);
+    DTensor sum = x.reduce("gpu", Reduction::Sum);  // device work goes on after it
+    f.get(std::chrono::seconds(60));
+    const auto at = [&](const DTensor& t, std::int64_t g) {
+      return ctl.fetch_shard(t, {{"host", 1}, {"gpu", g}}).get().span<std::int64_t>()[0];
+    };
+    const std::int64_t slept = at(before, 1);
+    for (std::int64_t g = 0; g < 2; ++g) EXPECT_GE(at(after, g), slept) << g;
+    EXPECT_FLOAT_EQ(first(ctl.fetch_shard(sum, {{"host", 1}, {"gpu", 0}}).get()), 7.0f);  // ranks 2, 3 hold 3, 4
+    mesh.barrier().get(std::chrono::seconds(60));
+    ctl.synchronize();
+  });
+}
+
 TEST(RuntimeEmulated, RootedAndSeveralDimensionCollectives) {
   session([](Controller& ctl) {
     Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});

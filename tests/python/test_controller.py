@@ -189,6 +189,37 @@ def test_rooted_and_several_dimension_collectives(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_barrier_is_a_future_of_its_lines(kind):
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind=kind)
+        release = release_path()
+        try:
+            mesh.call("test.block", release, [1])  # world rank 1 (dp=0, tp=1) waits for the file
+            f = mesh.barrier("tp")
+            assert isinstance(f, meshrt.Future)
+            # Rank 1 has not entered: the future cannot be done, whenever it is asked.
+            assert not f.done()
+            with pytest.raises(meshrt.TimeoutError, match=r"barrier over 'tp' \(invocation \d+\) did not complete"):
+                f.result(timeout=0.2)
+        finally:
+            pathlib.Path(release).touch()
+        assert f.result(timeout=60) is None
+        assert f.done() and f.exception() is None
+        assert mesh.barrier(("tp", "dp")).result(timeout=60) is None
+        assert mesh.barrier().result(timeout=60) is None
+        assert mesh.slice("dp", 1).barrier(()).result(timeout=60) is None
+        with pytest.raises(meshrt.UsageError, match=r"barrier: expected each dimension a str, found int"):
+            mesh.barrier(("tp", 1))
+        with pytest.raises(meshrt.UsageError, match=r"rack"):
+            mesh.barrier("rack")
+        x = mesh.rank("tp")
+        with pytest.raises(meshrt.UsageError, match=r"barrier over 'tp' inside a recording"):
+            ctl.record(x, lambda t: (mesh.barrier("tp"), t)[1])
+
+    meshrt.run(main)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_reductions_and_sends(kind):
     def main(ctl):
         mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind=kind)

@@ -3,7 +3,7 @@
 namespace meshrt::python {
 
 void declare_api_classes(py::module_& m) {
-  FutureClass(m, "Future", "A tensor that will come back from the workers.");
+  FutureClass(m, "Future", "A tensor that will come back from the workers, or a completion (mesh.barrier()).");
   StreamClass(m, "Stream", "A stream of work on the workers (ctl.stream(name)).");
   DTensorClass(m, "DTensor", "A distributed tensor: one local tensor per rank of its mesh.");
   MeshClass(m, "Mesh", "A device mesh: named dimensions over a set of ranks.");

@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include <memory>
+#include <variant>
 
 #include "meshrt/controller.hpp"
 #include "support/gil.hpp"
@@ -35,7 +36,12 @@ struct PyRecording {
   enum class Form { One, None, Tuple } form = Form::Tuple;
 };
 
-using FutureClass = py::class_<Future<Tensor>, Holder<Future<Tensor>>>;
+// A meshrt.Future: a fetch's tensor, or a completion (a barrier's), whose result is None.
+struct PyFuture {
+  std::variant<Future<Tensor>, Future<void>> future;
+};
+
+using FutureClass = py::class_<PyFuture, Holder<PyFuture>>;
 using StreamClass = py::class_<Stream, Holder<Stream>>;
 using DTensorClass = py::class_<DTensor, Holder<DTensor>>;
 using MeshClass = py::class_<Mesh, Holder<Mesh>>;

@@ -71,7 +71,7 @@ void bind_controller(py::module_& m) {
               c.emplace_back(dim, to_int(v, fmt::format("fetch_shard: coordinate {}", dim), where));
             }
             Controller& ctl = h.get();
-            return released([&] { return ctl.fetch_shard(t, std::move(c), std::move(preprocess), where); });
+            return PyFuture{released([&] { return ctl.fetch_shard(t, std::move(c), std::move(preprocess), where); })};
           },
           py::arg("t"), py::pos_only(), py::arg("preprocess") = py::none(),
           "fetch_shard(t, dp=0, tp=1): a Future of t's local tensor at those coordinates, optionally through a "

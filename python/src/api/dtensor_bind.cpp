@@ -16,25 +16,6 @@
 
 namespace meshrt::python {
 
-namespace {
-// The dimensions of a reduction: None for one (a str), the list for a tuple or list of
-// str (several as one; empty: every dimension).
-std::optional<std::vector<std::string>> dimension_list(py::handle dim, std::string_view call, const CallSite& where) {
-  if (py::isinstance<py::str>(dim)) return std::nullopt;
-  if (py::isinstance<py::tuple>(dim) || py::isinstance<py::list>(dim)) {
-    std::vector<std::string> out;
-    for (py::handle d : dim) {
-      if (!py::isinstance<py::str>(d)) {
-        usage(where, fmt::format("{}: expected each dimension a str, found {}", call, found(d)));
-      }
-      out.push_back(d.cast<std::string>());
-    }
-    return out;
-  }
-  usage(where, fmt::format("{}: expected a dimension (a str) or several (a tuple of str), found {}", call, found(dim)));
-}
-}  // namespace
-
 void bind_dtensor(py::module_& m) {
   auto cls = api_class<DTensorClass>(m, "DTensor");
   cls.def_property_readonly("meta", [](const DTensor& t) { return t.meta(); })

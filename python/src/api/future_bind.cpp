@@ -5,7 +5,9 @@
 
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "api/classes.hpp"
@@ -20,20 +22,33 @@ void bind_future(py::module_& m) {
   auto cls = api_class<FutureClass>(m, "Future");
   cls.def(
          "result",
-         [](Future<Tensor>& f, std::optional<double> timeout) {
-           Tensor t = released([&] { return timeout ? f.get(*seconds(timeout)) : f.get(); });
-           return wrap_tensor(std::move(t));
+         [](PyFuture& f, std::optional<double> timeout) -> py::object {
+           return std::visit(
+               [&]<class F>(F& fut) -> py::object {
+                 if constexpr (std::is_same_v<F, Future<void>>) {
+                   released([&] { timeout ? fut.get(*seconds(timeout)) : fut.get(); });
+                   return py::none();
+                 } else {
+                   Tensor t = released([&] { return timeout ? fut.get(*seconds(timeout)) : fut.get(); });
+                   return wrap_tensor(std::move(t));
+                 }
+               },
+               f.future);
          },
          py::arg("timeout") = py::none(),
-         "Waits (Ctrl-C interrupts) and returns the meshrt.Tensor; RemoteError if it depends on a failure, "
-         "meshrt.TimeoutError after `timeout` seconds.")
+         "Waits (Ctrl-C interrupts) and returns the meshrt.Tensor (None for a completion, mesh.barrier()'s); "
+         "RemoteError if it depends on a failure, meshrt.TimeoutError after `timeout` seconds.")
       .def(
-          "done", [](Future<Tensor>& f) { return released([&] { return f.done(); }); },
+          "done",
+          [](PyFuture& f) {
+            return released([&] { return std::visit([](auto& fut) { return fut.done(); }, f.future); });
+          },
           "True once result() would return or raise without waiting.")
       .def(
           "exception",
-          [](Future<Tensor>& f) -> py::object {
-            std::exception_ptr e = released([&] { return f.exception(); });
+          [](PyFuture& f) -> py::object {
+            std::exception_ptr e =
+                released([&] { return std::visit([](auto& fut) { return fut.exception(); }, f.future); });
             if (!e) return py::none();
             return exception_object(e);
           },

@@ -72,6 +72,20 @@ void bind_mesh(py::module_& m) {
           },
           py::arg("dim"), "Each rank's coordinate along dim, as an int64 0-d DTensor.")
       .def(
+          "barrier",
+          [](const Mesh& mesh, py::handle dim) {
+            const auto where = caller_site();
+            const std::optional<std::vector<std::string>> dims =
+                dim.is_none() ? std::optional<std::vector<std::string>>(std::vector<std::string>())
+                              : dimension_list(dim, "barrier", where);
+            const std::string one = dims ? std::string() : dim.cast<std::string>();
+            return PyFuture{released([&] { return dims ? mesh.barrier(*dims, where) : mesh.barrier(one, where); })};
+          },
+          py::arg("dim") = py::none(),
+          "A barrier over dim (a str; each line along it on its own), several dimensions as one (a tuple), or "
+          "every dimension (none given): a Future whose result() is None once every rank of each line has "
+          "entered it and the work issued before it is complete. Device work already queued is not waited for.")
+      .def(
           "call",
           [](const Mesh& mesh, py::args args) -> py::object {
             const auto where = caller_site();

@@ -118,6 +118,21 @@ std::string to_name(py::handle obj, const std::string& what, const CallSite& whe
   return obj.cast<std::string>();
 }
 
+std::optional<std::vector<std::string>> dimension_list(py::handle dim, std::string_view call, const CallSite& where) {
+  if (py::isinstance<py::str>(dim)) return std::nullopt;
+  if (py::isinstance<py::tuple>(dim) || py::isinstance<py::list>(dim)) {
+    std::vector<std::string> out;
+    for (py::handle d : dim) {
+      if (!py::isinstance<py::str>(d)) {
+        usage(where, fmt::format("{}: expected each dimension a str, found {}", call, found(d)));
+      }
+      out.push_back(d.cast<std::string>());
+    }
+    return out;
+  }
+  usage(where, fmt::format("{}: expected a dimension (a str) or several (a tuple of str), found {}", call, found(dim)));
+}
+
 // {"dp": 2, "tp": 2} or [("dp", 2), ("tp", 2)].
 std::vector<std::pair<std::string, std::int64_t>> to_dims(py::handle obj, const std::string& what,
                                                           const CallSite& where) {

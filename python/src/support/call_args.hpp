@@ -10,6 +10,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -46,6 +47,9 @@ std::string to_name(py::handle obj, const std::string& what, const CallSite& whe
 // {"dp": 2, "tp": 2} or [("dp", 2), ("tp", 2)].
 std::vector<std::pair<std::string, std::int64_t>> to_dims(py::handle obj, const std::string& what,
                                                           const CallSite& where);
+// The dimensions of a collective: nullopt for one (a str), the list for a tuple or list of
+// str (several as one; empty: every dimension); anything else a UsageError naming `call`.
+std::optional<std::vector<std::string>> dimension_list(py::handle dim, std::string_view call, const CallSite& where);
 Reduction to_reduction(py::handle obj, const CallSite& where);
 DeviceKind to_kind(py::handle obj, const CallSite& where);
 
