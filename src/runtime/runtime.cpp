@@ -151,7 +151,7 @@ void meet_at_start(int rank, int size) {
                      missing.size() == 1 ? "" : "s", fmt::format("{}", fmt::join(missing, ", ")).c_str(), size,
                      timeout.count());
         std::fflush(stderr);
-        MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));  // ignored on purpose: it does not return when it works
+        detail::end_job_after_report(1);  // a moment for the launcher to pass the report on
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -180,7 +180,7 @@ void meet_at_start(int rank, int size) {
                    "never did, or could not say so; ending the job (MPI_Abort) so that no rank waits for ever\n",
                    rank, (timeout + grace).count(), grace.count(), size);
       std::fflush(stderr);
-      MESHRT_MPI_IGNORE(MPI_Abort(MPI_COMM_WORLD, 1));  // ignored on purpose: it does not return when it works
+      detail::end_job_after_report(1);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
