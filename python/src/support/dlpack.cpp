@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "meshrt/error.hpp"
 #include "meshrt/internal/device.hpp"
@@ -214,6 +215,22 @@ int cuda_index(py::handle obj) {
   return -1;
 }
 
+// The types whose __dlpack__ took no max_version (numpy 1.24's ndarray, torch 1.13's
+// Tensor): asked without it from then on, since raising and catching the TypeError costs
+// more than the import itself. Held (never freed: it may outlive the interpreter) and
+// read under the GIL.
+std::vector<py::object>& pre_1_0_types() {
+  static auto* types = new std::vector<py::object>();
+  return *types;
+}
+
+bool known_pre_1_0(py::handle type) {
+  for (const py::object& t : pre_1_0_types()) {
+    if (t.is(type)) return true;
+  }
+  return false;
+}
+
 // obj.__dlpack__, asking for DLPack 1.0 (max_version) and, inside a kernel on a CUDA
 // stream, handing the producer that stream; a producer from before DLPack 1.0 raises
 // TypeError on the keyword, and is asked again without it.
@@ -227,14 +244,19 @@ py::object capsule_of(py::handle source) {
     }
   }
   py::object method = source.attr("__dlpack__");
-  kwargs["max_version"] = py::make_tuple(dlpack::kVersion.major, dlpack::kVersion.minor);
-  try {
-    return method(**kwargs);
-  } catch (py::error_already_set& e) {
-    if (!e.matches(PyExc_TypeError)) throw;
+  const py::handle type = py::type::handle_of(source);
+  if (!known_pre_1_0(type)) {
+    kwargs["max_version"] = py::make_tuple(dlpack::kVersion.major, dlpack::kVersion.minor);
+    try {
+      return method(**kwargs);
+    } catch (py::error_already_set& e) {
+      if (!e.matches(PyExc_TypeError)) throw;
+    }
+    PyDict_DelItemString(kwargs.ptr(), "max_version");
   }
-  PyDict_DelItemString(kwargs.ptr(), "max_version");
-  return method(**kwargs);
+  py::object capsule = method(**kwargs);
+  if (!known_pre_1_0(type)) pre_1_0_types().push_back(py::reinterpret_borrow<py::object>(type));
+  return capsule;
 }
 
 std::string capsule_found(py::handle capsule) {
