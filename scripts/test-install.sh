@@ -49,4 +49,4 @@ echo "== pip install --no-build-isolation . into a venv over Debian's python3"
   { echo "test-install: expected the venv to import its own meshrt" >&2; exit 1; }
 
 echo "== the Python tests against the installed package"
-MESHRT_TEST_PYTHON="$work/venv/bin/python" ctest --test-dir "$MESHRT_BUILD_DIR" --output-on-failure -L python -LE "build-tree|large"
+MESHRT_TEST_PYTHON="$work/venv/bin/python" ctest --test-dir "$MESHRT_BUILD_DIR" --output-on-failure -L python -LE "build-tree|large|nightly"
