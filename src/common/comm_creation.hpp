@@ -30,7 +30,7 @@
 
 namespace meshrt::detail {
 
-std::timed_mutex& comm_creation_mutex();
+std::mutex& comm_creation_mutex();
 
 // How an agreement's errors name ranks and what they create.
 struct CreationWording {
@@ -73,7 +73,7 @@ class CreationAgreement {
 
   // Returns when every member has agreed to create, holding this rank's communicator
   // creation lock for the creation; raises (on every member alike) if not.
-  [[nodiscard]] std::unique_lock<std::timed_mutex> run();
+  [[nodiscard]] std::unique_lock<std::mutex> run();
 
  private:
   // magic, kind, members hash, and in an ABORT the first member its sender found missing
