@@ -283,6 +283,36 @@ Stream DTensor::stream() const {
 
 namespace {
 
+// What reduce_impl and collective_impl share once their rule is known: its verdict, in
+// place only over the tensor's whole mesh, the tensor's use, the mesh and stream made
+// known, and a node of the call's own ident: the tensor's new node in place, or out of
+// place a new tensor on `result_on` (returned; null in place).
+struct PreparedCollective {
+  protocol::Ident ident;
+  std::shared_ptr<TensorState> result;
+};
+
+template <class Ctl>
+PreparedCollective prepare_collective(Ctl& ctl, const std::shared_ptr<TensorState>& t, MeshState& mesh,
+                                      const ReductionRule& rule, bool inplace, const detail::Words& what,
+                                      const CallSite& where, const std::shared_ptr<MeshState>& result_on) {
+  if (!rule.allowed()) throw UsageError(fmt::format("{}: {}", what.str(), rule.error));
+  if (inplace && !same_layout(*t->home, mesh)) {
+    throw UsageError(
+        fmt::format("{}: in place needs the tensor's whole mesh; this handle covers a slice of it", what.str()));
+  }
+  use_tensor(ctl, *t, mesh, *t->stream, inplace, what);
+  ctl.ensure_mesh(mesh);
+  ctl.ensure_stream(*t->stream);
+  PreparedCollective out{.ident = ctl.new_ident(), .result = nullptr};
+  std::shared_ptr<Node> node = ctl.make_node(out.ident, what, where, {t->node});
+  if (inplace)
+    t->node = std::move(node);
+  else
+    out.result = new_tensor(ctl, rule.out_meta(t->meta), result_on, t->stream, std::move(node));
+  return out;
+}
+
 // DTensor::reduce and reduce_: the same rules (in place allows all_reduce and all_to_all
 // only) and one Reduce command, with an ident of its own so a failure in flight names
 // this call. Out of place it returns the result, a new tensor; in place it returns null,
@@ -298,21 +328,7 @@ std::shared_ptr<TensorState> reduce_impl(const std::shared_ptr<TensorState>& t, 
   const TensorMeta& in = t->meta;
   const detail::Words& what = mesh.reduce_words(d, reduction, scatter, inplace);
   const ReductionRule rule = reduction_rule(in, n, reduction, scatter, inplace, in.device().kind());
-  if (!rule.allowed()) throw UsageError(fmt::format("{}: {}", what.str(), rule.error));
-  if (inplace && !same_layout(*t->home, mesh)) {
-    throw UsageError(
-        fmt::format("{}: in place needs the tensor's whole mesh; this handle covers a slice of it", what.str()));
-  }
-  use_tensor(*ctl, *t, mesh, *t->stream, inplace, what);
-  ctl->ensure_mesh(mesh);
-  ctl->ensure_stream(*t->stream);
-  const protocol::Ident ident = ctl->new_ident();
-  std::shared_ptr<Node> node = ctl->make_node(ident, what, where, {t->node});
-  std::shared_ptr<TensorState> result;  // out of place only
-  if (inplace)
-    t->node = std::move(node);
-  else
-    result = new_tensor(*ctl, rule.out_meta(in), on, t->stream, std::move(node));
+  const auto [ident, result] = prepare_collective(*ctl, t, mesh, rule, inplace, what, where, on);
   ctl->append(mesh.dests,
               protocol::Reduce{.result = inplace ? t->ref : result->ref,
                                .tensor = t->ref,
@@ -377,21 +393,7 @@ std::shared_ptr<TensorState> collective_impl(const std::shared_ptr<TensorState>&
   const detail::Words what(collective_words(
       call, dims, reduction, kind == CollectiveKind::Reduce && reduction != Reduction::Stack, scatter, root));
   const ReductionRule rule = collective_rule(in, n, kind, reduction, scatter, inplace, root, in.device().kind());
-  if (!rule.allowed()) throw UsageError(fmt::format("{}: {}", what.str(), rule.error));
-  if (inplace && !same_layout(*t->home, mesh)) {
-    throw UsageError(
-        fmt::format("{}: in place needs the tensor's whole mesh; this handle covers a slice of it", what.str()));
-  }
-  use_tensor(*ctl, *t, mesh, *t->stream, inplace, what);
-  ctl->ensure_mesh(mesh);
-  ctl->ensure_stream(*t->stream);
-  const protocol::Ident ident = ctl->new_ident();
-  std::shared_ptr<Node> node = ctl->make_node(ident, what, where, {t->node});
-  std::shared_ptr<TensorState> result;  // out of place only
-  if (inplace)
-    t->node = std::move(node);
-  else
-    result = new_tensor(*ctl, rule.out_meta(in), result_mesh, t->stream, std::move(node));
+  const auto [ident, result] = prepare_collective(*ctl, t, mesh, rule, inplace, what, where, result_mesh);
   ctl->append(mesh.dests,
               protocol::Collective{.kind = kind,
                                    .result = inplace ? t->ref : result->ref,

@@ -149,15 +149,7 @@ Tensor from_buffer(py::handle obj, std::string_view what, const ImportOptions& h
       throw UsageError(fmt::format("{}: {}", what, e.what()));
     }
   }
-  if (how.device && !how.device->is_cpu()) {
-    if (how.copy == false) {
-      throw py::buffer_error(fmt::format("{}: expected a tensor on {} without a copy (copy=False), found {} from {}",
-                                         what, how.device->to_string(), t.meta().to_string(), type_name(obj)));
-    }
-    py::gil_scoped_release release;
-    t = t.to(*how.device);
-  }
-  return t;
+  return on_requested_device(std::move(t), how, what, obj);
 }
 
 }  // namespace
@@ -269,6 +261,18 @@ DType to_dtype(py::handle obj) {
                     "\"float32\"), found {} {}",
                     type_name(obj), std::string(py::repr(obj))));
   }
+}
+
+Tensor on_requested_device(Tensor t, const ImportOptions& how, std::string_view what, py::handle source) {
+  if (how.device && t.device() != *how.device) {
+    if (how.copy == false) {
+      throw py::buffer_error(fmt::format("{}: expected a tensor on {} without a copy (copy=False), found {} from {}",
+                                         what, how.device->to_string(), t.meta().to_string(), type_name(source)));
+    }
+    py::gil_scoped_release release;
+    t = t.to(*how.device);
+  }
+  return t;
 }
 
 }  // namespace meshrt::python

@@ -34,6 +34,9 @@ struct ImportOptions {
 // errors ("argument 2 of example.scale"). Throws UsageError (a dtype meshrt lacks, a
 // failing __dlpack__).
 Tensor to_tensor(py::handle obj, std::string_view what, const ImportOptions& how = {});
+// `t` moved to the device `how` asks for (a copy), or as it is when it is there or none is
+// asked; a copy that copy=False forbids is a BufferError naming `what` and `source`.
+Tensor on_requested_device(Tensor t, const ImportOptions& how, std::string_view what, py::handle source);
 // Whether to_tensor takes `obj` (a meshrt.Tensor, or an object with __dlpack__ or
 // __array_interface__ or the buffer protocol; not str, bytes, numbers or lists).
 bool is_tensor_like(py::handle obj);

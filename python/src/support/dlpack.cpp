@@ -449,15 +449,7 @@ std::optional<Tensor> import_dlpack(py::handle obj, std::string_view what, const
     (void)held.release();  // the tensor's storage owns it now
     PyCapsule_SetName(capsule.ptr(), used);
   }
-  if (how.device && t.device() != *how.device) {
-    if (how.copy == false) {
-      throw py::buffer_error(fmt::format("{}: expected a tensor on {} without a copy (copy=False), found {} from {}",
-                                         what, how.device->to_string(), t.meta().to_string(), type_name(obj)));
-    }
-    py::gil_scoped_release release;
-    t = t.to(*how.device);
-  }
-  return t;
+  return on_requested_device(std::move(t), how, what, obj);
 }
 
 }  // namespace meshrt::python
