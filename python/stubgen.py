@@ -37,6 +37,10 @@ TYPES = {
     "DTensor.reduce.reduction": "Reduction | str",
     "DTensor.reduce_.reduction": "Reduction | str",
     "DTensor.reduce_.return": "DTensor",
+    "DTensor.reduce.out": "DTensor | None",
+    "DTensor.reduce.return": "DTensor",
+    "DTensor.shape.return": "tuple[int, ...]",
+    "Mesh.size.dims": "str | Sequence[str] | None",
     "Mesh.split.parts": "_Dims",
     "Mesh.call.return": "DTensor | None",
     "Mesh.barrier.dim": "str | Sequence[str] | None",
@@ -308,6 +312,8 @@ def class_stub(name, cls, module):
             out += function_stub(attr, value.__func__, key, 4, method=True)
         elif is_enum(cls) and attr in cls.__members__:
             continue
+        elif is_enum(cls) and isinstance(value, cls):  # an alias of a member (Reduction.MEAN)
+            out += f"    {attr}: ClassVar[{name}]\n"
         elif isinstance(value, (int, float, str)):
             out += f"    {attr}: ClassVar[{type(value).__name__}]\n"
     return out

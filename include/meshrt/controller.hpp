@@ -213,6 +213,14 @@ class DTensor {
                    CallSite where = std::source_location::current());
   DTensor& reduce_(std::initializer_list<std::string_view> dims, Reduction reduction, bool scatter = false,
                    CallSite where = std::source_location::current());
+  // The same, written into `out` (a tensor of the result's meta on the result's mesh and
+  // stream): out's value changes, and every handle's that shares it; returns out.
+  DTensor& reduce(std::string_view dim, Reduction reduction, bool scatter, DTensor& out,
+                  CallSite where = std::source_location::current()) const;
+  DTensor& reduce(const std::vector<std::string>& dims, Reduction reduction, bool scatter, DTensor& out,
+                  CallSite where = std::source_location::current()) const;
+  DTensor& reduce(std::initializer_list<std::string_view> dims, Reduction reduction, bool scatter, DTensor& out,
+                  CallSite where = std::source_location::current()) const;
   // Rooted (docs/guide.md, "Rooted collectives"): the reduction over `dim` to coordinate
   // dst.index only; the result lives on mesh().slice(dim, dst.index). Sum..bxor as reduce
   // (and its dtype rules), stack as gather.
@@ -239,6 +247,9 @@ class DTensor {
   // The part of this tensor on the sub-mesh where `dim` == index.
   DTensor slice_mesh(std::string_view dim, std::int64_t index) const;
   // Ends a borrow: the origin stream may use the tensor again (and waits for this one).
+  // Any other tensor: its value is freed on the workers once the work issued on it so far
+  // is done, without waiting for its last handle; a later use of any handle to it is a
+  // UsageError naming this line.
   void drop(CallSite where = std::source_location::current());
 
  private:
@@ -275,7 +286,8 @@ class Mesh {
   // The sub-mesh of indices begin, begin+step, ... < end along `dim` (kept).
   Mesh slice(std::string_view dim, std::int64_t begin, std::int64_t end, std::int64_t step = 1) const;
   Mesh rename(std::string_view from, std::string to) const;
-  // Splits `dim` into dimensions of the given sizes (their product is size(dim)).
+  // Splits `dim` into dimensions of the given sizes (their product is size(dim)); one size
+  // may be -1, inferred: split("x", {{"a", 2}, {"b", -1}}).
   Mesh split(std::string_view dim, std::vector<std::pair<std::string, std::int64_t>> parts) const;
   // One dimension `name` over all ranks, in row-major order of this mesh's coordinates.
   Mesh flatten(std::string name) const;

@@ -18,7 +18,7 @@ inline constexpr int kNumReductions = 9;
 
 // "stack", "sum", "avg", "product", "min", "max", "band", "bor", "bxor".
 std::string_view name(Reduction reduction) noexcept;
-// Parses the names above; throws UsageError listing them.
+// Parses the names above, and "mean" (avg); throws UsageError listing them.
 Reduction parse_reduction(std::string_view text);
 inline bool is_bitwise(Reduction r) noexcept {
   return r == Reduction::Band || r == Reduction::Bor || r == Reduction::Bxor;

@@ -175,14 +175,20 @@ class DTensor:
     @property
     def meta(self) -> TensorMeta: ...
     @property
+    def shape(self) -> tuple[int, ...]:
+        """Each rank's local shape (meta.shape)."""
+    @property
+    def dtype(self) -> DType: ...
+    @property
     def mesh(self) -> Mesh: ...
     @property
     def stream(self) -> Stream: ...
-    def reduce(self, dim: str | Sequence[str], reduction: Reduction | str, scatter: bool = False, *, dst: int | None = None) -> DTensor:
+    def reduce(self, dim: str | Sequence[str], reduction: Reduction | str, scatter: bool = False, *, dst: int | None = None, out: DTensor | None = None) -> DTensor:
         """
         The reduction over mesh dimension dim (a str), or over several as one (a tuple; () = every
-        dimension): meshrt.Reduction.SUM or "sum", ...; stack gathers. With dst=i, to coordinate i
-        of dim only: the result lives on mesh.slice(dim, i).
+        dimension): meshrt.Reduction.SUM or "sum" ("mean" is avg), ...; stack gathers. With dst=i,
+        to coordinate i of dim only: the result lives on mesh.slice(dim, i). With out=y, written
+        into y (of the result's meta, mesh and stream) in place; returns y.
         """
     def reduce_(self, dim: str | Sequence[str], reduction: Reduction | str, scatter: bool = False) -> DTensor:
         """
@@ -210,7 +216,11 @@ class DTensor:
     def slice_mesh(self, dim: str, index: int) -> DTensor:
         """The part of this tensor on the sub-mesh where dim == index."""
     def drop(self) -> None:
-        """Ends a borrow: the origin stream may use the tensor again."""
+        """
+        Ends a borrow: the origin stream may use the tensor again. Any other tensor: its value is
+        freed on the workers after the work issued on it so far; a later use of any handle to it
+        raises UsageError.
+        """
 
 class DType:
     """A tensor's element type; also meshrt.float32, meshrt.int64, ..."""
@@ -286,7 +296,11 @@ class Mesh:
     @property
     def ranks(self) -> list[Any]:
         """The world ranks."""
-    def size(self, dim: str) -> int: ...
+    def size(self, dims: str | Sequence[str] | None = None) -> int:
+        """
+        The size of dim (a str); of several as one line (a tuple: the product); of every dimension
+        (none given).
+        """
     def slice(self, dim: str, index: int, end: int | None = None, step: int = 1) -> Mesh:
         """
         slice(dim, index): the sub-mesh where dim == index (dim dropped); slice(dim, begin, end,
@@ -295,7 +309,8 @@ class Mesh:
     def rename(self, dim: str, name: str) -> Mesh: ...
     def split(self, dim: str, parts: _Dims) -> Mesh:
         """
-        Splits dim into dimensions of the given sizes: {"a": 2, "b": 2} or [("a", 2), ("b", 2)].
+        Splits dim into dimensions of the given sizes: {"a": 2, "b": 2} or [("a", 2), ("b", 2)]; one
+        size may be -1 (inferred).
         """
     def flatten(self, name: str) -> Mesh:
         """One dimension over all ranks, in row-major order."""
@@ -375,6 +390,7 @@ class Reduction:
     def value(self) -> int: ...
     def __int__(self) -> int: ...
     def __index__(self) -> int: ...
+    MEAN: ClassVar[Reduction]
 
 class Signature:
     """

@@ -25,8 +25,10 @@ Reduction parse_reduction(std::string_view text) {
   for (std::size_t i = 0; i < kNames.size(); ++i) {
     if (kNames[i] == text) return static_cast<Reduction>(i);
   }
+  // torch.distributed and numpy users say mean.
+  if (text == "mean") return Reduction::Avg;
   throw UsageError(fmt::format(
-      "unknown reduction \"{}\": expected one of stack, sum, avg, product, min, max, band, bor, bxor", text));
+      "unknown reduction \"{}\": expected one of stack, sum, avg (or mean), product, min, max, band, bor, bxor", text));
 }
 
 namespace {

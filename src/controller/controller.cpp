@@ -93,6 +93,10 @@ void detail::use_tensor(ControllerState& ctl, TensorState& t, const MeshState& m
                         bool mutate, std::string_view what) {
   ctl.check_epoch(t.epoch, "tensor");
   ctl.note_use(t, what);
+  if (t.dropped) {
+    throw UsageError(fmt::format("{}: the tensor was dropped at {}; it cannot be used any more", what,
+                                 detail::describe(t.dropped_at)));
+  }
   if (t.borrow.dropped) {
     throw UsageError(
         fmt::format("{}: the tensor (borrowed on stream '{}' at {}) was dropped; it cannot be used any more "
@@ -239,7 +243,7 @@ DTensor Stream::borrow(const DTensor& t, bool mutable_borrow, CallSite where) co
     if (origin.stream == state_) {
       throw UsageError(fmt::format("borrow: the tensor already belongs to stream '{}'", state_->name));
     }
-    if (origin.borrow.dropped) throw UsageError("borrow: the tensor was dropped");
+    if (origin.borrow.dropped || origin.dropped) throw UsageError("borrow: the tensor was dropped");
     if (origin.lent.mutably) {
       throw UsageError(fmt::format("borrow: the tensor is already borrowed mutably by stream '{}'", origin.lent.to));
     }
@@ -420,6 +424,38 @@ std::vector<std::string> to_strings(std::initializer_list<std::string_view> dims
 DTensor DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter, CallSite where) const {
   return at_site(where,
                  [&] { return DTensor(reduce_impl(state_, mesh_, dim, reduction, scatter, false, where), mesh_); });
+}
+
+namespace {
+// reduce(..., out): `result` copied into `out` in place by meshrt.copy_.
+DTensor& write_into(DTensor& out, const DTensor& result, const CallSite& where) {
+  if (!out.defined()) throw UsageError("reduce: expected out to be a defined DTensor, found an undefined one");
+  if (!(out.meta() == result.meta())) {
+    throw UsageError(fmt::format("reduce: expected out of the result's meta {}, found {}", result.meta().to_string(),
+                                 out.meta().to_string()));
+  }
+  if (!(out.mesh() == result.mesh())) {
+    throw UsageError(fmt::format("reduce: expected out on the result's mesh (ranks [{}]), found one on ranks [{}]",
+                                 fmt::join(result.mesh().ranks().to_vector(), ", "),
+                                 fmt::join(out.mesh().ranks().to_vector(), ", ")));
+  }
+  (void)result.mesh().call(FunctionName("meshrt.copy_", where), out, result);
+  return out;
+}
+}  // namespace
+
+DTensor& DTensor::reduce(std::string_view dim, Reduction reduction, bool scatter, DTensor& out, CallSite where) const {
+  return at_site(where, [&]() -> DTensor& { return write_into(out, reduce(dim, reduction, scatter, where), where); });
+}
+
+DTensor& DTensor::reduce(const std::vector<std::string>& dims, Reduction reduction, bool scatter, DTensor& out,
+                         CallSite where) const {
+  return at_site(where, [&]() -> DTensor& { return write_into(out, reduce(dims, reduction, scatter, where), where); });
+}
+
+DTensor& DTensor::reduce(std::initializer_list<std::string_view> dims, Reduction reduction, bool scatter, DTensor& out,
+                         CallSite where) const {
+  return reduce(to_strings(dims), reduction, scatter, out, where);
 }
 
 DTensor& DTensor::reduce_(std::string_view dim, Reduction reduction, bool scatter, CallSite where) {
@@ -643,14 +679,42 @@ DTensor DTensor::slice_mesh(std::string_view dim, std::int64_t index) const {
   return DTensor(state_, Mesh(mesh_).slice(dim, index).state_);
 }
 
+namespace {
+// drop() of a tensor that is not a borrow: its value is deleted on the workers after the
+// work issued on it so far, now rather than when the last handle goes.
+void drop_value(ControllerState& ctl, TensorState& t, const CallSite& where) {
+  if (t.dropped) {
+    throw UsageError(fmt::format("drop: the tensor was already dropped at {}", detail::describe(t.dropped_at)));
+  }
+  if (t.recorded != 0) {
+    throw UsageError(
+        "drop: the tensor is a value of a recorded step, which each replay makes and frees; only borrows are "
+        "dropped inside a recording");
+  }
+  if (ctl.recording()) {
+    throw UsageError(
+        "drop: inside a recording only borrows are dropped; drop the tensor after the recording (or its replays)");
+  }
+  if (t.lent.active > 0) {
+    throw UsageError(fmt::format("drop: the tensor is borrowed ({} active borrow{}); drop the borrows first",
+                                 t.lent.active, t.lent.active == 1 ? "" : "s"));
+  }
+  t.dropped = true;
+  t.dropped_at = where;
+  ctl.defer_delete(t.home->dests, t.ref, t.meta.nbytes());
+}
+}  // namespace
+
 void DTensor::drop(CallSite where) {
   return at_site(where, [&] {
     if (!state_) throw UsageError("drop: an undefined DTensor");
     auto ctl = lock(state_->controller);
     TensorState& b = *state_;
     ctl->check_epoch(b.epoch, "tensor");
-    if (!b.borrow.origin)
-      throw UsageError("drop: the tensor is not a borrow (only Stream::borrow results are dropped)");
+    if (!b.borrow.origin) {
+      drop_value(*ctl, b, where);
+      return;
+    }
     if (b.borrow.dropped) {
       throw UsageError(
           fmt::format("drop: the borrow was already dropped at {}", detail::describe(b.borrow.dropped_at)));
@@ -724,9 +788,30 @@ Mesh Mesh::split(std::string_view dim, std::vector<std::pair<std::string, std::i
   const auto d = static_cast<std::size_t>(state_->dim_index(dim));
   const NDSlice& r = state_->ranks;
   std::int64_t product = 1;
-  for (const auto& [n, s] : parts) {
-    if (s < 1) throw UsageError(fmt::format("split of '{}': part '{}' has size {}, expected >= 1", dim, n, s));
+  std::pair<std::string, std::int64_t>* inferred = nullptr;
+  for (auto& part : parts) {
+    const auto& [n, s] = part;
+    if (s == -1 && !inferred) {
+      inferred = &part;
+      continue;
+    }
+    if (s < 1) {
+      throw UsageError(
+          fmt::format("split of '{}': part '{}' has size {}, expected >= 1 (or -1 for one part, "
+                      "inferred)",
+                      dim, n, s));
+    }
     product *= s;
+  }
+  if (inferred) {
+    if (r.sizes()[d] % product != 0) {
+      throw UsageError(
+          fmt::format("split of '{}': the other parts' sizes multiply to {}, which does not divide "
+                      "its size {}; part '{}' (-1) cannot be inferred",
+                      dim, product, r.sizes()[d], inferred->first));
+    }
+    inferred->second = r.sizes()[d] / product;
+    product = r.sizes()[d];
   }
   if (product != r.sizes()[d]) {
     throw UsageError(

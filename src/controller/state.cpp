@@ -75,6 +75,7 @@ StreamState::~StreamState() {
 
 TensorState::~TensorState() {
   if (recorded != 0) return;  // a value of a recorded step: the replays define and delete it
+  if (dropped) return;        // drop() deleted it
   auto ctl = controller.lock();
   if (!ctl || ctl->epoch() != epoch || !home) return;
   if (borrow.origin && !borrow.dropped) {

@@ -92,6 +92,10 @@ struct TensorState : std::enable_shared_from_this<TensorState> {
     bool mutably = false;
     std::string to;  // the stream name of the mutable borrow
   } lent;
+  // drop() of a tensor that is not a borrow: its value is freed on the workers, and every
+  // later use of any handle to it names where.
+  bool dropped = false;
+  CallSite dropped_at{};
   // When this tensor is itself a borrow (origin set):
   struct Borrow {
     std::shared_ptr<TensorState> origin;
@@ -156,6 +160,7 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   // Recorded steps (the Recorder; controller/recording.cpp). UsageError when a recording
   // is being made: `what` needs a value back, or is not recordable.
   void refuse_in_recording(std::string_view what) const { recorder_.refuse(what); }
+  bool recording() const noexcept { return recorder_.active(); }
   // Every use of a tensor passes here (Recorder::note_use).
   void note_use(TensorState& t, std::string_view what) { recorder_.note_use(t, what); }
   // A tensor made now: inside a recording, one of its values.

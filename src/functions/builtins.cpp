@@ -391,6 +391,28 @@ std::vector<Tensor> copy_kernel(CallContext& ctx, Args& args) {
   return {out};
 }
 
+// meshrt.copy_(x, y): y's values into x in place (reduce's out=).
+Signature copy__shape(const ArgMetas& args) {
+  args.expect_count(2, 2);
+  const TensorMeta x = args.tensor(0);
+  const TensorMeta y = args.tensor(1);
+  if (x.shape() != y.shape() || x.dtype() != y.dtype() || x.device() != y.device()) {
+    args.fail_arg(0, fmt::format("expected a tensor of y's shape, dtype and device ({}), found {}", y.to_string(),
+                                 x.to_string()));
+  }
+  return {.outputs = {}, .mutates = {0}};
+}
+std::vector<Tensor> copy__kernel(CallContext& ctx, Args& args) {
+  Tensor& x = args.tensor(0);
+  const Tensor& y = args.tensor(1);
+  if (x.device().is_cpu()) {
+    std::memcpy(x.raw_data(), y.raw_data(), y.nbytes());
+  } else {
+    device::copy(x, y, device::stream_for(ctx.stream_id(), x.device()));
+  }
+  return {};
+}
+
 // ------------------------------------------------------------------ host data
 
 // The controller's host tensor (sent in the command) as this rank's own tensor on the
@@ -670,6 +692,10 @@ MESHRT_REGISTER_FUNCTION("meshrt.matmul", matmul_kernel, matmul_shape,
 MESHRT_REGISTER_FUNCTION("meshrt.copy", copy_kernel, copy_shape,
                          Description{
                              .params = {{"x", "tensor"}}, .returns = "tensor", .doc = "A copy of x, on x's device."});
+MESHRT_REGISTER_FUNCTION("meshrt.copy_", copy__kernel, copy__shape,
+                         Description{.params = {{"x", "tensor"}, {"y", "tensor"}},
+                                     .returns = "none (writes x in place)",
+                                     .doc = "x = y elementwise (one shape, dtype and device): reduce's out=."});
 MESHRT_REGISTER_FUNCTION("meshrt.from_host", from_host_kernel, from_host_shape,
                          Description{.params = {{"x", "host tensor"}},
                                      .returns = "tensor",

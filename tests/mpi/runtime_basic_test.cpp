@@ -124,6 +124,55 @@ std::int64_t stamp(Controller& ctl, const DTensor& t, std::int64_t h, std::int64
 
 }  // namespace
 
+// The small forms users of the source document write: reduce(out=), "mean", a mesh split
+// with an inferred size, Mesh::size over several dimensions, and drop() of any tensor.
+TEST(Runtime, ReduceIntoOutSplitInferredAndDropOfAnyTensor) {
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
+    EXPECT_EQ(mesh.size({"host", "gpu"}), 4);
+    EXPECT_EQ(mesh.size({}), 4);
+    Mesh split = ctl.world_mesh({{"all", 4}}).split("all", {{"a", 2}, {"b", -1}});
+    EXPECT_EQ(split.sizes(), (std::vector<std::int64_t>{2, 2}));
+    const std::string bad = usage_error([&] {
+      (void)ctl.world_mesh({{"all", 4}}).split("all", {{"a", 3}, {"b", -1}});
+    });
+    EXPECT_NE(bad.find("the other parts' sizes multiply to 3, which does not divide its size 4"), std::string::npos)
+        << bad;
+    EXPECT_EQ(parse_reduction("mean"), Reduction::Avg);
+
+    // x = 1 + 10 * gpu on (host, gpu): its sum over gpu is 12 on every rank.
+    DTensor x = mesh.scatter("gpu", Tensor::from<float>({2}, {1, 11}));
+    auto at = [&](const DTensor& t, std::int64_t h, std::int64_t g) {
+      return ctl.fetch_shard(t, {{"host", h}, {"gpu", g}}).get().span<float>()[0];
+    };
+    DTensor out = mesh.call("meshrt.full", std::vector<std::int64_t>{1}, DType::Float32, -5.0);
+    DTensor alias = out;  // a handle sharing out's value sees the write
+    DTensor& r = x.reduce("gpu", Reduction::Sum, false, out);
+    EXPECT_EQ(&r, &out);
+    for (std::int64_t h = 0; h < 2; ++h)
+      for (std::int64_t g = 0; g < 2; ++g) EXPECT_EQ(at(alias, h, g), 12.0f) << h << g;
+    DTensor all = mesh.call("meshrt.full", std::vector<std::int64_t>{1}, DType::Float32, 0.0);
+    (void)x.reduce({"host", "gpu"}, Reduction::Sum, false, all);
+    EXPECT_EQ(at(all, 1, 1), 24.0f);
+    DTensor wrong = mesh.call("meshrt.full", std::vector<std::int64_t>{2}, DType::Float32, 0.0);
+    const std::string meta = usage_error([&] { (void)x.reduce("gpu", Reduction::Sum, false, wrong); });
+    EXPECT_NE(meta.find("reduce: expected out of the result's meta float32[1] on cpu, found float32[2] on cpu"),
+              std::string::npos)
+        << meta;
+
+    DTensor gone = mesh.call("meshrt.full", std::vector<std::int64_t>{3}, DType::Float32, 2.0);
+    DTensor other = gone;
+    gone.drop();
+    const std::string use = usage_error([&] { (void)other.reduce("gpu", Reduction::Sum); });
+    EXPECT_NE(use.find("the tensor was dropped at "), std::string::npos) << use;
+    EXPECT_NE(use.find("runtime_basic_test.cpp"), std::string::npos) << use;
+    const std::string again = usage_error([&] { other.drop(); });
+    EXPECT_NE(again.find("drop: the tensor was already dropped at"), std::string::npos) << again;
+    ctl.synchronize();  // the delete ran: no failure, and the session goes on
+    EXPECT_EQ(at(x, 0, 1), 11.0f);
+  });
+}
+
 // A barrier over 'gpu': no rank of a line leaves before the line's last one enters. World
 // rank 1 (host 0, gpu 1) sleeps before it, so every stamp taken after the barrier on host 0
 // is later than rank 1's stamp before it (and a barrier that waited for nobody would

@@ -189,6 +189,39 @@ def test_rooted_and_several_dimension_collectives(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_small_forms_reduce_out_mean_shape_size_split_and_drop(kind):
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind=kind)
+        assert mesh.size(("dp", "tp")) == 4 and mesh.size() == 4 and mesh.size("tp") == 2
+        assert ctl.world_mesh({"all": 4}).split("all", {"a": -1, "b": 2}).sizes == [2, 2]
+        with pytest.raises(meshrt.UsageError, match=r"part 'b' \(-1\) cannot be inferred"):
+            ctl.world_mesh({"all": 4}).split("all", {"a": 3, "b": -1})
+        x = mesh.scatter("tp", np.array([[1.0, 2.0], [11.0, 12.0]], dtype=np.float32))  # [[1, 2]] or [[11, 12]]
+        assert x.shape == (1, 2) and x.dtype == meshrt.float32
+        assert meshrt.Reduction.MEAN == meshrt.Reduction.AVG
+        np.testing.assert_array_equal(value(ctl, x.reduce("tp", "mean"), dp=1, tp=0), [[6.0, 7.0]])
+        out = mesh.call("meshrt.zeros", [1, 2], "float32")
+        same = out
+        assert x.reduce("tp", "sum", out=out) is out
+        np.testing.assert_array_equal(value(ctl, same, dp=0, tp=1), [[12.0, 14.0]])
+        x.reduce(("dp", "tp"), meshrt.Reduction.MEAN, out=out)
+        np.testing.assert_array_equal(value(ctl, out, dp=1, tp=1), [[6.0, 7.0]])
+        with pytest.raises(meshrt.UsageError, match=r"expected out of the result's meta float32\[1, 2\]"):
+            x.reduce("tp", "sum", out=mesh.call("meshrt.zeros", [3], "float32"))
+        with pytest.raises(meshrt.UsageError, match=r"expected dst= or out=, found both"):
+            x.reduce("tp", "sum", dst=0, out=out)
+        gone = mesh.call("meshrt.zeros", [1, 2], "float32")
+        other = gone
+        gone.drop()
+        with pytest.raises(meshrt.UsageError, match=r"the tensor was dropped at .*test_controller.py"):
+            other.reduce("tp", "sum")
+        ctl.synchronize()
+        np.testing.assert_array_equal(value(ctl, x, dp=0, tp=1), [[11.0, 12.0]])
+
+    meshrt.run(main)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_barrier_is_a_future_of_its_lines(kind):
     def main(ctl):
         mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind=kind)

@@ -19,11 +19,16 @@ namespace meshrt::python {
 void bind_dtensor(py::module_& m) {
   auto cls = api_class<DTensorClass>(m, "DTensor");
   cls.def_property_readonly("meta", [](const DTensor& t) { return t.meta(); })
+      .def_property_readonly(
+          "shape", [](const DTensor& t) { return py::tuple(py::cast(t.meta().shape())); },
+          "Each rank's local shape (meta.shape).")
+      .def_property_readonly("dtype", [](const DTensor& t) { return t.meta().dtype(); })
       .def_property_readonly("mesh", &DTensor::mesh)
       .def_property_readonly("stream", &DTensor::stream)
       .def(
           "reduce",
-          [](const DTensor& t, py::handle dim, py::handle r, bool scatter, std::optional<std::int64_t> dst) {
+          [](const DTensor& t, py::handle dim, py::handle r, bool scatter, std::optional<std::int64_t> dst,
+             py::object out) -> py::object {
             const auto where = caller_site();
             const Reduction red = to_reduction(r, where);
             const std::optional<std::vector<std::string>> dims = dimension_list(dim, "reduce", where);
@@ -37,16 +42,32 @@ void bind_dtensor(py::module_& m) {
                     "reduce: expected scatter=False with dst=, found scatter=True (a reduce_scatter has no root); "
                     "drop dst= or scatter=");
             }
-            return released([&] {
+            if (!out.is_none()) {
+              if (dst) usage(where, "reduce: expected dst= or out=, found both; a rooted reduce makes its result");
+              if (!py::isinstance<DTensor>(out)) {
+                usage(where, fmt::format("reduce: expected out= a DTensor, found {}", found(out)));
+              }
+              DTensor& o = out.cast<DTensor&>();
+              released([&] {
+                if (dims)
+                  t.reduce(*dims, red, scatter, o, where);
+                else
+                  t.reduce(py::cast<std::string>(dim), red, scatter, o, where);
+              });
+              return out;
+            }
+            return py::cast(released([&] {
               if (dims) return t.reduce(*dims, red, scatter, where);
               const std::string d = py::cast<std::string>(dim);
               return dst ? t.reduce(d, red, Dst{*dst}, where) : t.reduce(d, red, scatter, where);
-            });
+            }));
           },
           py::arg("dim"), py::arg("reduction"), py::arg("scatter") = false, py::kw_only(), py::arg("dst") = py::none(),
+          py::arg("out") = py::none(),
           "The reduction over mesh dimension dim (a str), or over several as one (a tuple; () = every dimension): "
-          "meshrt.Reduction.SUM or \"sum\", ...; stack gathers. With dst=i, to coordinate i of dim only: the "
-          "result lives on mesh.slice(dim, i).")
+          "meshrt.Reduction.SUM or \"sum\" (\"mean\" is avg), ...; stack gathers. With dst=i, to coordinate i of "
+          "dim only: the result lives on mesh.slice(dim, i). With out=y, written into y (of the result's meta, "
+          "mesh and stream) in place; returns y.")
       .def(
           "reduce_",
           [](py::object self, py::handle dim, py::handle r, bool scatter) {
@@ -117,7 +138,8 @@ void bind_dtensor(py::module_& m) {
             const auto where = caller_site();
             released([&] { t.drop(where); });
           },
-          "Ends a borrow: the origin stream may use the tensor again.")
+          "Ends a borrow: the origin stream may use the tensor again. Any other tensor: its value is freed on "
+          "the workers after the work issued on it so far; a later use of any handle to it raises UsageError.")
       .def("__repr__", [](const DTensor& t) {
         return fmt::format("meshrt.DTensor({} on {}, stream '{}')", t.meta().to_string(), mesh_repr(t.mesh()),
                            t.stream().name());

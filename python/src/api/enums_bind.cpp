@@ -18,6 +18,8 @@ void bind_enums(py::module_& m) {
     for (auto& c : n) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     reduction.value(n.c_str(), r);
   }
+  // torch.distributed's name for avg; "mean" parses too.
+  reduction.attr("MEAN") = py::cast(Reduction::Avg);
   // str() is the name ("sum", "emulated"); a def() would chain behind pybind11's own __str__.
   reduction.attr("__str__") =
       py::cpp_function([](Reduction r) { return std::string(name(r)); }, py::name("__str__"), py::is_method(reduction));

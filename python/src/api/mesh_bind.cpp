@@ -24,11 +24,15 @@ void bind_mesh(py::module_& m) {
           "ranks", [](const Mesh& mesh) { return ranks_of(mesh.ranks()); }, "The world ranks.")
       .def(
           "size",
-          [](const Mesh& mesh, const std::string& dim) {
+          [](const Mesh& mesh, py::handle dims) {
             const auto where = caller_site();
-            return at_site(where, [&] { return mesh.size(dim); });
+            const auto d = dims.is_none() ? std::vector<std::string>{} : dimension_list(dims, "Mesh.size", where);
+            if (!d) return at_site(where, [&] { return mesh.size(dims.cast<std::string>()); });
+            return at_site(where, [&] { return mesh.size(*d); });
           },
-          py::arg("dim"))
+          py::arg("dims") = py::none(),
+          "The size of dim (a str); of several as one line (a tuple: the product); of every dimension "
+          "(none given).")
       .def(
           "slice",
           [](const Mesh& mesh, const std::string& dim, std::int64_t begin, std::optional<std::int64_t> end,
@@ -56,7 +60,8 @@ void bind_mesh(py::module_& m) {
             return released([&] { return at_site(where, [&] { return mesh.split(dim, std::move(p)); }); });
           },
           py::arg("dim"), py::arg("parts"),
-          "Splits dim into dimensions of the given sizes: {\"a\": 2, \"b\": 2} or [(\"a\", 2), (\"b\", 2)].")
+          "Splits dim into dimensions of the given sizes: {\"a\": 2, \"b\": 2} or [(\"a\", 2), (\"b\", 2)]; "
+          "one size may be -1 (inferred).")
       .def(
           "flatten",
           [](const Mesh& mesh, std::string name) {
