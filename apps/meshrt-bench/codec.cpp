@@ -76,6 +76,8 @@ void save(Archive& ar, const meshrt::Value& v, unsigned) {
     case meshrt::Value::Kind::Dict:
       ar << v.as_dict();
       break;
+    case meshrt::Value::Kind::Object:
+      throw meshrt::UsageError("the Boost.Serialization baseline: a worker object never travels");
   }
 }
 
@@ -141,6 +143,8 @@ void load(Archive& ar, meshrt::Value& v, unsigned) {
       v = meshrt::Value(std::move(d));
       break;
     }
+    case meshrt::Value::Kind::Object:
+      throw meshrt::UsageError("the Boost.Serialization baseline: a worker object never travels");
   }
 }
 

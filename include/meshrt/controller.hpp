@@ -41,6 +41,7 @@ namespace meshrt {
 class Controller;
 class DTensor;
 class Mesh;
+class Object;
 template <class T>
 class Future;
 class Recording;
@@ -116,6 +117,9 @@ class Arg {
   // call refuses it.
   Arg(const Tensor& t);
   Arg(std::initializer_list<Arg> items);
+  // A worker object: each rank's kernel gets that rank's object (its mesh must be the
+  // call's).
+  Arg(const Object& o);
   // A list of any length, built at run time (a braced list is the literal form).
   static Arg list(std::vector<Arg> items);
 
@@ -141,6 +145,7 @@ class Stream {
   friend class Controller;
   friend class DTensor;
   friend class Mesh;
+  friend class Object;
   explicit Stream(std::shared_ptr<detail::StreamState> s) : state_(std::move(s)) {}
   std::shared_ptr<detail::StreamState> state_;
 };
@@ -256,6 +261,7 @@ class DTensor {
   friend class Arg;
   friend class Controller;
   friend class Mesh;
+  friend class Object;
   friend class Stream;
   friend struct detail::ControllerState;
   friend struct detail::RecordingState;
@@ -334,6 +340,10 @@ class Mesh {
   }
   // Any number of arguments and outputs.
   std::vector<DTensor> call_n(FunctionName fn, std::vector<Arg> args) const;
+  // Runs the object constructor `fn` (MESHRT_REGISTER_OBJECT, or a Python function) on
+  // every rank, which keeps what it returns (docs/guide.md, "Worker-side objects"). Tensor
+  // arguments as for call (on a cpu mesh only); refused inside a recording.
+  Object call_object(FunctionName fn, std::vector<Arg> args = {}) const;
 
   // Host data onto the mesh (docs/guide.md, "Host data onto a mesh"). Both send `t` in the
   // command, to every rank of the mesh: fine for parameters and small inputs; load large
@@ -351,14 +361,41 @@ class Mesh {
  private:
   friend class Controller;
   friend class DTensor;
+  friend class Object;
   friend class Stream;
   friend struct detail::ControllerState;
   explicit Mesh(std::shared_ptr<detail::MeshState> s) : state_(std::move(s)) {}
   DTensor one(std::vector<DTensor> outputs) const;
   std::vector<DTensor> call_n_impl(FunctionName fn, std::vector<Arg> args) const;
   std::vector<DTensor> call_on_impl(const Stream& stream, FunctionName fn, std::vector<Arg> args) const;
+  Object call_object_impl(FunctionName fn, std::vector<Arg> args) const;
   Future<void> barrier_impl(std::vector<std::string> dims, const CallSite& where) const;
   std::shared_ptr<detail::MeshState> state_;
+};
+
+// A handle to the object each rank of a mesh keeps (Mesh::call_object). Passed to a call
+// on that mesh, it gives each rank's kernel that rank's own object: the same one every
+// time, so what a kernel changes in it the next kernel sees. The last handle (copies share
+// it) frees the objects on the workers. When the constructor failed, every call given the
+// handle fails with a RemoteError naming the constructor, the rank and this handle's line.
+class Object {
+ public:
+  Object() = default;
+  bool defined() const noexcept { return state_ != nullptr; }
+  Mesh mesh() const;
+  Stream stream() const;
+  // Lets this handle go now (it becomes undefined): the objects go once no handle holds
+  // them.
+  void drop() noexcept;
+
+ private:
+  friend class Arg;
+  friend class Mesh;
+  friend struct detail::ControllerState;
+  Object(std::shared_ptr<detail::TensorState> s, std::shared_ptr<detail::MeshState> mesh)
+      : state_(std::move(s)), mesh_(std::move(mesh)) {}
+  std::shared_ptr<detail::TensorState> state_;  // its value on the workers, as a tensor's
+  std::shared_ptr<detail::MeshState> mesh_;
 };
 
 // A recorded step (docs/guide.md, "Recorded steps"): the commands a function issued once,

@@ -22,6 +22,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <typeinfo>
 #include <vector>
 
 #include "meshrt/tensor.hpp"
@@ -117,6 +118,18 @@ class Args : public detail::ArgAccess {
   // The tensor argument i (mutable: in-place kernels write through it).
   Tensor& tensor(std::size_t i);
   const Tensor& tensor(std::size_t i) const;
+  // The worker object argument i as a T (the object its handle names on this rank);
+  // UsageError naming the argument when it is no object or another type's.
+  template <class T>
+  T& object(std::size_t i) const {
+    const WorkerObject o = object_value(i);
+    if (T* p = o.get<T>()) return *p;
+    fail_object_type(i, typeid(T), o.type());
+  }
+  WorkerObject object_value(std::size_t i) const;
+
+ private:
+  [[noreturn]] void fail_object_type(std::size_t i, const std::type_info& want, const std::type_info& found) const;
 };
 
 // The arguments of a shape function on the controller: tensors appear as TensorMeta.
@@ -142,6 +155,9 @@ struct Signature {
 
 using Kernel = std::function<std::vector<Tensor>(CallContext&, Args&)>;
 using ShapeFunction = std::function<Signature(const ArgMetas&)>;
+// An object constructor (docs/guide.md, "Worker-side objects"): runs on every rank of a
+// mesh for Mesh::call_object, which keeps what it returns on that rank.
+using ObjectKernel = std::function<WorkerObject(CallContext&, Args&)>;
 
 namespace functions {
 
@@ -169,6 +185,7 @@ struct Function {
   int line = 0;
   std::string library;  // the library path given to load_library, or "" for the program and libmeshrt
   Description description;
+  ObjectKernel make_object;  // empty unless it constructs worker objects
 
   std::string where() const;  // "file:line" (and " in <library>")
   // "meshrt.rand(shape: list[int], dtype: dtype, seed: int) -> tensor"; the bare name
@@ -179,8 +196,12 @@ struct Function {
 };
 
 // Adds a function; throws UsageError if the name is taken (naming both places) or empty.
+// With `make_object` it also constructs worker objects (a Python function serves both).
 void register_function(std::string name, Kernel kernel, ShapeFunction shape, const char* file, int line,
-                       Description description = {});
+                       Description description = {}, ObjectKernel make_object = {});
+// Adds an object constructor only: Mesh::call_object runs it; Mesh::call refuses it.
+void register_object_function(std::string name, ObjectKernel make_object, const char* file, int line,
+                              Description description = {});
 
 // The function `name`; throws UsageError "unknown function 'x'; did you mean ...".
 const Function& lookup(std::string_view name);
@@ -209,6 +230,8 @@ struct Registrar {
   // message): a refused registration is recorded for check_table().
   Registrar(const char* name, Kernel kernel, ShapeFunction shape, const char* file, int line,
             Description description = {}) noexcept;
+  Registrar(const char* name, ObjectKernel make_object, const char* file, int line,
+            Description description = {}) noexcept;
 };
 }  // namespace detail
 
@@ -222,4 +245,10 @@ struct Registrar {
 #define MESHRT_REGISTER_FUNCTION(name, kernel, shape_fn, ...)                          \
   [[maybe_unused]] static const ::meshrt::functions::detail::Registrar MESHRT_CONCAT_( \
       meshrt_function_registrar_, __COUNTER__)((name), (kernel), (shape_fn), __FILE__, \
+                                               __LINE__ __VA_OPT__(, ) __VA_ARGS__)
+// At namespace scope: registers `make` (WorkerObject(CallContext&, Args&)) as the object
+// constructor `name`, with an optional functions::Description after it.
+#define MESHRT_REGISTER_OBJECT(name, make, ...)                                                \
+  [[maybe_unused]] static const ::meshrt::functions::detail::Registrar MESHRT_CONCAT_(         \
+      meshrt_function_registrar_, __COUNTER__)((name), ::meshrt::ObjectKernel(make), __FILE__, \
                                                __LINE__ __VA_OPT__(, ) __VA_ARGS__)

@@ -2,7 +2,8 @@
 //
 // Leaves are none, bool, int64, double, string, a tensor reference (Ref: the id of a
 // value held by the workers), a Tensor, or a TensorMeta (what the controller knows of a
-// tensor: shape functions see metas where workers see tensors). Inner nodes are lists and
+// tensor: shape functions see metas where workers see tensors), or a WorkerObject (what a
+// kernel on a worker sees for an object handle; never on the wire). Inner nodes are lists and
 // dicts with string keys (insertion-ordered, like a Python dict). flatten() and map()
 // walk the leaves in a fixed order (lists in order, dicts in key order as stored), so the
 // controller and every worker agree on the i-th leaf.
@@ -11,9 +12,11 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -29,9 +32,34 @@ struct Ref {
   friend auto operator<=>(Ref, Ref) = default;
 };
 
+// An opaque object a worker keeps for a mesh (docs/guide.md, "Worker-side objects"): what
+// an object-constructing function returned on this rank, shared by every kernel that is
+// given its handle. It lives on its worker only: the codec refuses it.
+class WorkerObject {
+ public:
+  WorkerObject() = default;
+  template <class T>
+  explicit WorkerObject(std::shared_ptr<T> object) : object_(std::move(object)), type_(&typeid(T)) {}
+
+  bool defined() const noexcept { return object_ != nullptr; }
+  // The object as a T, or nullptr when it is not a T.
+  template <class T>
+  T* get() const noexcept {
+    return type_ != nullptr && *type_ == typeid(T) ? static_cast<T*>(object_.get()) : nullptr;
+  }
+  // The type it was made with (typeid(void) when undefined).
+  const std::type_info& type() const noexcept { return type_ ? *type_ : typeid(void); }
+  // The same object (identity, not contents).
+  friend bool operator==(const WorkerObject& a, const WorkerObject& b) noexcept { return a.object_ == b.object_; }
+
+ private:
+  std::shared_ptr<void> object_;
+  const std::type_info* type_ = nullptr;
+};
+
 class Value {
  public:
-  enum class Kind : std::uint8_t { None, Bool, Int, Double, String, Ref, Tensor, Meta, List, Dict };
+  enum class Kind : std::uint8_t { None, Bool, Int, Double, String, Ref, Tensor, Meta, List, Dict, Object };
   using List = std::vector<Value>;
   using Dict = std::vector<std::pair<std::string, Value>>;
 
@@ -51,6 +79,7 @@ class Value {
   Value(TensorMeta m) : v_(std::move(m)) {}
   Value(List l) : v_(std::move(l)) {}
   Value(Dict d) : v_(std::move(d)) {}
+  Value(WorkerObject o) : v_(std::move(o)) {}
   // {1, 2, 3} and {"a", 1.0} build lists.
   Value(std::initializer_list<Value> items) : v_(List(items)) {}
   template <class T>
@@ -73,6 +102,7 @@ class Value {
   bool is_meta() const noexcept { return kind() == Kind::Meta; }
   bool is_list() const noexcept { return kind() == Kind::List; }
   bool is_dict() const noexcept { return kind() == Kind::Dict; }
+  bool is_object() const noexcept { return kind() == Kind::Object; }
   bool is_leaf() const noexcept { return !is_list() && !is_dict(); }
 
   // Typed access; each throws UsageError "expected <kind>, found <kind> <value>".
@@ -87,6 +117,7 @@ class Value {
   const List& as_list() const;
   List& as_list();
   const Dict& as_dict() const;
+  const WorkerObject& as_object() const;
   Dict& as_dict();
   // The dict entry `key`; throws UsageError naming the keys present.
   const Value& at(std::string_view key) const;
@@ -122,7 +153,7 @@ class Value {
   [[noreturn]] void throw_kind(std::string_view expected) const;
 
   std::variant<std::monostate, bool, std::int64_t, double, std::string, meshrt::Ref, meshrt::Tensor, TensorMeta, List,
-               Dict>
+               Dict, WorkerObject>
       v_;
 };
 

@@ -330,6 +330,12 @@ class Mesh:
         """
     def call_n(self, *args: Any) -> list[Any]:
         """call_n(fn, *args): as call, returning the list of every output."""
+    def call_object(self, *args: Any) -> WorkerObject:
+        """
+        call_object(fn, *args): runs the registered function fn(ctx, *args) on every rank, which
+        keeps what it returns; a WorkerObject handle to those objects, which calls on this mesh take
+        as an argument.
+        """
     def call_on(self, *args: Any) -> list[Any]:
         """call_on(stream, fn, *args): as call_n, on an explicit stream."""
     def from_host(self, array: _TensorLike) -> DTensor:
@@ -574,6 +580,26 @@ class TensorMeta:
         """A new tensor of this meta, zeroed."""
     def __eq__(self, arg0: TensorMeta) -> bool: ...
     def __str__(self) -> str: ...
+
+class WorkerObject:
+    """
+    A handle to the Python object each rank of a mesh keeps (mesh.call_object); pass it to calls on
+    that mesh.
+    """
+    @property
+    def mesh(self) -> Mesh:
+        """The mesh whose ranks keep the objects."""
+    @property
+    def stream(self) -> Stream:
+        """The stream it was made on, which calls given it run on."""
+    @property
+    def dropped(self) -> bool:
+        """Whether drop() has run."""
+    def drop(self) -> None:
+        """
+        Lets this handle go now: the workers free their objects once no handle holds them (as when
+        the last reference goes). Later uses of the handle raise UsageError.
+        """
 
 def _abort_job(code: int) -> None:
     """Ends the whole job now (MPI_Abort, or this process without MPI; for meshrt.testing)."""

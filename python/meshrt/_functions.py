@@ -7,7 +7,7 @@ function tables). Registering after the start is refused.
 
 import inspect as _inspect
 import sys as _sys
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 from . import _core
 
@@ -22,8 +22,15 @@ def _kind(annotation):
     return getattr(annotation, "__name__", str(annotation))
 
 
-def function(name: str, *, shape: Callable[..., Any], torch: bool = False) -> Callable[[_Kernel], _Kernel]:
+def function(
+    name: str, *, shape: Optional[Callable[..., Any]] = None, torch: bool = False
+) -> Callable[[_Kernel], _Kernel]:
     """Registers the decorated kernel as the remote function ``name``.
+
+    Without ``shape`` it is an object constructor only: ``mesh.call_object(kernel, ...)``
+    runs it on every rank and keeps what it returns there (a ``meshrt.WorkerObject``
+    handle on the controller); ``mesh.call`` refuses it. Any function can be called with
+    ``call_object``.
 
     ``shape(*args)`` runs at the controller's call site with a ``meshrt.TensorMeta`` for
     each tensor argument and the Python values of the others (lists as tuples, dtypes as
@@ -64,6 +71,10 @@ def function(name: str, *, shape: Callable[..., Any], torch: bool = False) -> Ca
             pass  # a builtin or C callable: no signature to describe
         doc = (_inspect.getdoc(kernel) or "").strip().split("\n")[0]
         _core._register_function(name, kernel, shape, bool(torch), file, line, params, returns, doc)
+        try:
+            kernel.__meshrt_function__ = name  # calls take the function for its name
+        except (AttributeError, TypeError):
+            pass  # a builtin or C callable: call it by name
         return kernel
 
     return register

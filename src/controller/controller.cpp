@@ -204,6 +204,12 @@ Arg::Arg(const DTensor& t) {
   tensors_.push_back(t);
 }
 
+Arg::Arg(const Object& o) {
+  if (!o.state_) throw UsageError("an undefined Object (dropped, or never made) was passed as an argument");
+  value_ = Value(o.state_->ref);
+  tensors_.push_back(DTensor(o.state_, o.mesh_));
+}
+
 Arg::Arg(std::initializer_list<Arg> items) {
   Value::List list;
   for (const Arg& a : items) {
@@ -280,6 +286,19 @@ const TensorMeta& DTensor::meta() const {
 }
 Mesh DTensor::mesh() const {
   return Mesh(mesh_);
+}
+
+Mesh Object::mesh() const {
+  if (!state_) throw UsageError("Object::mesh: the handle is undefined (dropped, or never made)");
+  return Mesh(mesh_);
+}
+Stream Object::stream() const {
+  if (!state_) throw UsageError("Object::stream: the handle is undefined (dropped, or never made)");
+  return Stream(state_->stream);
+}
+void Object::drop() noexcept {
+  state_.reset();
+  mesh_.reset();
 }
 Stream DTensor::stream() const {
   return Stream(state_->stream);
@@ -966,6 +985,103 @@ DTensor Mesh::scatter(std::string_view dim, const Tensor& t, CallSite where) con
   });
 }
 
+namespace {
+
+// "mesh [dp=2, tp=2] on ranks [0, 1, 2, 3]"
+std::string mesh_text(const MeshState& m) {
+  std::vector<std::string> dims;
+  for (std::size_t i = 0; i < m.names.size(); ++i) dims.push_back(fmt::format("{}={}", m.names[i], m.ranks.sizes()[i]));
+  return fmt::format("mesh [{}] on ranks [{}]", fmt::join(dims, ", "), fmt::join(m.dests, ", "));
+}
+
+}  // namespace
+
+// A worker object belongs to the mesh that made it: its ranks hold it in that mesh's
+// coordinates, and no other mesh's call may name it.
+void detail::check_objects(const std::vector<DTensor>& args, const MeshState& mesh, std::string_view what) {
+  for (const DTensor& a : args) {
+    const TensorState& t = *ControllerState::state_of(a);
+    if (!t.object || same_layout(*t.home, mesh)) continue;
+    throw UsageError(fmt::format(
+        "{}: a worker object made on {} was passed to a call on {}; an object belongs to the mesh that made it: "
+        "call on that mesh, or make an object on this one",
+        what, mesh_text(*t.home), mesh_text(mesh)));
+  }
+}
+
+Object Mesh::call_object(FunctionName fn, std::vector<Arg> args) const {
+  const CallSite where = fn.where;
+  return at_site(where, [&] { return call_object_impl(std::move(fn), std::move(args)); });
+}
+
+Object Mesh::call_object_impl(FunctionName fn, std::vector<Arg> args) const {
+  auto ctl = lock(state_->controller);
+  ctl->check_epoch(state_->epoch, "mesh");
+  ctl->refuse_in_recording(fmt::format("call_object of {}", fn.name));
+  const functions::Function& f = functions::lookup(fn.name);
+  if (!f.make_object) {
+    throw UsageError(
+        fmt::format("call_object: {} (registered at {}) returns tensors, not an object: register an object constructor "
+                    "(MESHRT_REGISTER_OBJECT, or a Python function with @meshrt.function) and call that",
+                    fn.name, f.where()));
+  }
+  std::vector<DTensor> tensors;
+  for (const Arg& a : args) {
+    for (const DTensor& t : a.tensors()) tensors.push_back(t);
+  }
+  check_objects(tensors, *state_, fn.name);
+  std::shared_ptr<StreamState> stream;
+  for (const DTensor& t : tensors) {
+    if (!stream)
+      stream = t.state_->stream;
+    else if (stream != t.state_->stream) {
+      throw UsageError(fmt::format("{}: arguments on streams '{}' and '{}'; borrow them onto one stream", fn.name,
+                                   stream->name, t.state_->stream->name));
+    }
+    // The constructor runs on the worker's thread, outside the stream's device work: it can
+    // read host memory only.
+    if (!t.state_->object && state_->kind != Device::Kind::Cpu) {
+      throw UsageError(fmt::format(
+          "call_object: {}: a tensor argument on a mesh placed on {}: an object constructor takes tensors on a cpu "
+          "mesh only; pass the tensor to a kernel that stores what it needs in the object",
+          fn.name, state_->kind == Device::Kind::Cuda ? "cuda" : "the emulated accelerator"));
+    }
+  }
+  if (!stream) stream = ctl->stream("default");
+  std::size_t payload = 0;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::size_t bytes = protocol::encoded_size(args[i].value());
+    check_host_bytes([&] { return fmt::format("{}: argument {}", fn.name, i); }, bytes);
+    payload += bytes;
+  }
+  check_host_bytes([&] { return fmt::format("{}: the call's {} arguments together", fn.name, args.size()); }, payload);
+  std::vector<std::shared_ptr<Node>> inputs;
+  for (const DTensor& t : tensors) {
+    use_tensor(*ctl, *t.state_, *state_, *stream, false, fn.name);
+    inputs.push_back(t.state_->node);
+  }
+  ctl->ensure_mesh(*state_);
+  ctl->ensure_stream(*stream);
+  const protocol::Ident ident = ctl->new_ident();
+  auto node = ctl->make_node(ident, fn.name, fn.where, std::move(inputs));
+  auto object = new_tensor(*ctl, TensorMeta(), state_, stream, node);
+  object->object = true;
+  std::vector<Value> wire;
+  wire.reserve(args.size());
+  for (Arg& a : args) wire.push_back(a.value());
+  ctl->append(state_->dests,
+              protocol::CallFunction{.ident = ident,
+                                     .results = {object->ref},
+                                     .mutates = {},
+                                     .function = fn.name,
+                                     .args = std::move(wire),
+                                     .stream = stream->ref,
+                                     .mesh = state_->ref,
+                                     .keeps_object = true},
+              ident, payload);
+  return Object(std::move(object), state_);
+}
+
 std::vector<DTensor> Mesh::call_n_impl(FunctionName fn, std::vector<Arg> args) const {
   auto ctl = lock(state_->controller);
   // The stream is the one the tensor arguments are on.
@@ -1002,9 +1118,11 @@ std::vector<DTensor> Mesh::call_on_impl(const Stream& stream, FunctionName fn, s
     for (const DTensor& t : a.tensors()) tensors.push_back(t);
     metas.push_back(a.value().map([&](const Value& leaf) -> Value {
       if (!leaf.is_ref()) return leaf;
-      return Value(tensors[next++].state_->meta);
+      const TensorState& t = *tensors[next++].state_;
+      return t.object ? Value() : Value(t.meta);  // shape functions see None for an object
     }));
   }
+  check_objects(tensors, *state_, fn.name);
   // The arguments travel in the command: host tensors and strings are refused here when
   // over the control plane's limit, not by the batcher's thread after the call returned.
   std::size_t payload = 0;

@@ -100,7 +100,8 @@ TensorState::~TensorState() {
   // Borrows share the origin's value on the workers under their own ref. A small value's
   // delete waits for others (Batcher::defer_delete): an out-of-place 8 B collective in a
   // loop then costs every worker no delete command of its own.
-  ctl->defer_delete(home->dests, ref, meta.nbytes());
+  // An object's size is unknown (a model): its delete goes with the next command.
+  ctl->defer_delete(home->dests, ref, object ? std::nullopt : std::optional<std::size_t>(meta.nbytes()));
 }
 
 ControllerState::ControllerState(std::shared_ptr<control::Transport> transport, int size, NDSlice workers_slice)

@@ -83,6 +83,9 @@ struct TensorState : std::enable_shared_from_this<TensorState> {
   // exists on the workers only within a replay. Never deleted; refused outside it.
   std::uint64_t recorded = 0;
   TensorMeta meta;
+  // A worker object's value (Mesh::call_object): no tensor, so meta means nothing; it is
+  // used on its home mesh only.
+  bool object = false;
   std::shared_ptr<MeshState> home;  // the mesh whose ranks hold the value
   std::shared_ptr<StreamState> stream;
   std::shared_ptr<Node> node;
@@ -294,5 +297,7 @@ std::vector<int> to_dests(const NDSlice& slice);
 // BorrowFirstUse it may need.
 void use_tensor(ControllerState& ctl, TensorState& t, const MeshState& mesh, const StreamState& stream, bool mutate,
                 std::string_view what);
+// UsageError naming both meshes when a worker object among `args` is not of `mesh`.
+void check_objects(const std::vector<DTensor>& args, const MeshState& mesh, std::string_view what);
 
 }  // namespace meshrt::detail

@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <boost/core/demangle.hpp>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -197,6 +199,17 @@ const Tensor& Args::tensor(std::size_t i) const {
   return v.as_tensor();
 }
 
+WorkerObject Args::object_value(std::size_t i) const {
+  const Value& v = value(i);
+  if (!v.is_object()) fail_arg(i, fmt::format("expected a worker object (its handle), found {}", v.to_string()));
+  return v.as_object();
+}
+
+void Args::fail_object_type(std::size_t i, const std::type_info& want, const std::type_info& found) const {
+  fail_arg(i, fmt::format("expected a worker object of type {}, found one of type {}",
+                          boost::core::demangle(want.name()), boost::core::demangle(found.name())));
+}
+
 TensorMeta ArgMetas::tensor(std::size_t i) const {
   const Value& v = value(i);
   if (v.is_meta()) return v.as_meta();
@@ -253,7 +266,7 @@ Kernel named_access(Kernel kernel) {
 
 // Caller holds the lock.
 void add_locked(Table& t, std::string name, Kernel kernel, ShapeFunction shape, const char* file, int line,
-                Description description) {
+                Description description, ObjectKernel make_object = {}) {
   if (name.empty())
     throw UsageError(fmt::format("register_function at {}:{}: expected a non-empty name, found ''", file, line));
   if (!kernel || !shape) {
@@ -264,7 +277,8 @@ void add_locked(Table& t, std::string name, Kernel kernel, ShapeFunction shape, 
     throw UsageError(fmt::format("remote function '{}' registered twice: first at {}, again at {}; rename one", name,
                                  it->second.where(), where(file, line, t.loading)));
   }
-  Function f{name, named_access(std::move(kernel)), std::move(shape), file, line, t.loading, std::move(description)};
+  Function f{name,      named_access(std::move(kernel)), std::move(shape),      file, line,
+             t.loading, std::move(description),          std::move(make_object)};
   t.functions.emplace(std::move(name), std::move(f));
   t.version.fetch_add(1, std::memory_order_release);
 }
@@ -297,10 +311,57 @@ std::string Function::short_signature() const {
 }
 
 void register_function(std::string name, Kernel kernel, ShapeFunction shape, const char* file, int line,
-                       Description description) {
+                       Description description, ObjectKernel make_object) {
   Table& t = table();
   std::lock_guard lock(t.mutex);
-  add_locked(t, std::move(name), std::move(kernel), std::move(shape), file, line, std::move(description));
+  add_locked(t, std::move(name), std::move(kernel), std::move(shape), file, line, std::move(description),
+             std::move(make_object));
+}
+
+namespace {
+
+// An object constructor's kernel and shape function: Mesh::call on it is a mistake, named
+// at the call (the shape function runs there).
+[[noreturn]] void refuse_call(const std::string& name) {
+  throw UsageError(fmt::format(
+      "{} constructs worker objects and returns no tensors: call it with mesh.call_object (Mesh::call_object)", name));
+}
+
+void add_object_locked(Table& t, std::string name, ObjectKernel make_object, const char* file, int line,
+                       Description description) {
+  if (!make_object) {
+    throw UsageError(fmt::format("register_object_function '{}' at {}:{}: expected an object constructor, found none",
+                                 name, file, line));
+  }
+  Kernel kernel = [name](CallContext&, Args&) -> std::vector<Tensor> { refuse_call(name); };
+  ShapeFunction shape = [name](const ArgMetas&) -> Signature { refuse_call(name); };
+  add_locked(t, std::move(name), std::move(kernel), std::move(shape), file, line, std::move(description),
+             std::move(make_object));
+}
+
+}  // namespace
+
+void register_object_function(std::string name, ObjectKernel make_object, const char* file, int line,
+                              Description description) {
+  Table& t = table();
+  std::lock_guard lock(t.mutex);
+  add_object_locked(t, std::move(name), std::move(make_object), file, line, std::move(description));
+}
+
+detail::Registrar::Registrar(const char* name, ObjectKernel make_object, const char* file, int line,
+                             Description description) noexcept {
+  try {
+    Table& t = table();
+    std::lock_guard lock(t.mutex);
+    try {
+      add_object_locked(t, name ? name : "", std::move(make_object), file, line, std::move(description));
+    } catch (const UsageError& e) {
+      t.refused.emplace_back(e.what());
+      t.version.fetch_add(1, std::memory_order_release);
+    }
+  } catch (...) {
+    // Out of memory during static initialisation: nothing sensible is left to do.
+  }
 }
 
 detail::Registrar::Registrar(const char* name, Kernel kernel, ShapeFunction shape, const char* file, int line,

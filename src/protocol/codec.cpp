@@ -227,6 +227,11 @@ class BasicWriter {
           value(item);
         }
         return;
+      case Value::Kind::Object:
+        throw ProtocolError(
+            fmt::format("protocol: encoding a value: expected one that travels, found a {}: a worker object stays on "
+                        "its worker (pass its handle)",
+                        v.to_string()));
     }
   }
   void values(const std::vector<Value>& vs, const char* field) {
@@ -262,6 +267,7 @@ class BasicWriter {
     values(m.args, "CallFunction args");
     ref(m.stream);
     ref(m.mesh);
+    boolean(m.keeps_object);
   }
   void body(const FetchValue& m) {
     pod(m.ident);
@@ -599,6 +605,8 @@ class Reader {
         }
         return Value(std::move(items));
       }
+      case Value::Kind::Object:
+        break;  // never encoded: enumeration() above refuses its tag
     }
     fail(field, "unreachable value kind");
   }
@@ -643,6 +651,7 @@ class Reader {
         m.args = values("CallFunction.args");
         m.stream = ref("CallFunction.stream");
         m.mesh = ref("CallFunction.mesh");
+        m.keeps_object = boolean("CallFunction.keeps_object");
         return m;
       }
       case CommandTag::FetchValue: {

@@ -4,6 +4,8 @@
 
 #include <bit>
 
+#include <boost/core/demangle.hpp>
+
 namespace meshrt {
 
 std::string_view Value::kind_name(Kind kind) noexcept {
@@ -28,6 +30,8 @@ std::string_view Value::kind_name(Kind kind) noexcept {
       return "list";
     case Kind::Dict:
       return "dict";
+    case Kind::Object:
+      return "worker object";
   }
   return "invalid";
 }
@@ -90,6 +94,10 @@ const Value::Dict& Value::as_dict() const {
 Value::Dict& Value::as_dict() {
   if (!is_dict()) throw_kind("dict");
   return std::get<Dict>(v_);
+}
+const WorkerObject& Value::as_object() const {
+  if (!is_object()) throw_kind("worker object");
+  return std::get<WorkerObject>(v_);
 }
 
 const Value& Value::at(std::string_view key) const {
@@ -199,6 +207,8 @@ std::string Value::to_string() const {
         s += fmt::format("{}'{}': {}", s.size() > 1 ? ", " : "", k, v.to_string());
       return s + "}";
     }
+    case Kind::Object:
+      return fmt::format("worker object of type {}", boost::core::demangle(std::get<WorkerObject>(v_).type().name()));
   }
   return "invalid";
 }
@@ -227,6 +237,8 @@ bool operator==(const Value& a, const Value& b) {
       return std::get<Value::List>(a.v_) == std::get<Value::List>(b.v_);
     case Value::Kind::Dict:
       return std::get<Value::Dict>(a.v_) == std::get<Value::Dict>(b.v_);
+    case Value::Kind::Object:
+      return std::get<WorkerObject>(a.v_) == std::get<WorkerObject>(b.v_);
   }
   return false;
 }

@@ -65,6 +65,7 @@ std::variant<Value, DependentOnError> Env::resolve(const Value& v) const {
   std::optional<DependentOnError> marker;
   Value out = v.map([&](const Value& leaf) -> Value {
     if (!leaf.is_ref() || marker) return leaf;
+    if (const auto* object = std::get_if<WorkerObject>(&get(leaf.as_ref(), "argument"))) return Value(*object);
     const Found<Tensor> t = find<Tensor>(leaf.as_ref(), "argument");
     if (t) return Value(*t);
     marker = t.failed;
@@ -75,7 +76,7 @@ std::variant<Value, DependentOnError> Env::resolve(const Value& v) const {
 }
 
 std::string_view Env::kind_name(std::size_t index) noexcept {
-  constexpr std::string_view kNames[] = {"a tensor", "a failure marker", "a mesh", "a stream"};
+  constexpr std::string_view kNames[] = {"a tensor", "a failure marker", "a mesh", "a stream", "a worker object"};
   return index < std::size(kNames) ? kNames[index] : "a value of an unknown kind";
 }
 

@@ -1,5 +1,5 @@
 // A worker's environment: the value each ref names on this rank (a tensor, the marker of
-// the failure it depends on, a mesh or a stream), and the lookups commands make. A lookup
+// the failure it depends on, a mesh, a stream or a worker object), and the lookups commands make. A lookup
 // returns the marker as a value: what depends on a failure is re-marked, not run.
 #pragma once
 
@@ -31,13 +31,14 @@ struct StreamValue {
   StreamHandle handle;
 };
 
-using EnvValue = std::variant<Tensor, DependentOnError, MeshValue, StreamValue>;
+using EnvValue = std::variant<Tensor, DependentOnError, MeshValue, StreamValue, WorkerObject>;
 // The alternative of EnvValue that holds a T.
 template <class T>
 inline constexpr std::size_t kKindOf = std::is_same_v<T, Tensor>             ? 0
                                        : std::is_same_v<T, DependentOnError> ? 1
                                        : std::is_same_v<T, MeshValue>        ? 2
-                                                                             : 3;
+                                       : std::is_same_v<T, StreamValue>      ? 3
+                                                                             : 4;
 
 // What a lookup found: the value, or the marker of the failure it depends on.
 template <class T>
@@ -78,10 +79,12 @@ class Env {
 
   // A tensor input, or the marker that stands in for it.
   Input input(Ref r) const;
-  // `v` with every Ref replaced by its tensor, or the first marker found instead.
+  // `v` with every Ref replaced by its tensor or worker object, or the first marker found
+  // instead.
   std::variant<Value, DependentOnError> resolve(const Value& v) const;
 
-  // "a tensor", "a failure marker", "a mesh", "a stream": the alternative `index` of EnvValue.
+  // "a tensor", "a failure marker", "a mesh", "a stream", "a worker object": the
+  // alternative `index` of EnvValue.
   static std::string_view kind_name(std::size_t index) noexcept;
 
  private:

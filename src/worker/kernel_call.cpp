@@ -50,6 +50,7 @@ std::optional<std::string> aliased_in(const Value& v, const Tensor& out) {
 
 bool KernelCall::same_meta(const Value& meta, const Value& v) {
   if (v.is_tensor()) return meta.is_meta() && meta.as_meta() == v.as_tensor().meta();
+  if (v.is_object()) return meta.is_none();
   if (v.is_list()) {
     if (!meta.is_list() || meta.as_list().size() != v.as_list().size()) return false;
     for (std::size_t i = 0; i < v.as_list().size(); ++i) {
@@ -79,8 +80,12 @@ const Signature& KernelCall::expected(const functions::Function& fn, const Args&
   std::vector<Value> metas;
   metas.reserve(args.size());
   for (std::size_t i = 0; i < args.size(); ++i) {
-    metas.push_back(
-        args.value(i).map([](const Value& leaf) { return leaf.is_tensor() ? Value(leaf.as_tensor().meta()) : leaf; }));
+    // A worker object is None to shape functions, as on the controller (and the cache
+    // must not keep it alive).
+    metas.push_back(args.value(i).map([](const Value& leaf) {
+      if (leaf.is_object()) return Value();
+      return leaf.is_tensor() ? Value(leaf.as_tensor().meta()) : leaf;
+    }));
   }
   ArgMetas seen(fn.name, std::move(metas), device);
   Signature signature = functions::infer(fn, seen);

@@ -282,6 +282,7 @@ struct Worker::Impl {
       }
       const functions::Function& fn = functions::lookup(c.function);
       Args kernel_args(c.function, std::move(args));
+      if (c.keeps_object) return make_object(c, fn, ctx, kernel_args);
       const Signature& expected = kernels.expected(fn, kernel_args, ctx.device());
       ctx.set_signature(&expected);
       std::vector<Tensor> outputs;
@@ -312,6 +313,33 @@ struct Worker::Impl {
       }
       return std::nullopt;
     });
+  }
+
+  // Mesh::call_object: the constructor's object, kept on this rank under results[0]. Its
+  // device work (none is expected) is not waited for: an object is no tensor.
+  std::optional<DependentOnError> make_object(const CallFunction& c, const functions::Function& fn, CallContext& ctx,
+                                              Args& args) {
+    if (!fn.make_object) {
+      throw UsageError(
+          fmt::format("{} on rank {}: expected an object constructor for call_object, found a function "
+                      "that returns tensors only",
+                      c.function, opt.rank));
+    }
+    if (c.results.size() != 1) {
+      throw ProtocolError(fmt::format("rank {}: call_object of {}: expected 1 result ref, found {}", opt.rank,
+                                      c.function, c.results.size()));
+    }
+    WorkerObject object;
+    {
+      const RunningKernel running(c.function);
+      object = fn.make_object(ctx, args);
+    }
+    if (!object.defined()) {
+      throw UsageError(fmt::format("{} on rank {}: its object constructor returned no object (an empty WorkerObject)",
+                                   c.function, opt.rank));
+    }
+    env.define(c.results[0], std::move(object));
+    return std::nullopt;
   }
 
   // An event after the host tasks a kernel enqueued on its call's stream.

@@ -1,9 +1,12 @@
 // The tutorial flows of the source document on a 2x2 mesh (4 ranks).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,6 +17,106 @@ using namespace meshrt;
 using meshrt::test::session;
 
 MESHRT_RUNTIME_TEST_ENVIRONMENT();
+
+namespace {
+
+// Worker objects: a counter each rank keeps, counting the ones this process freed.
+std::atomic<int> g_counters_freed{0};
+struct Counter {
+  int rank = 0;
+  std::int64_t count = 0;
+  ~Counter() { g_counters_freed.fetch_add(1); }
+};
+WorkerObject make_counter(CallContext& ctx, Args& args) {
+  if (args.integer(0) < 0 && ctx.rank() == 1) throw std::invalid_argument("no counter below zero on rank 1");
+  auto counter = std::make_shared<Counter>();  // made in place: a temporary's end would count as freed
+  counter->rank = ctx.rank();
+  counter->count = args.integer(0);
+  return WorkerObject(std::move(counter));
+}
+// test.bump(counter) -> int64[3]: [the counter's rank, its count after one more, freed so far]
+std::vector<Tensor> bump_counter(CallContext&, Args& args) {
+  Counter& c = args.object<Counter>(0);
+  c.count++;
+  return {Tensor::from<std::int64_t>({3}, {c.rank, c.count, g_counters_freed.load()})};
+}
+Signature bump_counter_shape(const ArgMetas& args) {
+  args.expect_count(1, 1);
+  if (!args.value(0).is_none()) args.fail_arg(0, "expected a worker object (None to shape functions)");
+  return {{TensorMeta({3}, DType::Int64)}, {}};
+}
+
+}  // namespace
+
+MESHRT_REGISTER_OBJECT("test.counter", make_counter);
+MESHRT_REGISTER_FUNCTION("test.bump_counter", bump_counter, bump_counter_shape);
+
+// Worker-side objects: each rank keeps its own, the same across calls; the last handle
+// frees them; a constructor that throws poisons its handle's uses; another mesh's call
+// and Mesh::call of a constructor are refused.
+TEST(Runtime, WorkerObjectsAreEachRanksOwnAndGoWithTheirHandle) {
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
+    auto at = [](std::int64_t rank) {
+      return std::vector<std::pair<std::string, std::int64_t>>{{"host", rank / 2}, {"gpu", rank % 2}};
+    };
+    Object c = mesh.call_object("test.counter", {Arg(10)});
+    DTensor first = mesh.call("test.bump_counter", c);
+    DTensor second = mesh.call("test.bump_counter", c);
+    std::vector<std::int64_t> freed_before(4);
+    for (std::int64_t r = 0; r < 4; ++r) {
+      const Tensor a = ctl.fetch_shard(first, at(r)).get(), b = ctl.fetch_shard(second, at(r)).get();
+      EXPECT_EQ(a.data<std::int64_t>()[0], r);
+      EXPECT_EQ(a.data<std::int64_t>()[1], 11);
+      EXPECT_EQ(b.data<std::int64_t>()[1], 12);
+      freed_before[r] = b.data<std::int64_t>()[2];
+    }
+    Object other = mesh.call_object("test.counter", {Arg(0)});
+    c.drop();
+    EXPECT_FALSE(c.defined());
+    DTensor after = mesh.call("test.bump_counter", other);
+    for (std::int64_t r = 0; r < 4; ++r) {
+      const Tensor t = ctl.fetch_shard(after, at(r)).get();
+      EXPECT_EQ(t.data<std::int64_t>()[1], 1);
+      EXPECT_EQ(t.data<std::int64_t>()[2], freed_before[r] + 1) << "rank " << r << " kept the dropped counter";
+    }
+    const auto usage_error = [](auto f) -> std::string {
+      try {
+        f();
+      } catch (const UsageError& e) {
+        return e.what();
+      }
+      return "no UsageError";
+    };
+    EXPECT_NE(usage_error([&] { mesh.slice("host", 0).call("test.bump_counter", other); })
+                  .find("a worker object made on mesh [host=2, gpu=2] on ranks [0, 1, 2, 3] was passed to a call on "
+                        "mesh [gpu=2] on ranks [0, 1]"),
+              std::string::npos);
+    EXPECT_NE(usage_error([&] { mesh.call("test.counter", 1); }).find("call it with mesh.call_object"),
+              std::string::npos);
+    EXPECT_NE(usage_error([&] {
+                mesh.call_object("test.bump_counter", {Arg(other)});
+              }).find("returns tensors, not an object"),
+              std::string::npos);
+    Object bad = mesh.call_object("test.counter", {Arg(-1)});
+    DTensor poisoned = mesh.call("test.bump_counter", bad);
+    try {
+      ctl.fetch_shard(poisoned, at(1)).get();
+      ADD_FAILURE() << "a use of an object whose constructor threw returned";
+    } catch (const RemoteError& e) {
+      EXPECT_EQ(e.function(), "test.counter");
+      EXPECT_EQ(e.ranks(), std::vector<int>{1});
+      EXPECT_NE(std::string(e.what()).find("no counter below zero on rank 1"), std::string::npos) << e.what();
+      EXPECT_NE(e.issued_at().find("runtime_basic_test.cpp"), std::string::npos) << e.issued_at();
+    }
+    EXPECT_EQ(ctl.fetch_shard(mesh.call("test.bump_counter", other), at(3)).get().data<std::int64_t>()[1], 2);
+    try {
+      ctl.synchronize();
+    } catch (const RemoteError&) {
+      // the constructor's failure may be raised again here
+    }
+  });
+}
 
 TEST(Runtime, FullReduceFetch) {
   session([](Controller& ctl) {

@@ -4,6 +4,7 @@ shape functions check calls at the call site, and every unhappy path (a kernel t
 raises, returns the wrong shape or hangs; a shape function that raises; a registration
 after the start) raises the Python exception it should, with nothing left hanging."""
 import re
+import sys
 import threading
 import time
 
@@ -339,5 +340,105 @@ def test_registration_after_the_start_is_refused():
                 pass
         with pytest.raises(meshrt.UsageError, match="test.py_late"):
             ctl.world_mesh({"dp": 2, "tp": 2}).call("test.py_late")
+
+    meshrt.run(main)
+
+
+# ---------------------------------------------------------------- worker objects
+
+freed = [0]  # Counters this process has let go (each worker's own count)
+
+
+class Counter:
+    def __init__(self, rank, start):
+        self.rank, self.count = rank, start
+
+    def __del__(self):
+        freed[0] += 1
+
+
+@meshrt.function("test.py_counter")  # no shape: an object constructor only
+def make_counter(ctx, start):
+    assert not start.flags.writeable, "a constructor's tensor argument is read-only"
+    if ctx.rank == 2 and int(start.sum()) < 0:
+        raise ValueError("no counter below zero on rank 2")
+    return Counter(ctx.rank, int(start.sum()))
+
+
+@meshrt.function("test.py_bump", shape=lambda c: meshrt.TensorMeta((3,), meshrt.int64))
+def bump(ctx, c):
+    """Counts one more in this rank's counter: [its rank, its count, its id]."""
+    c.count += 1
+    return np.array([c.rank, c.count, id(c)], np.int64)
+
+
+@meshrt.function("test.py_freed", shape=lambda: meshrt.TensorMeta((), meshrt.int64))
+def freed_count(ctx):
+    return np.array(freed[0], np.int64)
+
+
+def every_rank(ctl, t):
+    return [fetch(ctl, t, dp=dp, tp=tp) for dp in range(2) for tp in range(2)]
+
+
+def test_a_worker_object_is_each_ranks_own_kept_between_calls_and_freed_with_its_handle():
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2})
+        base = every_rank(ctl, mesh.call("test.py_freed"))
+        c = mesh.call_object(make_counter, mesh.call("meshrt.full", (3,), meshrt.int64, 0))
+        assert isinstance(c, meshrt.WorkerObject) and c.mesh == mesh and not c.dropped, c
+        first, second = mesh.call("test.py_bump", c), mesh.call("test.py_bump", c)
+        for rank, (a, b) in enumerate(zip(every_rank(ctl, first), every_rank(ctl, second))):
+            # The rank's own object, the same one both times: the second call sees the first's count.
+            assert (a[0], a[1], b[0], b[1]) == (rank, 1, rank, 2) and a[2] == b[2], (rank, a, b)
+        # A recorded step takes it as a captured argument: each replay bumps the same counter.
+        x = mesh.call("meshrt.full", (2,), meshrt.float32, 0.0)
+        rec = ctl.record([x], lambda x: mesh.call("test.py_bump", c))
+        rec(x)
+        assert [int(v[1]) for v in every_rank(ctl, rec(x))] == [4] * 4
+        del rec
+        # The last handle frees it on every rank: by drop() and by the collector.
+        c.drop()
+        assert c.dropped
+        with pytest.raises(meshrt.UsageError, match=r"test.py_bump: argument 0: the WorkerObject was dropped"):
+            mesh.call("test.py_bump", c)
+        assert [int(n) for n in every_rank(ctl, mesh.call("test.py_freed"))] == [int(n) + 1 for n in base]
+        d = mesh.call_object("test.py_counter", np.array([2, 3]))  # a host array: a host tensor on every rank
+        assert [int(v[1]) for v in every_rank(ctl, mesh.call("test.py_bump", d))] == [6] * 4
+        del d
+        assert [int(n) for n in every_rank(ctl, mesh.call("test.py_freed"))] == [int(n) + 2 for n in base]
+        ctl.synchronize()
+
+    meshrt.run(main)
+
+
+def test_a_failed_constructor_poisons_its_object_and_wrong_uses_are_refused():
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2})
+        made_at = sys._getframe().f_lineno + 1
+        bad = mesh.call_object(make_counter, mesh.call("meshrt.full", (2,), meshrt.int64, -1))
+        y = mesh.call("test.py_bump", bad)
+        e = raises_remote(ctl, y, dp=1, tp=0)
+        assert "test.py_counter on rank 2 raised ValueError: no counter below zero on rank 2" in str(e), str(e)
+        assert e.function == "test.py_counter" and e.ranks == [2], (e.function, e.ranks)
+        assert e.issued_at == f"test_functions.py:{made_at} (main)", (e.issued_at, made_at)
+        # The job goes on: a good object on the same mesh.
+        good = mesh.call_object(make_counter, mesh.call("meshrt.full", (2,), meshrt.int64, 1))
+        assert [int(v[1]) for v in every_rank(ctl, mesh.call("test.py_bump", good))] == [1 + 1 + 1] * 4  # sum, +1
+        # An object belongs to its mesh.
+        with pytest.raises(meshrt.UsageError) as info:
+            mesh.slice("dp", 1).call("test.py_bump", good)
+        assert ("test.py_bump: a worker object made on mesh [dp=2, tp=2] on ranks [0, 1, 2, 3] was passed to a call "
+                "on mesh [tp=2] on ranks [2, 3]") in str(info.value), str(info.value)
+        with pytest.raises(meshrt.UsageError, match=r"test.py_counter: it was registered without shape= and returns "
+                                                    r"no tensors: call it with mesh.call_object"):
+            mesh.call("test.py_counter", [1])
+        with pytest.raises(meshrt.UsageError, match=r"call_object of test.py_counter"):
+            ctl.record([mesh.call("meshrt.full", (2,), meshrt.int64, 1)],
+                       lambda x: mesh.call_object(make_counter, x))
+        try:
+            ctl.synchronize()
+        except meshrt.RemoteError:
+            pass  # the constructor's failure may be raised again here
 
     meshrt.run(main)

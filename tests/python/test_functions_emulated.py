@@ -147,3 +147,61 @@ def test_a_timeout_names_every_rank_still_running_its_kernel():
         ctl.synchronize(timeout=30)
 
     meshrt.run(main)
+
+
+# ---------------------------------------------------------------- worker objects
+
+freed = [0]  # Rngs this process has let go
+
+
+class Rng:
+    def __init__(self, rank, seed):
+        self.rank, self.draws, self.gen = rank, 0, np.random.default_rng(seed + rank)
+
+    def __del__(self):
+        freed[0] += 1
+
+
+@meshrt.function("test.emu_rng")  # an object constructor only
+def make_rng(ctx, seed):
+    return Rng(ctx.rank, seed)
+
+
+@meshrt.function("test.emu_draw", shape=lambda rng, x: x)
+def draw(ctx, rng, x):
+    """x plus this rank's next draw; the object counts its draws."""
+    assert ctx.device.type == "emulated", ctx.device
+    rng.draws += 1
+    return x + np.float32(rng.gen.integers(0, 100)) + 1000 * rng.draws
+
+
+@meshrt.function("test.emu_freed", shape=lambda: meshrt.TensorMeta((), meshrt.int64))
+def freed_count(ctx):
+    return np.array(freed[0], np.int64)
+
+
+def test_a_worker_object_on_the_emulated_accelerator_is_kept_and_freed():
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind="emulated")
+        coords = [(dp, tp) for dp in range(2) for tp in range(2)]
+        base = [int(ctl.fetch_shard(mesh.call("test.emu_freed"), dp=dp, tp=tp).result(timeout=30).numpy())
+                for dp, tp in coords]
+        rng = mesh.call_object("test.emu_rng", 7)
+        x = mesh.call("meshrt.zeros", [2], "float32")
+        a = mesh.call("test.emu_draw", rng, x)
+        b = mesh.call("test.emu_draw", rng, x)
+        for rank, (dp, tp) in enumerate(coords):
+            want = np.random.default_rng(7 + rank).integers(0, 100, 2)  # the rank's own generator, drawn twice
+            got_a = ctl.fetch_shard(a, dp=dp, tp=tp).result(timeout=30).numpy()
+            got_b = ctl.fetch_shard(b, dp=dp, tp=tp).result(timeout=30).numpy()
+            np.testing.assert_array_equal(got_a, np.full(2, want[0] + 1000, np.float32))
+            np.testing.assert_array_equal(got_b, np.full(2, want[1] + 2000, np.float32))
+        with pytest.raises(meshrt.UsageError, match=r"an object constructor takes tensors on a cpu mesh only"):
+            mesh.call_object("test.emu_rng", x)
+        del rng
+        after = [int(ctl.fetch_shard(mesh.call("test.emu_freed"), dp=dp, tp=tp).result(timeout=30).numpy())
+                 for dp, tp in coords]
+        assert after == [n + 1 for n in base], (base, after)
+        ctl.synchronize()
+
+    meshrt.run(main)

@@ -96,7 +96,7 @@ class RandomMessages {
       case 1:
         return CreateStream{ref(), coin()};
       case 2: {
-        CallFunction m{rng_(), refs(), refs(), string(20), {}, ref(), ref()};
+        CallFunction m{rng_(), refs(), refs(), string(20), {}, ref(), ref(), coin()};
         for (int i = 0, n = static_cast<int>(uniform(0, 5)); i < n; ++i) m.args.push_back(value());
         return m;
       }

@@ -103,9 +103,9 @@ TEST(Protocol, HeaderErrors) {
   b[0] = std::byte{'x'};
   expect_contains(protocol_error([&] { decode_command(b); }), "expected the magic bytes 'm' 'r', found 0x78");
   b = good;
-  b[2] = std::byte{3};
+  b[2] = std::byte{4};
   const std::string version = protocol_error([&] { decode_command(b); });
-  expect_contains(version, "expected protocol version 2, found 3");
+  expect_contains(version, "expected protocol version 3, found 4");
   expect_contains(version, "at byte 2");
   expect_contains(protocol_error([&] { decode_reply(good); }), "expected frame kind 2 (reply), found 1");
   b = good;

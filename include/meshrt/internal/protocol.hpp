@@ -32,9 +32,9 @@ namespace meshrt {
 
 namespace protocol {
 
-// 2: the Collective command (tag 15). Every frame carries it, and the start-up handshake
+// 3: CallFunction's keeps_object. Every frame carries it, and the start-up handshake
 // compares it: a rank of another version fails the start, named.
-inline constexpr std::uint8_t kVersion = 2;
+inline constexpr std::uint8_t kVersion = 3;
 // Deepest nesting of Values and CommandGroups a frame may hold.
 inline constexpr int kMaxDepth = 64;
 
@@ -64,6 +64,9 @@ struct CallFunction {
   std::vector<Value> args;
   Ref stream;
   Ref mesh;  // the mesh it runs on: kernels see their coordinates in it
+  // The function's object constructor runs, and results[0] is the object it returns
+  // (docs/ARCHITECTURE.md section 3.2, worker objects).
+  bool keeps_object = false;
   friend bool operator==(const CallFunction&, const CallFunction&) = default;
 };
 

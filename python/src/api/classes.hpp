@@ -1,5 +1,5 @@
-// The Python classes of the controller API (Future, Stream, DTensor, Mesh, Recording,
-// Controller): declared first, all of them, so that every method's signature names the
+// The Python classes of the controller API (Future, Stream, DTensor, Mesh, WorkerObject,
+// Recording, Controller): declared first, all of them, so that every method's signature names the
 // Python classes it takes and returns (pybind11 writes a signature when a method is
 // bound); each *_bind.cpp then adds its class's methods.
 #pragma once
@@ -45,10 +45,11 @@ using FutureClass = py::class_<PyFuture, Holder<PyFuture>>;
 using StreamClass = py::class_<Stream, Holder<Stream>>;
 using DTensorClass = py::class_<DTensor, Holder<DTensor>>;
 using MeshClass = py::class_<Mesh, Holder<Mesh>>;
+using WorkerObjectClass = py::class_<Object, Holder<Object>>;
 using RecordingClass = py::class_<PyRecording, Holder<PyRecording>>;
 using ControllerClass = py::class_<ControllerHandle, std::shared_ptr<ControllerHandle>>;
 
-// Registers the six classes (no methods yet).
+// Registers the seven classes (no methods yet).
 void declare_api_classes(py::module_& m);
 
 // A class declare_api_classes registered, to add methods to.

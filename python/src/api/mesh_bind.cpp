@@ -16,7 +16,36 @@
 
 namespace meshrt::python {
 
+void bind_worker_object(py::module_& m) {
+  auto cls = api_class<WorkerObjectClass>(m, "WorkerObject");
+  cls.def_property_readonly(
+         "mesh",
+         [](const Object& o) {
+           const auto where = caller_site();
+           return at_site(where, [&] { return o.mesh(); });
+         },
+         "The mesh whose ranks keep the objects.")
+      .def_property_readonly(
+          "stream",
+          [](const Object& o) {
+            const auto where = caller_site();
+            return at_site(where, [&] { return o.stream(); });
+          },
+          "The stream it was made on, which calls given it run on.")
+      .def_property_readonly(
+          "dropped", [](const Object& o) { return !o.defined(); }, "Whether drop() has run.")
+      .def(
+          "drop", [](Object& o) { released([&] { o.drop(); }); },
+          "Lets this handle go now: the workers free their objects once no handle holds them (as when the last "
+          "reference goes). Later uses of the handle raise UsageError.")
+      .def("__repr__", [](const Object& o) {
+        if (!o.defined()) return std::string("<meshrt.WorkerObject (dropped)>");
+        return fmt::format("<meshrt.WorkerObject on mesh {}>", fmt::join(o.mesh().names(), "x"));
+      });
+}
+
 void bind_mesh(py::module_& m) {
+  bind_worker_object(m);
   auto cls = api_class<MeshClass>(m, "Mesh");
   cls.def_property_readonly("names", &Mesh::names)
       .def_property_readonly("sizes", &Mesh::sizes)
@@ -119,6 +148,17 @@ void bind_mesh(py::module_& m) {
             return to_list(released([&] { return mesh.call_n(FunctionName(fn, where), std::move(a)); }));
           },
           "call_n(fn, *args): as call, returning the list of every output.")
+      .def(
+          "call_object",
+          [](const Mesh& mesh, py::args args) {
+            const auto where = caller_site();
+            if (args.size() == 0) usage(where, "call_object: expected a function and its arguments, found none");
+            const std::string fn = function_name(args[0], where, "call_object");
+            std::vector<Arg> a = to_args(args, 1, fn, where);
+            return released([&] { return mesh.call_object(FunctionName(fn, where), std::move(a)); });
+          },
+          "call_object(fn, *args): runs the registered function fn(ctx, *args) on every rank, which keeps what it "
+          "returns; a WorkerObject handle to those objects, which calls on this mesh take as an argument.")
       .def(
           "call_on",
           [](const Mesh& mesh, py::args args) {

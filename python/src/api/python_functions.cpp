@@ -62,6 +62,8 @@ py::object meta_arg(const Value& v) {
       for (const auto& [k, e] : v.as_dict()) out[py::str(k)] = meta_arg(e);
       return out;
     }
+    case Value::Kind::Object:
+      return py::none();  // shape functions see None for a worker object, as on the controller
     case Value::Kind::Ref:
       break;
   }
@@ -70,6 +72,19 @@ py::object meta_arg(const Value& v) {
 
 const TorchHooks& torch_hooks() {
   return g_torch;
+}
+
+bool functions_released() noexcept {
+  return g_released.load();
+}
+
+PyObjectBox::~PyObjectBox() {
+  if (g_released.load() || !Py_IsInitialized()) {
+    (void)object.release();  // the interpreter is exiting: its objects go with it
+    return;
+  }
+  KeptGil gil;
+  object = py::object();
 }
 
 void require_live(const PyFunction& f) {
@@ -133,6 +148,12 @@ void require_torch_cuda(const PyFunction& f, const Device& device) {
 }
 
 Signature run_shape(const PyFunction& f, const ArgMetas& args) {
+  if (f.shape_missing) {
+    throw UsageError(fmt::format(
+        "{}: it was registered without shape= and returns no tensors: call it with mesh.call_object (its return value "
+        "stays on every rank as a worker object), or register it with a shape function to call it with mesh.call",
+        f.name));
+  }
   if (args.device().is_cuda() && !f.torch) {
     throw UsageError(fmt::format(
         "{}: expected a mesh on the cpu or the emulated accelerator for a numpy kernel, found one on {}: a numpy "
@@ -180,7 +201,7 @@ void register_python_function(const std::string& name, const py::object& kernel,
     throw UsageError(
         fmt::format("{}: expected a callable kernel, found {}", where, qualified_name(py::type::handle_of(kernel))));
   }
-  if (!PyCallable_Check(shape.ptr())) {
+  if (!shape.is_none() && !PyCallable_Check(shape.ptr())) {
     throw UsageError(fmt::format("{}: expected a callable shape function (shape=...), found {}", where,
                                  qualified_name(py::type::handle_of(shape))));
   }
@@ -207,7 +228,7 @@ void register_python_function(const std::string& name, const py::object& kernel,
       throw UsageError(fmt::format("{}: torch=True needs torch, which does not import: {}", where, exception_line(e)));
     }
   }
-  auto* f = new PyFunction{name, kernel, shape, torch};
+  auto* f = new PyFunction{name, kernel, shape, torch, shape.is_none()};
   functions::Description description;
   for (const auto& [n, kind] : params) description.params.push_back({n, kind});
   description.returns = returns;
@@ -215,7 +236,8 @@ void register_python_function(const std::string& name, const py::object& kernel,
   try {
     functions::register_function(
         name, [f](CallContext& ctx, Args& args) { return run_kernel(*f, ctx, args); },
-        [f](const ArgMetas& args) { return run_shape(*f, args); }, file.c_str(), line, std::move(description));
+        [f](const ArgMetas& args) { return run_shape(*f, args); }, file.c_str(), line, std::move(description),
+        [f](CallContext& ctx, Args& args) { return run_object(*f, ctx, args); });
   } catch (...) {
     delete f;
     throw;

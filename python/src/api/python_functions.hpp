@@ -31,7 +31,8 @@ struct PyFunction {
   std::string name;
   py::object kernel;
   py::object shape;
-  bool torch = false;  // tensor arguments as torch tensors, not numpy arrays
+  bool torch = false;          // tensor arguments as torch tensors, not numpy arrays
+  bool shape_missing = false;  // registered without shape=: an object constructor only
 };
 
 // meshrt.function's registration (before meshrt.run; UsageError after it).
@@ -53,6 +54,20 @@ py::object meta_arg(const Value& v);
 void require_live(const PyFunction& f);
 // The function's kernel on this rank (python_kernels.cpp).
 std::vector<Tensor> run_kernel(const PyFunction& f, CallContext& ctx, Args& args);
+// The function as an object constructor on this rank (mesh.call_object): what it returns,
+// kept as a worker object.
+WorkerObject run_object(const PyFunction& f, CallContext& ctx, Args& args);
+// A Python object a worker keeps: released with the GIL taken, or left to the exit once
+// the functions are released (the interpreter is going; no Python code may run then).
+struct PyObjectBox {
+  explicit PyObjectBox(py::object o) : object(std::move(o)) {}
+  ~PyObjectBox();
+  PyObjectBox(const PyObjectBox&) = delete;
+  PyObjectBox& operator=(const PyObjectBox&) = delete;
+  py::object object;
+};
+// Whether release_functions has run.
+bool functions_released() noexcept;
 // What torch=True kernels call, looked up at the first torch=True registration (null
 // before): torch.from_numpy, torch.bfloat16 and torch.bool, torch.utils.dlpack.from_dlpack
 // (CUDA arguments), and meshrt._functions._cuda_stream (the kernel's stream as torch's).

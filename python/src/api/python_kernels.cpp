@@ -113,6 +113,13 @@ class KernelArgs {
         for (const auto& [k, e] : v.as_dict()) out[py::str(k)] = convert(e, index, writable);
         return out;
       }
+      case Value::Kind::Object: {
+        if (const auto* box = v.as_object().get<PyObjectBox>()) return box->object;
+        throw UsageError(
+            fmt::format("{} on rank {}: argument {} is a {}, which Python cannot see: pass Python "
+                        "kernels objects made by Python constructors",
+                        f_.name, rank_, index, v.to_string()));
+      }
       default:
         return meta_arg(v);
     }
@@ -185,7 +192,10 @@ Signature declared(const PyFunction& f, const CallContext& ctx, const Args& args
   if (ctx.signature() != nullptr) return *ctx.signature();
   std::vector<Value> metas;
   for (const Value& v : args.values()) {
-    metas.push_back(v.map([](const Value& leaf) { return leaf.is_tensor() ? Value(leaf.as_tensor().meta()) : leaf; }));
+    metas.push_back(v.map([](const Value& leaf) {
+      if (leaf.is_object()) return Value();  // shape functions see None for a worker object
+      return leaf.is_tensor() ? Value(leaf.as_tensor().meta()) : leaf;
+    }));
   }
   return run_shape(f, ArgMetas(f.name, std::move(metas), ctx.device()));
 }
@@ -328,6 +338,25 @@ std::vector<Tensor> run_on_cuda(const PyFunction& f, CallContext& ctx, Args& arg
 }
 
 }  // namespace
+
+// On the worker thread on every mesh: its tensor arguments read-only views (on the cpu: the
+// controller refuses tensor arguments to a constructor on an accelerator mesh, whose memory
+// a view outside the stream's tasks could not read).
+WorkerObject run_object(const PyFunction& f, CallContext& ctx, Args& args) {
+  KeptGil gil;
+  PythonKernelRunning running;
+  require_live(f);
+  try {
+    KernelArgs kernel_args(f, ctx.rank());
+    const Signature none;  // nothing declared mutated: the views are read-only
+    py::tuple call_args = kernel_args.build(ctx, args.values(), &none);
+    py::object result = call(f.kernel, call_args);
+    kernel_args.check_read_only(args.values());
+    return WorkerObject(std::make_shared<PyObjectBox>(std::move(result)));
+  } catch (const py::error_already_set& e) {
+    throw PythonError(kernel_failure(f, ctx.rank(), e));
+  }
+}
 
 std::vector<Tensor> run_kernel(const PyFunction& f, CallContext& ctx, Args& args) {
   if (ctx.device().is_emulated()) return run_on_emulated(f, ctx, args);

@@ -52,6 +52,14 @@ Arg to_arg(py::handle obj, const std::string& fn, const Position& position, cons
   }
   if (Py_TYPE(p) == dtype_type) return Arg(obj.cast<DType>());
   if (py::isinstance<DTensor>(obj)) return Arg(obj.cast<const DTensor&>());
+  if (py::isinstance<Object>(obj)) {
+    const Object& o = obj.cast<const Object&>();
+    if (!o.defined()) {
+      usage(where, fmt::format("{}: argument {}: the WorkerObject was dropped (.drop()); it names no object any more",
+                               fn, position.text()));
+    }
+    return Arg(o);
+  }
   if (py::isinstance<py::bool_>(obj)) return Arg(obj.cast<bool>());
   if (py::isinstance<py::int_>(obj))
     return Arg(to_int(obj, fmt::format("{}: argument {}", fn, position.text()), where));
@@ -80,8 +88,8 @@ Arg to_arg(py::handle obj, const std::string& fn, const Position& position, cons
       usage(where, e.what());
     }
   }
-  usage(where, fmt::format("{}: argument {}: expected a DTensor, a number, bool, str, None, a dtype, a tuple or "
-                           "list of these, or a tensor (numpy array, torch tensor, meshrt.Tensor); found {}",
+  usage(where, fmt::format("{}: argument {}: expected a DTensor, a WorkerObject, a number, bool, str, None, a dtype, "
+                           "a tuple or list of these, or a tensor (numpy array, torch tensor, meshrt.Tensor); found {}",
                            fn, position.text(), found(obj)));
 }
 
@@ -183,10 +191,14 @@ std::vector<Arg> to_args(const py::args& args, std::size_t first, const std::str
   return out;
 }
 
-std::string function_name(py::handle fn, const CallSite& where) {
-  if (!py::isinstance<py::str>(fn))
-    usage(where, "call: expected a registered function's name (a str), found " + found(fn));
-  return fn.cast<std::string>();
+std::string function_name(py::handle fn, const CallSite& where, const char* call) {
+  if (py::isinstance<py::str>(fn)) return fn.cast<std::string>();
+  // A function @meshrt.function registered stands for its name.
+  if (py::object name = py::getattr(fn, "__meshrt_function__", py::none()); py::isinstance<py::str>(name))
+    return name.cast<std::string>();
+  usage(where, fmt::format("{}: expected a registered function's name (a str), or the function @meshrt.function "
+                           "registered, found {}",
+                           call, found(fn)));
 }
 
 Tensor host_tensor(py::handle obj, const std::string& what, const CallSite& where) {

@@ -55,8 +55,8 @@ DeviceKind to_kind(py::handle obj, const CallSite& where);
 
 // A remote call's arguments from args[first:], for function `fn`.
 std::vector<Arg> to_args(const py::args& args, std::size_t first, const std::string& fn, const CallSite& where);
-// A registered function's name (a str).
-std::string function_name(py::handle fn, const CallSite& where);
+// A registered function's name: a str, or a function @meshrt.function registered.
+std::string function_name(py::handle fn, const CallSite& where, const char* call = "call");
 // The controller's array (numpy, torch, meshrt.Tensor) as a host tensor.
 Tensor host_tensor(py::handle obj, const std::string& what, const CallSite& where);
 // One DTensor, or a tuple or list of them (None: none).
