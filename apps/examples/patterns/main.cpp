@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,32 @@ std::array<float, 2> x_at(std::int64_t h, std::int64_t g) {
   const auto base = static_cast<float>(1 + 10 * h + g);
   return {base, base + 1};
 }
+
+// An object kept on every worker: each rank's own counter, never sent anywhere.
+struct Counter {
+  int rank = 0;
+  std::int64_t count = 0;
+};
+WorkerObject make_counter(CallContext& ctx, Args& args) {
+  return WorkerObject(std::make_shared<Counter>(Counter{ctx.rank(), args.integer(0)}));
+}
+// The rank's counter, bumped, as [rank, count] (on the host: a cpu mesh's kernel).
+std::vector<Tensor> bump(CallContext&, Args& args) {
+  Counter& c = args.object<Counter>(0);
+  c.count++;
+  return {Tensor::from<std::int64_t>({2}, {c.rank, c.count})};
+}
+
+Signature bump_shape(const ArgMetas&) {
+  return {.outputs = {TensorMeta({2}, DType::Int64)}, .mutates = {}};
+}
+
+}  // namespace
+
+MESHRT_REGISTER_OBJECT("patterns.counter", make_counter);
+MESHRT_REGISTER_FUNCTION("patterns.bump", bump, bump_shape);
+
+namespace {
 
 void expect(const Tensor& t, std::array<float, 2> want, const std::string& what) {
   const auto v = t.span<float>();
@@ -50,6 +77,17 @@ void patterns(Controller& ctl, DeviceKind kind) {
   DTensor out = mesh.call("meshrt.zeros", std::vector<std::int64_t>{2}, DType::Float32);
   x.reduce({"host", "gpu"}, Reduction::Sum, false, out);
   expect(at(out, {{"host", 1}, {"gpu", 1}}), {1 + 2 + 11 + 12, 2 + 3 + 12 + 13}, "reduce over (host, gpu)");
+
+  if (kind == DeviceKind::Cpu) {
+    Object counter = mesh.call_object("patterns.counter", {5});
+    (void)mesh.call("patterns.bump", counter);
+    DTensor second = mesh.call("patterns.bump", counter);
+    for (std::int64_t i = 0; i < 4; ++i) {
+      const auto v = at(second, {{"host", i / 2}, {"gpu", i % 2}}).span<std::int64_t>();
+      if (v[0] != mesh.ranks().to_vector()[static_cast<std::size_t>(i)] || v[1] != 7)
+        throw Error(fmt::format("counter at position {}: expected [rank, 7], found [{}, {}]", i, v[0], v[1]));
+    }
+  }
 
   fmt::print("patterns: all checks passed on {}\n", name(kind));
 }

@@ -26,6 +26,24 @@ def x_at(h, g):
     return np.array([1 + 10 * h + g, 2 + 10 * h + g], dtype=np.float32)
 
 
+class Generator:
+    """A worker's own random generator: built once on every rank, never sent anywhere."""
+
+    def __init__(self, seed, rank):
+        self.gen, self.draws = np.random.default_rng(seed + rank), 0
+
+
+@meshrt.function("patterns.generator")  # no shape=: an object constructor only
+def make_generator(ctx, seed):
+    return Generator(seed, ctx.rank)
+
+
+@meshrt.function("patterns.draw", shape=lambda g, x: x)
+def draw(ctx, g, x):
+    g.draws += 1
+    return x + np.float32(g.gen.integers(0, 100)) + 1000 * g.draws
+
+
 def check(ok, what):
     if not ok:
         print(f"seed_patterns: FAILED: {what}", file=sys.stderr, flush=True)
@@ -63,6 +81,16 @@ def patterns(ctl, kind):
     x.reduce("gpu", "sum", out=out)
     equal(local(ctl, out, host=1, gpu=0), x_at(1, 0) + x_at(1, 1), "reduce(out=)")
     check(mesh.size(("host", "gpu")) == 4 and x.shape == (2,), "Mesh.size of several, DTensor.shape")
+
+    # An object on every worker: each rank's generator, kept between calls.
+    g = mesh.call_object(make_generator, 7)
+    zero = mesh.call("meshrt.zeros", [2], "float32")
+    mesh.call("patterns.draw", g, zero)
+    second = mesh.call("patterns.draw", g, zero)
+    for rank, (h, gpu) in enumerate((h, gpu) for h in range(HOSTS) for gpu in range(GPUS)):
+        want = np.random.default_rng(7 + mesh.ranks[rank]).integers(0, 100, 2)[1] + 2000
+        equal(local(ctl, second, host=h, gpu=gpu), [want, want], f"rank {rank}'s generator, drawn twice")
+    g.drop()
 
     print(f"seed patterns: all checks passed on {kind}", flush=True)
 
