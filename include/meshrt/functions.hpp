@@ -146,11 +146,21 @@ class ArgMetas : public detail::ArgAccess {
   Device device_;
 };
 
-// What a call produces: its outputs' metas, and the positions (in args) of the tensor
-// arguments it writes in place.
+// A declared view: output `output` of a call lies inside the storage of tensor argument
+// `input` (a reshape, a chunk, a slice of rows, or the argument itself). The controller
+// then treats both as one value's storage (docs/guide.md "Declared views").
+struct View {
+  std::size_t output = 0;
+  std::size_t input = 0;
+  friend bool operator==(const View&, const View&) = default;
+};
+
+// What a call produces: its outputs' metas, the positions (in args) of the tensor
+// arguments it writes in place, and which outputs are views of which arguments.
 struct Signature {
   std::vector<TensorMeta> outputs;
   std::vector<std::size_t> mutates;
+  std::vector<View> views;
 };
 
 using Kernel = std::function<std::vector<Tensor>(CallContext&, Args&)>;

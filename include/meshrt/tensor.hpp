@@ -296,6 +296,10 @@ class Tensor {
   // A tensor sharing this storage with another shape of the same numel.
   Tensor reshape(std::vector<std::int64_t> shape) const;
 
+  // Rows [begin, end) of dimension 0, sharing this storage (a contiguous slice: chunk,
+  // t[begin:end]); throws UsageError for a 0-d tensor or rows outside [0, shape[0]].
+  Tensor rows(std::int64_t begin, std::int64_t end) const;
+
   // True if both handles share storage.
   bool same_storage(const Tensor& other) const noexcept { return storage_ == other.storage_; }
   // Same meta and same bytes (copies device data to the host to compare).

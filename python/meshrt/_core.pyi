@@ -400,14 +400,17 @@ class Reduction:
 
 class Signature:
     """
-    What a call produces, returned by a shape function: its outputs' metas, and the positions of the
-    tensor arguments its kernel writes in place.
+    What a call produces, returned by a shape function: its outputs' metas, the positions of the
+    tensor arguments its kernel writes in place, and which outputs are views of which tensor
+    arguments ({output: argument}).
     """
-    def __init__(self, outputs: TensorMeta | Sequence[TensorMeta] = ..., mutates: list[int] = ...) -> None: ...
+    def __init__(self, outputs: TensorMeta | Sequence[TensorMeta] = ..., mutates: list[int] = ..., views: dict[int, int] = ...) -> None: ...
     @property
     def outputs(self) -> tuple[TensorMeta, ...]: ...
     @property
     def mutates(self) -> tuple[int, ...]: ...
+    @property
+    def views(self) -> dict[int, int]: ...
 
 class StatelessGroup:
     """

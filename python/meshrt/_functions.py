@@ -36,7 +36,8 @@ def function(
     each tensor argument and the Python values of the others (lists as tuples, dtypes as
     their names); it returns a ``TensorMeta``, a list of them, ``None`` (no outputs) or a
     ``meshrt.Signature(outputs=[...], mutates=[i])`` for a kernel that writes tensor
-    argument i in place. Raising there (``meshrt.UsageError`` or any exception) makes the
+    argument i in place (``views={k: j}``: output k is a view of tensor argument j, which
+    the kernel then gets writable and returns a view of). Raising there (``meshrt.UsageError`` or any exception) makes the
     call raise ``meshrt.UsageError`` carrying the exception's type and message.
 
     ``kernel(ctx, *args)`` runs on every rank of the mesh with ``ctx`` a

@@ -83,7 +83,7 @@ std::shared_ptr<TensorState> new_tensor(ControllerState& ctl, TensorMeta meta, s
   t->meta = std::move(meta);
   t->home = std::move(home);
   t->stream = std::move(stream);
-  t->node = std::move(node);
+  t->node() = std::move(node);
   return t;
 }
 
@@ -113,15 +113,15 @@ void detail::use_tensor(ControllerState& ctl, TensorState& t, const MeshState& m
     throw UsageError(fmt::format("{}: the tensor lives on ranks [{}], the work runs on ranks [{}]", what,
                                  fmt::join(t.home->dests, ", "), fmt::join(mesh.dests, ", ")));
   }
-  if (t.lent.mutably) {
+  if (t.lent().mutably) {
     throw UsageError(
-        fmt::format("{}: the tensor is borrowed mutably by stream '{}'; drop that borrow first", what, t.lent.to));
+        fmt::format("{}: the tensor is borrowed mutably by stream '{}'; drop that borrow first", what, t.lent().to));
   }
-  if (mutate && t.lent.active > 0) {
+  if (mutate && t.lent().active > 0) {
     throw UsageError(
         fmt::format("{}: the tensor is borrowed by {} other stream(s); it cannot be changed until they "
                     "drop it",
-                    what, t.lent.active));
+                    what, t.lent().active));
   }
   if (mutate && t.borrow.origin && !t.borrow.is_mutable) {
     throw UsageError(
@@ -250,25 +250,25 @@ DTensor Stream::borrow(const DTensor& t, bool mutable_borrow, CallSite where) co
       throw UsageError(fmt::format("borrow: the tensor already belongs to stream '{}'", state_->name));
     }
     if (origin.borrow.dropped || origin.dropped) throw UsageError("borrow: the tensor was dropped");
-    if (origin.lent.mutably) {
-      throw UsageError(fmt::format("borrow: the tensor is already borrowed mutably by stream '{}'", origin.lent.to));
+    if (origin.lent().mutably) {
+      throw UsageError(fmt::format("borrow: the tensor is already borrowed mutably by stream '{}'", origin.lent().to));
     }
-    if (mutable_borrow && origin.lent.active > 0) {
-      throw UsageError(
-          fmt::format("borrow: a mutable borrow needs no other active borrow; the tensor has {}", origin.lent.active));
+    if (mutable_borrow && origin.lent().active > 0) {
+      throw UsageError(fmt::format("borrow: a mutable borrow needs no other active borrow; the tensor has {}",
+                                   origin.lent().active));
     }
     ctl->ensure_stream(*state_);
     ctl->ensure_stream(*origin.stream);
     auto b = new_tensor(*ctl, origin.meta, origin.home, state_,
-                        ctl->make_node(0, fmt::format("borrow on stream '{}'", state_->name), where, {origin.node}));
+                        ctl->make_node(0, fmt::format("borrow on stream '{}'", state_->name), where, {origin.node()}));
     b->borrow.origin = t.state_;
     b->borrow.is_mutable = mutable_borrow;
     b->borrow.where = where;
-    const bool already = origin.lent.active > 0;
-    origin.lent.active++;
+    const bool already = origin.lent().active > 0;
+    origin.lent().active++;
     if (mutable_borrow) {
-      origin.lent.mutably = true;
-      origin.lent.to = state_->name;
+      origin.lent().mutably = true;
+      origin.lent().to = state_->name;
     }
     ctl->append(origin.home->dests, protocol::BorrowCreate{.result = b->ref,
                                                            .tensor = origin.ref,
@@ -328,9 +328,9 @@ PreparedCollective prepare_collective(Ctl& ctl, const std::shared_ptr<TensorStat
   ctl.ensure_mesh(mesh);
   ctl.ensure_stream(*t->stream);
   PreparedCollective out{.ident = ctl.new_ident(), .result = nullptr};
-  std::shared_ptr<Node> node = ctl.make_node(out.ident, what, where, {t->node});
+  std::shared_ptr<Node> node = ctl.make_node(out.ident, what, where, {t->node()});
   if (inplace)
-    t->node = std::move(node);
+    t->node() = std::move(node);
   else
     out.result = new_tensor(ctl, rule.out_meta(t->meta), result_on, t->stream, std::move(node));
   return out;
@@ -678,8 +678,8 @@ DTensor DTensor::send_to_mesh(const Mesh& target, const MeshPermutation* permuta
   use_tensor(*ctl, *state_, from, *state_->stream, false, what);
   ctl->ensure_stream(*state_->stream);
   const protocol::Ident ident = ctl->new_ident();
-  auto result =
-      new_tensor(*ctl, state_->meta, target.state_, state_->stream, ctl->make_node(ident, what, where, {state_->node}));
+  auto result = new_tensor(*ctl, state_->meta, target.state_, state_->stream,
+                           ctl->make_node(ident, what, where, {state_->node()}));
   ctl->append(words.dests,
               protocol::SendTensor{.result = result->ref,
                                    .from_ranks = from.ranks,
@@ -714,9 +714,9 @@ void drop_value(ControllerState& ctl, TensorState& t, const CallSite& where) {
     throw UsageError(
         "drop: inside a recording only borrows are dropped; drop the tensor after the recording (or its replays)");
   }
-  if (t.lent.active > 0) {
+  if (t.lent().active > 0) {
     throw UsageError(fmt::format("drop: the tensor is borrowed ({} active borrow{}); drop the borrows first",
-                                 t.lent.active, t.lent.active == 1 ? "" : "s"));
+                                 t.lent().active, t.lent().active == 1 ? "" : "s"));
   }
   t.dropped = true;
   t.dropped_at = where;
@@ -741,12 +741,12 @@ void DTensor::drop(CallSite where) {
     b.borrow.dropped = true;
     b.borrow.dropped_at = where;
     TensorState& origin = *b.borrow.origin;
-    origin.lent.active--;
+    origin.lent().active--;
     if (b.borrow.is_mutable) {
-      origin.lent.mutably = false;
+      origin.lent().mutably = false;
       // The origin now holds what the borrower wrote.
-      origin.node =
-          ctl->make_node(0, fmt::format("drop of borrow on stream '{}'", b.stream->name), where, {origin.node, b.node});
+      origin.node() = ctl->make_node(0, fmt::format("drop of borrow on stream '{}'", b.stream->name), where,
+                                     {origin.node(), b.node()});
     }
     ctl->append(b.home->dests, protocol::BorrowDrop{b.ref});
   });
@@ -1155,10 +1155,36 @@ std::vector<DTensor> Mesh::call_on_impl(const Stream& stream, FunctionName fn, s
       mutated.push_back(t.state_.get());
     }
   }
+  // A declared view shares its argument's storage from now on: making one is a mutating
+  // use of the argument (borrow rules; the argument fails with the call on the workers).
+  std::vector<std::pair<std::size_t, TensorState*>> viewed;
+  if (!sig.views.empty()) {
+    ctl->refuse_views_in_recording(fn.name);
+    for (const View& v : sig.views) {
+      if (!args[v.input].value().is_ref()) {
+        throw UsageError(
+            fmt::format("{}: its shape function declares output {} a view of argument {}, which is a host tensor; "
+                        "expected a DTensor argument (a view shares the workers' storage of a value)",
+                        fn.name, v.output, v.input));
+      }
+      TensorState& base = *args[v.input].tensors().front().state_;
+      if (base.borrow.origin) {
+        throw UsageError(fmt::format(
+            "{}: its shape function declares output {} a view of argument {}, which is a borrow on stream '{}'; a "
+            "view of a borrow would outlive its drop: make the view of the origin, then borrow the view",
+            fn.name, v.output, v.input, base.stream->name));
+      }
+      viewed.emplace_back(v.output, &base);
+      if (std::find(mutated.begin(), mutated.end(), &base) == mutated.end()) {
+        mutates.push_back(base.ref);
+        mutated.push_back(&base);
+      }
+    }
+  }
   for (const DTensor& t : tensors) {
     const bool mutate = std::find(mutated.begin(), mutated.end(), t.state_.get()) != mutated.end();
     use_tensor(*ctl, *t.state_, *state_, *stream.state_, mutate, fn.name);
-    inputs.push_back(t.state_->node);
+    inputs.push_back(t.state_->node());
   }
   ctl->ensure_mesh(*state_);
   ctl->ensure_stream(*stream.state_);
@@ -1171,7 +1197,8 @@ std::vector<DTensor> Mesh::call_on_impl(const Stream& stream, FunctionName fn, s
     results.push_back(t->ref);
     outputs.push_back(DTensor(t, state_));
   }
-  for (TensorState* t : mutated) t->node = node;
+  for (const auto& [output, base] : viewed) outputs[output].state_->share_with(base->share());
+  for (TensorState* t : mutated) t->node() = node;
   std::vector<Value> wire;
   wire.reserve(args.size());
   for (Arg& a : args) wire.push_back(a.value());
@@ -1332,13 +1359,13 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
     f->rank = rank;
     f->what = fmt::format("fetch (invocation {})", ident);
     f->node = ctl.make_node(ident, fmt::format("fetch from rank {}{}", rank, preprocess ? " via " + *preprocess : ""),
-                            where, {t.state_->node});
+                            where, {t.state_->node()});
     ctl.register_fetch(ident, f);
     // The fetch runs on one rank: only that rank's local tensor changes, but the value
     // (every handle of it) now depends on the fetch, so a failed preprocess poisons it.
     std::vector<Ref> mutated;
     if (mutates) {
-      t.state_->node = f->node;
+      t.state_->node() = f->node;
       mutated.push_back(t.state_->ref);
     }
     ctl.append({rank},

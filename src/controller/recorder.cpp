@@ -176,6 +176,17 @@ void Recorder::refuse(std::string_view what) const {
       what, describe(ctx_->where)));
 }
 
+// A replay updates each input's and captured tensor's node on its own: one storage shared
+// by two tensors of a step would keep only one of the step's writes (docs/guide.md
+// "Declared views").
+void Recorder::refuse_views(std::string_view function) const {
+  if (!ctx_) return;
+  throw UsageError(fmt::format(
+      "{} inside a recording (made at {}): its shape function declares views, which a recorded step cannot make; "
+      "make the view before record() and pass it to the step as an input",
+      function, describe(ctx_->where)));
+}
+
 Ref Recorder::new_ref() {
   return Ref{kLocalRef | ctx_->next_slot++};
 }
@@ -201,7 +212,19 @@ void Recorder::note_use(TensorState& t, std::string_view what) {
   }
   if (!ctx_ || t.recorded != 0) return;
   auto [it, added] = ctx_->captured_index.try_emplace(t.ref.id, ctx_->captured.size());
-  if (added) ctx_->captured.push_back({t.shared_from_this(), t.node, t.lent});
+  if (!added) return;
+  if (t.is_shared()) {
+    for (const auto& k : ctx_->captured) {
+      if (&k.state->storage() == &t.storage()) {
+        ctx_->captured_index.erase(it);
+        throw UsageError(fmt::format(
+            "{}: the recording made at {} already uses a declared view of this tensor's storage (or its base): a "
+            "recorded step may use one tensor of a storage; pass the one it needs, or copy it (meshrt.copy)",
+            what, describe(ctx_->where)));
+      }
+    }
+  }
+  ctx_->captured.push_back({t.shared_from_this(), t.node(), t.lent()});
 }
 
 void Recorder::capture(const std::vector<int>& dests, protocol::Command c, std::size_t payload) {
@@ -273,8 +296,8 @@ std::vector<Recorder::Share> Recorder::record(RecordingState& state, const std::
     Recorder& rec;
     ~Restore() {
       for (auto& k : rec.ctx_->captured) {
-        k.state->node = k.node;
-        k.state->lent = k.lent;
+        k.state->node() = k.node;
+        k.state->lent() = k.lent;
       }
       rec.ctx_.reset();
     }
@@ -305,7 +328,7 @@ std::vector<DTensor> Recorder::begin(RecordingState& state, const std::vector<DT
     t->meta = e.meta;
     t->home = e.home;
     t->stream = e.stream;
-    t->node = std::make_shared<Node>();
+    t->node() = std::make_shared<Node>();
     ctx->values.push_back(t);
     formals.push_back(ControllerState::handle(t, mesh_of(examples[i])));
     state.inputs.push_back({.meta = t->meta, .home = t->home, .mesh = mesh_of(examples[i]), .stream = t->stream});
@@ -430,21 +453,40 @@ std::string Recorder::check_input(const RecordingState& r, std::size_t i, const 
   return what;
 }
 
+void Recorder::check_storages(const RecordingState& r, const std::vector<DTensor>& inputs) {
+  std::vector<std::pair<const TensorState*, std::string>> seen;
+  const auto add = [&](TensorState& t, std::string what) {
+    if (!t.is_shared()) return;
+    for (const auto& [other, other_what] : seen) {
+      if (other != &t && &other->storage() == &t.storage()) {
+        throw UsageError(fmt::format(
+            "replay of the recording made at {}: {} and {} share one storage (a declared view and its base); a "
+            "replay updates each of its tensors on its own, so it takes at most one tensor of a storage; copy one "
+            "of them (meshrt.copy)",
+            describe(r.where), other_what, what));
+      }
+    }
+    seen.emplace_back(&t, std::move(what));
+  };
+  for (std::size_t i = 0; i < inputs.size(); ++i) add(*state_of(inputs[i]), fmt::format("input {}", i));
+  for (std::size_t i = 0; i < r.captured.size(); ++i) add(*r.captured[i].state, fmt::format("captured tensor {}", i));
+}
+
 ReplayNodes Recorder::nodes_before(const RecordingState& r, const std::vector<DTensor>& inputs) {
   ReplayNodes nodes{.local = std::vector<std::shared_ptr<Node>>(r.formals + r.locals),
                     .captured = std::vector<std::shared_ptr<Node>>(r.captured.size())};
-  for (std::size_t i = 0; i < inputs.size(); ++i) nodes.local[i] = state_of(inputs[i])->node;
-  for (std::size_t i = 0; i < r.captured.size(); ++i) nodes.captured[i] = r.captured[i].state->node;
+  for (std::size_t i = 0; i < inputs.size(); ++i) nodes.local[i] = state_of(inputs[i])->node();
+  for (std::size_t i = 0; i < r.captured.size(); ++i) nodes.captured[i] = r.captured[i].state->node();
   return nodes;
 }
 
 std::vector<DTensor> Recorder::results(const RecordingState& r, const std::vector<DTensor>& inputs, ReplayNodes& nodes,
                                        std::uint64_t ref_base) {
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    if (r.inputs[i].mutated) state_of(inputs[i])->node = nodes.local[i];
+    if (r.inputs[i].mutated) state_of(inputs[i])->node() = nodes.local[i];
   }
   for (std::size_t i = 0; i < r.captured.size(); ++i) {
-    if (r.captured[i].mutated) r.captured[i].state->node = nodes.captured[i];
+    if (r.captured[i].mutated) r.captured[i].state->node() = nodes.captured[i];
   }
   std::vector<DTensor> out;
   out.reserve(r.outputs.size());
@@ -464,7 +506,7 @@ std::vector<DTensor> Recorder::results(const RecordingState& r, const std::vecto
         t->meta = o.meta;
         t->home = o.home;
         t->stream = o.stream;
-        t->node = nodes.local[o.slot];
+        t->node() = nodes.local[o.slot];
       }
       out.push_back(ControllerState::handle(t, o.mesh));
     }

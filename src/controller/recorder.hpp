@@ -105,6 +105,8 @@ class Recorder {
   bool active() const noexcept { return ctx_ != nullptr; }
   // UsageError when a recording is being made: `what` needs a value back, or is not recordable.
   void refuse(std::string_view what) const;
+  // UsageError while recording: a call of `function`, which declares views.
+  void refuse_views(std::string_view function) const;
   // Inside a recording: a tensor's ref is the next local slot, an ident the next offset
   // (both marked with protocol::kLocalRef).
   Ref new_ref();
@@ -154,6 +156,8 @@ class Recorder {
   // name it for the checks of its use.
   static std::string check_input(const RecordingState& r, std::size_t i, const DTensor& in);
   // The nodes of the inputs and captured tensors as the replay starts.
+  // UsageError when two of a replay's inputs and captured tensors share one storage.
+  static void check_storages(const RecordingState& r, const std::vector<DTensor>& inputs);
   static ReplayNodes nodes_before(const RecordingState& r, const std::vector<DTensor>& inputs);
   // The recorded commands' effect on `nodes`, in order: `invocation(rc, reads)` makes a
   // recorded invocation's node from the nodes it reads; `join(rc, origin, borrow)` that

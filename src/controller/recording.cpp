@@ -47,6 +47,7 @@ std::vector<DTensor> ControllerState::replay(RecordingState& r, const std::vecto
     use_tensor(*this, *k.state, *k.state->home, *k.state->stream, k.mutated,
                fmt::format("replay of the recording made at {}: a tensor it captured", describe(r.where)));
   }
+  Recorder::check_storages(r, inputs);
   // The replay's refs and idents, then the graph's nodes, command by command.
   const std::uint64_t ref_base = new_refs(r.locals);
   Ident ident_base = 0;

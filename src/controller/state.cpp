@@ -84,13 +84,13 @@ TensorState::~TensorState() {
     MESHRT_LOG(warning) << "a tensor borrowed on stream '" << stream->name
                         << "' was destroyed without drop(); dropping it now";
     TensorState& origin = *borrow.origin;
-    origin.lent.active--;
+    origin.lent().active--;
     if (borrow.is_mutable) {
-      origin.lent.mutably = false;
+      origin.lent().mutably = false;
       try {
-        origin.node = ctl->make_node_quietly(
+        origin.node() = ctl->make_node_quietly(
             fmt::format("implicit drop of borrow on stream '{}' (made at {})", stream->name, describe(borrow.where)),
-            borrow.where, {origin.node, node});
+            borrow.where, {origin.node(), node()});
       } catch (...) {
         // Out of memory in a destructor: the drop still goes out below.
       }

@@ -88,13 +88,30 @@ struct TensorState : std::enable_shared_from_this<TensorState> {
   bool object = false;
   std::shared_ptr<MeshState> home;  // the mesh whose ranks hold the value
   std::shared_ptr<StreamState> stream;
-  std::shared_ptr<Node> node;
   // Borrows of this tensor that are active, and whether one of them is mutable.
   struct Lent {
     int active = 0;
     bool mutably = false;
     std::string to;  // the stream name of the mutable borrow
-  } lent;
+  };
+  // What the tensor's storage has: its latest node (what the value was computed from) and
+  // its active borrows. A declared view and its base share one (docs/ARCHITECTURE.md
+  // section 3.7), so an in-place change, a borrow or a failure of either is the other's.
+  struct Storage {
+    std::shared_ptr<Node> node;
+    Lent lent;
+  };
+  std::shared_ptr<Node>& node() noexcept { return storage().node; }
+  Lent& lent() noexcept { return storage().lent; }
+  Storage& storage() noexcept { return shared_ ? *shared_ : own_; }
+  const Storage& storage() const noexcept { return shared_ ? *shared_ : own_; }
+  // The storage as one views can share (a tensor that has none keeps its own inline).
+  const std::shared_ptr<Storage>& share() {
+    if (!shared_) shared_ = std::make_shared<Storage>(std::move(own_));
+    return shared_;
+  }
+  void share_with(std::shared_ptr<Storage> s) { shared_ = std::move(s); }
+  bool is_shared() const noexcept { return shared_ != nullptr; }
   // drop() of a tensor that is not a borrow: its value is freed on the workers, and every
   // later use of any handle to it names where.
   bool dropped = false;
@@ -108,6 +125,10 @@ struct TensorState : std::enable_shared_from_this<TensorState> {
     CallSite where{};       // the borrow() call, named by an implicit drop
     CallSite dropped_at{};  // the drop() call, named by a later use
   } borrow;
+
+ private:
+  Storage own_;
+  std::shared_ptr<Storage> shared_;
 };
 
 struct FutureState {
@@ -164,6 +185,8 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   // is being made: `what` needs a value back, or is not recordable.
   void refuse_in_recording(std::string_view what) const { recorder_.refuse(what); }
   bool recording() const noexcept { return recorder_.active(); }
+  // UsageError when a recording is being made: `function` declares views.
+  void refuse_views_in_recording(std::string_view function) const { recorder_.refuse_views(function); }
   // Every use of a tensor passes here (Recorder::note_use).
   void note_use(TensorState& t, std::string_view what) { recorder_.note_use(t, what); }
   // A tensor made now: inside a recording, one of its values.

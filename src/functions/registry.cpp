@@ -502,6 +502,32 @@ Signature infer(const Function& f, const ArgMetas& args) {
                       f.name, f.where(), m, args.size()));
     }
   }
+  for (std::size_t k = 0; k < s.views.size(); ++k) {
+    const View& v = s.views[k];
+    if (v.output >= s.outputs.size() || v.input >= args.size() ||
+        !(args.value(v.input).is_meta() || args.value(v.input).is_tensor())) {
+      throw UsageError(fmt::format(
+          "{} (registered at {}): its shape function declares output {} a view of argument {}; expected the index "
+          "of one of its {} outputs and of a tensor argument among {} arguments",
+          f.name, f.where(), v.output, v.input, s.outputs.size(), args.size()));
+    }
+    const TensorMeta in = args.tensor(v.input);
+    const TensorMeta& out = s.outputs[v.output];
+    if (out.device().kind() != in.device().kind() || out.nbytes() > in.nbytes()) {
+      throw UsageError(fmt::format(
+          "{} (registered at {}): its shape function declares output {} ({}) a view of argument {} ({}); a view "
+          "lies inside its argument's storage, so expected the same device and at most {} bytes",
+          f.name, f.where(), v.output, out.to_string(), v.input, in.to_string(), in.nbytes()));
+    }
+    for (std::size_t j = 0; j < k; ++j) {
+      if (s.views[j].output == v.output) {
+        throw UsageError(
+            fmt::format("{} (registered at {}): its shape function declares output {} a view twice; "
+                        "expected one argument per output",
+                        f.name, f.where(), v.output));
+      }
+    }
+  }
   return s;
 }
 

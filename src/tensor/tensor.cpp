@@ -570,6 +570,25 @@ Tensor Tensor::reshape(std::vector<std::int64_t> shape) const {
   return Tensor(std::move(m), storage_);
 }
 
+Tensor Tensor::rows(std::int64_t begin, std::int64_t end) const {
+  if (!defined() || shape().empty() || begin < 0 || end < begin || end > shape()[0]) {
+    throw UsageError(
+        fmt::format("Tensor::rows: expected 0 <= begin <= end <= size(0) of a defined tensor with a "
+                    "dimension, found rows [{}, {}) of {}",
+                    begin, end, defined() ? to_string() : std::string("an undefined tensor")));
+  }
+  std::vector<std::int64_t> s = shape();
+  const std::size_t row_bytes = s[0] == 0 ? 0 : nbytes() / static_cast<std::size_t>(s[0]);
+  s[0] = end - begin;
+  TensorMeta m = meta_.with_shape(std::move(s));
+  // The rows' bytes inside this storage, which the new handle keeps alive.
+  auto storage = std::make_shared<Storage>(
+      std::shared_ptr<void>(storage_, static_cast<char*>(storage_->ptr) + static_cast<std::size_t>(begin) * row_bytes),
+      m.nbytes());
+  storage->device = meta_.device();
+  return Tensor(std::move(m), std::move(storage));
+}
+
 bool Tensor::equals(const Tensor& other) const {
   if (defined() != other.defined()) return false;
   if (!defined()) return true;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -28,6 +29,15 @@ bool overlaps(const Tensor& a, const Tensor& b) noexcept {
   const auto a0 = reinterpret_cast<std::uintptr_t>(a.raw_data());
   const auto b0 = reinterpret_cast<std::uintptr_t>(b.raw_data());
   return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+// Whether `inner`'s bytes lie inside `outer`'s, on the same device: a declared view.
+bool within(const Tensor& inner, const Tensor& outer) noexcept {
+  if (!(inner.device() == outer.device())) return false;
+  if (inner.nbytes() == 0) return true;
+  const auto i0 = reinterpret_cast<std::uintptr_t>(inner.raw_data());
+  const auto o0 = reinterpret_cast<std::uintptr_t>(outer.raw_data());
+  return o0 <= i0 && i0 + inner.nbytes() <= o0 + outer.nbytes();
 }
 
 // The tensor in `v` (an argument: a tensor, or lists and dicts of them) whose memory
@@ -108,25 +118,48 @@ void KernelCall::check(const std::string& function, const Signature& expected, c
                                    got.defined() ? got.meta().to_string() : "an undefined tensor"));
     }
   }
-  // An output is a new value to the controller: one that is an input's memory (or another
-  // output's) would change when the other is changed in place later.
+  // An output is a new value to the controller, unless its shape function declares it a
+  // view of an argument: one that is an input's memory (or another output's) without the
+  // declaration would change when the other is changed in place later.
   constexpr std::string_view fix =
-      "return a new tensor (a clone, or a copy into a new tensor): declared views of inputs are not supported yet";
+      "return a new tensor (a clone, or a copy into a new tensor), or declare the output a view of the argument "
+      "in the shape function (Signature::views, {.output = k, .input = j}; views= in Python)";
+  const auto view_of = [&](std::size_t i) -> const View* {
+    for (const View& v : expected.views) {
+      if (v.output == i) return &v;
+    }
+    return nullptr;
+  };
   for (std::size_t i = 0; i < outputs.size(); ++i) {
+    if (const View* v = view_of(i)) {
+      // A declared view lies inside its argument's storage; it may overlap the other views.
+      const Value& arg = inputs.value(v->input);
+      if (!arg.is_tensor() || !within(outputs[i], arg.as_tensor())) {
+        throw UsageError(fmt::format(
+            "{} returned on rank {} as output {} ({}) memory outside its argument {}{}, which its shape function "
+            "declares it a view of: expected bytes within the argument's [{}, +{}), found [{}, +{}); return a "
+            "view into the argument (a reshape, or rows of it), or a new tensor and no declared view",
+            function, rank_, i, outputs[i].meta().to_string(), v->input,
+            arg.is_tensor() ? " (" + arg.as_tensor().meta().to_string() + ")" : std::string(),
+            arg.is_tensor() ? arg.as_tensor().raw_data() : nullptr, arg.is_tensor() ? arg.as_tensor().nbytes() : 0,
+            outputs[i].raw_data(), outputs[i].nbytes()));
+      }
+      continue;
+    }
     for (std::size_t a = 0; a < inputs.size(); ++a) {
       if (auto at = aliased_in(inputs.value(a), outputs[i])) {
         throw UsageError(fmt::format(
             "{} returned on rank {} as output {} ({}) the memory of its argument {}{}: an output must be a new tensor, "
-            "not a view of an input; {}",
+            "not an undeclared view of an input; {}",
             function, rank_, i, outputs[i].meta().to_string(), a, *at, fix));
       }
     }
-    for (std::size_t j = 0; j < i; ++j) {
-      if (overlaps(outputs[j], outputs[i])) {
+    for (std::size_t j = 0; j < outputs.size(); ++j) {
+      if (j != i && (j < i || view_of(j) != nullptr) && overlaps(outputs[j], outputs[i])) {
         throw UsageError(fmt::format(
             "{} returned on rank {} outputs {} and {} in the same memory: each output must be a new tensor of its "
             "own; {}",
-            function, rank_, j, i, fix));
+            function, rank_, std::min(i, j), std::max(i, j), fix));
       }
     }
   }

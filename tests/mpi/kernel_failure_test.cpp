@@ -144,7 +144,7 @@ TEST(KernelFailure, AnOutputThatIsAnInputsMemoryFailsTheCall) {
             EXPECT_NE(text.find(") the memory of its argument 1:"), std::string::npos) << text;
           }
           EXPECT_NE(text.find("return a new tensor (a clone"), std::string::npos) << text;
-          EXPECT_NE(text.find("declared views of inputs are not supported yet"), std::string::npos) << text;
+          EXPECT_NE(text.find("or declare the output a view of the argument"), std::string::npos) << text;
         }
       }
       if (c.mode == "mutated") {
@@ -164,5 +164,77 @@ TEST(KernelFailure, AnOutputThatIsAnInputsMemoryFailsTheCall) {
     x.reduce_("x", Reduction::Sum);
     EXPECT_EQ(ctl.fetch_shard(copy, {{"x", n - 1}}).get().span<float>()[0], static_cast<float>((n - 1) * 100 + 1));
     EXPECT_NO_THROW(ctl.synchronize());
+  });
+}
+
+// Declared views (docs/guide.md "Declared views"): chunks of a [4, 2] tensor are accepted,
+// an in-place reduce of one changes the base's rows, a mutating call on the base is seen
+// through the views, a borrow of a view covers the base, the base may go while a view
+// lives, and a view declared but returned outside its argument fails the call (and, as a
+// use that shares the argument's storage, poisons the argument).
+TEST(KernelFailure, DeclaredViewsShareTheirArgumentsStorage) {
+  session([](Controller& ctl) {
+    const DeviceKind kind = test::test_placement();
+    Mesh mesh = ctl.world_mesh({{"x", ctl.world_size()}}, kind);
+    const std::int64_t n = ctl.world_size();
+    // test.pattern: element i on rank r is r * 100 + i + 1.
+    const auto pattern = [](std::int64_t r, std::int64_t i) { return static_cast<float>(r * 100 + i + 1); };
+    const auto summed = [&](std::int64_t i) {
+      float s = 0;
+      for (std::int64_t r = 0; r < n; ++r) s += pattern(r, i);
+      return s;
+    };
+    DTensor base = mesh.call("test.pattern", {4, 2}, DType::Float32);
+    std::vector<DTensor> halves = mesh.call_n("test.view", {"chunks", base});
+    ASSERT_EQ(halves.size(), 2u);
+    EXPECT_EQ(halves[0].meta().shape(), (std::vector<std::int64_t>{2, 2}));
+    halves[0].reduce_("x", Reduction::Sum);
+    for (std::int64_t r = 0; r < n; ++r) {
+      const Tensor b = ctl.fetch_shard(base, {{"x", r}}).get();
+      for (std::int64_t i = 0; i < 8; ++i) {
+        EXPECT_EQ(b.span<float>()[static_cast<std::size_t>(i)], i < 4 ? summed(i) : pattern(r, i))
+            << "base element " << i << " at rank " << r;
+      }
+    }
+    // A mutating call on the base (x += x) is seen through both views.
+    (void)mesh.call_n("meshrt.add_", {base, base});
+    const Tensor top = ctl.fetch_shard(halves[0], {{"x", 1}}).get();
+    const Tensor bottom = ctl.fetch_shard(halves[1], {{"x", 1}}).get();
+    for (std::int64_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(top.span<float>()[static_cast<std::size_t>(i)], 2 * summed(i)) << i;
+      EXPECT_EQ(bottom.span<float>()[static_cast<std::size_t>(i)], 2 * pattern(1, i + 4)) << i;
+    }
+    // A borrow of a view is a borrow of the base's storage.
+    Stream side = ctl.stream("side");
+    DTensor lent = side.borrow(halves[1], /*mutable_borrow=*/true);
+    try {
+      (void)mesh.call_n("meshrt.add_", {base, base});
+      ADD_FAILURE() << "expected UsageError: the base is borrowed through its view";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("borrowed mutably by stream 'side'"), std::string::npos) << e.what();
+    }
+    lent.drop();
+    // The base goes; its view keeps the storage.
+    DTensor whole;
+    {
+      DTensor gone = mesh.call("test.pattern", {2, 3}, DType::Float32);
+      whole = mesh.call("test.view", "reshape", gone);
+    }
+    whole.reduce_("x", Reduction::Max);
+    const Tensor w = ctl.fetch_shard(whole, {{"x", 0}}).get();
+    for (std::int64_t i = 0; i < 6; ++i) EXPECT_EQ(w.span<float>()[static_cast<std::size_t>(i)], pattern(n - 1, i));
+    // Declared, but outside its argument's storage: refused on every rank.
+    DTensor victim = mesh.call("test.pattern", {2, 2}, DType::Float32);
+    DTensor outside = mesh.call("test.view", "outside", victim);
+    for (const DTensor* t : {&outside, &victim}) {
+      try {
+        (void)ctl.fetch_shard(*t, {{"x", 0}}).get();
+        ADD_FAILURE() << "expected RemoteError";
+      } catch (const RemoteError& e) {
+        EXPECT_EQ(e.function(), "test.view");
+        EXPECT_NE(e.worker_message().find("memory outside its argument 1"), std::string::npos) << e.worker_message();
+      }
+    }
+    EXPECT_NO_THROW(ctl.synchronize());  // the failure was observed above
   });
 }

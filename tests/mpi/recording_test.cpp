@@ -258,6 +258,72 @@ TEST(Recording, WhatARecordingCannotHoldIsRefusedAtTheCall) {
   });
 }
 
+// A declared view (test.view: the halves of a [4, 2] tensor's rows) is an input of a
+// replay like any tensor: the replay's in-place reduce and x += x reach the base's rows.
+// Making a view inside a recording, and one step or replay holding two tensors of one
+// storage, are refused at the call.
+TEST(Recording, DeclaredViewsAreInputsOfReplaysAndRefusedInside) {
+  session([](Controller& ctl) {
+    Mesh mesh = mesh2x2(ctl);
+    const std::int64_t gpus = mesh.size("gpu");
+    DTensor base = mesh.call("test.pattern", {4, 2}, DType::Float32);
+    std::vector<DTensor> halves = mesh.call_n("test.view", {"chunks", base});
+    Recording rec = ctl.record({halves[0]}, [&](const std::vector<DTensor>& in) {
+      DTensor top = in[0];
+      top.reduce_("gpu", Reduction::Sum);
+      (void)mesh.call_n("meshrt.add_", {top, top});
+      return std::vector<DTensor>{};
+    });
+    // test.pattern: element i on rank r is r * 100 + i + 1; the replays reach rows 0 and 1.
+    const auto want = [&](double factor) {
+      std::vector<float> out;
+      for (std::int64_t r = 0; r < 2 * gpus; ++r) {
+        for (std::int64_t i = 0; i < 8; ++i) {
+          double line = 0;
+          for (std::int64_t g = 0; g < gpus; ++g) line += static_cast<double>((r / gpus * gpus + g) * 100 + i + 1);
+          out.push_back(static_cast<float>(i < 4 ? factor * line : static_cast<double>(r * 100 + i + 1)));
+        }
+      }
+      return out;
+    };
+    (void)rec({halves[0]});
+    EXPECT_EQ(shards(ctl, base), want(2.0)) << "a sum over gpu, doubled";
+    (void)rec({halves[0]});
+    EXPECT_EQ(shards(ctl, base), want(2.0 * 2.0 * gpus)) << "the equal rows summed over gpu, doubled";
+    auto refused = [&](const std::function<void()>& f, const std::string& part) {
+      try {
+        f();
+        ADD_FAILURE() << "expected UsageError with \"" << part << "\"";
+      } catch (const UsageError& e) {
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+      }
+    };
+    refused(
+        [&] {
+          ctl.record({base}, [&](const std::vector<DTensor>& in) {
+            return mesh.call_n("test.view", {"chunks", in[0]});
+          });
+        },
+        "its shape function declares views, which a recorded step cannot make");
+    refused(
+        [&] {
+          ctl.record({halves[0]}, [&](const std::vector<DTensor>& in) {
+            (void)mesh.call_n("meshrt.add_", {halves[1], in[0]});
+            (void)mesh.call_n("meshrt.add_", {base, base});
+            return in;
+          });
+        },
+        "already uses a declared view of this tensor's storage");
+    Recording two = ctl.record({halves[0], halves[1]}, [&](const std::vector<DTensor>& in) {
+      (void)mesh.call_n("meshrt.add_", {in[0], in[1]});
+      return std::vector<DTensor>{};
+    });
+    refused([&] { (void)two({halves[0], halves[1]}); }, "input 0 and input 1 share one storage");
+    EXPECT_EQ(shards(ctl, base), want(2.0 * 2.0 * gpus)) << "nothing refused was sent";
+    ctl.synchronize();
+  });
+}
+
 TEST(Recording, RestartDropsRecordings) {
   session([](Controller& ctl) {
     Mesh mesh = mesh2x2(ctl);

@@ -197,8 +197,38 @@ std::vector<Tensor> alias_kernel(CallContext&, Args& args) {
   throw std::invalid_argument("test.alias: unknown mode " + mode);
 }
 
+// test.view(mode, x): outputs declared views of x (rows of dimension 0), the way `mode`
+// says: "chunks" (two outputs, the first and second half of x's rows), "reshape" (x as
+// one dimension), or "outside" (one output declared a view of x's first half but returned
+// as a copy, outside x's storage: refused on the worker).
+Signature view_shape(const ArgMetas& args) {
+  args.expect_count(2, 2);
+  const std::string mode = args.string(0);
+  const TensorMeta x = args.tensor(1);
+  if (x.shape().empty() || x.shape()[0] % 2 != 0) args.fail("expected an even number of rows, found " + x.to_string());
+  std::vector<std::int64_t> half = x.shape();
+  half[0] /= 2;
+  if (mode == "chunks") {
+    return {.outputs = {x.with_shape(half), x.with_shape(half)},
+            .mutates = {},
+            .views = {{.output = 0, .input = 1}, {.output = 1, .input = 1}}};
+  }
+  if (mode == "reshape") return {.outputs = {x.with_shape({x.numel()})}, .mutates = {}, .views = {{.input = 1}}};
+  return {.outputs = {x.with_shape(half)}, .mutates = {}, .views = {{.output = 0, .input = 1}}};
+}
+std::vector<Tensor> view_kernel(CallContext&, Args& args) {
+  const std::string mode = args.value(0).as_string();
+  const Tensor& x = args.tensor(1);
+  const std::int64_t h = x.shape()[0] / 2;
+  if (mode == "chunks") return {x.rows(0, h), x.rows(h, 2 * h)};
+  if (mode == "reshape") return {x.reshape({x.numel()})};
+  if (mode == "outside") return {x.rows(0, h).clone()};
+  throw std::invalid_argument("test.view: unknown mode " + mode);
+}
+
 }  // namespace
 
+MESHRT_REGISTER_FUNCTION("test.view", view_kernel, view_shape);
 MESHRT_REGISTER_FUNCTION("test.alias", alias_kernel, alias_shape);
 MESHRT_REGISTER_FUNCTION("test.misbehave", misbehave_kernel, misbehave_shape);
 MESHRT_REGISTER_FUNCTION("test.crash", crash_kernel, one_scalar_shape);

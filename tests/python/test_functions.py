@@ -145,6 +145,35 @@ def same_memory(ctx, x, tag):
     return np.array(int(x.__array_interface__["data"][0] == made[(ctx.rank, tag)]), np.int64)
 
 
+@meshrt.function("test.py_rows", shape=lambda: meshrt.TensorMeta((4, 2), meshrt.float32))
+def rows(ctx):
+    return np.arange(8, dtype=np.float32).reshape(4, 2) + np.float32(100 * ctx.rank)
+
+
+def chunks_shape(x):
+    half = meshrt.TensorMeta((x.shape[0] // 2,) + tuple(x.shape[1:]), x.dtype)
+    return meshrt.Signature(outputs=[half, half], views={0: 0, 1: 0})
+
+
+@meshrt.function("test.py_chunks", shape=chunks_shape)
+def chunks(ctx, x):
+    assert x.flags.writeable, "an argument with declared views is writable"
+    h = x.shape[0] // 2
+    return x[:h], x[h:]
+
+
+@meshrt.function("test.py_chunk_copies", shape=lambda x: meshrt.Signature(
+    outputs=[meshrt.TensorMeta((x.shape[0] // 2,) + tuple(x.shape[1:]), x.dtype)], views={0: 0}))
+def chunk_copies(ctx, x):
+    return x[: x.shape[0] // 2].copy()  # declared a view, but a copy
+
+
+@meshrt.function("test.py_undeclared_view", shape=lambda x: meshrt.TensorMeta((x.shape[0] // 2,) + tuple(
+    x.shape[1:]), x.dtype), torch=True)
+def undeclared_view(ctx, x):
+    return x[: x.shape[0] // 2]  # torch views are writable: this is x's memory
+
+
 # ---------------------------------------------------------------- helpers
 
 
@@ -226,6 +255,50 @@ def test_a_kernels_array_becomes_the_workers_value_and_a_fetch_is_viewed_without
             assert torch.from_dlpack(t).data_ptr() == t.data_ptr
             np.testing.assert_array_equal(np.from_dlpack(t), np.arange(1024, dtype=np.float32))
         ctl.synchronize()
+
+    meshrt.run(main)
+
+
+def test_declared_views_share_their_arguments_storage():
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2})
+
+        def local(dp, tp):  # test.py_rows on the rank at (dp, tp)
+            return np.arange(8, dtype=np.float32).reshape(4, 2) + np.float32(100 * (2 * dp + tp))
+
+        base = mesh.call("test.py_rows")
+        top, bottom = mesh.call_n("test.py_chunks", base)
+        assert top.meta.shape == (2, 2), top.meta
+        top.reduce_("tp", "sum")  # reaches rows 0 and 1 of the base
+        mesh.call("test.py_add_", bottom, bottom)  # a mutating call on a view: rows 2 and 3
+        mesh.call("test.py_add_", base, base)  # and one on the base, seen through both views
+        for dp in range(2):
+            for tp in range(2):
+                want = local(dp, tp)
+                want[:2] = local(dp, 0)[:2] + local(dp, 1)[:2]
+                want[2:] *= 2
+                want *= 2
+                np.testing.assert_array_equal(fetch(ctl, base, dp=dp, tp=tp), want)
+                np.testing.assert_array_equal(fetch(ctl, top, dp=dp, tp=tp), want[:2])
+                np.testing.assert_array_equal(fetch(ctl, bottom, dp=dp, tp=tp), want[2:])
+        # A borrow of a view covers its base.
+        lent = ctl.stream("side").borrow(top, mutable=True)
+        with pytest.raises(meshrt.UsageError, match=r"borrowed mutably by stream 'side'"):
+            base.reduce_("tp", "sum")
+        lent.drop()
+        # A view declared but returned outside its argument's storage fails the call (and
+        # poisons the argument, whose storage it was declared to share).
+        x = mesh.call("test.py_rows")
+        outside = mesh.call("test.py_chunk_copies", x)
+        for t in (outside, x):
+            e = raises_remote(ctl, t, dp=0, tp=1)
+            assert "memory outside its argument 0" in e.worker_message, e.worker_message
+        # An undeclared view is refused as before, saying how to declare one.
+        undeclared = mesh.call("test.py_undeclared_view", mesh.call("test.py_rows"))
+        e = raises_remote(ctl, undeclared, dp=1, tp=0)
+        assert "not an undeclared view of an input" in e.worker_message, e.worker_message
+        assert "views= in Python" in e.worker_message, e.worker_message
+        ctl.synchronize()  # the failures were observed above
 
     meshrt.run(main)
 

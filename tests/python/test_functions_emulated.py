@@ -65,6 +65,24 @@ def fetch(ctl, t, **coords):
     return ctl.fetch_shard(t, **coords).result(timeout=30).numpy()
 
 
+@meshrt.function("test.emu_rows", shape=lambda x: meshrt.Signature(outputs=[x], views={0: 0}))
+def emu_rows(ctx, x):
+    return x
+
+
+def test_a_call_declaring_views_is_refused_on_the_emulated_accelerator():
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind="emulated")
+        x = mesh.call("meshrt.full", (2, 2), meshrt.float32, 1.0)
+        with pytest.raises(meshrt.UsageError, match=r"test.emu_rows: its shape function declares views, which a "
+                                                    r"Python kernel on emulated:0 cannot return"):
+            mesh.call("test.emu_rows", x)
+        np.testing.assert_array_equal(fetch(ctl, x, dp=1, tp=1), np.ones((2, 2), np.float32))
+        ctl.synchronize()
+
+    meshrt.run(main)
+
+
 def test_python_kernels_run_in_stream_order_on_the_device():
     def main(ctl):
         mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind="emulated")

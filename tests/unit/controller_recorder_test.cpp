@@ -70,7 +70,7 @@ struct Desk {
     t->meta = std::move(meta);
     t->home = mesh;
     t->stream = stream;
-    t->node = std::make_shared<Node>();
+    t->node() = std::make_shared<Node>();
     return t;
   }
   // A tensor made outside any recording.
@@ -92,8 +92,8 @@ struct Desk {
     c.ident = rec.active() ? rec.new_ident() : next_ident++;
     auto t = tensor(rec.active() ? rec.new_ref() : Ref{next_ref++});
     rec.note_new(t);
-    t->node = rec.active() ? rec.node(c.ident, fn, kCallSite) : std::make_shared<Node>();
-    for (const DTensor& m : mutates) state_of(m)->node = t->node;
+    t->node() = rec.active() ? rec.node(c.ident, fn, kCallSite) : std::make_shared<Node>();
+    for (const DTensor& m : mutates) state_of(m)->node() = t->node();
     c.results = {t->ref};
     if (rec.active()) rec.capture(dests, c, payload);
     return ControllerState::handle(t, mesh);
@@ -126,7 +126,7 @@ TEST(Recorder, OutsideARecordingRefusesOnlyTensorsMadeInOne) {
 TEST(Recorder, KeepsLocalSlotsIdentOffsetsAndTheTensorsItCaptures) {
   Desk d;
   DTensor x = d.outside(), c = d.outside();
-  const std::shared_ptr<Node> c_node = state_of(c)->node;
+  const std::shared_ptr<Node> c_node = state_of(c)->node();
   DTensor leaked;
   auto [state, shares] = d.record({x}, [&](const std::vector<DTensor>& in) {
     EXPECT_TRUE(d.rec.active());
@@ -136,12 +136,12 @@ TEST(Recorder, KeepsLocalSlotsIdentOffsetsAndTheTensorsItCaptures) {
     EXPECT_EQ(state_of(y)->ref, local(1));
     EXPECT_EQ(state_of(z)->ref, local(2));
     // Inside, the captured tensor's node is the recording's; it is restored after.
-    state_of(c)->node = state_of(y)->node;
+    state_of(c)->node() = state_of(y)->node();
     leaked = z;
     return std::vector<DTensor>{z};
   });
   EXPECT_FALSE(d.rec.active());
-  EXPECT_EQ(state_of(c)->node, c_node);
+  EXPECT_EQ(state_of(c)->node(), c_node);
   EXPECT_EQ(state->where.line(), kRecordSite.line());
   EXPECT_EQ(state->formals, 1u);
   EXPECT_EQ(state->locals, 2u);
@@ -204,11 +204,11 @@ TEST(Recorder, RanksThatTakePartInTheSameCommandsShareOneDefinition) {
 TEST(Recorder, RefusesWaitsNestingAndUndefinedResultsAndEndsTheRecordingAnyway) {
   Desk d;
   DTensor x = d.outside(), c = d.outside();
-  const std::shared_ptr<Node> c_node = state_of(c)->node;
+  const std::shared_ptr<Node> c_node = state_of(c)->node();
   const std::string waited = usage_error([&] {
     d.record({x}, [&](const std::vector<DTensor>& in) {
       d.call("f", {in[0], c});
-      state_of(c)->lent.active = 1;
+      state_of(c)->lent().active = 1;
       d.rec.refuse("synchronize");
       return std::vector<DTensor>{};
     });
@@ -216,8 +216,8 @@ TEST(Recorder, RefusesWaitsNestingAndUndefinedResultsAndEndsTheRecordingAnyway) 
   expect_contains(waited, "synchronize inside a recording (made at step.cpp:7 (step)): a recorded step cannot");
   expect_contains(waited, "(in the recording made at step.cpp:7 (step))");
   EXPECT_FALSE(d.rec.active());
-  EXPECT_EQ(state_of(c)->node, c_node);
-  EXPECT_EQ(state_of(c)->lent.active, 0);
+  EXPECT_EQ(state_of(c)->node(), c_node);
+  EXPECT_EQ(state_of(c)->lent().active, 0);
 
   expect_contains(usage_error([&] {
                     d.record({x}, [&](const std::vector<DTensor>&) {
@@ -329,7 +329,7 @@ TEST(Recorder, AReplayFollowsTheRecordedSlotsAndMakesTheResults) {
 
   // A replay on a: each invocation's node from the nodes it reads, as the session makes it.
   DTensor a = d.outside();
-  const std::shared_ptr<Node> a_node = state_of(a)->node, c_node = state_of(c)->node;
+  const std::shared_ptr<Node> a_node = state_of(a)->node(), c_node = state_of(c)->node();
   ReplayNodes nodes = Recorder::nodes_before(r, {a});
   std::vector<std::shared_ptr<Node>> made;
   std::vector<std::vector<std::shared_ptr<Node>>> reads_of;
@@ -361,12 +361,12 @@ TEST(Recorder, AReplayFollowsTheRecordedSlotsAndMakesTheResults) {
   const std::vector<DTensor> out = Recorder::results(r, {a}, nodes, 500);
   ASSERT_EQ(out.size(), 4u);
   EXPECT_EQ(state_of(out[0])->ref, Ref{500});  // slot 1: ref_base + 1 - formals
-  EXPECT_EQ(state_of(out[0])->node, joined);
+  EXPECT_EQ(state_of(out[0])->node(), joined);
   EXPECT_EQ(state_of(out[1]), state_of(out[0]));  // one slot, one tensor
   EXPECT_EQ(state_of(out[2]), state_of(a));
-  EXPECT_EQ(state_of(a)->node, made[2]);  // the input the step changes takes its new node
+  EXPECT_EQ(state_of(a)->node(), made[2]);  // the input the step changes takes its new node
   EXPECT_EQ(state_of(out[3]), state_of(c));
-  EXPECT_EQ(state_of(c)->node, c_node);
+  EXPECT_EQ(state_of(c)->node(), c_node);
 }
 
 }  // namespace

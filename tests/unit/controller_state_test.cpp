@@ -406,7 +406,7 @@ TEST(ControllerState, AnImplicitDropIsDrop) {
   origin->ref = Ref{20};
   origin->home = mesh;
   origin->stream = origin_stream;
-  origin->node = s.ctl->make_node(0, "origin", here, {});
+  origin->node() = s.ctl->make_node(0, "origin", here, {});
   // A mutable borrow whose write (invocation w) fails on rank 1.
   const Ident w = s.ctl->new_ident();
   auto borrow = std::make_shared<detail::TensorState>();
@@ -417,14 +417,14 @@ TEST(ControllerState, AnImplicitDropIsDrop) {
   borrow->stream = comms;
   borrow->borrow.origin = origin;
   borrow->borrow.is_mutable = true;
-  borrow->node = s.ctl->make_node(w, "meshrt.fill_", here, {origin->node});
-  origin->lent.active = 1;
-  origin->lent.mutably = true;
+  borrow->node() = s.ctl->make_node(w, "meshrt.fill_", here, {origin->node()});
+  origin->lent().active = 1;
+  origin->lent().mutably = true;
   s.ctl->append({1, 2}, call(w), w);
   s.ctl->flush();
   s.received(1);
   borrow.reset();  // destroyed without drop()
-  EXPECT_FALSE(origin->lent.mutably);
+  EXPECT_FALSE(origin->lent().mutably);
   // The origin's next use: the drop reaches the workers first, as drop()'s does.
   const Ident next = s.ctl->new_ident();
   s.ctl->append({1, 2}, call(next), next);
@@ -440,7 +440,7 @@ TEST(ControllerState, AnImplicitDropIsDrop) {
   s.reply(1, Status{.first_uncompleted_ident = next + 1});
   s.reply(2, Status{.first_uncompleted_ident = next + 1});
   s.ctl->wait_for(next, std::chrono::seconds(30), "test");
-  const auto e = s.ctl->failure_of(origin->node, "fetch");
+  const auto e = s.ctl->failure_of(origin->node(), "fetch");
   ASSERT_NE(e, nullptr);
   expect_contains(test::error_of<RemoteError>([&] { std::rethrow_exception(e); }), "write failed");
 }

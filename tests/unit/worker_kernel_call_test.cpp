@@ -88,7 +88,7 @@ TEST(WorkerKernelCall, AnOutputInAnInputsMemoryOrAnotherOutputsIsRefused) {
   // The input itself, a reshape of it, and part of it made elsewhere: the bytes overlap.
   expect_contains(error_of<UsageError>([&] { calls.check("f", eight, {x}, args); }),
                   "f returned on rank 1 as output 0 (float32[8] on cpu) the memory of its argument 1: an output must "
-                  "be a new tensor, not a view of an input; return a new tensor (a clone");
+                  "be a new tensor, not an undeclared view of an input; return a new tensor (a clone");
   expect_contains(error_of<UsageError>([&] {
                     calls.check("f", Signature{{TensorMeta({2, 4}, DType::Float32)}, {}}, {x.reshape({2, 4})}, args);
                   }),
@@ -111,6 +111,42 @@ TEST(WorkerKernelCall, AnOutputInAnInputsMemoryOrAnotherOutputsIsRefused) {
   calls.check("f", eight, {x.clone()}, args);
   const Tensor empty = Tensor::zeros(TensorMeta({0}, DType::Float32));
   calls.check("f", Signature{{empty.meta()}, {}}, {empty}, Args("f", {Value(empty)}));
+}
+
+// A declared view (Signature::views) is accepted inside its argument's bytes, even where
+// it overlaps another view of it, and refused outside them; an output that is not a view
+// still may not overlap one.
+TEST(WorkerKernelCall, ADeclaredViewLiesInsideItsArgument) {
+  const KernelCall calls(1);
+  const Tensor x = Tensor::zeros(TensorMeta({4, 2}, DType::Float32));
+  const Args args("f", {Value("mode"), Value(x)});
+  const TensorMeta half({2, 2}, DType::Float32);
+  const Signature halves{
+      .outputs = {half, half}, .mutates = {}, .views = {{.output = 0, .input = 1}, {.output = 1, .input = 1}}};
+  calls.check("f", halves, {x.rows(0, 2), x.rows(2, 4)}, args);
+  calls.check("f", halves, {x.rows(1, 3), x.rows(2, 4)}, args);
+  const Signature whole{
+      .outputs = {TensorMeta({8}, DType::Float32)}, .mutates = {}, .views = {{.output = 0, .input = 1}}};
+  calls.check("f", whole, {x.reshape({8})}, args);
+  expect_contains(
+      error_of<UsageError>([&] {
+        calls.check("f", halves, {x.rows(0, 2), x.rows(0, 2).clone()}, args);
+      }),
+      "f returned on rank 1 as output 1 (float32[2, 2] on cpu) memory outside its argument 1 (float32[4, 2] "
+      "on cpu), which its shape function declares it a view of");
+  // Part inside, part past the end of the argument.
+  const Tensor wide = Tensor::zeros(TensorMeta({8}, DType::Float32));
+  const Args part("f", {Value("mode"), Value(view_of(wide, 0, 4))});
+  const Signature four{
+      .outputs = {TensorMeta({4}, DType::Float32)}, .mutates = {}, .views = {{.output = 0, .input = 1}}};
+  expect_contains(error_of<UsageError>([&] { calls.check("f", four, {view_of(wide, 2, 4)}, part); }),
+                  "memory outside its argument 1");
+  // Output 1 is not declared: it may not be the memory of view 0.
+  const Signature one_view{.outputs = {half, half}, .mutates = {}, .views = {{.output = 0, .input = 1}}};
+  expect_contains(error_of<UsageError>([&] {
+                    calls.check("f", one_view, {x.rows(0, 2), x.rows(0, 2)}, args);
+                  }),
+                  "the memory of its argument 1");
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -60,21 +61,33 @@ void bind_functions(py::module_& m) {
       });
 
   py::class_<Signature>(m, "Signature",
-                        "What a call produces, returned by a shape function: its outputs' metas, and the positions "
-                        "of the tensor arguments its kernel writes in place.")
-      .def(py::init([](py::handle outputs, std::vector<std::size_t> mutates) {
+                        "What a call produces, returned by a shape function: its outputs' metas, the positions "
+                        "of the tensor arguments its kernel writes in place, and which outputs are views of which "
+                        "tensor arguments ({output: argument}).")
+      .def(py::init([](py::handle outputs, std::vector<std::size_t> mutates,
+                       const std::map<std::size_t, std::size_t>& views) {
              PyFunction anonymous{"meshrt.Signature", {}, {}, false};
              Signature s = signature_of(anonymous, outputs);
              s.mutates = std::move(mutates);
+             for (const auto& [output, input] : views) s.views.push_back({.output = output, .input = input});
              return s;
            }),
-           py::arg("outputs") = py::tuple(), py::arg("mutates") = std::vector<std::size_t>{})
+           py::arg("outputs") = py::tuple(), py::arg("mutates") = std::vector<std::size_t>{},
+           py::arg("views") = std::map<std::size_t, std::size_t>{})
       .def_property_readonly("outputs", [](const Signature& s) { return py::tuple(py::cast(s.outputs)); })
       .def_property_readonly("mutates", [](const Signature& s) { return py::tuple(py::cast(s.mutates)); })
+      .def_property_readonly("views",
+                             [](const Signature& s) {
+                               std::map<std::size_t, std::size_t> out;
+                               for (const View& v : s.views) out[v.output] = v.input;
+                               return out;
+                             })
       .def("__repr__", [](const Signature& s) {
-        std::vector<std::string> outputs;
+        std::vector<std::string> outputs, views;
         for (const TensorMeta& o : s.outputs) outputs.push_back(o.to_string());
-        return fmt::format("meshrt.Signature(outputs=[{}], mutates={})", fmt::join(outputs, ", "), s.mutates);
+        for (const View& v : s.views) views.push_back(fmt::format("{}: {}", v.output, v.input));
+        return fmt::format("meshrt.Signature(outputs=[{}], mutates={}, views={{{}}})", fmt::join(outputs, ", "),
+                           s.mutates, fmt::join(views, ", "));
       });
 
   m.def("_register_function", &register_python_function, py::arg("name"), py::arg("kernel"), py::arg("shape"),

@@ -173,6 +173,15 @@ Signature run_shape(const PyFunction& f, const ArgMetas& args) {
   } catch (const py::error_already_set& e) {
     throw UsageError(fmt::format("{}: its shape function raised {} (at {})", f.name, exception_line(e), innermost(e)));
   }
+  // On the emulated accelerator a Python kernel runs in a task after the call has made its
+  // outputs, so its results are copies: none can be a view of an argument.
+  if (args.device().is_emulated() && !s.views.empty()) {
+    throw UsageError(fmt::format(
+        "{}: its shape function declares views, which a Python kernel on {} cannot return (it runs in a task on "
+        "the stream, and its outputs are copies made there); call it on a cpu or cuda mesh, or write the view as a "
+        "C++ kernel (docs/guide.md \"Declared views\")",
+        f.name, args.device().to_string()));
+  }
   // A Python kernel's outputs live where its mesh is placed: on an accelerator mesh a cpu
   // meta (meshrt.TensorMeta's default) means the rank's device.
   if (args.device().is_accelerator()) {

@@ -58,7 +58,8 @@ int numpy_type(DType dtype) {
 }
 
 // A kernel's Python arguments: tensors as views of the rank's local tensors (numpy arrays,
-// or torch tensors over them), read-only unless the shape function declares them mutated.
+// or torch tensors over them), read-only unless the shape function declares them mutated
+// (or outputs views of them).
 class KernelArgs {
  public:
   KernelArgs(const PyFunction& f, int rank) : f_(f), rank_(rank) {}
@@ -72,6 +73,8 @@ class KernelArgs {
       bool writable = signature == nullptr;
       if (signature != nullptr) {
         for (std::size_t m : signature->mutates) writable = writable || m == i;
+        // A declared view of the argument is returned as a view of its array.
+        for (const View& v : signature->views) writable = writable || v.input == i;
       }
       out[i + 1] = convert(values[i], i, writable);
     }
