@@ -1058,7 +1058,7 @@ Object Mesh::call_object_impl(FunctionName fn, std::vector<Arg> args) const {
   std::vector<std::shared_ptr<Node>> inputs;
   for (const DTensor& t : tensors) {
     use_tensor(*ctl, *t.state_, *state_, *stream, false, fn.name);
-    inputs.push_back(t.state_->node);
+    inputs.push_back(t.state_->node());
   }
   ctl->ensure_mesh(*state_);
   ctl->ensure_stream(*stream);
