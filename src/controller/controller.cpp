@@ -1264,7 +1264,7 @@ void check_coords(const std::vector<const MeshState*>& meshes, const Coords& coo
 }
 
 // The rank at `coords` of `mesh`: 0 along the dimensions not named (docs/guide.md,
-// "Fetching"); coordinates of dimensions the mesh lacks are another tensor's.
+// "Fetching and futures"); coordinates of dimensions the mesh lacks are another tensor's.
 int rank_at(const MeshState& mesh, const Coords& coords) {
   std::vector<std::int64_t> at(mesh.names.size(), 0);
   for (const auto& [dim, index] : coords) {
