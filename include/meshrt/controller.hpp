@@ -434,6 +434,14 @@ std::exception_ptr future_wait(FutureState& f, std::optional<std::chrono::durati
 bool future_done(FutureState& f);
 const Value& future_value(const FutureState& f);
 Tensor value_to_tensor(const Value& v);
+// when_all's state: complete when every part is; its error is the first failed part's.
+std::shared_ptr<FutureState> future_all(std::vector<std::shared_ptr<FutureState>> parts);
+const std::vector<std::shared_ptr<FutureState>>& future_parts(const FutureState& f);
+std::vector<Tensor> future_tensors(const FutureState& f);
+template <class T>
+struct is_vector : std::false_type {};
+template <class T>
+struct is_vector<std::vector<T>> : std::true_type {};
 }  // namespace detail
 
 // A value that will come back from the workers (Future<void>: a completion, a barrier's).
@@ -446,17 +454,29 @@ class Future {
   T get(std::chrono::duration<double> timeout) { return get_impl(timeout); }
   // True once get() would return or throw without waiting.
   bool done() { return detail::future_done(*state_); }
-  // Waits; the error get() would throw, or nullptr.
+  // Waits; the error get() would throw, or nullptr. TimeoutError after `timeout`.
   std::exception_ptr exception() { return detail::future_wait(*state_, std::nullopt); }
+  std::exception_ptr exception(std::chrono::duration<double> timeout) { return detail::future_wait(*state_, timeout); }
 
  private:
   friend class Controller;
   friend class Mesh;
+  template <class U>
+  friend class Future;
+  template <class U>
+  friend Future<std::vector<U>> when_all(std::vector<Future<U>> futures);
+  friend Future<void> when_all(std::vector<Future<void>> futures);
   explicit Future(std::shared_ptr<detail::FutureState> s) : state_(std::move(s)) {}
   T get_impl(std::optional<std::chrono::duration<double>> timeout) {
     if (auto e = detail::future_wait(*state_, timeout)) std::rethrow_exception(e);
     if constexpr (std::is_void_v<T>) {
       return;
+    } else if constexpr (std::is_same_v<T, std::vector<Tensor>>) {
+      return detail::future_tensors(*state_);
+    } else if constexpr (detail::is_vector<T>::value) {
+      T out;
+      for (const auto& part : detail::future_parts(*state_)) out.push_back(Future<typename T::value_type>(part).get());
+      return out;
     } else if constexpr (std::is_same_v<T, Tensor>) {
       return detail::value_to_tensor(detail::future_value(*state_));
     } else {
@@ -465,6 +485,20 @@ class Future {
   }
   std::shared_ptr<detail::FutureState> state_;
 };
+
+// One future for several (a completion when they are Future<void>): done once every one
+// is, and get() waits for all of them, then returns their values in order or throws the
+// first failure in the list's order as a RemoteError naming its position ("when_all:
+// future 2 of 3 failed: ..."); a timeout is one deadline for all of them. An empty list is
+// done at once. The futures may come from different meshes and streams.
+template <class T>
+Future<std::vector<T>> when_all(std::vector<Future<T>> futures) {
+  std::vector<std::shared_ptr<detail::FutureState>> parts;
+  parts.reserve(futures.size());
+  for (Future<T>& f : futures) parts.push_back(std::move(f.state_));
+  return Future<std::vector<T>>(detail::future_all(std::move(parts)));
+}
+Future<void> when_all(std::vector<Future<void>> futures);
 
 class Controller {
  public:
@@ -483,14 +517,21 @@ class Controller {
   Stream stream(const std::string& name);
   Stream default_stream();
 
-  // The local tensor of `t` at `coords` (one per mesh dimension; may be omitted for a
-  // mesh of one rank), optionally passed through a registered function on the worker.
+  // The local tensor of `t` at `coords` (coordinate 0 along the dimensions not named),
+  // optionally passed through a registered function on the worker.
   // That function's shape function says whether it mutates its argument; if it does, the
   // fetch is a mutating use of `t` (refused while `t` is borrowed; later uses depend on
   // it).
   Future<Tensor> fetch_shard(const DTensor& t, std::vector<std::pair<std::string, std::int64_t>> coords = {},
                              std::optional<std::string> preprocess = std::nullopt,
                              CallSite where = std::source_location::current());
+
+  // The local tensors of `ts` at `coords` (0 along the dimensions not named; a dimension
+  // applies to the tensors whose meshes have it), in order, in one round trip: one command
+  // to each rank involved (per stream) and one reply from it, however many tensors.
+  Future<std::vector<Tensor>> fetch_shards(const std::vector<DTensor>& ts,
+                                           std::vector<std::pair<std::string, std::int64_t>> coords = {},
+                                           CallSite where = std::source_location::current());
 
   // Records the commands `body` issues (calls, reductions, to_mesh, borrows) on formal
   // inputs shaped like `examples` (their metas, meshes and streams; their values are not

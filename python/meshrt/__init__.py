@@ -26,5 +26,6 @@ finally:
 from ._core import *  # noqa: E402,F401,F403
 from ._core import __version__  # noqa: E402,F401
 from ._functions import function  # noqa: E402,F401
+from ._futures import ALL_COMPLETED, FIRST_COMPLETED, FIRST_EXCEPTION, as_completed, wait  # noqa: E402,F401
 
 _atexit.register(_core._shutdown)

@@ -4,7 +4,11 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
+#include <exception>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -1221,6 +1225,9 @@ namespace detail {
 bool future_done(FutureState& f) {
   refuse_on_worker_thread("Future::done");
   if (f.finished) return true;
+  if (f.composite) {
+    return std::all_of(f.parts.begin(), f.parts.end(), [](const auto& p) { return future_done(*p); });
+  }
   auto ctl = f.controller.lock();
   if (!ctl) return true;
   ctl->flush_deferred();
@@ -1229,9 +1236,47 @@ bool future_done(FutureState& f) {
   return ctl->frontier() >= f.ident;
 }
 
+namespace {
+
+// when_all's wait: every part in turn under one deadline; the first failure in the list's
+// order, renamed by its position so that the caller knows which future it was.
+std::exception_ptr wait_all(FutureState& f, std::optional<std::chrono::duration<double>> timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  std::exception_ptr first;
+  for (std::size_t i = 0; i < f.parts.size(); ++i) {
+    std::optional<std::chrono::duration<double>> left;
+    if (timeout) {
+      left = std::max(std::chrono::duration<double>::zero(),
+                      *timeout - std::chrono::duration<double>(Clock::now() - start));
+    }
+    std::exception_ptr e = future_wait(*f.parts[i], left);
+    if (!e || first) continue;
+    if (!f.leaves.empty()) {  // a fetch of several tensors: the part's error names its rank
+      first = e;
+      continue;
+    }
+    try {
+      std::rethrow_exception(e);
+    } catch (const RemoteError& r) {
+      first = std::make_exception_ptr(
+          RemoteError(fmt::format("when_all: future {} of {} failed: {}", i + 1, f.parts.size(), r.what()), r.ident(),
+                      r.function(), r.ranks(), r.worker_message(), r.issued_at()));
+    } catch (...) {
+      first = e;
+    }
+  }
+  f.finished = true;
+  f.error = first;
+  return first;
+}
+
+}  // namespace
+
 std::exception_ptr future_wait(FutureState& f, std::optional<std::chrono::duration<double>> timeout) {
   refuse_on_worker_thread("Future::get");
   if (f.finished) return f.error;
+  if (f.composite) return wait_all(f, timeout);
   auto ctl = f.controller.lock();
   if (!ctl) return std::make_exception_ptr(UsageError("the future outlived its controller session"));
   ctl->wait_for(f.ident, timeout, f.what);
@@ -1249,12 +1294,46 @@ const Value& future_value(const FutureState& f) {
   return *f.value;
 }
 
+std::shared_ptr<FutureState> future_all(std::vector<std::shared_ptr<FutureState>> parts) {
+  auto f = std::make_shared<FutureState>();
+  f->composite = true;
+  for (const auto& p : parts) {
+    if (!p) throw UsageError("when_all: expected futures from meshrt calls, found a moved-from or empty Future");
+  }
+  f->parts = std::move(parts);
+  return f;
+}
+
+const std::vector<std::shared_ptr<FutureState>>& future_parts(const FutureState& f) {
+  return f.parts;
+}
+
+std::vector<Tensor> future_tensors(const FutureState& f) {
+  std::vector<Tensor> out;
+  if (f.leaves.empty()) {
+    for (const auto& p : f.parts) out.push_back(value_to_tensor(*p->value));
+    return out;
+  }
+  for (const auto& [part, at] : f.leaves) {
+    const Value& v = *f.parts[part]->value;
+    out.push_back(value_to_tensor(v.is_list() ? v.as_list().at(at) : v));
+  }
+  return out;
+}
+
 Tensor value_to_tensor(const Value& v) {
   if (!v.is_tensor()) throw UsageError(fmt::format("expected a tensor from the fetch, found {}", v.to_string()));
   return v.as_tensor();
 }
 
 }  // namespace detail
+
+Future<void> when_all(std::vector<Future<void>> futures) {
+  std::vector<std::shared_ptr<detail::FutureState>> parts;
+  parts.reserve(futures.size());
+  for (Future<void>& f : futures) parts.push_back(std::move(f.state_));
+  return Future<void>(detail::future_all(std::move(parts)));
+}
 
 // ------------------------------------------------------------------ Controller
 
@@ -1304,6 +1383,115 @@ Stream Controller::default_stream() {
   return stream("default");
 }
 
+namespace {
+
+using Coords = std::vector<std::pair<std::string, std::int64_t>>;
+
+// Each coordinate names a dimension of at least one of the meshes, once, inside its size.
+void check_coords(const std::vector<const MeshState*>& meshes, const Coords& coords) {
+  std::set<std::string> seen;
+  for (const auto& [dim, index] : coords) {
+    if (!seen.insert(dim).second) throw UsageError(fmt::format("fetch_shard: dimension '{}' given twice", dim));
+    bool found = false;
+    for (const MeshState* m : meshes) {
+      const auto it = std::find(m->names.begin(), m->names.end(), dim);
+      if (it == m->names.end()) continue;
+      found = true;
+      const std::int64_t size = m->ranks.sizes()[static_cast<std::size_t>(it - m->names.begin())];
+      if (index < 0 || index >= size) {
+        throw UsageError(
+            fmt::format("fetch_shard: coordinate {} of dimension '{}' is outside the mesh (size {}); expected 0 to {}",
+                        index, dim, size, size - 1));
+      }
+    }
+    if (!found) (void)meshes.front()->dim_index(dim);  // the UsageError naming the mesh's dimensions
+  }
+}
+
+// The rank at `coords` of `mesh`: 0 along the dimensions not named (docs/guide.md,
+// "Fetching and futures"); coordinates of dimensions the mesh lacks are another tensor's.
+int rank_at(const MeshState& mesh, const Coords& coords) {
+  std::vector<std::int64_t> at(mesh.names.size(), 0);
+  for (const auto& [dim, index] : coords) {
+    const auto it = std::find(mesh.names.begin(), mesh.names.end(), dim);
+    if (it != mesh.names.end()) at[static_cast<std::size_t>(it - mesh.names.begin())] = index;
+  }
+  return static_cast<int>(mesh.ranks.location(at));
+}
+
+}  // namespace
+
+Future<std::vector<Tensor>> Controller::fetch_shards(const std::vector<DTensor>& ts, Coords coords, CallSite where) {
+  detail::refuse_on_worker_thread("Controller::fetch_shards");
+  return at_site(where, [&] {
+    state_->refuse_in_recording("fetch_shard");
+    ControllerState& ctl = *state_;
+    std::vector<const MeshState*> meshes;
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+      if (!ts[i].state_)
+        throw UsageError(fmt::format("fetch_shard: tensor {} of {} is an undefined DTensor", i, ts.size()));
+      meshes.push_back(ts[i].mesh_.get());
+      if (const std::uint64_t bytes = ts[i].state_->meta.nbytes(); bytes > kControlMessageLimit - kFrameRoom) {
+        throw UsageError(fmt::format(
+            "fetch_shard: tensor {} of {} ({}) is {} bytes, expected at most {} bytes in one fetch; fetch it in pieces",
+            i, ts.size(), ts[i].state_->meta.to_string(), bytes, kControlMessageLimit - kFrameRoom));
+      }
+    }
+    if (ts.empty()) return Future<std::vector<Tensor>>(detail::future_all({}));
+    check_coords(meshes, coords);
+    // One FetchValue per (rank, stream) with every leaf it holds: one command and one reply
+    // per rank however many leaves there are.
+    struct Group {
+      int rank;
+      StreamState* stream;
+      std::vector<std::size_t> leaves;
+    };
+    std::vector<Group> groups;
+    std::vector<std::pair<std::size_t, std::size_t>> place(ts.size());
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+      const int rank = rank_at(*meshes[i], coords);
+      StreamState* stream = ts[i].state_->stream.get();
+      auto g = std::find_if(groups.begin(), groups.end(),
+                            [&](const Group& x) { return x.rank == rank && x.stream == stream; });
+      if (g == groups.end()) g = groups.insert(groups.end(), Group{rank, stream, {}});
+      place[i] = {static_cast<std::size_t>(g - groups.begin()), g->leaves.size()};
+      g->leaves.push_back(i);
+      use_tensor(ctl, *ts[i].state_, *meshes[i], *ts[i].state_->stream, false, "fetch_shard");
+    }
+    std::vector<std::shared_ptr<detail::FutureState>> parts;
+    for (const Group& g : groups) {
+      ctl.ensure_stream(*ts[g.leaves.front()].state_->stream);
+      const protocol::Ident ident = ctl.new_ident();
+      auto f = std::make_shared<detail::FutureState>();
+      f->controller = state_;
+      f->ident = ident;
+      f->rank = g.rank;
+      f->what = fmt::format("fetch of {} tensor{} from rank {} (invocation {})", g.leaves.size(),
+                            g.leaves.size() == 1 ? "" : "s", g.rank, ident);
+      std::vector<std::shared_ptr<Node>> inputs;
+      Value::List refs;
+      for (std::size_t i : g.leaves) {
+        inputs.push_back(ts[i].state_->node);
+        refs.push_back(Value(ts[i].state_->ref));
+      }
+      f->node = ctl.make_node(ident, fmt::format("fetch from rank {}", g.rank), where, inputs);
+      ctl.register_fetch(ident, f);
+      ctl.append({g.rank},
+                 protocol::FetchValue{.ident = ident,
+                                      .mutates = {},
+                                      .function = std::nullopt,
+                                      .value = Value(std::move(refs)),
+                                      .stream = ts[g.leaves.front()].state_->stream->ref},
+                 ident);
+      parts.push_back(std::move(f));
+    }
+    ctl.flush();
+    auto all = detail::future_all(std::move(parts));
+    all->leaves = std::move(place);
+    return Future<std::vector<Tensor>>(std::move(all));
+  });
+}
+
 Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<std::string, std::int64_t>> coords,
                                        std::optional<std::string> preprocess, CallSite where) {
   detail::refuse_on_worker_thread("Controller::fetch_shard");
@@ -1312,26 +1500,7 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
     if (!t.state_) throw UsageError("fetch_shard: an undefined DTensor");
     ControllerState& ctl = *state_;
     const MeshState& mesh = *t.mesh_;
-    std::vector<std::int64_t> at(mesh.names.size(), -1);
-    for (const auto& [dim, index] : coords) {
-      const auto d = static_cast<std::size_t>(mesh.dim_index(dim));
-      if (at[d] != -1) throw UsageError(fmt::format("fetch_shard: dimension '{}' given twice", dim));
-      if (index < 0 || index >= mesh.ranks.sizes()[d]) {
-        throw UsageError(fmt::format("fetch_shard: coordinate {} of dimension '{}' is outside the mesh (size {})",
-                                     index, dim, mesh.ranks.sizes()[d]));
-      }
-      at[d] = index;
-    }
-    for (std::size_t d = 0; d < at.size(); ++d) {
-      if (at[d] == -1) {
-        if (mesh.ranks.sizes()[d] == 1) {
-          at[d] = 0;
-        } else {
-          throw UsageError(fmt::format("fetch_shard: no coordinate for dimension '{}' (size {}); the mesh has [{}]",
-                                       mesh.names[d], mesh.ranks.sizes()[d], fmt::join(mesh.names, ", ")));
-        }
-      }
-    }
+    check_coords({&mesh}, coords);
     // The preprocess function's signature (its shape function on the tensor's meta) says
     // whether it mutates its argument: then the fetch is a mutating use, like a call's.
     bool mutates = false;
@@ -1348,7 +1517,7 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
                       "with a function, or use a preprocess function that reduces it)",
                       t.state_->meta.to_string(), bytes, kControlMessageLimit - kFrameRoom, kControlMessageLimit));
     }
-    const int rank = static_cast<int>(mesh.ranks.location(at));
+    const int rank = rank_at(mesh, coords);
     use_tensor(ctl, *t.state_, mesh, *t.state_->stream, mutates,
                preprocess ? fmt::format("fetch_shard via {}", *preprocess) : std::string("fetch_shard"));
     ctl.ensure_stream(*t.state_->stream);

@@ -140,6 +140,11 @@ struct FutureState {
   std::optional<Value> value;
   bool finished = false;
   std::exception_ptr error;
+  // when_all's: the futures it waits for (then it has no ident, node or controller).
+  std::vector<std::shared_ptr<FutureState>> parts;
+  bool composite = false;
+  // A fetch of several tensors: tensor i is item .second of part .first's list.
+  std::vector<std::pair<std::size_t, std::size_t>> leaves;
 };
 
 // The controller's session: the handles' shared state and the five parts that implement

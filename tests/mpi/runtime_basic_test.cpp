@@ -325,6 +325,52 @@ TEST(Runtime, ABarrierOverADimensionWaitsForEveryRankOfItsLine) {
   });
 }
 
+// when_all: one future for several, their values in order; the first failure in the
+// list's order named by its position; barriers compose as a completion; an empty list is
+// done at once.
+TEST(Runtime, WhenAllComposesFuturesAndNamesTheFirstFailure) {
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
+    DTensor x = mesh.rank("gpu");
+    DTensor y = mesh.rank("host");
+    std::vector<Future<Tensor>> fs;
+    for (std::int64_t r = 0; r < 4; ++r)
+      fs.push_back(ctl.fetch_shard(r % 2 ? x : y, {{"host", r / 2}, {"gpu", r % 2}}));
+    Future<std::vector<Tensor>> all = when_all(std::move(fs));
+    const std::vector<Tensor> got = all.get(std::chrono::seconds(30));
+    ASSERT_EQ(got.size(), 4u);
+    for (std::int64_t r = 0; r < 4; ++r) {
+      const std::int64_t want = r % 2 ? r % 2 : r / 2;  // x: the gpu coordinate; y: the host one
+      EXPECT_EQ(got[r].item(), static_cast<double>(want)) << r;
+    }
+    EXPECT_TRUE(all.done());
+
+    DTensor bad = mesh.call("meshrt.fail", "when_all's failure", std::vector<std::int64_t>{3});
+    std::vector<Future<Tensor>> mixed;
+    mixed.push_back(ctl.fetch_shard(x, {{"host", 0}, {"gpu", 0}}));
+    mixed.push_back(ctl.fetch_shard(bad, {{"host", 1}, {"gpu", 1}}));
+    mixed.push_back(ctl.fetch_shard(x, {{"host", 1}, {"gpu", 0}}));
+    Future<std::vector<Tensor>> failing = when_all(std::move(mixed));
+    try {
+      (void)failing.get();
+      ADD_FAILURE() << "expected a RemoteError";
+    } catch (const RemoteError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("when_all: future 2 of 3 failed"), std::string::npos) << what;
+      EXPECT_EQ(e.function(), "meshrt.fail") << what;
+      EXPECT_NE(e.worker_message().find("when_all's failure"), std::string::npos) << e.worker_message();
+    }
+    EXPECT_TRUE(failing.exception() != nullptr);
+
+    Future<void> both = when_all(std::vector<Future<void>>{mesh.barrier("gpu"), mesh.barrier()});
+    both.get(std::chrono::seconds(30));
+    EXPECT_TRUE(both.done());
+    EXPECT_TRUE(when_all(std::vector<Future<Tensor>>{}).done());
+    EXPECT_TRUE(when_all(std::vector<Future<Tensor>>{}).get().empty());
+    ctl.synchronize();  // the failure was reported through the fetch: not again
+  });
+}
+
 // Rooted collectives over one dimension: the expected values are closed forms of x.
 TEST(Runtime, RootedCollectivesOverADimension) {
   session([](Controller& ctl) {

@@ -333,7 +333,7 @@ TEST(Runtime, UsageErrorsAtTheCallSite) {
     has(error_text([&] { x.reduce_("gpu", Reduction::Stack); }), "cannot run in place");
     has(error_text([&] { x.to_mesh(mesh.slice("host", 0)); }), "the meshes must have the same sizes");
     has(error_text([&] { ctl.fetch_shard(x, {{"gpu", 7}}); }), "outside the mesh");
-    has(error_text([&] { ctl.fetch_shard(x, {{"host", 0}}); }), "no coordinate for dimension 'gpu'");
+    has(error_text([&] { ctl.fetch_shard(x, {{"rack", 0}}); }), "unknown mesh dimension 'rack'");
     has(error_text([&] {
           ctl.fetch_shard(x, {{"host", 0}, {"gpu", 0}}, std::string("no.such"));
         }),

@@ -253,6 +253,153 @@ def test_barrier_is_a_future_of_its_lines(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_futures_compose_with_callbacks_wait_and_asyncio(kind):
+    import asyncio
+    import logging
+    import queue
+
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind=kind)
+        tp, dp = mesh.rank("tp"), mesh.rank("dp")
+        # A future completes once every rank has reported past it, and a rank busy in a
+        # kernel reports nothing: `fast` is done first, then rank 1 holds what follows.
+        fast = ctl.fetch_shard(tp, dp=1, tp=1)
+        assert int(fast.result(timeout=60).numpy()) == 1
+        release = release_path()
+        calls = []
+        called = threading.Event()
+
+        def on_done(f):
+            calls.append((f, threading.current_thread().name))
+            called.set()
+
+        try:
+            blocked = mesh.call("test.block", release, [1])
+            slow = ctl.fetch_shard(blocked, dp=0, tp=1)
+            slow.add_done_callback(on_done)
+            done, not_done = meshrt.wait([slow, fast], return_when=meshrt.FIRST_COMPLETED)
+            assert (done, not_done) == ({fast}, {slow})
+            done, not_done = meshrt.wait([slow, fast], timeout=0.2)  # ALL_COMPLETED, cut short
+            assert (done, not_done) == ({fast}, {slow})
+            with pytest.raises(meshrt.TimeoutError):
+                slow.exception(timeout=0.1)
+            assert calls == [] and slow.running() and not fast.running()
+            assert slow.cancel() is False and not slow.cancelled()
+            # Released while the wait runs: it returns once `slow` completes.
+            threading.Thread(target=pathlib.Path(release).touch).start()
+            done, not_done = meshrt.wait([slow], return_when=meshrt.FIRST_COMPLETED)
+            assert (done, not_done) == ({slow}, set())
+        finally:
+            pathlib.Path(release).touch()
+        assert called.wait(60)
+        done, not_done = meshrt.wait([slow, fast], timeout=60)
+        assert (done, not_done) == ({slow, fast}, set())
+        assert float(slow.result().numpy()) == 1.0 and int(fast.result().numpy()) == 1
+        # Added after completion: called at once, on the caller's thread.
+        late = []
+        slow.add_done_callback(late.append)
+        assert late == [slow]
+        os.unlink(release)
+
+        # A failed future: its callback sees the exception; FIRST_EXCEPTION stops at it.
+        bad = ctl.fetch_shard(mesh.call("meshrt.fail", "seen by the callback", [2]), dp=1, tp=0)
+        errors = queue.SimpleQueue()
+        bad.add_done_callback(lambda f: errors.put(f.exception()))
+        err = errors.get(timeout=60)
+        assert isinstance(err, meshrt.RemoteError) and "seen by the callback" in err.worker_message
+        done, _ = meshrt.wait([bad], return_when=meshrt.FIRST_EXCEPTION)
+        assert done == {bad}
+
+        # A callback that raises is logged; the completion thread goes on.
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logging.getLogger("meshrt").addHandler(handler)
+        try:
+            after = queue.SimpleQueue()
+            f1, f2 = ctl.fetch_shard(dp, dp=1, tp=0), ctl.fetch_shard(tp, dp=0, tp=1)
+            f1.add_done_callback(lambda f: 1 / 0)
+            f2.add_done_callback(after.put)
+            assert after.get(timeout=60) is f2
+            meshrt.wait([f1], timeout=60)
+        finally:
+            logging.getLogger("meshrt").removeHandler(handler)
+        assert any(r.exc_info and r.exc_info[0] is ZeroDivisionError for r in records), records
+
+        # asyncio: two futures awaited together, and a failure raised at the await.
+        async def both():
+            return await asyncio.gather(ctl.fetch_shard(dp, dp=1, tp=1), ctl.fetch_shard(tp, dp=1, tp=1))
+
+        a, b = asyncio.run(both())
+        assert (int(a.numpy()), int(b.numpy())) == (1, 1)
+
+        async def failing():
+            await bad
+
+        with pytest.raises(meshrt.RemoteError, match="seen by the callback"):
+            asyncio.run(failing())
+        coords = [(0, 0), (0, 1), (1, 0), (1, 1)]
+        fs = {ctl.fetch_shard(tp, dp=d, tp=t): t for d, t in coords}
+        assert sorted(fs[f] for f in meshrt.as_completed(fs, timeout=60)) == [0, 0, 1, 1]
+        assert len(calls) == 1 and calls[0][0] is slow and calls[0][1] == "meshrt completion"
+
+    meshrt.run(main)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fetch_shard_of_a_pytree_is_one_round_trip_and_defaults_to_coordinate_0(kind):
+    import collections
+
+    Pair = collections.namedtuple("Pair", "first second")
+
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind=kind)
+        host = np.arange(8, dtype=np.float32).reshape(4, 2)
+        a = mesh.scatter("tp", host)  # tp shard t: rows 2t, 2t+1
+        b = mesh.rank("dp")
+        c = a.reduce("dp", "sum")
+        on_tp = mesh.slice("dp", 1)  # a mesh without 'dp': the coordinate does not apply there
+        d = on_tp.scatter("tp", host * 10)
+        want = {(dp, tp): (host[2 * tp:2 * tp + 2], dp, 2 * host[2 * tp:2 * tp + 2], 10 * host[2 * tp:2 * tp + 2])
+                for dp in (0, 1) for tp in (0, 1)}
+        ctl.synchronize()
+        for (dp, tp), (wa, wb, wc, wd) in want.items():
+            before = ctl.control_traffic()["sent"]["Command"]["messages"]
+            f = ctl.fetch_shard((a, [b, {"c": c, "p": Pair(d, a)}]), dp=dp, tp=tp)
+            sent = ctl.control_traffic()["sent"]["Command"]["messages"] - before
+            # One command per rank: a, b, c at (dp, tp), d at world rank 2 + tp.
+            assert sent == (1 if dp == 1 else 2), sent
+            got = f.result(timeout=60)
+            assert isinstance(got, tuple) and isinstance(got[1], list) and isinstance(got[1][1]["p"], Pair)
+            ga, (gb, rest) = got
+            np.testing.assert_array_equal(ga.numpy(), wa)
+            assert int(gb.numpy()) == wb
+            np.testing.assert_array_equal(rest["c"].numpy(), wc)
+            np.testing.assert_array_equal(rest["p"].first.numpy(), wd)
+            np.testing.assert_array_equal(rest["p"].second.numpy(), wa)
+            # The same as fetching each leaf on its own.
+            for leaf, tensor in ((a, ga), (b, gb), (c, rest["c"])):
+                np.testing.assert_array_equal(value(ctl, leaf, dp=dp, tp=tp), tensor.numpy())
+        # Coordinate 0 along the dimensions not named.
+        np.testing.assert_array_equal(value(ctl, a, tp=1), value(ctl, a, dp=0, tp=1))
+        np.testing.assert_array_equal(value(ctl, b, dp=1), value(ctl, b, dp=1, tp=0))
+        assert int(value(ctl, b)) == 0 and int(ctl.fetch_shard([b], dp=1).result(timeout=60)[0].numpy()) == 1
+        assert ctl.fetch_shard({}).result(timeout=60) == {}
+        with pytest.raises(meshrt.UsageError, match=r"found a str at the argument\[1\]\['x'\]"):
+            ctl.fetch_shard((a, {"x": "not a tensor"}))
+        with pytest.raises(meshrt.UsageError, match="unknown mesh dimension 'rack'"):
+            ctl.fetch_shard([a, b], rack=0)
+        with pytest.raises(meshrt.UsageError, match="coordinate 2 of dimension 'tp' is outside the mesh"):
+            ctl.fetch_shard([a, b], tp=2)
+        # A failed leaf fails the whole fetch, naming the rank.
+        bad = mesh.call("meshrt.fail", "a broken leaf", [3])
+        with pytest.raises(meshrt.RemoteError, match="a broken leaf"):
+            ctl.fetch_shard([a, bad], dp=1, tp=1).result(timeout=60)
+
+    meshrt.run(main)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_reductions_and_sends(kind):
     def main(ctl):
         mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind=kind)
@@ -434,8 +581,8 @@ def test_usage_errors_name_the_python_line():
             mesh.call("meshrt.full", (3, 4), "not-a-dtype", 1.0)
         with pytest.raises(meshrt.UsageError, match="registered function's name"):
             mesh.call(42)
-        with pytest.raises(meshrt.UsageError, match="fetch_shard: no coordinate for dimension 'x'"):
-            ctl.fetch_shard(x)
+        with pytest.raises(meshrt.UsageError, match="unknown mesh dimension 'rack'"):
+            ctl.fetch_shard(x, rack=0)
 
     meshrt.run(main)
 

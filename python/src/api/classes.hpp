@@ -36,9 +36,33 @@ struct PyRecording {
   enum class Form { One, None, Tuple } form = Form::Tuple;
 };
 
-// A meshrt.Future: a fetch's tensor, or a completion (a barrier's), whose result is None.
+// A Python object a handle keeps: released with the GIL taken, since the handle may die on
+// a thread without it (the graveyard), and leaked once the interpreter is gone.
+class KeptObject {
+ public:
+  explicit KeptObject(py::object o) : object_(std::move(o)) {}
+  ~KeptObject() {
+    if (!Py_IsInitialized()) {
+      (void)object_.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    object_ = py::object();
+  }
+  KeptObject(const KeptObject&) = delete;
+  KeptObject& operator=(const KeptObject&) = delete;
+  const py::object& get() const { return object_; }
+
+ private:
+  py::object object_;
+};
+
+// A meshrt.Future: a fetch's tensor, a completion (a barrier's) whose result is None, or a
+// fetch of several tensors; `finish`, when set, makes the Python result of the raw one
+// (the pytree of a fetch of several, the decoded value of ctl.fetch).
 struct PyFuture {
-  std::variant<Future<Tensor>, Future<void>> future;
+  std::variant<Future<Tensor>, Future<void>, Future<std::vector<Tensor>>> future;
+  std::shared_ptr<KeptObject> finish;
 };
 
 using FutureClass = py::class_<PyFuture, Holder<PyFuture>>;

@@ -14,6 +14,7 @@
 #include "support/call_args.hpp"
 #include "support/caller.hpp"
 #include "support/convert.hpp"
+#include "support/tracebacks.hpp"
 
 namespace meshrt::python {
 namespace {
@@ -63,7 +64,7 @@ void bind_controller(py::module_& m) {
       .def_property_readonly("default_stream", on_controller(&Controller::default_stream))
       .def(
           "fetch_shard",
-          [](const ControllerHandle& h, const DTensor& t, std::optional<std::string> preprocess, py::kwargs coords) {
+          [](const ControllerHandle& h, const py::object& t, std::optional<std::string> preprocess, py::kwargs coords) {
             const auto where = caller_site();
             std::vector<std::pair<std::string, std::int64_t>> c;
             for (auto [k, v] : coords) {
@@ -71,11 +72,29 @@ void bind_controller(py::module_& m) {
               c.emplace_back(dim, to_int(v, fmt::format("fetch_shard: coordinate {}", dim), where));
             }
             Controller& ctl = h.get();
-            return PyFuture{released([&] { return ctl.fetch_shard(t, std::move(c), std::move(preprocess), where); })};
+            if (py::isinstance<DTensor>(t)) {
+              const DTensor& one = t.cast<const DTensor&>();
+              return PyFuture{
+                  released([&] { return ctl.fetch_shard(one, std::move(c), std::move(preprocess), where); }), nullptr};
+            }
+            if (preprocess) {
+              throw UsageError(fmt::format(
+                  "fetch_shard: expected one DTensor with preprocess=\"{}\", found a {}; fetch each tensor through "
+                  "it on its own (at {})",
+                  *preprocess, qualified_name(py::type::handle_of(t)), describe(where)));
+            }
+            // A pytree: its DTensors in one fetch, the structure rebuilt around their tensors.
+            const py::tuple flat = py::module_::import("meshrt._futures").attr("flatten")(t);
+            const std::vector<DTensor> leaves = flat[0].cast<std::vector<DTensor>>();
+            PyFuture out{released([&] { return ctl.fetch_shards(leaves, std::move(c), where); }), nullptr};
+            out.finish = std::make_shared<KeptObject>(py::reinterpret_borrow<py::object>(flat[1]));
+            return out;
           },
           py::arg("t"), py::pos_only(), py::arg("preprocess") = py::none(),
-          "fetch_shard(t, dp=0, tp=1): a Future of t's local tensor at those coordinates, optionally through a "
-          "registered function on the worker.")
+          "fetch_shard(t, dp=0, tp=1): a Future of t's local tensor at those coordinates (0 along the dimensions "
+          "not named), optionally through a registered function on the worker. t may be a tuple, list or dict of "
+          "DTensors (nested): one Future of the same structure of tensors, fetched in one round trip (one command "
+          "and one reply per rank).")
       .def(
           "record",
           [](const ControllerHandle& h, py::handle examples, const py::function& body) {
