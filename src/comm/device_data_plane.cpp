@@ -1,7 +1,7 @@
 // The data plane for accelerator tensors (cuda or emulated) over the device layer's
 // communicators (docs/ARCHITECTURE.md section 7): a Reduce over the communicator of the mesh
 // dimension's line (made from the MPI split of that line), a SendTensor over one made
-// over exactly its moving ranks (from ∪ to less the ranks sent to themselves); both
+// over exactly its moving ranks (from ∪ to less the ranks sent only to themselves); both
 // cached by rank set across meshes. Everything is enqueued on the command's device
 // stream; Pending::test polls an event recorded after it and the communicator's
 // asynchronous error, so the worker's loop never blocks on the device.
@@ -219,7 +219,7 @@ detail::Joined join_device(Input&& input, const TensorMeta& factory, const devic
 
 // The ranks of a send that have a peer other than themselves (p2p ranks, increasing): the
 // members of its communicator. Every rank of from ∪ to computes the same set; a rank sent
-// to itself copies locally and joins no creation (from ∪ to would include it, and its
+// only to itself copies locally and joins no creation (from ∪ to would include it, and its
 // peers would wait in MPI_Comm_create_group for a rank that never comes).
 std::vector<int> moving_ranks(const NDSlice& from_ranks, const NDSlice& to_ranks,
                               std::span<const std::int64_t> to_order, std::span<const std::int64_t> from_order) {

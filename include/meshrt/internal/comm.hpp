@@ -269,7 +269,7 @@ std::size_t release_output_pool();
 // the device layer's communicators, on the device stream of meshrt stream `stream_id`
 // (docs/ARCHITECTURE.md section 7). A reduction's communicator is the line's (made from the MPI
 // split of the dimension); a send's is made over exactly its moving ranks (from_ranks ∪
-// to_ranks less those sent to themselves, which copy locally); both are cached by rank
+// to_ranks less those sent only to themselves, which copy locally); both are cached by rank
 // set. test() polls an event and the communicator's asynchronous error: a device error
 // makes take() raise it (the failed communicator is aborted and dropped); a failure of
 // this rank's part once the communicator exists, an error at enqueue included, drops it
