@@ -240,11 +240,16 @@ class DTensor {
   // coordinate i gets part i ([size(0) / size(dim), ...]); a size(0) that does not split
   // is a UsageError.
   DTensor scatter(std::string_view dim, std::int64_t src, CallSite where = std::source_location::current()) const;
-  // The same values, sent positionally to `target` (a mesh of the same sizes).
+  // The same values, sent to `target`: positionally to a mesh of the same sizes, or, onto a
+  // mesh this tensor's mesh is a slice of (mesh().slice(dim, i), a rooted reduce's result),
+  // as a broadcast: each rank of `target` gets the shard of the source rank whose
+  // coordinates agree with its own on the source's dimensions (docs/guide.md, "Sends").
+  // Any other target is a UsageError naming both meshes.
   DTensor to_mesh(const Mesh& target, CallSite where = std::source_location::current()) const;
   // The same values, sent to `target` (a mesh of the same sizes, or this tensor's own
   // mesh) in the rank order `p` says: one SendTensor in which a rank may both send and
-  // receive. The result lives on `target`.
+  // receive. The result lives on `target`. A permutation does not combine with a
+  // broadcast: a target of other sizes is a UsageError.
   DTensor to_mesh(const Mesh& target, const MeshPermutation& p, CallSite where = std::source_location::current()) const;
   // to_mesh(mesh(), MeshPermutation::rotate(dim, shift)): each rank's tensor moves `shift`
   // coordinates along `dim` (ring attention, pipeline loops: `x = x.rotate("sp", 1)`).

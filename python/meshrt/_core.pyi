@@ -210,8 +210,10 @@ class DTensor:
         """
     def to_mesh(self, target: Mesh, permutation: MeshPermutation | None = None) -> DTensor:
         """
-        The same values sent to target (a mesh of the same sizes), positionally or in permutation's
-        order.
+        The same values sent to target: a mesh of the same sizes (positionally, or in permutation's
+        order), or a mesh this tensor's mesh is a slice of, where each rank gets the shard of the
+        source rank whose coordinates agree with its own on the source's dimensions (the missing
+        dimensions broadcast).
         """
     def rotate(self, dim: str, shift: int) -> DTensor:
         """Each rank's tensor moves shift coordinates along dim (a ring)."""

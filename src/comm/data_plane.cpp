@@ -4,6 +4,8 @@
 // SendTensor as point-to-point.
 #include <fmt/format.h>
 
+#include <boost/container/small_vector.hpp>
+
 #include <array>
 #include <atomic>
 #include <condition_variable>
@@ -187,7 +189,7 @@ struct Call {
   }
 };
 
-// One MPI operation in flight: up to two requests (a send and a receive) or a job on the
+// One MPI operation in flight: its requests (a send and a receive, or a broadcast send's) or a job on the
 // comm thread, the tensors that must stay alive until it completes, and the avg division
 // still to do.
 class MpiPending final : public Pending {
@@ -270,7 +272,8 @@ class MpiPending final : public Pending {
   int my_rank = -1;
   std::size_t bytes = 0;
 
-  std::array<MPI_Request, 2> reqs{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  // A send and a receive inline; a broadcast send's further sends beyond.
+  boost::container::small_vector<MPI_Request, 2> reqs{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   int nreqs = 0;
   std::shared_ptr<ThreadJob> job;
   Tensor sent;  // the input, kept alive while MPI reads it
@@ -457,11 +460,12 @@ constexpr int kSendTensorTag = 0x5e4d;
 
 std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks,
                                            const NDSlice& to_ranks, Input input, const TensorMeta& factory,
-                                           Completion completion, std::span<const std::int64_t> to_order) {
+                                           Completion completion, std::span<const std::int64_t> to_order,
+                                           std::span<const std::int64_t> from_order) {
   int comm_size = 0;
   MESHRT_MPI_CHECK(MPI_Comm_size(p2p, &comm_size));
   const detail::SendPlan plan =
-      detail::plan_send(my_rank, comm_size, from_ranks, to_ranks, factory, detail::Backend::Mpi, to_order);
+      detail::plan_send(my_rank, comm_size, from_ranks, to_ranks, factory, detail::Backend::Mpi, to_order, from_order);
   completion = resolve(completion, factory.nbytes());
   auto p = std::make_unique<MpiPending>();
   p->send = plan;
@@ -481,27 +485,30 @@ std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSl
       p->result.tensor = detail::output_tensor(factory);
       std::memcpy(p->result.tensor.raw_data(), in.tensor.raw_data(), factory.nbytes());
       p->result.broken = in.broken;
-      p->complete();
-      return p;
+      if (plan.also_to.empty()) {
+        p->complete();
+        return p;
+      }
     }
     p->sent = std::move(in.tensor);
   }
   const MPI_Datatype type = detail::mpi_datatype(factory.dtype());
   const int count = as_count(factory.numel());
+  if (!plan.also_to.empty()) p->reqs.resize(2 + plan.also_to.size(), MPI_REQUEST_NULL);
+  const auto next = [&] { return &p->reqs[static_cast<std::size_t>(p->nreqs++)]; };
   // Receive first, then send: with both posted before waiting, a ring of ranks that each
   // send and receive cannot deadlock however large the message.
-  if (plan.recv_from >= 0) {
+  if (plan.recv_from >= 0 && !plan.self) {
     p->result.tensor = detail::output_tensor(factory);
-    MESHRT_MPI_CHECK(MPI_Irecv(p->result.tensor.raw_data(), count, type, plan.recv_from, kSendTensorTag, p2p,
-                               &p->reqs[static_cast<std::size_t>(p->nreqs++)]));
+    MESHRT_MPI_CHECK(MPI_Irecv(p->result.tensor.raw_data(), count, type, plan.recv_from, kSendTensorTag, p2p, next()));
   }
-  if (plan.send_to >= 0) {
-    MESHRT_MPI_CHECK(MPI_Isend(p->sent.raw_data(), count, type, plan.send_to, kSendTensorTag, p2p,
-                               &p->reqs[static_cast<std::size_t>(p->nreqs++)]));
-  }
+  if (plan.send_to >= 0 && !plan.self)
+    MESHRT_MPI_CHECK(MPI_Isend(p->sent.raw_data(), count, type, plan.send_to, kSendTensorTag, p2p, next()));
+  for (int to : plan.also_to)
+    MESHRT_MPI_CHECK(MPI_Isend(p->sent.raw_data(), count, type, to, kSendTensorTag, p2p, next()));
   if (completion != Completion::NonBlocking) {
-    // Both requests are posted here, in command order; only their completion moves to
-    // the comm thread for Completion::Thread.
+    // The requests are posted here, in command order; only their completion moves to the
+    // comm thread for Completion::Thread.
     MpiPending* raw = p.get();
     p->run(completion, [raw] { MESHRT_MPI_CHECK(MPI_Waitall(raw->nreqs, raw->reqs.data(), MPI_STATUSES_IGNORE)); });
   }

@@ -1,7 +1,7 @@
 // The data plane for accelerator tensors (cuda or emulated) over the device layer's
 // communicators (docs/ARCHITECTURE.md section 7): a Reduce over the communicator of the mesh
 // dimension's line (made from the MPI split of that line), a SendTensor over one made
-// over exactly its moving ranks (from ∪ to less the ranks sent to themselves); both
+// over exactly its moving ranks (from ∪ to less the ranks sent only to themselves); both
 // cached by rank set across meshes. Everything is enqueued on the command's device
 // stream; Pending::test polls an event recorded after it and the communicator's
 // asynchronous error, so the worker's loop never blocks on the device.
@@ -219,18 +219,23 @@ detail::Joined join_device(Input&& input, const TensorMeta& factory, const devic
 
 // The ranks of a send that have a peer other than themselves (p2p ranks, increasing): the
 // members of its communicator. Every rank of from ∪ to computes the same set; a rank sent
-// to itself copies locally and joins no creation (from ∪ to would include it, and its
+// only to itself copies locally and joins no creation (from ∪ to would include it, and its
 // peers would wait in MPI_Comm_create_group for a rank that never comes).
 std::vector<int> moving_ranks(const NDSlice& from_ranks, const NDSlice& to_ranks,
-                              std::span<const std::int64_t> to_order) {
+                              std::span<const std::int64_t> to_order, std::span<const std::int64_t> from_order) {
   std::vector<int> members;
-  for (NDSlice::Int i = 0; i < from_ranks.len(); ++i) {
-    const NDSlice::Int target = to_order.empty() ? i : static_cast<NDSlice::Int>(to_order[static_cast<std::size_t>(i)]);
-    const auto from = static_cast<int>(from_ranks[i]);
+  const auto pair = [&](NDSlice::Int source, NDSlice::Int target) {
+    const auto from = static_cast<int>(from_ranks[source]);
     const auto to = static_cast<int>(to_ranks[target]);
-    if (from == to) continue;
+    if (from == to) return;
     members.push_back(from);
     members.push_back(to);
+  };
+  if (!from_order.empty()) {
+    for (NDSlice::Int j = 0; j < to_ranks.len(); ++j) pair(from_order[static_cast<std::size_t>(j)], j);
+  } else {
+    for (NDSlice::Int i = 0; i < from_ranks.len(); ++i)
+      pair(i, to_order.empty() ? i : static_cast<NDSlice::Int>(to_order[static_cast<std::size_t>(i)]));
   }
   std::sort(members.begin(), members.end());
   members.erase(std::unique(members.begin(), members.end()), members.end());
@@ -421,12 +426,13 @@ std::unique_ptr<Pending> start_collective_device(WorkerMesh& mesh, const Collect
 std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks,
                                                   const NDSlice& to_ranks, Input input,
                                                   const TensorMeta& controller_factory, std::uint64_t stream_id,
-                                                  std::span<const std::int64_t> to_order) {
+                                                  std::span<const std::int64_t> to_order,
+                                                  std::span<const std::int64_t> from_order) {
   const TensorMeta factory = local_factory(controller_factory);
   int size = 0;
   MESHRT_MPI_CHECK(MPI_Comm_size(p2p, &size));
   const detail::SendPlan plan =
-      detail::plan_send(my_rank, size, from_ranks, to_ranks, factory, detail::Backend::Device, to_order);
+      detail::plan_send(my_rank, size, from_ranks, to_ranks, factory, detail::Backend::Device, to_order, from_order);
   auto p = std::make_unique<DevicePending>();
   p->kind = factory.device().kind();
   p->text = detail::describe_send(plan, my_rank, factory.nbytes(), name(p->kind));
@@ -435,7 +441,7 @@ std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, con
     return p;
   }
   device::Backend& b = device::backend(p->kind);
-  if (plan.self) {
+  if (plan.self && plan.also_to.empty()) {
     p->stream = device::stream_for(stream_id, factory.device());
     detail::Joined in = join_device(std::move(input), factory, p->stream, "send_tensor");
     if (!in.mismatch.empty()) p->defer(in.mismatch + detail::where_send(my_rank, plan.send_to));
@@ -448,7 +454,7 @@ std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, con
   }
   // The communicator over exactly the moving ranks (ranks of p2p, in increasing order):
   // only they join its creation, before anything this rank alone can fail.
-  const std::vector<int> members = moving_ranks(from_ranks, to_ranks, to_order);
+  const std::vector<int> members = moving_ranks(from_ranks, to_ranks, to_order, from_order);
   const auto index = [&](int r) {
     return static_cast<int>(std::lower_bound(members.begin(), members.end(), r) - members.begin());
   };
@@ -483,18 +489,25 @@ std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, con
     if (plan.send_to >= 0) {
       detail::Joined in = join_device(std::move(input), factory, p->stream, "send_tensor");
       if (!in.mismatch.empty()) p->defer(in.mismatch + detail::where_send(my_rank, plan.send_to));
+      if (plan.self) p->result.broken = in.broken;
       sent = std::move(in.tensor);
     }
     std::vector<device::Communicator::PeerOp> ops;
-    if (plan.recv_from >= 0) {
+    if (plan.self) {
+      // A broadcast source that is also a target keeps a copy of its own.
+      Tensor copy = b.empty(factory, p->stream);
+      device::copy(copy, sent, p->stream);
+      p->result.tensor = std::move(copy);
+    } else if (plan.recv_from >= 0) {
       p->result.tensor = b.empty(factory, p->stream);
       ops.push_back(
           {false, index(plan.recv_from), p->result.tensor.raw_data(), static_cast<std::size_t>(factory.numel())});
     }
-    if (plan.send_to >= 0) {
+    if (plan.send_to >= 0 && !plan.self)
       ops.push_back({true, index(plan.send_to), sent.raw_data(), static_cast<std::size_t>(factory.numel())});
-      p->keep.push_back(sent);
-    }
+    for (int to : plan.also_to)
+      ops.push_back({true, index(to), sent.raw_data(), static_cast<std::size_t>(factory.numel())});
+    if (plan.send_to >= 0) p->keep.push_back(sent);
     p->mark_start();
     comm->send_recv(ops, factory.dtype(), p->stream);
     p->record();

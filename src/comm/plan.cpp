@@ -141,13 +141,20 @@ NDSlice::Int slice_max(const NDSlice& s) {
 }  // namespace
 
 SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const NDSlice& to_ranks,
-                   const TensorMeta& factory, Backend backend, std::span<const std::int64_t> to_order) {
+                   const TensorMeta& factory, Backend backend, std::span<const std::int64_t> to_order,
+                   std::span<const std::int64_t> from_order) {
   if (!to_order.empty() && static_cast<NDSlice::Int>(to_order.size()) != to_ranks.len()) {
     throw UsageError(
         fmt::format("send_tensor: expected a to_order of {} positions (the ranks), found {} (world rank {})",
                     to_ranks.len(), to_order.size(), my_rank));
   }
-  if (from_ranks.len() != to_ranks.len()) {
+  if (!from_order.empty() && (!to_order.empty() || static_cast<NDSlice::Int>(from_order.size()) != to_ranks.len())) {
+    throw UsageError(
+        fmt::format("send_tensor: expected a from_order of {} positions (the target ranks) and no to_order, found {} "
+                    "and {} (world rank {})",
+                    to_ranks.len(), from_order.size(), to_order.size(), my_rank));
+  }
+  if (from_order.empty() && from_ranks.len() != to_ranks.len()) {
     throw UsageError(
         fmt::format("send_tensor: expected from_ranks and to_ranks of equal length, found {} ({}) and "
                     "{} ({}) (world rank {})",
@@ -174,6 +181,27 @@ SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const 
   if (backend == Backend::Mpi || factory.device().is_emulated()) check_count(factory.numel(), "send_tensor");
   SendPlan plan;
   const NDSlice::Int send_index = position(from_ranks, my_rank);
+  if (!from_order.empty()) {
+    // A broadcast send: this rank receives from its one source, and as a source sends to
+    // every target position that names it (itself first, where it is one: a local copy).
+    const NDSlice::Int recv_index = position(to_ranks, my_rank);
+    if (recv_index >= 0) {
+      plan.recv_from = static_cast<int>(from_ranks[from_order[static_cast<std::size_t>(recv_index)]]);
+      plan.self = plan.recv_from == my_rank;
+      if (plan.self) plan.send_to = my_rank;
+    }
+    if (send_index < 0) return plan;
+    for (std::size_t j = 0; j < from_order.size(); ++j) {
+      if (from_order[j] != send_index) continue;
+      const auto to = static_cast<int>(to_ranks[static_cast<NDSlice::Int>(j)]);
+      if (to == my_rank) continue;
+      if (plan.send_to < 0)
+        plan.send_to = to;
+      else
+        plan.also_to.push_back(to);
+    }
+    return plan;
+  }
   if (to_order.empty()) {
     if (send_index >= 0) plan.send_to = static_cast<int>(to_ranks[send_index]);
     const NDSlice::Int recv_index = position(to_ranks, my_rank);
@@ -197,10 +225,17 @@ SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const 
 }
 
 std::string describe_send(const SendPlan& plan, int my_rank, std::size_t bytes, std::string_view backend) {
-  if (plan.self) return fmt::format("send_tensor to itself (rank {}), {} bytes, local copy", my_rank, bytes);
-  std::string parts;
-  if (plan.send_to >= 0) parts += fmt::format("send to rank {}", plan.send_to);
-  if (plan.recv_from >= 0) parts += fmt::format("{}receive from rank {}", parts.empty() ? "" : " and ", plan.recv_from);
+  if (plan.self && plan.also_to.empty())
+    return fmt::format("send_tensor to itself (rank {}), {} bytes, local copy", my_rank, bytes);
+  std::vector<int> to;
+  if (plan.send_to >= 0 && !plan.self) to.push_back(plan.send_to);
+  to.insert(to.end(), plan.also_to.begin(), plan.also_to.end());
+  std::string parts = plan.self ? "local copy" : "";
+  if (!to.empty())
+    parts +=
+        fmt::format("{}send to rank{} {}", parts.empty() ? "" : " and ", to.size() > 1 ? "s" : "", fmt::join(to, ","));
+  if (plan.recv_from >= 0 && !plan.self)
+    parts += fmt::format("{}receive from rank {}", parts.empty() ? "" : " and ", plan.recv_from);
   if (parts.empty()) parts = "no part";
   return fmt::format("send_tensor on rank {}: {}, {} bytes ({})", my_rank, parts, bytes, backend);
 }

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "meshrt/internal/comm.hpp"
 
@@ -75,16 +76,19 @@ std::string describe_collective(const WorkerMesh& mesh, const CollectiveOp& op, 
                                 const char* collective, std::size_t bytes, std::string_view backend);
 
 // SendTensor: from_ranks[i] -> to_ranks[i], or to_ranks[to_order[i]] for a permutation
-// send (to_order: a permutation of the positions, checked by the decoder); this rank's
-// send peer and receive peer (-1 when none). A self-pair has send_to == recv_from ==
-// my_rank.
+// send (to_order: a permutation of the positions, checked by the decoder), or
+// from_ranks[from_order[j]] -> to_ranks[j] for a broadcast send (a source may send to
+// several targets); this rank's send peer and receive peer (-1 when none), and a
+// broadcast's further send peers. A self-pair has send_to == recv_from == my_rank.
 struct SendPlan {
   int send_to = -1;
   int recv_from = -1;
   bool self = false;
+  std::vector<int> also_to;  // a broadcast source's other targets, never this rank
 };
 SendPlan plan_send(int my_rank, int comm_size, const NDSlice& from_ranks, const NDSlice& to_ranks,
-                   const TensorMeta& factory, Backend backend, std::span<const std::int64_t> to_order = {});
+                   const TensorMeta& factory, Backend backend, std::span<const std::int64_t> to_order = {},
+                   std::span<const std::int64_t> from_order = {});
 std::string describe_send(const SendPlan& plan, int my_rank, std::size_t bytes, std::string_view backend);
 
 // MPI's counts are int: more elements than that in one message over MPI (the emulated

@@ -642,6 +642,83 @@ std::vector<std::int64_t> MeshPermutation::resolve(const std::vector<std::string
 
 // ------------------------------------------------------------------ to_mesh
 
+namespace {
+
+// "[host=2, gpu=2]"
+std::string mesh_words(const MeshState& m) {
+  std::string out = "[";
+  for (std::size_t d = 0; d < m.names.size(); ++d)
+    out += fmt::format("{}{}={}", d == 0 ? "" : ", ", m.names[d], m.ranks.sizes()[d]);
+  return out + "]";
+}
+
+// A broadcast to_mesh from `from` onto `to`, a mesh `from` is a slice of: for each target
+// position (row-major), the source position whose coordinates agree with it on the
+// source's dimensions. UsageError where `to` is not such a mesh (docs/guide.md, "Sends").
+std::vector<std::int64_t> broadcast_sources(const MeshState& from, const MeshState& to,
+                                            const MeshPermutation* permutation) {
+  const std::vector<std::int64_t>& fs = from.ranks.sizes();
+  const std::vector<std::int64_t>& ts = to.ranks.sizes();
+  const auto refuse = [&](std::string_view found) {
+    return UsageError(fmt::format(
+        "to_mesh: expected a target mesh of the same sizes as the source {}, or one the source is a slice of (as "
+        "mesh.slice(dim, i) makes, which the missing dimensions broadcast over); found {}",
+        mesh_words(from), found));
+  };
+  // The target dimension of each source dimension: by name, in the source's order.
+  std::vector<std::size_t> dim_of(fs.size());
+  std::size_t next = 0;
+  for (std::size_t d = 0; d < fs.size(); ++d) {
+    const auto it = std::find(to.names.begin() + static_cast<std::ptrdiff_t>(next), to.names.end(), from.names[d]);
+    if (it == to.names.end() || ts[static_cast<std::size_t>(it - to.names.begin())] != fs[d]) {
+      throw refuse(fmt::format("the target {}, which has no dimension '{}' of size {} after the ones before it",
+                               mesh_words(to), from.names[d], fs[d]));
+    }
+    next = static_cast<std::size_t>(it - to.names.begin());
+    dim_of[d] = next++;
+  }
+  if (permutation) {
+    throw UsageError(
+        fmt::format("to_mesh ({}): expected a target mesh of the same sizes as the source {}, found {}: "
+                    "a permutation does not combine with a broadcast; permute on the source's mesh "
+                    "first (x.to_mesh(x.mesh(), p)), then broadcast",
+                    permutation->to_string(), mesh_words(from), mesh_words(to)));
+  }
+  // `from` is the slice of `to` at the coordinates of from's first rank along the others.
+  const auto not_slice = [&](NDSlice::Int k) {
+    return refuse(
+        fmt::format("the target {} (ranks {}), of which the source (ranks {}) is no slice: its rank {} "
+                    "(position {}) is not where the target's coordinates put it",
+                    mesh_words(to), to.ranks.to_string(), from.ranks.to_string(), from.ranks[k], k));
+  };
+  if (!to.ranks.contains(from.ranks[0])) throw not_slice(0);
+  // Row-major coordinates of position k over `sizes`.
+  const auto unravel = [](NDSlice::Int k, const std::vector<std::int64_t>& sizes) {
+    std::vector<NDSlice::Int> c(sizes.size());
+    for (std::size_t d = sizes.size(); d-- > 0;) {
+      c[d] = k % sizes[d];
+      k /= sizes[d];
+    }
+    return c;
+  };
+  std::vector<NDSlice::Int> coords = to.ranks.coordinates(from.ranks[0]);
+  for (NDSlice::Int k = 0; k < from.ranks.len(); ++k) {
+    const std::vector<NDSlice::Int> c = unravel(k, fs);
+    for (std::size_t d = 0; d < fs.size(); ++d) coords[dim_of[d]] = c[d];
+    if (to.ranks.location(coords) != from.ranks[k]) throw not_slice(k);
+  }
+  std::vector<std::int64_t> sources(static_cast<std::size_t>(to.ranks.len()));
+  for (std::size_t j = 0; j < sources.size(); ++j) {
+    const std::vector<NDSlice::Int> c = unravel(static_cast<NDSlice::Int>(j), ts);
+    std::int64_t k = 0;
+    for (std::size_t d = 0; d < fs.size(); ++d) k = k * fs[d] + c[dim_of[d]];
+    sources[j] = k;
+  }
+  return sources;
+}
+
+}  // namespace
+
 DTensor DTensor::to_mesh(const Mesh& target, CallSite where) const {
   return at_site(where, [&] { return send_to_mesh(target, nullptr, where); });
 }
@@ -664,12 +741,14 @@ DTensor DTensor::send_to_mesh(const Mesh& target, const MeshPermutation* permuta
   const MeshState& from = *mesh_;
   const MeshState& to = *target.state_;
   ctl->check_epoch(to.epoch, "mesh");
+  std::vector<std::int64_t> to_order, from_order;
   if (from.ranks.sizes() != to.ranks.sizes()) {
-    throw UsageError(fmt::format("to_mesh: the meshes must have the same sizes; from [{}] to [{}]",
-                                 fmt::join(from.ranks.sizes(), ", "), fmt::join(to.ranks.sizes(), ", ")));
-  }
-  std::vector<std::int64_t> to_order;
-  if (permutation) {
+    from_order = broadcast_sources(from, to, permutation);
+    bool identity = from_order.size() == static_cast<std::size_t>(from.ranks.len());
+    for (std::size_t j = 0; identity && j < from_order.size(); ++j)
+      identity = from_order[j] == static_cast<std::int64_t>(j);
+    if (identity) from_order.clear();  // dimensions of size 1 only: positional
+  } else if (permutation) {
     to_order = permutation->resolve(from.names, from.ranks.sizes());
     bool identity = true;
     for (std::size_t k = 0; k < to_order.size(); ++k)
@@ -677,8 +756,10 @@ DTensor DTensor::send_to_mesh(const Mesh& target, const MeshPermutation* permuta
     if (identity) to_order.clear();  // positional: the plain command
   }
   const MeshState::SendWords& words = mesh_->send_words(to);
-  const detail::Words what =
-      permutation ? detail::Words(fmt::format("{} ({})", words.what.str(), permutation->to_string())) : words.what;
+  const detail::Words what = permutation
+                                 ? detail::Words(fmt::format("{} ({})", words.what.str(), permutation->to_string()))
+                             : !from_order.empty() ? detail::Words(fmt::format("{} (broadcast)", words.what.str()))
+                                                   : words.what;
   use_tensor(*ctl, *state_, from, *state_->stream, false, what);
   ctl->ensure_stream(*state_->stream);
   const protocol::Ident ident = ctl->new_ident();
@@ -692,6 +773,7 @@ DTensor DTensor::send_to_mesh(const Mesh& target, const MeshPermutation* permuta
                                    .factory = state_->meta,
                                    .stream = state_->stream->ref,
                                    .to_order = std::move(to_order),
+                                   .from_order = std::move(from_order),
                                    .ident = ident},
               ident);
   return DTensor(result, target.state_);

@@ -312,6 +312,7 @@ class BasicWriter {
     meta(m.factory);
     ref(m.stream);
     i64s(m.to_order, "SendTensor to_order");
+    i64s(m.from_order, "SendTensor from_order");
     pod(m.ident);
   }
   void body(const BorrowCreate& m) {
@@ -707,10 +708,6 @@ class Reader {
         m.result = ref("SendTensor.result");
         m.from_ranks = slice("SendTensor.from_ranks");
         m.to_ranks = slice("SendTensor.to_ranks");
-        if (m.from_ranks.len() != m.to_ranks.len()) {
-          fail("SendTensor", fmt::format("expected from_ranks and to_ranks of one length, found {} and {}",
-                                         m.from_ranks.len(), m.to_ranks.len()));
-        }
         m.tensor = ref("SendTensor.tensor");
         m.factory = meta("SendTensor.factory");
         m.stream = ref("SendTensor.stream");
@@ -727,6 +724,27 @@ class Reader {
           if (static_cast<std::int64_t>(m.to_order.size()) != m.from_ranks.len()) {
             fail("SendTensor", fmt::format("expected to_order of length {} (the ranks), found {}", m.from_ranks.len(),
                                            m.to_order.size()));
+          }
+        }
+        m.from_order = dims("SendTensor.from_order", length("SendTensor.from_order", sizeof(std::int64_t)));
+        if (m.from_order.empty() && m.from_ranks.len() != m.to_ranks.len()) {
+          fail("SendTensor", fmt::format("expected from_ranks and to_ranks of one length, found {} and {}",
+                                         m.from_ranks.len(), m.to_ranks.len()));
+        }
+        if (!m.from_order.empty()) {
+          if (!m.to_order.empty()) {
+            fail("SendTensor", fmt::format("expected to_order or from_order, found both ({} and {} positions)",
+                                           m.to_order.size(), m.from_order.size()));
+          }
+          if (static_cast<std::int64_t>(m.from_order.size()) != m.to_ranks.len()) {
+            fail("SendTensor", fmt::format("expected from_order of length {} (the target ranks), found {}",
+                                           m.to_ranks.len(), m.from_order.size()));
+          }
+          for (std::int64_t k : m.from_order) {
+            if (k < 0 || k >= m.from_ranks.len()) {
+              fail("SendTensor", fmt::format("expected from_order's positions in 0..{} (the source ranks), found {}",
+                                             m.from_ranks.len() - 1, k));
+            }
           }
         }
         m.ident = pod<Ident>("SendTensor.ident");

@@ -65,6 +65,14 @@ void record(const Command& command, CommandRecord& r) {
 
 std::vector<int> peers_of(const SendTensor& s, int rank) {
   std::vector<int> peers;
+  if (!s.from_order.empty()) {
+    for (std::int64_t j = 0; j < s.to_ranks.len(); ++j) {
+      const std::int64_t from = s.from_ranks[s.from_order[static_cast<std::size_t>(j)]];
+      if (from == rank) peers.push_back(static_cast<int>(s.to_ranks[j]));
+      if (s.to_ranks[j] == rank) peers.push_back(static_cast<int>(from));
+    }
+    return peers;
+  }
   for (std::int64_t i = 0; i < s.from_ranks.len(); ++i) {
     const std::int64_t to = s.to_order.empty() ? i : s.to_order[static_cast<std::size_t>(i)];
     if (s.from_ranks[i] == rank) peers.push_back(static_cast<int>(s.to_ranks[to]));
@@ -80,7 +88,7 @@ bool CollectiveWords::ReduceWords::matches(const Reduce& c) const {
 
 bool CollectiveWords::SendWords::matches(const SendTensor& c) const {
   return bytes == c.factory.nbytes() && kind == c.factory.device().kind() && from == c.from_ranks && to == c.to_ranks &&
-         order == c.to_order;
+         order == c.to_order && sources == c.from_order;
 }
 
 void CollectiveWords::posting(Monitor& monitor, std::uint64_t seq, const Reduce& c, const WorkerMesh& mesh) {
@@ -136,6 +144,7 @@ void CollectiveWords::posting(Monitor& monitor, std::uint64_t seq, const SendTen
     send_ = SendWords{.from = c.from_ranks,
                       .to = c.to_ranks,
                       .order = c.to_order,
+                      .sources = c.from_order,
                       .bytes = c.factory.nbytes(),
                       .kind = c.factory.device().kind()};
   }

@@ -57,6 +57,7 @@ class CollectiveWords {
   struct SendWords {
     NDSlice from = NDSlice::row_major({}), to = NDSlice::row_major({});
     std::vector<std::int64_t> order;
+    std::vector<std::int64_t> sources;
     std::uint64_t bytes = 0;
     Device::Kind kind = Device::Kind::Cpu;
     std::string running;  // set once the send is posted

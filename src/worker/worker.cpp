@@ -445,11 +445,11 @@ struct Worker::Impl {
     if (receives) footprint.writes.push_back(c.result.id);
     if (c.factory.device().is_accelerator()) {
       in_flight.start(start_send_tensor_device(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory,
-                                               c.stream.id, c.to_order),
+                                               c.stream.id, c.to_order, c.from_order),
                       result, current.seq, "SendTensor", c.ident, std::nullopt, std::move(footprint));
     } else {
       in_flight.start(start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory,
-                                        in_flight.cpu_completion(), c.to_order),
+                                        in_flight.cpu_completion(), c.to_order, c.from_order),
                       result, current.seq, "SendTensor", c.ident, c.factory.nbytes(), std::move(footprint));
     }
     reporter.hold(c.ident);

@@ -354,9 +354,11 @@ TEST(BadInput, ToMeshBetweenMeshesOfDifferentShapes) {
     Mesh mesh = make_mesh(ctl);
     DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
     expect_parts(error_of<UsageError>([&] { x.to_mesh(mesh.slice("host", 0)); }),
-                 {"to_mesh", "the meshes must have the same sizes", "from [2, 2] to [2]"});
+                 {"to_mesh", "expected a target mesh of the same sizes as the source [host=2, gpu=2]",
+                  "found the target [gpu=2]"});
     expect_parts(error_of<UsageError>([&] { x.slice_mesh("host", 1).to_mesh(mesh.slice("gpu", 0, 1)); }),
-                 {"to_mesh", "the meshes must have the same sizes", "from [2] to [2, 1]"});
+                 {"to_mesh", "expected a target mesh of the same sizes as the source [gpu=2]",
+                  "found the target [host=2, gpu=1], which has no dimension 'gpu' of size 2"});
     // Same sizes work, even across a renamed dimension.
     DTensor moved = x.slice_mesh("host", 0).to_mesh(mesh.slice("host", 1));
     EXPECT_EQ(ctl.fetch_shard(moved, {{"gpu", 1}}).get().span<float>()[0], 101.0f);

@@ -14,17 +14,18 @@ using ::testing::HasSubstr;
 // Runs one SendTensor on every rank and checks each rank's outcome against the pairing
 // computed here. `broken_sender` sends DependentOnError{7}.
 void check_send(const NDSlice& from, const NDSlice& to, const TensorMeta& meta, Completion completion,
-                int broken_sender = -1) {
+                int broken_sender = -1, const std::vector<std::int64_t>& from_order = {}) {
   World world;
   const int me = world_rank();
   const Tensor input = make_input(meta, Reduction::Sum, me);
   const Tensor pristine = input.clone();
   Input in = me == broken_sender ? Input(DependentOnError{7}) : Input(input);
-  auto p = start_send_tensor(world.comm(), me, from, to, std::move(in), meta, completion);
+  auto p = start_send_tensor(world.comm(), me, from, to, std::move(in), meta, completion, {}, from_order);
   const Outcome out = wait(*p);
   int expected_from = -1;
-  for (std::int64_t i = 0; i < from.len(); ++i) {
-    if (to[i] == me) expected_from = static_cast<int>(from[i]);
+  for (std::int64_t i = 0; i < to.len(); ++i) {
+    const std::int64_t source = from_order.empty() ? i : from_order[static_cast<std::size_t>(i)];
+    if (to[i] == me) expected_from = static_cast<int>(from[source]);
   }
   if (expected_from < 0) {
     EXPECT_FALSE(out.tensor.defined()) << "a rank that receives nothing has no outcome";
@@ -86,6 +87,39 @@ TEST(CommSend, TransposedPairingMixesSelfAndPeers) {
     check_send(from, to, TensorMeta({2, 2}, DType::Int32), c, /*broken_sender=*/1);
     check_send(from, to, TensorMeta({2, 2}, DType::Int32), c, /*broken_sender=*/5);
   }
+}
+
+// A broadcast send (from_order): one source to every rank, itself included (a local copy
+// and sends to the others); a source that is no target; a half onto [2, half].
+TEST(CommSend, BroadcastSendsReachEveryTargetOfTheirSource) {
+  const int n = world_size();
+  const NDSlice all = NDSlice::row_major({n});
+  const std::vector<std::int64_t> zeros(static_cast<std::size_t>(n), 0);
+  const std::vector<std::int64_t> to_others(static_cast<std::size_t>(n - 1), 0);
+  for (Completion c : {Completion::NonBlocking, Completion::Blocking, Completion::Thread, Completion::Auto}) {
+    check_send(NDSlice(0, {1}, {1}), all, TensorMeta({3, 5}, DType::Float32), c, -1, zeros);
+    check_send(NDSlice(0, {1}, {1}), all, TensorMeta({3}, DType::Int64), c, /*broken_sender=*/0, zeros);
+    check_send(NDSlice(n - 1, {1}, {1}), NDSlice(0, {n - 1}, {1}), TensorMeta({2}, DType::Int32), c, -1, to_others);
+    if (n % 2 == 0) {
+      const int h = n / 2;
+      std::vector<std::int64_t> halves;
+      for (int j = 0; j < n; ++j) halves.push_back(j % h);
+      check_send(NDSlice(0, {h}, {1}), NDSlice::row_major({2, h}), TensorMeta({1 << 18}, DType::Float32), c, -1,
+                 halves);
+    }
+  }
+  World world;
+  const int me = world_rank();
+  const TensorMeta meta({4}, DType::Float32);
+  auto p =
+      start_send_tensor(world.comm(), me, NDSlice(0, {1}, {1}), all, meta.zeros(), meta, Completion::Auto, {}, zeros);
+  std::string others;
+  for (int r = 1; r < n; ++r) others += fmt::format("{}{}", r == 1 ? "" : ",", r);
+  EXPECT_EQ(p->describe(), me == 0 ? fmt::format("send_tensor on rank 0: local copy and send to rank{} {}, 16 bytes "
+                                                 "(MPI)",
+                                                 n > 2 ? "s" : "", others)
+                                   : fmt::format("send_tensor on rank {}: receive from rank 0, 16 bytes (MPI)", me));
+  (void)wait(*p);
 }
 
 TEST(CommSend, BrokenSenderSendsZeros) {

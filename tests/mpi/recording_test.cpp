@@ -112,6 +112,39 @@ TEST(Recording, CollectivesOfSeveralDimensionsAndRootsReplay) {
   });
 }
 
+// A broadcast to_mesh records and replays: from a rooted reduce's slice and from a slice
+// of the mesh, onto the mesh; the values are closed forms of test.pattern's.
+TEST(Recording, ABroadcastToMeshReplays) {
+  session([](Controller& ctl) {
+    Mesh mesh = mesh2x2(ctl);
+    const std::int64_t gpus = mesh.size("gpu");
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);  // rank r: [100r + 1, 100r + 2]
+    Recording rec = ctl.record({x}, [&](const std::vector<DTensor>& in) {
+      return std::vector<DTensor>{in[0].reduce("gpu", Reduction::Sum, Dst{0}).to_mesh(mesh),
+                                  in[0].slice_mesh("host", 1).to_mesh(mesh)};
+    });
+    for (const float scale : {1.0f, 2.0f}) {
+      const std::vector<DTensor> got = rec({mesh.call("meshrt.scale", x, static_cast<double>(scale))});
+      ASSERT_EQ(got.size(), 2u);
+      EXPECT_TRUE(got[0].mesh() == mesh);
+      std::vector<float> rooted, host1;
+      for (std::int64_t h = 0; h < 2; ++h) {
+        for (std::int64_t g = 0; g < gpus; ++g) {
+          for (std::int64_t i = 0; i < 2; ++i) {
+            float sum = 0;
+            for (std::int64_t k = 0; k < gpus; ++k) sum += static_cast<float>(100 * (h * gpus + k) + i + 1);
+            rooted.push_back(scale * sum);
+            host1.push_back(scale * static_cast<float>(100 * (gpus + g) + i + 1));
+          }
+        }
+      }
+      EXPECT_EQ(shards(ctl, got[0]), rooted) << "scale " << scale;
+      EXPECT_EQ(shards(ctl, got[1]), host1) << "scale " << scale;
+    }
+    ctl.synchronize();
+  });
+}
+
 TEST(Recording, ResultsFeedReplaysAndOrdinaryCalls) {
   session([](Controller& ctl) {
     Mesh mesh = mesh2x2(ctl);

@@ -465,3 +465,47 @@ TEST(Runtime, AReductionOverSeveralDimensionsIsOneCollective) {
     ctl.synchronize();
   });
 }
+
+// A broadcast to_mesh: from a slice of a mesh onto the mesh, every rank gets the shard of
+// the source rank whose coordinates agree with its own on the source's dimensions.
+TEST(Runtime, ToMeshFromASliceBroadcastsAlongTheMissingDimensions) {
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
+    DTensor by_gpu = mesh.scatter("gpu", Tensor::from<float>({4, 2}, {0, 1, 2, 3, 4, 5, 6, 7}));
+    DTensor by_host = mesh.scatter("host", Tensor::from<float>({4, 2}, {0, 0, 0, 0, 100, 100, 100, 100}));
+    DTensor x = mesh.call("meshrt.add", by_gpu, by_host);
+
+    DTensor rooted = x.reduce("gpu", Reduction::Sum, Dst{0}).to_mesh(mesh);    // x.reduce("gpu", Sum)
+    DTensor host1 = x.slice_mesh("host", 1).to_mesh(mesh);                     // sources not at host 0
+    DTensor one = x.slice_mesh("host", 0).slice_mesh("gpu", 1).to_mesh(mesh);  // one rank to all four
+    EXPECT_TRUE(rooted.mesh() == mesh);
+    for (std::int64_t h = 0; h < 2; ++h) {
+      const auto hb = static_cast<float>(200 * h);
+      for (std::int64_t g = 0; g < 2; ++g) {
+        const std::vector<std::pair<std::string, std::int64_t>> at = {{"host", h}, {"gpu", g}};
+        EXPECT_TRUE(
+            ctl.fetch_shard(rooted, at).get().equals(Tensor::from<float>({2, 2}, {hb + 4, hb + 6, hb + 8, hb + 10})))
+            << h << g;
+        EXPECT_TRUE(ctl.fetch_shard(host1, at).get().equals(expected_x(1, g))) << h << g;
+        EXPECT_TRUE(ctl.fetch_shard(one, at).get().equals(expected_x(0, 1))) << h << g;
+      }
+    }
+
+    const DTensor row = x.slice_mesh("host", 0);
+    const std::string sizes = usage_error([&] { (void)row.to_mesh(ctl.world_mesh({{"all", 4}})); });
+    EXPECT_NE(sizes.find("to_mesh: expected a target mesh of the same sizes as the source [gpu=2], or one the "
+                         "source is a slice of"),
+              std::string::npos)
+        << sizes;
+    EXPECT_NE(sizes.find("found the target [all=4], which has no dimension 'gpu' of size 2"), std::string::npos)
+        << sizes;
+    const std::string permuted = usage_error([&] { (void)row.to_mesh(mesh, MeshPermutation::rotate("gpu", 1)); });
+    EXPECT_NE(permuted.find("a permutation does not combine with a broadcast"), std::string::npos) << permuted;
+    // Same names, but the ranks of gpu-major order: [0, 1] is no slice of it.
+    const std::string sliced = usage_error([&] { (void)row.to_mesh(ctl.world_mesh({{"gpu", 2}, {"host", 2}})); });
+    EXPECT_NE(sliced.find("of which the source (ranks "), std::string::npos) << sliced;
+    EXPECT_NE(sliced.find("is no slice"), std::string::npos) << sliced;
+    EXPECT_NE(sliced.find("runtime_basic_test.cpp"), std::string::npos) << sliced;  // the call's line
+    ctl.synchronize();
+  });
+}

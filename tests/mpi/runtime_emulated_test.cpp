@@ -281,6 +281,31 @@ TEST(RuntimeEmulated, ToMeshBetweenSubMeshes) {
   });
 }
 
+// A broadcast to_mesh from a slice onto the mesh, over device communicators: a source
+// that is also a target keeps a copy and sends to the others in one group.
+TEST(RuntimeEmulated, ToMeshFromASliceBroadcasts) {
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
+    DTensor x = mesh.call("test.on_emulated", {4, 3}, 1.0);                  // rank r = 2h + g holds r + 1
+    DTensor rooted = x.reduce("gpu", Reduction::Sum, Dst{0}).to_mesh(mesh);  // x.reduce("gpu", Sum)
+    DTensor host1 = x.slice_mesh("host", 1).to_mesh(mesh);
+    DTensor one = x.slice_mesh("host", 0).slice_mesh("gpu", 1).to_mesh(mesh);
+    DTensor total = one.reduce({}, Reduction::Sum);  // four copies of rank 1's 2
+    EXPECT_EQ(rooted.meta().device(), Device::of(test_kind(), 0));
+    for (std::int64_t h = 0; h < 2; ++h) {
+      for (std::int64_t g = 0; g < 2; ++g) {
+        const std::vector<std::pair<std::string, std::int64_t>> at = {{"host", h}, {"gpu", g}};
+        const Tensor r = ctl.fetch_shard(rooted, at).get();
+        EXPECT_EQ(r.shape(), (std::vector<std::int64_t>{4, 3}));
+        for (float v : r.span<float>()) EXPECT_EQ(v, static_cast<float>(4 * h + 3)) << h << g;
+        EXPECT_EQ(first(ctl.fetch_shard(host1, at).get()), static_cast<float>(3 + g)) << h << g;
+        EXPECT_EQ(first(ctl.fetch_shard(one, at).get()), 2.0f) << h << g;
+        EXPECT_EQ(first(ctl.fetch_shard(total, at).get()), 8.0f) << h << g;
+      }
+    }
+  });
+}
+
 TEST(RuntimeEmulated, AFetchWithoutItsOrderingReadsAWrongValue) {
   if (test_kind() != DeviceKind::Emulated) GTEST_SKIP() << "the emulator's own check (the switch removes an ordering)";
   session([](Controller& ctl) {

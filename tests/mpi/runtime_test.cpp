@@ -331,7 +331,8 @@ TEST(Runtime, UsageErrorsAtTheCallSite) {
         "bitwise reduction bxor needs an integer or bool dtype, found float32");
     has(error_text([&] { x.reduce("gpu", Reduction::Sum, true); }), "needs an input with size(0) ==");
     has(error_text([&] { x.reduce_("gpu", Reduction::Stack); }), "cannot run in place");
-    has(error_text([&] { x.to_mesh(mesh.slice("host", 0)); }), "the meshes must have the same sizes");
+    has(error_text([&] { x.to_mesh(mesh.slice("host", 0)); }),
+        "expected a target mesh of the same sizes as the source [host=");
     has(error_text([&] { ctl.fetch_shard(x, {{"gpu", 7}}); }), "outside the mesh");
     has(error_text([&] { ctl.fetch_shard(x, {{"rack", 0}}); }), "unknown mesh dimension 'rack'");
     has(error_text([&] {

@@ -222,6 +222,34 @@ def test_small_forms_reduce_out_mean_shape_size_split_and_drop(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_to_mesh_from_a_slice_broadcasts(kind):
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind=kind)
+        dp, tp = mesh.rank("dp"), mesh.rank("tp")
+        x = mesh.call("meshrt.add", mesh.call("meshrt.add", dp, dp), tp)  # 2 * dp + tp
+        rooted = x.reduce("tp", "sum", dst=0).to_mesh(mesh)  # x.reduce("tp", "sum"): 4 * dp + 1
+        assert rooted.mesh == mesh
+        assert [int(value(ctl, rooted, dp=d, tp=t)) for d in range(2) for t in range(2)] == [1, 1, 5, 5]
+        down = x.slice_mesh("dp", 1).to_mesh(mesh)  # every dp gets dp=1's: 2 + tp
+        assert [int(value(ctl, down, dp=d, tp=t)) for d in range(2) for t in range(2)] == [2, 3, 2, 3]
+        one = x.slice_mesh("dp", 0).slice_mesh("tp", 1).to_mesh(mesh)
+        assert [int(value(ctl, one, dp=d, tp=t)) for d in range(2) for t in range(2)] == [1, 1, 1, 1]
+        row = x.slice_mesh("dp", 0)
+        with pytest.raises(meshrt.UsageError,
+                           match=r"to_mesh: expected a target mesh of the same sizes as the source \[tp=2\], or one "
+                           r"the source is a slice of .*found the target \[x=4\]"):
+            row.to_mesh(ctl.world_mesh({"x": 4}, kind=kind))
+        line = here() + 2
+        with pytest.raises(meshrt.UsageError, match=r"a permutation does not combine with a broadcast") as e:
+            row.to_mesh(mesh, meshrt.MeshPermutation.rotate("tp", 1))
+        assert site(line) in str(e.value)
+        with pytest.raises(meshrt.UsageError, match=r"is no slice"):
+            row.to_mesh(ctl.world_mesh({"tp": 2, "dp": 2}, kind=kind))
+
+    meshrt.run(main)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_barrier_is_a_future_of_its_lines(kind):
     def main(ctl):
         mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind=kind)

@@ -111,7 +111,12 @@ class RandomMessages {
             coin(), coin()};
       case 5: {
         const auto sizes = shape(3, 3);
-        return SendTensor{ref(), slice(sizes), slice(sizes), ref(), meta(), ref()};
+        if (coin()) return SendTensor{ref(), slice(sizes), slice(sizes), ref(), meta(), ref()};
+        // A broadcast send: a target of more dimensions, each naming a source position.
+        SendTensor m{ref(), slice(sizes), slice(shape(3, 3)), ref(), meta(), ref()};
+        m.to_ranks = NDSlice::row_major({m.to_ranks.len(), uniform(1, 3)}, m.to_ranks.offset());
+        for (std::int64_t j = 0; j < m.to_ranks.len(); ++j) m.from_order.push_back(uniform(0, m.from_ranks.len() - 1));
+        return m;
       }
       case 6:
         return BorrowCreate{ref(), ref(), ref(), ref(), coin()};

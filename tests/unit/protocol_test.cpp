@@ -4,6 +4,9 @@
 
 #include <cstring>
 #include <set>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "../support/expect_error.hpp"
 #include "../support/random_messages.hpp"
@@ -103,9 +106,9 @@ TEST(Protocol, HeaderErrors) {
   b[0] = std::byte{'x'};
   expect_contains(protocol_error([&] { decode_command(b); }), "expected the magic bytes 'm' 'r', found 0x78");
   b = good;
-  b[2] = std::byte{4};
+  b[2] = std::byte{5};
   const std::string version = protocol_error([&] { decode_command(b); });
-  expect_contains(version, "expected protocol version 3, found 4");
+  expect_contains(version, "expected protocol version 4, found 5");
   expect_contains(version, "at byte 2");
   expect_contains(protocol_error([&] { decode_reply(good); }), "expected frame kind 2 (reply), found 1");
   b = good;
@@ -237,6 +240,21 @@ TEST(Protocol, BadSliceAndMeshNames) {
            {{1, 0}, "expected to_order of length 3 (the ranks), found 2"}}) {
     SendTensor bad = rotated;
     bad.to_order = order;
+    expect_contains(protocol_error([&] { decode_command(encode(Command{bad})); }), message);
+  }
+  // A broadcast send: from_order round-trips, names a source position for each target,
+  // and excludes to_order.
+  const SendTensor broadcast{
+      Ref{1}, NDSlice::row_major({2}), NDSlice::row_major({2, 2}), Ref{2}, TensorMeta(), Ref{3}, {}, {0, 1, 0, 1}};
+  EXPECT_EQ(std::get<SendTensor>(decode_command(encode(Command{broadcast}))), broadcast);
+  for (const auto& [to, from, message] :
+       std::vector<std::tuple<std::vector<std::int64_t>, std::vector<std::int64_t>, std::string>>{
+           {{}, {0, 1, 0}, "expected from_order of length 4 (the target ranks), found 3"},
+           {{}, {0, 1, 2, 1}, "expected from_order's positions in 0..1 (the source ranks), found 2"},
+           {{0, 1}, {0, 1, 0, 1}, "expected to_order or from_order, found both (2 and 4 positions)"}}) {
+    SendTensor bad = broadcast;
+    bad.to_order = to;
+    bad.from_order = from;
     expect_contains(protocol_error([&] { decode_command(encode(Command{bad})); }), message);
   }
 }

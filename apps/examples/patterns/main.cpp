@@ -70,6 +70,12 @@ void patterns(Controller& ctl, DeviceKind kind) {
     const auto a = x_at(h, 0), b = x_at(h, 1);
     expect(at(to0, {{"host", h}}), {a[0] + b[0], a[1] + b[1]}, "reduce to gpu=0");
   }
+  // The rooted result broadcast back onto the whole mesh: x.reduce("gpu", Sum) again.
+  DTensor back = to0.to_mesh(mesh);
+  for (std::int64_t g = 0; g < 2; ++g) {
+    const auto a = x_at(1, 0), b = x_at(1, 1);
+    expect(at(back, {{"host", 1}, {"gpu", g}}), {a[0] + b[0], a[1] + b[1]}, "to_mesh from gpu=0 onto the mesh");
+  }
   expect(at(x.broadcast("gpu", 1), {{"host", 0}, {"gpu", 0}}), x_at(0, 1), "broadcast from gpu=1");
   mesh.barrier("gpu").get();
 

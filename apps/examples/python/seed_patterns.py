@@ -69,6 +69,9 @@ def patterns(ctl, kind):
     check(to0.mesh == mesh.slice("gpu", 0), "a rooted reduce's result lives on the root's sub-mesh")
     for h in range(HOSTS):
         equal(local(ctl, to0, host=h), x_at(h, 0) + x_at(h, 1), f"reduce to gpu=0 on host {h}")
+    back = to0.to_mesh(mesh)  # the rooted result broadcast back onto the whole mesh
+    for g in range(GPUS):
+        equal(local(ctl, back, host=1, gpu=g), x_at(1, 0) + x_at(1, 1), f"to_mesh from gpu=0 onto gpu {g}")
     equal(local(ctl, x.gather("host", dst=1), gpu=0), [x_at(0, 0), x_at(1, 0)], "gather to host=1")
     equal(local(ctl, x.broadcast("gpu", src=1), host=0, gpu=0), x_at(0, 1), "broadcast from gpu=1")
     mesh.barrier("gpu").result(timeout=60)

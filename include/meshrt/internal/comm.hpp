@@ -225,14 +225,17 @@ bool reads_input(const WorkerMesh& mesh, const CollectiveOp& op);
 
 // Positional point-to-point over `p2p`: from_ranks[i] sends to to_ranks[i] (ranks of
 // `p2p`; `my_rank` is this rank in it), or to to_ranks[to_order[i]] when `to_order` (a
-// permutation of the positions) is given. A rank may send and receive in one command; a
-// rank paired with itself copies locally. The Outcome holds the received tensor on a
-// rank in to_ranks, and is undefined on a rank that only sends or takes no part.
+// permutation of the positions) is given; or, when `from_order` is given (a broadcast
+// send), to_ranks[j] receives from from_ranks[from_order[j]] and a source sends to every
+// target that names it. A rank may send and receive in one command; a rank paired with
+// itself copies locally. The Outcome holds the received tensor on a rank in to_ranks, and
+// is undefined on a rank that only sends or takes no part.
 [[nodiscard]] std::unique_ptr<Pending> start_send_tensor(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks,
                                                          const NDSlice& to_ranks, Input input,
                                                          const TensorMeta& factory,
                                                          Completion completion = Completion::Auto,
-                                                         std::span<const std::int64_t> to_order = {});
+                                                         std::span<const std::int64_t> to_order = {},
+                                                         std::span<const std::int64_t> from_order = {});
 
 // Completes `pending` without burning a core: spins a few microseconds, then yields,
 // then sleeps with growing intervals up to about 1 ms, testing in between.
@@ -266,7 +269,7 @@ std::size_t release_output_pool();
 // the device layer's communicators, on the device stream of meshrt stream `stream_id`
 // (docs/ARCHITECTURE.md section 7). A reduction's communicator is the line's (made from the MPI
 // split of the dimension); a send's is made over exactly its moving ranks (from_ranks ∪
-// to_ranks less those sent to themselves, which copy locally); both are cached by rank
+// to_ranks less those sent only to themselves, which copy locally); both are cached by rank
 // set. test() polls an event and the communicator's asynchronous error: a device error
 // makes take() raise it (the failed communicator is aborted and dropped); a failure of
 // this rank's part once the communicator exists, an error at enqueue included, drops it
@@ -283,7 +286,8 @@ std::size_t release_output_pool();
 [[nodiscard]] std::unique_ptr<Pending> start_send_tensor_device(MPI_Comm p2p, int my_rank, const NDSlice& from_ranks,
                                                                 const NDSlice& to_ranks, Input input,
                                                                 const TensorMeta& factory, std::uint64_t stream_id,
-                                                                std::span<const std::int64_t> to_order = {});
+                                                                std::span<const std::int64_t> to_order = {},
+                                                                std::span<const std::int64_t> from_order = {});
 
 // Destroys the cached device communicators (the runtime calls it before MPI_Finalize);
 // the next device operation makes new ones.

@@ -32,9 +32,10 @@ namespace meshrt {
 
 namespace protocol {
 
-// 3: CallFunction's keeps_object. Every frame carries it, and the start-up handshake
-// compares it: a rank of another version fails the start, named.
-inline constexpr std::uint8_t kVersion = 3;
+// 4: SendTensor's from_order (a broadcast send). 3: CallFunction's keeps_object. Every
+// frame carries it, and the start-up handshake compares it: a rank of another version
+// fails the start, named.
+inline constexpr std::uint8_t kVersion = 4;
 // Deepest nesting of Values and CommandGroups a frame may hold.
 inline constexpr int kMaxDepth = 64;
 
@@ -126,6 +127,9 @@ struct SendTensor {
   // A permutation send: from_ranks[i] sends to to_ranks[to_order[i]] (positions in
   // row-major order). Empty: to_ranks[i], by position.
   std::vector<std::int64_t> to_order;
+  // A broadcast send (to_order empty): to_ranks[j] receives from from_ranks[from_order[j]],
+  // so a source may send to several targets; to_ranks may be longer than from_ranks.
+  std::vector<std::int64_t> from_order;
   Ident ident = 0;  // as Reduce's
   friend bool operator==(const SendTensor&, const SendTensor&) = default;
 };

@@ -117,7 +117,9 @@ void bind_dtensor(py::module_& m) {
                 [&] { return permutation ? t.to_mesh(target, *permutation, where) : t.to_mesh(target, where); });
           },
           py::arg("target"), py::arg("permutation") = py::none(),
-          "The same values sent to target (a mesh of the same sizes), positionally or in permutation's order.")
+          "The same values sent to target: a mesh of the same sizes (positionally, or in permutation's order), "
+          "or a mesh this tensor's mesh is a slice of, where each rank gets the shard of the source rank whose "
+          "coordinates agree with its own on the source's dimensions (the missing dimensions broadcast).")
       .def(
           "rotate",
           [](const DTensor& t, const std::string& dim, std::int64_t shift) {
