@@ -1553,7 +1553,7 @@ Future<std::vector<Tensor>> Controller::fetch_shards(const std::vector<DTensor>&
       std::vector<std::shared_ptr<Node>> inputs;
       Value::List refs;
       for (std::size_t i : g.leaves) {
-        inputs.push_back(ts[i].state_->node);
+        inputs.push_back(ts[i].state_->node());
         refs.push_back(Value(ts[i].state_->ref));
       }
       f->node = ctl.make_node(ident, fmt::format("fetch from rank {}", g.rank), where, inputs);
