@@ -1,5 +1,5 @@
 // What users of the single-controller model write, each checked against a closed form:
-// docs/guide.md, "Patterns of the single-controller model", walks through it.
+// docs/guide.md documents each (its table of examples lists this one).
 //   mpiexec -n 4 example-patterns
 //   MESHRT_ACCELERATOR=emulated mpiexec -n 4 example-patterns --kind emulated
 #include <fmt/format.h>
@@ -83,6 +83,14 @@ void patterns(Controller& ctl, DeviceKind kind) {
   DTensor out = mesh.call("meshrt.zeros", std::vector<std::int64_t>{2}, DType::Float32);
   x.reduce({"host", "gpu"}, Reduction::Sum, false, out);
   expect(at(out, {{"host", 1}, {"gpu", 1}}), {1 + 2 + 11 + 12, 2 + 3 + 12 + 13}, "reduce over (host, gpu)");
+
+  // Several tensors in one fetch (gpu defaults to 0), and futures composed.
+  std::vector<Tensor> both = ctl.fetch_shards({x, back}, {{"host", 1}}).get();
+  expect(both[0], x_at(1, 0), "fetch_shards: x");
+  std::vector<Future<Tensor>> parts;
+  for (std::int64_t g = 0; g < 2; ++g) parts.push_back(ctl.fetch_shard(x, {{"host", 0}, {"gpu", g}}));
+  std::vector<Tensor> all = when_all(std::move(parts)).get();
+  expect(all[1], x_at(0, 1), "when_all");
 
   if (kind == DeviceKind::Cpu) {
     Object counter = mesh.call_object("patterns.counter", {5});

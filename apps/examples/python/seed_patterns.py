@@ -6,13 +6,15 @@
 On a 2x2 mesh ("host" x "gpu"): rooted collectives and a barrier over one dimension, a
 reduction over several dimensions at once, a rooted result broadcast back onto the whole
 mesh, an object kept on every worker and passed to kernels, an output declared a view of
-its input, a kernel's Python value and a pytree of tensors fetched in one round trip, and
-futures that compose with asyncio and concurrent.futures. docs/python.md, "Patterns of
-the single-controller model", walks through it. Exits non-zero if any value is wrong.
+its input, a pytree of tensors fetched in one round trip, and
+futures that compose with asyncio and concurrent.futures; docs/python.md, "The
+controller", documents each. Exits non-zero if any value is wrong.
 """
 
 import argparse
+import asyncio
 import sys
+import threading
 
 import numpy as np
 
@@ -42,6 +44,16 @@ def make_generator(ctx, seed):
 def draw(ctx, g, x):
     g.draws += 1
     return x + np.float32(g.gen.integers(0, 100)) + 1000 * g.draws
+
+
+def halves_shape(x):
+    half = meshrt.TensorMeta((x.shape[0] // 2,) + tuple(x.shape[1:]), x.dtype)
+    return meshrt.Signature(outputs=[half, half], views={0: 0, 1: 0})
+
+
+@meshrt.function("patterns.halves", shape=halves_shape)
+def halves(ctx, x):
+    return x[: x.shape[0] // 2], x[x.shape[0] // 2:]
 
 
 def check(ok, what):
@@ -94,6 +106,33 @@ def patterns(ctl, kind):
         want = np.random.default_rng(7 + mesh.ranks[rank]).integers(0, 100, 2)[1] + 2000
         equal(local(ctl, second, host=h, gpu=gpu), [want, want], f"rank {rank}'s generator, drawn twice")
     g.drop()
+
+    # Outputs declared views of their input: an in-place reduction of one half reaches the
+    # base. (A Python kernel on an accelerator mesh returns copies: cpu meshes only.)
+    if kind == "cpu":
+        w = mesh.call("meshrt.add", x, mesh.call("meshrt.zeros", [2], "float32"))
+        top, bottom = mesh.call_n("patterns.halves", w)
+        top.reduce_("gpu", "sum")
+        equal(local(ctl, w, host=0, gpu=1), [x_at(0, 0)[0] + x_at(0, 1)[0], x_at(0, 1)[1]], "a view reduced in place")
+        equal(local(ctl, bottom, host=0, gpu=1), [x_at(0, 1)[1]], "the other view")
+
+    # A pytree of tensors in one fetch, and futures that compose.
+    tree = ctl.fetch_shard({"x": x, "pair": (to0, back)}, host=1).result(timeout=60)  # gpu defaults to 0
+    equal(tree["x"].numpy(), x_at(1, 0), "pytree fetch: x")
+    equal(tree["pair"][1].numpy(), x_at(1, 0) + x_at(1, 1), "pytree fetch: the pair")
+    futures = [ctl.fetch_shard(x, host=h, gpu=g) for h in range(HOSTS) for g in range(GPUS)]
+    seen, called = [], threading.Event()
+    futures[0].add_done_callback(lambda f: (seen.append(f), called.set()))
+    done, not_done = meshrt.wait(futures, timeout=60)
+    check(len(done) == 4 and not not_done, "meshrt.wait: all four done")
+
+    async def both():
+        return await asyncio.gather(futures[1], futures[2])
+
+    b, c = asyncio.run(both())
+    equal(b.numpy(), x_at(0, 1), "await")
+    equal(c.numpy(), x_at(1, 0), "await")
+    check(called.wait(60) and seen == [futures[0]], "add_done_callback ran once with the future")
 
     print(f"seed patterns: all checks passed on {kind}", flush=True)
 
