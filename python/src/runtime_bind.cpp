@@ -198,6 +198,10 @@ void run_worker(Runtime& rt) {
   bool done = false;
   std::exception_ptr error;
   std::optional<py::error_already_set> interrupt;
+  // Looked up now: not while a signal handler's exception is pending, when an import can
+  // fail, and nothing may leave the loop below before the serving thread is joined.
+  const py::object terminated = py::module_::import("meshrt._core").attr("Terminated");
+  std::exception_ptr waiting_error;  // raised with the GIL held again
   {
     py::gil_scoped_release release;
     std::thread serve([&] {
@@ -210,33 +214,49 @@ void run_worker(Runtime& rt) {
       done = true;
       cv.notify_all();
     });
-    for (;;) {
-      {
-        std::unique_lock lock(m);
-        if (cv.wait_for(lock, detail::kWaitCheckInterval, [&] { return done; })) break;
-      }
-      py::gil_scoped_acquire acquire;
-      if (PyErr_CheckSignals() == 0) continue;
-      // SIGTERM: the runtime reports this rank and ends it; the worker serves until then.
-      if (PyErr_ExceptionMatches(py::module_::import("meshrt._core").attr("Terminated").ptr()) != 0) {
+    for (;;) try {
+        {
+          std::unique_lock lock(m);
+          if (cv.wait_for(lock, detail::kWaitCheckInterval, [&] { return done; })) break;
+        }
+        py::gil_scoped_acquire acquire;
+        if (PyErr_CheckSignals() == 0) continue;
+        // SIGTERM: the runtime reports this rank and ends it; the worker serves until then.
+        if (PyErr_ExceptionMatches(terminated.ptr()) != 0) {
+          PyErr_Clear();
+          continue;
+        }
+        if (!interrupt) {
+          interrupt.emplace();
+          std::fprintf(stderr,
+                       "meshrt: rank %d interrupted; its worker serves until the controller (rank 0) ends the "
+                       "session; interrupt again to end the job\n",
+                       rt.rank());
+          std::fflush(stderr);
+          continue;
+        }
         PyErr_Clear();
-        continue;
-      }
-      if (!interrupt) {
-        interrupt.emplace();
-        std::fprintf(stderr,
-                     "meshrt: rank %d interrupted; its worker serves until the controller (rank 0) ends the "
-                     "session; interrupt again to end the job\n",
-                     rt.rank());
+        std::fprintf(stderr, "meshrt: rank %d interrupted twice while serving; aborting the job\n", rt.rank());
         std::fflush(stderr);
-        continue;
+        MPI_Abort(MPI_COMM_WORLD, 130);
+      } catch (...) {
+        // Raised here, after the session: the serving thread runs on, and a joinable thread
+        // must not be destroyed.
+        waiting_error = std::current_exception();
+        std::unique_lock lock(m);
+        cv.wait(lock, [&] { return done; });
+        break;
       }
-      PyErr_Clear();
-      std::fprintf(stderr, "meshrt: rank %d interrupted twice while serving; aborting the job\n", rt.rank());
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 130);
-    }
     serve.join();
+  }
+  if (waiting_error) std::rethrow_exception(waiting_error);
+  // A signal that came after the last check belongs to this session, not the next one.
+  if (PyErr_CheckSignals() != 0) {
+    if (PyErr_ExceptionMatches(terminated.ptr()) != 0 || interrupt) {
+      PyErr_Clear();
+    } else {
+      interrupt.emplace();
+    }
   }
   if (error) std::rethrow_exception(error);
   if (interrupt) throw *interrupt;
