@@ -538,6 +538,16 @@ class Controller {
                                            std::vector<std::pair<std::string, std::int64_t>> coords = {},
                                            CallSite where = std::source_location::current());
 
+  // Runs registered function `fn` on the one rank of `mesh` at `coords` (0 along the
+  // dimensions not named) and brings back its one output in one round trip: a value
+  // computed where the data is (a norm, a statistic, a summary), made into no DTensor.
+  // Tensor arguments are DTensors on `mesh` (that rank's local tensors; on one stream, where
+  // it runs) or host tensors. The function may neither mutate its arguments nor declare
+  // views; its CallContext holds the rank (no mesh coordinates). Python's ctl.fetch runs a
+  // Python function this way and brings back any value the safe codec carries.
+  Future<Tensor> fetch_call(const Mesh& mesh, FunctionName fn, std::vector<Arg> args,
+                            std::vector<std::pair<std::string, std::int64_t>> coords = {});
+
   // Records the commands `body` issues (calls, reductions, to_mesh, borrows) on formal
   // inputs shaped like `examples` (their metas, meshes and streams; their values are not
   // used). Tensors the body uses from outside are captured: every replay uses (and may

@@ -124,6 +124,13 @@ class Controller:
         tuple, list or dict of DTensors (nested): one Future of the same structure of tensors,
         fetched in one round trip (one command and one reply per rank).
         """
+    def fetch(self, *args: Any, **kwargs: Any) -> Future:
+        """
+        fetch(fn, *args, mesh=None, dp=0, tp=1): a Future of the Python value remote function fn
+        returns on the one rank at those coordinates (0 along the dimensions not named) of mesh (the
+        mesh of its DTensor arguments), through the safe codec; an exception object it returns comes
+        back as a value.
+        """
     def record(self, examples: DTensor | Sequence[DTensor], body: Callable[..., Any]) -> Recording:
         """
         record([x], lambda x: ...): runs body once on formal tensors like the examples and keeps the

@@ -5,7 +5,9 @@ rank, before ``meshrt.run`` starts the runtime (whose handshake compares the ran
 function tables). Registering after the start is refused.
 """
 
+import builtins as _builtins
 import inspect as _inspect
+import struct as _struct
 import sys as _sys
 from typing import Any, Callable, Optional, TypeVar
 
@@ -72,6 +74,7 @@ def function(
             pass  # a builtin or C callable: no signature to describe
         doc = (_inspect.getdoc(kernel) or "").strip().split("\n")[0]
         _core._register_function(name, kernel, shape, bool(torch), file, line, params, returns, doc)
+        _kernels[name] = kernel
         try:
             kernel.__meshrt_function__ = name  # calls take the function for its name
         except (AttributeError, TypeError):
@@ -88,3 +91,66 @@ def _cuda_stream(stream_ptr: int, device_index: int) -> Any:
     import torch as _torch
 
     return _torch.cuda.stream(_torch.cuda.ExternalStream(stream_ptr, device=device_index))
+
+
+# Every Python remote function by name, for ctl.fetch on the workers.
+_kernels: "dict[str, Callable[..., Any]]" = {}
+
+# The framing of a fetched value: the codec's bytes and out-of-band buffers, each after its
+# length (little-endian uint64s: the bytes' length, the number of buffers, each buffer's).
+_WORD = _struct.Struct("<Q")
+_EXCEPTION = "__meshrt_returned_exception__"
+
+
+def _fetch_value_shape(name: str, *args: Any) -> Any:
+    # A fetch's output is not checked against its meta: its size is the value's.
+    return _core.TensorMeta((0,), "uint8")
+
+
+def _fetch_value(ctx: Any, name: str, *args: Any) -> bytes:
+    kernel = _kernels.get(name)
+    if kernel is None:
+        raise _core.UsageError(f"ctl.fetch: expected a Python remote function, found {name!r}, which is not one "
+                               "(a C++ function's tensor is fetched with fetch_shard, or with Controller::fetch_call)")
+    value = kernel(ctx, *args)
+    if isinstance(value, BaseException):
+        # An exception returned (not raised) is a value: its type's name and its arguments.
+        carried = value.args
+        try:
+            _core._codec_encode(carried)
+        except Exception:
+            carried = (str(value),)
+        value = {_EXCEPTION: (type(value).__module__, type(value).__qualname__, carried)}
+    try:
+        data, buffers = _core._codec_encode(value)
+    except Exception as e:
+        raise _core.UsageError(f"ctl.fetch of {name} on rank {ctx.rank}: expected a value the safe codec carries "
+                               f"(docs/python.md, \"What travels\"), found {str(e).split(';')[0]}") from None
+    parts = [_WORD.pack(len(data)), _WORD.pack(len(buffers))]
+    parts += [_WORD.pack(len(b)) for b in buffers]
+    return b"".join(parts + [data] + list(buffers))
+
+
+def _fetched(tensor: Any) -> Any:
+    """The value a fetch's bytes frame (on the controller, at result())."""
+    raw = tensor.numpy().tobytes()
+    size, count = _WORD.unpack_from(raw, 0)[0], _WORD.unpack_from(raw, 8)[0]
+    at = 16 + 8 * count
+    lengths = [_WORD.unpack_from(raw, 16 + 8 * i)[0] for i in range(count)]
+    data, at = raw[at:at + size], at + size
+    buffers = []
+    for n in lengths:
+        buffers.append(raw[at:at + n])
+        at += n
+    value = _core._codec_decode(data, buffers)
+    if isinstance(value, dict) and len(value) == 1 and _EXCEPTION in value:
+        module, qualname, args = value[_EXCEPTION]
+        kind = getattr(_builtins, qualname, None) if module == "builtins" else None
+        if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+            # Only builtin exception types are made again: a name never imports code.
+            return RuntimeError(f"{module}.{qualname}: {', '.join(map(str, args))}")
+        return kind(*args)
+    return value
+
+
+function("meshrt.fetch_value", shape=_fetch_value_shape)(_fetch_value)

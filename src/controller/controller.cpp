@@ -1631,6 +1631,77 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
   });
 }
 
+Future<Tensor> Controller::fetch_call(const Mesh& target, FunctionName fn, std::vector<Arg> args,
+                                      std::vector<std::pair<std::string, std::int64_t>> coords) {
+  detail::refuse_on_worker_thread("Controller::fetch_call");
+  const CallSite where = fn.where;
+  const Stream dflt = default_stream();
+  return at_site(where, [&] {
+    state_->refuse_in_recording("fetch_call");
+    ControllerState& ctl = *state_;
+    const MeshState& mesh = *target.state_;
+    ctl.check_epoch(mesh.epoch, "mesh");
+    const functions::Function& f = functions::lookup(fn.name);
+    std::vector<Value> metas;
+    std::vector<DTensor> tensors;
+    for (const Arg& a : args) {
+      std::size_t next = tensors.size();
+      for (const DTensor& t : a.tensors()) tensors.push_back(t);
+      metas.push_back(a.value().map([&](const Value& leaf) -> Value {
+        if (!leaf.is_ref()) return leaf;
+        const TensorState& t = *tensors[next++].state_;
+        return t.object ? Value() : Value(t.meta);
+      }));
+    }
+    check_objects(tensors, mesh, fn.name);
+    std::size_t payload = 0;
+    for (const Arg& a : args) payload += protocol::encoded_size(a.value());
+    check_host_bytes([&] { return fmt::format("fetch of {}: its {} arguments together", fn.name, args.size()); },
+                     payload);
+    const Signature sig = infer_at_call(f, ArgMetas(fn.name, metas, Device::of(mesh.kind, 0)));
+    if (sig.outputs.size() != 1 || !sig.mutates.empty() || !sig.views.empty()) {
+      throw UsageError(fmt::format(
+          "fetch of {}: expected a function with one output that mutates no argument and declares no view, found "
+          "{} output{}, {} mutated, {} view{}; call it with Mesh::call, then fetch_shard its result",
+          fn.name, sig.outputs.size(), sig.outputs.size() == 1 ? "" : "s", sig.mutates.size(), sig.views.size(),
+          sig.views.size() == 1 ? "" : "s"));
+    }
+    check_coords({&mesh}, coords);
+    const int rank = rank_at(mesh, coords);
+    const std::shared_ptr<StreamState> on = tensors.empty() ? dflt.state_ : tensors.front().state_->stream;
+    StreamState& stream = *on;
+    std::vector<std::shared_ptr<Node>> inputs;
+    for (const DTensor& t : tensors) {
+      use_tensor(ctl, *t.state_, mesh, stream, false, fmt::format("fetch of {}", fn.name));
+      inputs.push_back(t.state_->node());
+    }
+    ctl.ensure_stream(stream);
+    const protocol::Ident ident = ctl.new_ident();
+    // Python's ctl.fetch runs its function through meshrt.fetch_value: name the function.
+    const std::string shown = fn.name == "meshrt.fetch_value" && !args.empty() && args[0].value().is_string()
+                                  ? args[0].value().as_string()
+                                  : fn.name;
+    auto fut = std::make_shared<detail::FutureState>();
+    fut->controller = state_;
+    fut->ident = ident;
+    fut->rank = rank;
+    fut->what = fmt::format("fetch of {} (invocation {})", shown, ident);
+    fut->node = ctl.make_node(ident, fmt::format("fetch of {} from rank {}", shown, rank), where, std::move(inputs));
+    ctl.register_fetch(ident, fut);
+    // A list value: the function's arguments (a fetch_shard's preprocess gets one ref).
+    Value::List wire;
+    wire.reserve(args.size());
+    for (Arg& a : args) wire.push_back(a.value());
+    ctl.append(
+        {rank},
+        protocol::FetchValue{
+            .ident = ident, .mutates = {}, .function = fn.name, .value = Value(std::move(wire)), .stream = stream.ref},
+        ident);
+    ctl.flush();
+    return Future<Tensor>(fut);
+  });
+}
+
 void Controller::synchronize() {
   detail::refuse_on_worker_thread("Controller::synchronize");
   ControllerState& ctl = *state_;

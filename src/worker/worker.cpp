@@ -361,7 +361,8 @@ struct Worker::Impl {
         auto found = value_context(c.stream, value);
         if (const auto* marker = std::get_if<DependentOnError>(&found)) return *marker;
         CallContext& ctx = *std::get_if<CallContext>(&found);
-        Args args(*c.function, std::vector<Value>{std::move(value)});
+        // A list is Controller::fetch_call's arguments; fetch_shard's preprocess gets its ref.
+        Args args(*c.function, value.is_list() ? std::move(value.as_list()) : std::vector<Value>{std::move(value)});
         const RunningKernel running(*c.function);
         if (ctx.device().is_accelerator()) tasks = std::make_shared<device::TaskFailures>();
         const device::TaskScope scope(tasks);

@@ -227,6 +227,20 @@ std::int64_t stamp(Controller& ctl, const DTensor& t, std::int64_t h, std::int64
 
 }  // namespace
 
+// Controller::fetch_call: a registered function's output on one rank, made into no DTensor.
+TEST(Runtime, FetchCallRunsAFunctionOnOneRank) {
+  session([](Controller& ctl) {
+    Mesh mesh = ctl.world_mesh({{"host", 2}, {"gpu", 2}});
+    DTensor x = mesh.scatter("gpu", Tensor::from<float>({4}, {1, 2, 3, 4}));  // gpu g: [1 + 2g, 2 + 2g]
+    EXPECT_EQ(ctl.fetch_call(mesh, "meshrt.sum", {x}, {{"gpu", 1}}).get().span<float>()[0], 7.0f);
+    EXPECT_EQ(ctl.fetch_call(mesh, "meshrt.sum", {x}, {{"host", 1}}).get().span<float>()[0], 3.0f);  // gpu 0
+    const std::string mutating = usage_error([&] { (void)ctl.fetch_call(mesh, "meshrt.add_", {x, x}); });
+    EXPECT_NE(mutating.find("fetch of meshrt.add_: expected a function with one output that mutates no argument"),
+              std::string::npos)
+        << mutating;
+  });
+}
+
 // The small forms users of the source document write: reduce(out=), "mean", a mesh split
 // with an inferred size, Mesh::size over several dimensions, and drop() of any tensor.
 TEST(Runtime, ReduceIntoOutSplitInferredAndDropOfAnyTensor) {

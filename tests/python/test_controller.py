@@ -36,6 +36,32 @@ KINDS = ["cpu", "emulated"]
 HERE = os.path.basename(__file__)
 
 
+# ctl.fetch's functions: a Python value made on one rank.
+@meshrt.function("test.fetch_stats", shape=lambda x: x)
+def fetch_stats(ctx, x, label):
+    return {"label": label, "rank": ctx.rank, "sum": float(x.sum()), "max": float(x.max()), "rows": x.copy()}
+
+
+@meshrt.function("test.fetch_rank")  # no shape: ctl.fetch takes any Python remote function
+def fetch_rank(ctx):
+    return f"rank {ctx.rank}"
+
+
+@meshrt.function("test.fetch_exception")
+def fetch_exception(ctx):
+    return ValueError("returned, not raised", ctx.rank)
+
+
+@meshrt.function("test.fetch_raises")
+def fetch_raises(ctx):
+    raise RuntimeError("raised on purpose")
+
+
+@meshrt.function("test.fetch_uncarried")
+def fetch_uncarried(ctx):
+    return threading.Lock()
+
+
 def here():
     """The caller's line number."""
     return sys._getframe(1).f_lineno
@@ -245,6 +271,39 @@ def test_to_mesh_from_a_slice_broadcasts(kind):
         assert site(line) in str(e.value)
         with pytest.raises(meshrt.UsageError, match=r"is no slice"):
             row.to_mesh(ctl.world_mesh({"tp": 2, "dp": 2}, kind=kind))
+
+    meshrt.run(main)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fetch_brings_back_a_python_value_from_one_rank(kind):
+    def main(ctl):
+        mesh = ctl.world_mesh({"dp": 2, "tp": 2}, kind=kind)
+        # World rank = 2 dp + tp; dimensions not named are 0.
+        assert ctl.fetch(fetch_rank, mesh=mesh, dp=1).result(timeout=60) == "rank 2"
+        assert ctl.fetch("test.fetch_rank", mesh=mesh, tp=1).result(timeout=60) == "rank 1"
+        e = ctl.fetch(fetch_exception, mesh=mesh, dp=1, tp=1).result(timeout=60)
+        assert isinstance(e, ValueError) and e.args == ("returned, not raised", 3)
+        with pytest.raises(meshrt.RemoteError, match=r"(?s)fetch of test.fetch_raises.*raised on purpose") as info:
+            ctl.fetch(fetch_raises, mesh=mesh, tp=1).result(timeout=60)
+        assert info.value.ranks == [1]
+        with pytest.raises(meshrt.RemoteError, match=r"ctl.fetch of test.fetch_uncarried on rank 0: expected a "
+                                                     r"value the safe codec carries"):
+            ctl.fetch(fetch_uncarried, mesh=mesh).result(timeout=60)
+        rows = np.arange(8, dtype=np.float32).reshape(4, 2)
+        x = mesh.scatter("tp", rows)
+        if kind == "cpu":
+            got = ctl.fetch(fetch_stats, x, "x", dp=1, tp=1).result(timeout=60)
+            assert {k: got[k] for k in ("label", "rank", "sum", "max")} == {
+                "label": "x", "rank": 3, "sum": float(rows[2:].sum()), "max": 7.0}
+            np.testing.assert_array_equal(got["rows"], rows[2:])
+        else:
+            with pytest.raises(meshrt.UsageError, match=r"fetch of test.fetch_stats: expected tensor arguments on a "
+                                                         r"cpu mesh, found float32\[2, 2\] on emulated"):
+                ctl.fetch(fetch_stats, x, "x")
+        with pytest.raises(meshrt.UsageError, match=r"fetch of test.fetch_rank: expected a DTensor argument or mesh="):
+            ctl.fetch(fetch_rank)
+        assert float(value(ctl, x.reduce("tp", "sum"), dp=0, tp=0).sum()) == float(rows.sum())  # the session goes on
 
     meshrt.run(main)
 

@@ -6,7 +6,7 @@
 On a 2x2 mesh ("host" x "gpu"): rooted collectives and a barrier over one dimension, a
 reduction over several dimensions at once, a rooted result broadcast back onto the whole
 mesh, an object kept on every worker and passed to kernels, an output declared a view of
-its input, a pytree of tensors fetched in one round trip, and
+its input, a kernel's Python value and a pytree of tensors fetched, and
 futures that compose with asyncio and concurrent.futures; docs/python.md, "The
 controller", documents each. Exits non-zero if any value is wrong.
 """
@@ -54,6 +54,11 @@ def halves_shape(x):
 @meshrt.function("patterns.halves", shape=halves_shape)
 def halves(ctx, x):
     return x[: x.shape[0] // 2], x[x.shape[0] // 2:]
+
+
+@meshrt.function("patterns.summary")  # a Python value, brought back by ctl.fetch
+def summary(ctx, x, label):
+    return {"label": label, "rank": ctx.rank, "total": float(x.sum())}
 
 
 def check(ok, what):
@@ -115,6 +120,11 @@ def patterns(ctl, kind):
         top.reduce_("gpu", "sum")
         equal(local(ctl, w, host=0, gpu=1), [x_at(0, 0)[0] + x_at(0, 1)[0], x_at(0, 1)[1]], "a view reduced in place")
         equal(local(ctl, bottom, host=0, gpu=1), [x_at(0, 1)[1]], "the other view")
+
+    # A kernel's Python value from one rank (tensor arguments on cpu meshes).
+    if kind == "cpu":
+        got = ctl.fetch(summary, x, "x", host=1, gpu=1).result(timeout=60)
+        check(got == {"label": "x", "rank": mesh.ranks[3], "total": float(x_at(1, 1).sum())}, f"ctl.fetch: {got}")
 
     # A pytree of tensors in one fetch, and futures that compose.
     tree = ctl.fetch_shard({"x": x, "pair": (to0, back)}, host=1).result(timeout=60)  # gpu defaults to 0

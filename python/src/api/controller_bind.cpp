@@ -96,6 +96,54 @@ void bind_controller(py::module_& m) {
           "DTensors (nested): one Future of the same structure of tensors, fetched in one round trip (one command "
           "and one reply per rank).")
       .def(
+          "fetch",
+          [](const ControllerHandle& h, py::args args, py::kwargs kwargs) {
+            const auto where = caller_site();
+            if (args.size() == 0) usage(where, "fetch: expected a function and its arguments, found none");
+            const std::string fn = function_name(args[0], where, "fetch");
+            std::vector<Arg> a = to_args(args, 1, fn, where);
+            std::optional<Mesh> mesh;
+            std::vector<std::pair<std::string, std::int64_t>> c;
+            for (auto [k, v] : kwargs) {
+              const std::string key = py::str(k);
+              if (key == "mesh") {
+                if (!py::isinstance<Mesh>(v))
+                  usage(where, fmt::format("fetch: expected mesh= a Mesh, found {}", found(v)));
+                mesh = v.cast<Mesh>();
+              } else {
+                c.emplace_back(key, to_int(v, fmt::format("fetch: coordinate {}", key), where));
+              }
+            }
+            for (const Arg& arg : a) {
+              for (const DTensor& t : arg.tensors()) {
+                if (!mesh) mesh = t.mesh();
+                if (t.meta().device().is_accelerator()) {
+                  usage(where, fmt::format("fetch of {}: expected tensor arguments on a cpu mesh, found {} (the value "
+                                           "is made on the host; on an accelerator mesh, fetch_shard the tensor, or "
+                                           "pass what the function needs as plain values)",
+                                           fn, t.meta().to_string()));
+                }
+              }
+            }
+            if (!mesh) {
+              usage(where, fmt::format("fetch of {}: expected a DTensor argument or mesh=, found neither (which mesh's "
+                                       "rank runs it?)",
+                                       fn));
+            }
+            a.insert(a.begin(), Arg(fn));
+            Controller& ctl = h.get();
+            PyFuture out{released([&] {
+                           return ctl.fetch_call(*mesh, FunctionName("meshrt.fetch_value", where), std::move(a),
+                                                 std::move(c));
+                         }),
+                         nullptr};
+            out.finish = std::make_shared<KeptObject>(py::module_::import("meshrt._functions").attr("_fetched"));
+            return out;
+          },
+          "fetch(fn, *args, mesh=None, dp=0, tp=1): a Future of the Python value remote function fn returns on the "
+          "one rank at those coordinates (0 along the dimensions not named) of mesh (the mesh of its DTensor "
+          "arguments), through the safe codec; an exception object it returns comes back as a value.")
+      .def(
           "record",
           [](const ControllerHandle& h, py::handle examples, const py::function& body) {
             const auto where = caller_site();
