@@ -97,7 +97,8 @@ void patterns(Controller& ctl, DeviceKind kind) {
     (void)mesh.call("patterns.bump", counter);
     DTensor second = mesh.call("patterns.bump", counter);
     for (std::int64_t i = 0; i < 4; ++i) {
-      const auto v = at(second, {{"host", i / 2}, {"gpu", i % 2}}).span<std::int64_t>();
+      const Tensor got = at(second, {{"host", i / 2}, {"gpu", i % 2}});
+      const auto v = got.span<std::int64_t>();
       if (v[0] != mesh.ranks().to_vector()[static_cast<std::size_t>(i)] || v[1] != 7)
         throw Error(fmt::format("counter at position {}: expected [rank, 7], found [{}, {}]", i, v[0], v[1]));
     }
