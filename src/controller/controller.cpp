@@ -1195,19 +1195,9 @@ std::vector<DTensor> Mesh::call_on_impl(const Stream& stream, FunctionName fn, s
   auto ctl = lock(state_->controller);
   ctl->check_epoch(state_->epoch, "mesh");
   const functions::Function& f = functions::lookup(fn.name);
-  // The shape function sees metas where the workers will see tensors.
-  std::vector<Value> metas;
   std::vector<DTensor> tensors;
+  const std::vector<Value> metas = ControllerState::argument_metas(args, tensors);
   std::vector<std::shared_ptr<Node>> inputs;
-  for (const Arg& a : args) {
-    std::size_t next = tensors.size();
-    for (const DTensor& t : a.tensors()) tensors.push_back(t);
-    metas.push_back(a.value().map([&](const Value& leaf) -> Value {
-      if (!leaf.is_ref()) return leaf;
-      const TensorState& t = *tensors[next++].state_;
-      return t.object ? Value() : Value(t.meta);  // shape functions see None for an object
-    }));
-  }
   check_objects(tensors, *state_, fn.name);
   // The arguments travel in the command: host tensors and strings are refused here when
   // over the control plane's limit, not by the batcher's thread after the call returned.
@@ -1642,17 +1632,8 @@ Future<Tensor> Controller::fetch_call(const Mesh& target, FunctionName fn, std::
     const MeshState& mesh = *target.state_;
     ctl.check_epoch(mesh.epoch, "mesh");
     const functions::Function& f = functions::lookup(fn.name);
-    std::vector<Value> metas;
     std::vector<DTensor> tensors;
-    for (const Arg& a : args) {
-      std::size_t next = tensors.size();
-      for (const DTensor& t : a.tensors()) tensors.push_back(t);
-      metas.push_back(a.value().map([&](const Value& leaf) -> Value {
-        if (!leaf.is_ref()) return leaf;
-        const TensorState& t = *tensors[next++].state_;
-        return t.object ? Value() : Value(t.meta);
-      }));
-    }
+    const std::vector<Value> metas = ControllerState::argument_metas(args, tensors);
     check_objects(tensors, mesh, fn.name);
     std::size_t payload = 0;
     for (const Arg& a : args) payload += protocol::encoded_size(a.value());

@@ -124,6 +124,21 @@ ControllerState::ControllerState(std::shared_ptr<control::Transport> transport, 
 
 ControllerState::~ControllerState() = default;
 
+std::vector<Value> ControllerState::argument_metas(const std::vector<Arg>& args, std::vector<DTensor>& tensors) {
+  std::vector<Value> metas;
+  metas.reserve(args.size());
+  for (const Arg& a : args) {
+    std::size_t next = tensors.size();
+    for (const DTensor& t : a.tensors()) tensors.push_back(t);
+    metas.push_back(a.value().map([&](const Value& leaf) -> Value {
+      if (!leaf.is_ref()) return leaf;
+      const TensorState& t = *tensors[next++].state_;
+      return t.object ? Value() : Value(t.meta);
+    }));
+  }
+  return metas;
+}
+
 Ref ControllerState::new_tensor_ref() {
   if (recorder_.active()) return recorder_.new_ref();
   return new_ref();

@@ -172,6 +172,9 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
     return first;
   }
   // A tensor's ref: inside a recording, the next local slot of the recording.
+  // What a call's shape function sees of `args`: a meta where the workers will see a
+  // tensor (None for a worker object); `tensors` gets the call's DTensors in order.
+  static std::vector<Value> argument_metas(const std::vector<Arg>& args, std::vector<DTensor>& tensors);
   Ref new_tensor_ref();
   // Inside a recording, an ident offset of it (marked with protocol::kLocalRef).
   Ident new_ident(const char* label = nullptr);
