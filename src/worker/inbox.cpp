@@ -108,25 +108,23 @@ void Inbox::enqueue(Command&& command) {
   }
   if (auto* define = std::get_if<DefineRecording>(&command)) return recordings_.define(std::move(*define));
   if (const auto* call = std::get_if<CallRecording>(&command)) {
-    recordings_.expand(*call,
-                       [&](Command&& c, std::uint32_t step) { enqueue_one(std::move(c), call->recording.id, step); });
+    std::shared_ptr<Recording> recording = recordings_.find(*call);
+    const std::uint64_t seq = monitor_.queued(arrived_, [&](CommandRecord& slot) {
+      record(command, slot);
+      slot.replay = recording->id();
+      slot.replay_commands = static_cast<std::uint32_t>(recording->commands());
+    });
+    queue_.emplace_back(seq, std::move(command), std::move(recording));
     return;
   }
-  // A recording is freed with the last handle: the replays queued before hold their commands.
+  // A recording is freed with the last handle: the replays queued before hold it.
   if (const auto* deletes = std::get_if<DeleteRefs>(&command); deletes && !recordings_.empty())
     recordings_.forget(deletes->refs);
-  enqueue_one(std::move(command));
-}
-
-void Inbox::enqueue_one(Command&& command, std::uint64_t replay, std::uint32_t step) {
   // Deletes are not recorded (seq 0): they can neither hang nor fail, and a loop of
   // collectives sends one per output, which would fill the recorder's ring.
-  const std::uint64_t seq =
-      std::holds_alternative<DeleteRefs>(command) ? 0 : monitor_.queued(arrived_, [&](CommandRecord& slot) {
-        record(command, slot);
-        slot.replay = replay;
-        slot.replay_step = step;
-      });
+  const std::uint64_t seq = std::holds_alternative<DeleteRefs>(command)
+                                ? 0
+                                : monitor_.queued(arrived_, [&](CommandRecord& slot) { record(command, slot); });
   queue_.emplace_back(seq, std::move(command));
 }
 

@@ -1,12 +1,13 @@
 // A worker's incoming commands: batches taken from the transport, envelopes forwarded down
 // the fan-out tree and run in the controller's numbered order, undecodable frames reported,
 // and the queue of commands not yet started, each recorded in the flight recorder as it is
-// queued.
+// queued (a replay as one command: the worker runs its recording's commands in place).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 
 #include <boost/container/deque.hpp>
 #include <boost/container/options.hpp>
@@ -25,6 +26,9 @@ class Inbox {
   struct Queued {
     std::uint64_t seq;  // the flight recorder's; 0 for a command it does not record
     protocol::Command command;
+    // A CallRecording's recording, kept from when it is queued: a DeleteRefs queued after
+    // the replay may drop the last handle before it runs.
+    std::shared_ptr<Recording> recording = nullptr;
   };
   // receive() takes no more batches past it: the next ones wait in the transport, encoded
   // (a few dozen bytes a command against ~600 decoded), so a controller far ahead does not
@@ -42,6 +46,8 @@ class Inbox {
   Queued pop();
   // The next command, left in the queue; only when !empty().
   const protocol::Command& front() const noexcept { return queue_.front().command; }
+  // Whether the next command is a replay (it runs its recording in place); only when !empty().
+  bool front_is_replay() const noexcept { return queue_.front().recording != nullptr; }
 
  private:
   // Forwards an envelope to this rank's children before anything in it runs, then queues
@@ -50,11 +56,10 @@ class Inbox {
   // Queues the envelopes that are next in number.
   void run_early(Reporter& reporter);
   void undecodable(const ProtocolError& e, std::size_t size, int from, Reporter& reporter);
-  // Queues a command (a group's commands one by one, a replay's recorded commands) and
-  // records it; by rvalue and emplaced, as a Command is a few hundred bytes. A
-  // DefineRecording is kept, not queued: the replays that follow it expand here.
+  // Queues a command (a group's commands one by one) and records it; by rvalue and
+  // emplaced, as a Command is a few hundred bytes. A DefineRecording is kept, not queued:
+  // a replay is queued with the recording it runs.
   void enqueue(protocol::Command&& command);
-  void enqueue_one(protocol::Command&& command, std::uint64_t replay = 0, std::uint32_t step = 0);
 
   control::Transport& channel_;
   Monitor& monitor_;

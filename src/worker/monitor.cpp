@@ -44,22 +44,28 @@ CommandRecord& Monitor::claim_slot(Clock::time_point arrived) {
   // Field by field: the slot keeps its strings' and peers' buffers from one command to
   // the next, where assigning a fresh record would free and allocate them.
   slot.seq = seq;
-  slot.ident = 0;
-  slot.kind = "";
-  slot.tag = 0;
-  slot.name.clear();
-  slot.result = 0;
-  slot.mesh = 0;
-  slot.stream = 0;
-  slot.dim.clear();
-  slot.bytes = 0;
-  slot.peers.clear();
+  clear_command(slot);
   slot.replay = 0;
   slot.replay_step = 0;
+  slot.replay_commands = 0;
+  slot.keep = false;
   slot.at.queued = arrived;
   slot.at.started = slot.at.ended = {};
   slot.state = CommandState::Queued;
   return slot;
+}
+
+void Monitor::clear_command(CommandRecord& r) {
+  r.ident = 0;
+  r.kind = "";
+  r.tag = 0;
+  r.name.clear();
+  r.result = 0;
+  r.mesh = 0;
+  r.stream = 0;
+  r.dim.clear();
+  r.bytes = 0;
+  r.peers.clear();
 }
 
 void Monitor::running(std::uint64_t seq) {
@@ -115,9 +121,28 @@ std::vector<trace::Event> Monitor::running_events() const {
 
 void Monitor::finished(std::uint64_t seq, bool failed) {
   std::lock_guard lock(mutex_);
+  finished_locked(seq, failed);
+}
+
+void Monitor::replay_failed(std::uint64_t seq) {
+  std::lock_guard lock(mutex_);
+  CommandRecord& r = ring_[seq % capacity_];
+  if (r.seq == seq) r.keep = true;
+}
+
+void Monitor::replay_finished(std::uint64_t seq, bool failed) {
+  std::lock_guard lock(mutex_);
+  CommandRecord& r = ring_[seq % capacity_];
+  if (r.seq == seq && failed) r.keep = true;
+  if (in_flight_.load() != seq) finished_locked(seq, failed);
+}
+
+void Monitor::finished_locked(std::uint64_t seq, bool failed) {
   CommandRecord& r = ring_[seq % capacity_];
   if (r.seq == seq) {
-    r.state = failed ? CommandState::Failed : CommandState::Done;
+    // A replay whose command failed stays failed when an operation of it ends later.
+    if (failed) r.keep = true;
+    r.state = failed || r.keep ? CommandState::Failed : CommandState::Done;
     r.at.ended = Clock::now();
     if (trace::enabled()) trace::record(trace_event(r));
   }
@@ -156,7 +181,11 @@ std::string Monitor::line(const CommandRecord& r, Clock::time_point now) {
   if (r.ident) what += fmt::format(" (invocation {})", r.ident);
   if (r.result) what += fmt::format(" [result ref {}]", r.result);
   if (!r.dim.empty()) what += fmt::format(" dim '{}'", r.dim);
-  if (r.replay) what += fmt::format(" (replay of recording {}, command {})", r.replay, r.replay_step);
+  if (r.replay && r.replay_step == 0) {
+    what += fmt::format(" (replay of recording {}, {} commands)", r.replay, r.replay_commands);
+  } else if (r.replay) {
+    what += fmt::format(" (replay of recording {}, command {} of {})", r.replay, r.replay_step, r.replay_commands);
+  }
   const double age = seconds(now - r.at.queued);
   std::string timing;
   switch (r.state) {
@@ -188,7 +217,10 @@ nlohmann::json Monitor::state() const {
     j["current"] = {
         {"kind", r->kind}, {"name", r->name},   {"ident", r->ident}, {"result", r->result},
         {"dim", r->dim},   {"peers", r->peers}, {"bytes", r->bytes}, {"seconds", seconds(now - r->at.started)}};
-    if (r->replay) j["current"]["replay"] = {{"recording", r->replay}, {"command", r->replay_step}};
+    if (r->replay) {
+      j["current"]["replay"] = {
+          {"recording", r->replay}, {"command", r->replay_step}, {"commands", r->replay_commands}};
+    }
   } else {
     j["current"] = nullptr;
   }

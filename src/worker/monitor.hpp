@@ -35,9 +35,12 @@ struct CommandRecord {
   std::string dim;
   std::uint64_t bytes = 0;
   std::vector<int> peers;  // world ranks taking part in a collective or send
-  // A command run by a replay: the recording's ref and the command's place in it (from 1).
+  // A replay (one entry for all of its commands): the recording's ref, its number of
+  // commands, and the place (from 1) of the one running, or failed (0 before the first).
   std::uint64_t replay = 0;
   std::uint32_t replay_step = 0;
+  std::uint32_t replay_commands = 0;
+  bool keep = false;  // a replay's entry names its first failed command until it ends
   struct Times {
     std::chrono::steady_clock::time_point queued{}, started{}, ended{};
   } at;
@@ -69,6 +72,27 @@ class Monitor {
   // next: no allocation per collective once the ring has come round.
   void describe(std::uint64_t seq, std::string_view name, std::span<const int> peers, std::uint64_t bytes);
   void finished(std::uint64_t seq, bool failed);
+  // Replay `seq` runs its command `step` (from 1): `fill(slot)` writes the command's fields
+  // as queued() does, unless the entry shows the replay's operation in flight or its first
+  // failed command.
+  template <class Fill>
+  void replay_step(std::uint64_t seq, std::uint32_t step, Fill&& fill) {
+    std::lock_guard lock(mutex_);
+    CommandRecord& r = ring_[seq % capacity_];
+    if (r.seq != seq) return;
+    current_.store(seq, std::memory_order_relaxed);
+    r.state = CommandState::Running;  // again, after an operation of the replay ended
+    if (r.keep || in_flight_.load(std::memory_order_relaxed) == seq) return;
+    clear_command(r);
+    r.replay_step = step;
+    fill(r);
+    trace::current_ident = r.ident;
+  }
+  // The command the entry of replay `seq` names now failed: it keeps naming it.
+  void replay_failed(std::uint64_t seq);
+  // Replay `seq` ran its last command: finished, unless its operation is still in flight
+  // (whose end finishes it).
+  void replay_finished(std::uint64_t seq, bool failed);
   // The collective or send in flight (0: none) while later commands run: the running
   // command again once each of them finishes, so a report shows what the rank waits in.
   void in_flight(std::uint64_t seq) noexcept { in_flight_.store(seq); }
@@ -103,6 +127,9 @@ class Monitor {
   // The next seq's slot, reset to a queued record of it (name, dim and peers emptied with
   // their capacity kept). Under mutex_.
   CommandRecord& claim_slot(std::chrono::steady_clock::time_point arrived);
+  // Empties what record() and describe() write, keeping the strings' capacity.
+  static void clear_command(CommandRecord& r);
+  void finished_locked(std::uint64_t seq, bool failed);
   int rank_;
   std::string host_;
   std::size_t capacity_;

@@ -26,40 +26,44 @@ struct Instance {
     const std::uint64_t slot = r.id & ~kLocalRef;
     return slot < formals ? actuals[slot] : Ref{ref_base + (slot - formals)};
   }
-  void refs(std::vector<Ref>& rs) const {
-    for (Ref& r : rs) r = ref(r);
+  // `to` holds `from`'s refs as this replay sees them (the same count: `to` is its copy).
+  void refs(const std::vector<Ref>& from, std::vector<Ref>& to) const {
+    for (std::size_t i = 0; i < from.size(); ++i) to[i] = ref(from[i]);
   }
-  Value value(const Value& v) const {
-    if (v.is_ref()) return Value(ref(v.as_ref()));
-    if (!v.is_list() && !v.is_dict()) return v;
-    return v.map([this](const Value& leaf) { return leaf.is_ref() ? Value(ref(leaf.as_ref())) : leaf; });
+  // An argument without refs (a number, a string) is left as recorded.
+  void value(const Value& from, Value& to) const {
+    if (from.is_ref()) {
+      to = Value(ref(from.as_ref()));
+    } else if (from.is_list() || from.is_dict()) {
+      to = from.map([this](const Value& leaf) { return leaf.is_ref() ? Value(ref(leaf.as_ref())) : leaf; });
+    }
   }
   Ident ident(Ident offset) const { return ident_base + offset - 1; }
 
-  Command operator()(const Command& recorded) const {
-    Command c = recorded;
+  // Rewrites the refs and ident of `to`, a copy of `recorded`, for this replay.
+  void operator()(const Command& recorded, Command& to) const {
     std::visit(
-        [this](auto& m) {
+        [&](auto& m) {
           using C = std::decay_t<decltype(m)>;
+          const C& r = *std::get_if<C>(&recorded);
           if constexpr (std::is_same_v<C, CallFunction>) {
-            m.ident = ident(m.ident);
-            refs(m.results);
-            refs(m.mutates);
-            for (Value& a : m.args) a = value(a);
+            m.ident = ident(r.ident);
+            refs(r.results, m.results);
+            refs(r.mutates, m.mutates);
+            for (std::size_t i = 0; i < r.args.size(); ++i) value(r.args[i], m.args[i]);
           } else if constexpr (std::is_same_v<C, Reduce> || std::is_same_v<C, SendTensor> ||
                                std::is_same_v<C, Collective>) {
-            m.ident = ident(m.ident);
-            m.result = ref(m.result);
-            m.tensor = ref(m.tensor);
+            m.ident = ident(r.ident);
+            m.result = ref(r.result);
+            m.tensor = ref(r.tensor);
           } else if constexpr (std::is_same_v<C, BorrowCreate>) {
-            m.result = ref(m.result);
-            m.tensor = ref(m.tensor);
+            m.result = ref(r.result);
+            m.tensor = ref(r.tensor);
           } else if constexpr (std::is_same_v<C, BorrowFirstUse> || std::is_same_v<C, BorrowDrop>) {
-            m.borrow = ref(m.borrow);
+            m.borrow = ref(r.borrow);
           }
         },
-        c);
-    return c;
+        to);
   }
 };
 
@@ -105,6 +109,19 @@ void check(const DefineRecording& d, const Command& c, std::size_t index) {
 
 }  // namespace
 
+Recording::Recording(DefineRecording&& d)
+    : define_(std::move(d)), instance_(define_.commands), deletes_(DeleteRefs{define_.temporaries}) {}
+
+Command& Recording::step(std::size_t i, const CallRecording& call) {
+  const Instance instance{call.actuals, define_.formals, call.ref_base, call.ident_base};
+  if (i < instance_.size()) {
+    instance(define_.commands[i], instance_[i]);
+    return instance_[i];
+  }
+  instance.refs(define_.temporaries, std::get_if<DeleteRefs>(&deletes_)->refs);
+  return deletes_;
+}
+
 void Recordings::define(DefineRecording&& d) {
   for (std::size_t i = 0; i < d.commands.size(); ++i) check(d, d.commands[i], i);
   for (Ref t : d.temporaries) {
@@ -114,32 +131,24 @@ void Recordings::define(DefineRecording&& d) {
     }
   }
   const std::uint64_t id = d.recording.id;
-  if (!recordings_.emplace(id, std::make_shared<const DefineRecording>(std::move(d))).second) {
+  if (recordings_.contains(id)) {
     throw ProtocolError(
         fmt::format("DefineRecording {} reached rank {}, which already has a recording {}", id, rank_, id));
   }
+  recordings_.emplace(id, std::make_shared<Recording>(std::move(d)));
 }
 
-void Recordings::expand(const CallRecording& call,
-                        const std::function<void(Command&&, std::uint32_t step)>& queue) const {
+std::shared_ptr<Recording> Recordings::find(const CallRecording& call) const {
   const auto it = recordings_.find(call.recording.id);
   if (it == recordings_.end()) {
     throw ProtocolError(fmt::format("CallRecording of recording {} reached rank {}, which has no such recording",
                                     call.recording.id, rank_));
   }
-  const DefineRecording& d = *it->second;
-  if (call.actuals.size() != d.formals) {
+  if (call.actuals.size() != it->second->formals()) {
     throw ProtocolError(fmt::format("CallRecording of recording {}: expected {} actual refs, found {}",
-                                    call.recording.id, d.formals, call.actuals.size()));
+                                    call.recording.id, it->second->formals(), call.actuals.size()));
   }
-  const Instance instance{call.actuals, d.formals, call.ref_base, call.ident_base};
-  for (std::size_t i = 0; i < d.commands.size(); ++i) queue(instance(d.commands[i]), static_cast<std::uint32_t>(i + 1));
-  if (!d.temporaries.empty()) {
-    DeleteRefs deletes;
-    deletes.refs.reserve(d.temporaries.size());
-    for (Ref t : d.temporaries) deletes.refs.push_back(instance.ref(t));
-    queue(std::move(deletes), 0);
-  }
+  return it->second;
 }
 
 void Recordings::forget(const std::vector<Ref>& refs) {

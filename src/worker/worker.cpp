@@ -8,10 +8,12 @@
 #include <boost/core/demangle.hpp>
 
 #include <chrono>
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <typeinfo>
+#include <utility>
 #include <variant>
 
 #include "common/backoff.hpp"
@@ -33,6 +35,7 @@
 #include "worker/kernel_call.hpp"
 #include "worker/monitor.hpp"
 #include "worker/recorder_words.hpp"
+#include "worker/recordings.hpp"
 #include "worker/reporter.hpp"
 
 namespace meshrt {
@@ -110,6 +113,16 @@ struct Worker::Impl {
     bool failed = false;
     bool on_device = false;  // a call whose host tasks still run (the reporter finishes it)
   } current;
+  // The replay running now (docs/ARCHITECTURE.md section 3.9): its recording's commands run
+  // in place, one flight-recorder entry for all of them, their idents passed once per run
+  // of them. It pauses at a command that waits for the operation in flight.
+  struct Replay {
+    detail::Inbox::Queued q;  // the CallRecording and its recording
+    std::size_t next = 0;     // the next step
+    bool failed = false;      // a command of it failed
+    Ident passed = 0;         // the highest ident that ran, not yet passed to the reporter
+  };
+  std::optional<Replay> replay;
   std::optional<WorkerExit> exit;
 
   detail::Monitor& monitor() const noexcept { return *opt.monitor; }
@@ -126,10 +139,19 @@ struct Worker::Impl {
         .ident = ident, .error = message, .rank = opt.rank, .function = function, .exception_type = type});
   }
 
+  // Everything up to `ident` ran: told to the reporter at once, or by a replay when it
+  // pauses or ends (one report for its commands).
+  void passed(Ident ident) {
+    if (replay) {
+      replay->passed = std::max(replay->passed, ident);
+    } else {
+      reporter.passed(ident);
+    }
+  }
   // Reduce, Collective and SendTensor carry an ident like an invocation: reported past once
   // they end.
   void complete(Ident ident) {
-    if (ident != 0) reporter.passed(ident);
+    if (ident != 0) passed(ident);
   }
   // A Reduce or SendTensor that failed before it started: its result (on this rank) is
   // the marker, so what depends on it is poisoned rather than undefined.
@@ -265,7 +287,7 @@ struct Worker::Impl {
                                  opt.rank),
                      "meshrt::RemoteError");
     }
-    reporter.passed(ident);
+    passed(ident);
   }
 
   void run(CallFunction& c) {
@@ -467,7 +489,7 @@ struct Worker::Impl {
 
   void run(CommandGroup&) {}     // flattened when it arrives (Inbox)
   void run(DefineRecording&) {}  // kept by the Inbox
-  void run(CallRecording&) {}    // expanded by the Inbox
+  void run(CallRecording&) {}    // run in place (begin_replay)
 
   void run(RequestStatus& c) { reporter.asked(c.ident, env.size()); }
 
@@ -486,13 +508,12 @@ struct Worker::Impl {
     current.failed = true;
   }
 
-  // Runs one command. A failure outside an invocation's body (a collective that cannot
-  // start, a bad ref) is logged and reported with the command's ident (Reduce,
-  // SendTensor: the controller names its call site) or 0, so it is never silent.
-  void step(detail::Inbox::Queued q) {
-    Command& command = q.command;
-    current.seq = q.seq;
-    if (q.seq) monitor().running(q.seq);
+  // Runs `command`: true when it went in flight (a collective or send, which completes, or
+  // fails, in the loop's polls); current.failed and current.on_device say how it ended
+  // otherwise. A failure outside an invocation's body (a collective that cannot start, a bad ref)
+  // is logged and reported with the command's ident (Reduce, SendTensor: the controller
+  // names its call site) or 0, so it is never silent.
+  bool run_command(Command& command) {
     current.failed = false;
     current.on_device = false;
     // MESHRT_TRACE on CUDA: the device work this command enqueues on its stream is one span.
@@ -508,13 +529,21 @@ struct Worker::Impl {
       const bool started = std::holds_alternative<Reduce>(command) || std::holds_alternative<SendTensor>(command) ||
                            std::holds_alternative<Collective>(command);
       execute(command);
-      if (started && in_flight.active()) return;  // it completes, or fails, in the loop's polls
+      if (started && in_flight.active()) return true;
     } catch (const std::exception& e) {
       fail_command(command, e.what(), boost::core::demangle(typeid(e).name()));
     } catch (...) {
       fail_command(command, "an exception not derived from std::exception", "unknown");
     }
     complete(ident_of(command));
+    return false;
+  }
+
+  // Runs one queued command (a replay: begin_replay).
+  void step(detail::Inbox::Queued q) {
+    current.seq = q.seq;
+    if (q.seq) monitor().running(q.seq);
+    if (run_command(q.command)) return;
     if (q.seq) {
       if (current.on_device) {
         monitor().on_device(q.seq);
@@ -522,6 +551,51 @@ struct Worker::Impl {
         monitor().finished(q.seq, current.failed);
       }
     }
+  }
+
+  void begin_replay(detail::Inbox::Queued q) {
+    current.seq = q.seq;
+    monitor().running(q.seq);
+    replay.emplace(Replay{.q = std::move(q)});
+  }
+
+  // Runs the replay's next commands: false when the next one waits for the operation in
+  // flight, true when the replay ended or the status interval passed.
+  bool advance_replay() {
+    Replay& r = *replay;
+    detail::Recording& recording = *r.q.recording;
+    const auto& call = *std::get_if<CallRecording>(&r.q.command);
+    const std::size_t steps = recording.steps();
+    current.seq = r.q.seq;
+    while (r.next < steps) {
+      Command& command = recording.step(r.next, call);
+      if (in_flight.active() && !in_flight.admits(command)) {
+        pass_replayed();
+        return false;
+      }
+      const std::uint32_t place = recording.place(r.next++);
+      if (place != 0) monitor().replay_step(r.q.seq, place, [&](detail::CommandRecord& slot) { record(command, slot); });
+      run_command(command);
+      if (current.failed) {
+        r.failed = true;
+        monitor().replay_failed(r.q.seq);
+      }
+      // A collective that completed inside its call is finished at once.
+      if (in_flight.active()) in_flight.poll(env, reporter);
+      if (r.next < steps && reporter.due()) {
+        pass_replayed();
+        return true;
+      }
+    }
+    pass_replayed();
+    // A call's host tasks still running finish the entry again when they end (Reporter).
+    monitor().replay_finished(r.q.seq, r.failed);
+    replay.reset();
+    return true;
+  }
+
+  void pass_replayed() {
+    if (replay->passed != 0) reporter.passed(std::exchange(replay->passed, 0));
   }
 
   // A device fault (device::device_fault) loses the device's context, as an illegal
@@ -559,8 +633,19 @@ struct Worker::Impl {
       device::release_completed();
       if (std::optional<std::string> fault = device::device_fault()) device_fault_ends_rank(*fault);
       // While a collective or send is in flight, the commands that do not depend on it run.
-      while (!inbox.empty() && !exit && (!in_flight.active() || in_flight.admits(inbox.front()))) {
-        step(inbox.pop());
+      // A replay's commands come before the queue's.
+      while ((replay || !inbox.empty()) && !exit) {
+        if (!replay && inbox.front_is_replay()) {
+          begin_replay(inbox.pop());
+          worked = true;
+        }
+        if (replay) {
+          if (!advance_replay()) break;
+        } else if (!in_flight.active() || in_flight.admits(inbox.front())) {
+          step(inbox.pop());
+        } else {
+          break;
+        }
         worked = true;
         // A collective that completed inside its call (blocking in MPI) is finished at
         // once: the batch's next command runs without a turn's polls in between. The
@@ -571,7 +656,7 @@ struct Worker::Impl {
       // Status when the worker moved: about once a second while busy, and at once when it
       // runs out of work, so a controller waiting on it rarely needs to ask (one message per
       // batch of commands).
-      reporter.report(worked && inbox.empty() && !in_flight.active(), env.size());
+      reporter.report(worked && inbox.empty() && !replay && !in_flight.active(), env.size());
       channel->reap();
       if (worked) {
         backoff.reset();
