@@ -81,11 +81,12 @@ bool KernelCall::same_meta(const Value& meta, const Value& v) {
 }
 
 const Signature& KernelCall::expected(const functions::Function& fn, const Args& args, const Device& device) {
-  if (auto it = inferred_.find(&fn); it != inferred_.end()) {
-    const ArgMetas& seen = it->second.args;
+  Answers& answers = inferred_[&fn];
+  for (const Inferred& kept : answers.kept) {
+    const ArgMetas& seen = kept.args;
     bool same = seen.device() == device && seen.size() == args.size();
     for (std::size_t i = 0; same && i < args.size(); ++i) same = same_meta(seen.value(i), args.value(i));
-    if (same) return it->second.signature;
+    if (same) return kept.signature;
   }
   std::vector<Value> metas;
   metas.reserve(args.size());
@@ -99,8 +100,16 @@ const Signature& KernelCall::expected(const functions::Function& fn, const Args&
   }
   ArgMetas seen(fn.name, std::move(metas), device);
   Signature signature = functions::infer(fn, seen);
-  auto& entry = inferred_.insert_or_assign(&fn, Inferred{std::move(seen), std::move(signature)}).first->second;
-  return entry.signature;
+  Inferred answer{std::move(seen), std::move(signature)};
+  if (answers.kept.size() < kPerFunction) {
+    answers.kept.reserve(kPerFunction);  // a caller's reference stays valid
+    answers.kept.push_back(std::move(answer));
+    return answers.kept.back().signature;
+  }
+  Inferred& replaced = answers.kept[answers.next];
+  answers.next = (answers.next + 1) % kPerFunction;
+  replaced = std::move(answer);
+  return replaced.signature;
 }
 
 void KernelCall::check(const std::string& function, const Signature& expected, const std::vector<Tensor>& outputs,

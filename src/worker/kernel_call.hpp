@@ -3,6 +3,7 @@
 // every later command, and peers join collectives, with those metas).
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -17,9 +18,10 @@ class KernelCall {
   explicit KernelCall(int rank) : rank_(rank) {}
 
   // The signature `fn`'s shape function gives for `args` on `device`, computed before the
-  // kernel runs (a mutating kernel may change its inputs). The last answer per function is
-  // kept with the metas it was given: loops call a function with the same metas, and shape
-  // functions are pure, so a hit is the same answer.
+  // kernel runs (a mutating kernel may change its inputs). The last few answers per
+  // function are kept with the metas they were given: loops call a function with the same
+  // metas (a step calls one with a few scalars), and shape functions are pure, so a hit is
+  // the same answer.
   const Signature& expected(const functions::Function& fn, const Args& args, const Device& device);
   // Throws UsageError naming the function, the rank and the output unless `outputs` match
   // `expected`: the same count, and each output the declared shape, dtype and device kind,
@@ -36,8 +38,13 @@ class KernelCall {
     ArgMetas args;
     Signature signature;
   };
+  static constexpr std::size_t kPerFunction = 4;
+  struct Answers {
+    std::vector<Inferred> kept;  // at most kPerFunction
+    std::size_t next = 0;        // the one a new answer replaces once full
+  };
   int rank_;
-  std::unordered_map<const functions::Function*, Inferred> inferred_;
+  std::unordered_map<const functions::Function*, Answers> inferred_;
 };
 
 }  // namespace meshrt::detail

@@ -44,6 +44,10 @@ TEST(WorkerKernelCall, TheShapeFunctionRunsAgainOnlyForOtherMetasOrAnotherDevice
   EXPECT_EQ(g_shape_calls - before, 2);
   calls.expected(fn, args_of(b), Device::emulated(0));
   EXPECT_EQ(g_shape_calls - before, 3);
+  // A step calls one function with a few metas (or scalars) in turn: each answer is kept.
+  EXPECT_EQ(calls.expected(fn, args_of(a), Device::cpu()).outputs.at(0), a.meta());
+  EXPECT_EQ(calls.expected(fn, args_of(b), Device::cpu()).outputs.at(0), b.meta());
+  EXPECT_EQ(g_shape_calls - before, 3) << "a and b alternate: their kept answers";
 }
 
 TEST(WorkerKernelCall, SameMetaComparesTensorsByMetaAndEverythingElseByValue) {
