@@ -92,7 +92,9 @@ bool CollectiveWords::SendWords::matches(const SendTensor& c) const {
 }
 
 void CollectiveWords::posting(Monitor& monitor, std::uint64_t seq, const Reduce& c, const WorkerMesh& mesh) {
-  if (!reduce_.matches(c)) {
+  reduce_at_ = 0;
+  while (reduce_at_ < kReduceWords && !reduce_[reduce_at_].matches(c)) ++reduce_at_;
+  if (reduce_at_ == kReduceWords) {
     ReduceWords w{.mesh = c.mesh.id,
                   .dim = c.dim,
                   .reduction = c.reduction,
@@ -104,22 +106,26 @@ void CollectiveWords::posting(Monitor& monitor, std::uint64_t seq, const Reduce&
         fmt::format("{} over '{}', joining (a dimension's first use sets up its communicator with every mesh member)",
                     meshrt::name(c.reduction), c.dim);
     for (auto r : mesh.ranks()) w.members.push_back(static_cast<int>(r));
-    reduce_ = std::move(w);
+    reduce_at_ = reduce_next_;
+    reduce_next_ = (reduce_next_ + 1) % kReduceWords;
+    reduce_[reduce_at_] = std::move(w);
   }
-  if (!reduce_.running.empty())
-    monitor.describe(seq, reduce_.running, reduce_.peers, c.factory.nbytes());
+  const ReduceWords& w = reduce_[reduce_at_];
+  if (!w.running.empty())
+    monitor.describe(seq, w.running, w.peers, c.factory.nbytes());
   else
-    monitor.describe(seq, reduce_.joining, reduce_.members, c.factory.nbytes());
+    monitor.describe(seq, w.joining, w.members, c.factory.nbytes());
 }
 
 void CollectiveWords::posted(Monitor& monitor, std::uint64_t seq, const Reduce& c, const Pending& op,
                              const WorkerMesh& mesh) {
-  // posting() left reduce_ matching `c`; a collective that completes inside its call is
+  // posting() chose the entry matching `c`; a collective that completes inside its call is
   // done before this could describe it, so its words are made here, once.
-  if (!reduce_.running.empty()) return;
-  reduce_.running = op.describe();
-  reduce_.peers = mesh.line_world_ranks(mesh.dim_index(c.dim));
-  monitor.describe(seq, reduce_.running, reduce_.peers, 0);
+  ReduceWords& w = reduce_[reduce_at_];
+  if (!w.running.empty()) return;
+  w.running = op.describe();
+  w.peers = mesh.line_world_ranks(mesh.dim_index(c.dim));
+  monitor.describe(seq, w.running, w.peers, 0);
 }
 
 void CollectiveWords::posting(Monitor& monitor, std::uint64_t seq, const Collective& c, const WorkerMesh& mesh) {

@@ -1,10 +1,12 @@
 // What the flight recorder (worker/monitor.hpp) shows of a worker's commands: each
 // command's fields as it is queued, and for a collective or send the words of what it does
-// and its peers. A loop of the same collective or send reuses the words of the first:
-// formatting them per command would cost as much as the rest of the worker's part in a
-// small collective.
+// and its peers. A loop of the same few collectives (a step's sum and average) or the same
+// send reuses the words of the first: formatting them per command would cost as much as
+// the rest of the worker's part in a small collective.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -41,7 +43,7 @@ class CollectiveWords {
   void posted(Monitor& monitor, std::uint64_t seq, const protocol::SendTensor& c, const Pending& op, int rank);
 
  private:
-  // The last Reduce's words, reused while the next one matches it.
+  // The last few Reduces' words, each reused while a later one matches it.
   struct ReduceWords {
     std::uint64_t mesh = 0;
     std::string dim;
@@ -64,7 +66,10 @@ class CollectiveWords {
     std::vector<int> peers;
     bool matches(const protocol::SendTensor& c) const;
   };
-  ReduceWords reduce_;
+  static constexpr std::size_t kReduceWords = 4;
+  std::array<ReduceWords, kReduceWords> reduce_;
+  std::size_t reduce_at_ = 0;    // the entry posting() chose for the Reduce being posted
+  std::size_t reduce_next_ = 0;  // the entry the next new Reduce replaces
   SendWords send_;
 };
 

@@ -7,8 +7,8 @@
 #include <boost/algorithm/string/predicate.hpp>
 #include <boost/core/demangle.hpp>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -574,7 +574,8 @@ struct Worker::Impl {
         return false;
       }
       const std::uint32_t place = recording.place(r.next++);
-      if (place != 0) monitor().replay_step(r.q.seq, place, [&](detail::CommandRecord& slot) { record(command, slot); });
+      if (place != 0)
+        monitor().replay_step(r.q.seq, place, [&](detail::CommandRecord& slot) { record(command, slot); });
       run_command(command);
       if (current.failed) {
         r.failed = true;
