@@ -201,24 +201,41 @@ struct Worker::Impl {
 
   // ------------------------------------------------------------------ values
 
-  // A kernel's context on this rank, or the marker its stream or mesh depends on.
-  std::variant<CallContext, DependentOnError> context(Ref mesh_ref, Ref stream_ref) const {
+  // A kernel's context on this rank, or the marker its stream or mesh depends on. The last
+  // one is kept while calls name the same mesh and stream (a mesh's and a stream's values
+  // never change, and a kernel can change nothing of its context but the signature, set for
+  // each call): building it copies the mesh's names and coordinates.
+  std::variant<CallContext*, DependentOnError> context(Ref mesh_ref, Ref stream_ref) {
+    if (kept_context.valid && kept_context.mesh == mesh_ref.id && kept_context.stream == stream_ref.id)
+      return &kept_context.context;
     const auto stream = env.find<detail::StreamValue>(stream_ref, "stream");
     if (!stream) return stream.failed;
     // CPU kernels get no native stream: making one would create a CUDA context for a
     // CPU-only program.
-    if (mesh_ref.id == 0) return CallContext(opt.rank, {}, {}, {}, stream->id, Device::cpu(), nullptr);
-    const auto mesh = env.find<detail::MeshValue>(mesh_ref, "mesh");
-    if (!mesh) return mesh.failed;
-    // Kernels get this rank's own device of the kind the mesh is placed on.
-    const Device where = mesh->kind == Device::Kind::Cpu ? Device::cpu() : device::rank_device(mesh->kind);
-    // A cuda mesh's kernels launch on the CUDA stream of this meshrt stream (never the
-    // legacy default stream); CPU meshes get none (no CUDA context for CPU work), emulated
-    // ones enqueue through the device layer.
-    void* native = where.is_cuda() ? stream->handle.device(Device::Kind::Cuda).native() : nullptr;
-    return CallContext(opt.rank, mesh->mesh->names(), mesh->mesh->coordinates(), mesh->mesh->ranks().sizes(),
-                       stream->id, where, native);
+    if (mesh_ref.id == 0) {
+      kept_context.context = CallContext(opt.rank, {}, {}, {}, stream->id, Device::cpu(), nullptr);
+    } else {
+      const auto mesh = env.find<detail::MeshValue>(mesh_ref, "mesh");
+      if (!mesh) return mesh.failed;
+      // Kernels get this rank's own device of the kind the mesh is placed on.
+      const Device where = mesh->kind == Device::Kind::Cpu ? Device::cpu() : device::rank_device(mesh->kind);
+      // A cuda mesh's kernels launch on the CUDA stream of this meshrt stream (never the
+      // legacy default stream); CPU meshes get none (no CUDA context for CPU work), emulated
+      // ones enqueue through the device layer.
+      void* native = where.is_cuda() ? stream->handle.device(Device::Kind::Cuda).native() : nullptr;
+      kept_context.context = CallContext(opt.rank, mesh->mesh->names(), mesh->mesh->coordinates(),
+                                         mesh->mesh->ranks().sizes(), stream->id, where, native);
+    }
+    kept_context.mesh = mesh_ref.id;
+    kept_context.stream = stream_ref.id;
+    kept_context.valid = true;
+    return &kept_context.context;
   }
+  struct KeptContext {
+    std::uint64_t mesh = 0, stream = 0;
+    bool valid = false;
+    CallContext context;
+  } kept_context;
 
   // A fetch's preprocess runs where the value is: on its accelerator device and that
   // device's stream of the fetch's meshrt stream (a CUDA kernel given no stream would run
@@ -294,7 +311,8 @@ struct Worker::Impl {
     invocation(c.ident, c.function, c.results, c.mutates, [&]() -> std::optional<DependentOnError> {
       auto found = context(c.mesh, c.stream);
       if (const auto* marker = std::get_if<DependentOnError>(&found)) return *marker;
-      CallContext& ctx = *std::get_if<CallContext>(&found);
+      CallContext& ctx = **std::get_if<CallContext*>(&found);
+      ctx.set_signature(nullptr);  // the kept context's last call's, until this call's is known
       std::vector<Value> args;
       args.reserve(c.args.size());
       for (const Value& a : c.args) {
@@ -484,7 +502,10 @@ struct Worker::Impl {
   void run(BorrowDrop& c) { borrows.drop(c, env); }
 
   void run(DeleteRefs& c) {
-    for (Ref r : c.refs) env.undefine(r.id);
+    for (Ref r : c.refs) {
+      env.undefine(r.id);
+      if (r.id == kept_context.mesh || r.id == kept_context.stream) kept_context.valid = false;
+    }
   }
 
   void run(CommandGroup&) {}     // flattened when it arrives (Inbox)
