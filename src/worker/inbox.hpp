@@ -44,6 +44,10 @@ class Inbox {
   bool empty() const noexcept { return queue_.empty(); }
   // The next command, in order; only when !empty().
   Queued pop();
+  // The next command, left in the queue to run in place (not moved out); only when !empty().
+  Queued& next() noexcept { return queue_.front(); }
+  // Drops the next command; only when !empty().
+  void drop() noexcept { queue_.pop_front(); }
   // The next command, left in the queue; only when !empty().
   const protocol::Command& front() const noexcept { return queue_.front().command; }
   // Whether the next command is a replay (it runs its recording in place); only when !empty().

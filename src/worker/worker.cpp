@@ -560,8 +560,8 @@ struct Worker::Impl {
     return false;
   }
 
-  // Runs one queued command (a replay: begin_replay).
-  void step(detail::Inbox::Queued q) {
+  // Runs one queued command (a replay: begin_replay), in place in the queue.
+  void step(detail::Inbox::Queued& q) {
     current.seq = q.seq;
     if (q.seq) monitor().running(q.seq);
     if (run_command(q.command)) return;
@@ -664,7 +664,8 @@ struct Worker::Impl {
         if (replay) {
           if (!advance_replay()) break;
         } else if (!in_flight.active() || in_flight.admits(inbox.front())) {
-          step(inbox.pop());
+          step(inbox.next());
+          inbox.drop();
         } else {
           break;
         }
