@@ -82,7 +82,7 @@ void Monitor::running(std::uint64_t seq) {
 void Monitor::describe(std::uint64_t seq, std::string_view name, std::span<const int> peers, std::uint64_t bytes) {
   std::lock_guard lock(mutex_);
   CommandRecord& r = ring_[seq % capacity_];
-  if (r.seq != seq) return;
+  if (r.seq != seq || r.keep) return;  // a replay's entry keeps naming its failed command
   r.name.assign(name);
   r.peers.assign(peers.begin(), peers.end());
   if (bytes) r.bytes = bytes;

@@ -381,10 +381,42 @@ TEST(Recording, TheFlightRecorderNamesTheReplay) {
     Recording rec = ctl.record(
         {x}, [&](const std::vector<DTensor>& in) { return std::vector<DTensor>{in[0].reduce("gpu", Reduction::Sum)}; });
     (void)rec({x});
+    (void)rec({x});
     ctl.synchronize();
     const std::string dump = ctl.dump_flight_recorder();
     EXPECT_NE(dump.find("Reduce all_reduce sum"), std::string::npos) << dump;
-    EXPECT_NE(dump.find("(replay of recording"), std::string::npos) << dump;
+    // One entry per replay on each rank, naming its command and how many it has.
+    std::size_t entries = 0;
+    for (std::size_t at = dump.find("(replay of recording"); at != std::string::npos;
+         at = dump.find("(replay of recording", at + 1))
+      ++entries;
+    EXPECT_EQ(entries, 2u * static_cast<std::size_t>(ctl.world_size())) << dump;
+    EXPECT_NE(dump.find(", command 1 of 1)"), std::string::npos) << dump;
+  });
+}
+
+TEST(Recording, TheFlightRecorderNamesTheFailedCommandOfAReplay) {
+  session([](Controller& ctl) {
+    Mesh mesh = mesh2x2(ctl);
+    DTensor x = mesh.call("test.pattern", {2}, DType::Float32);
+    const int bad = 1;
+    Recording rec = ctl.record({x}, [&](const std::vector<DTensor>& in) {
+      DTensor f = mesh.call("meshrt.fail", "boom in a replay", std::vector<std::int64_t>{bad});
+      DTensor joined = f.reduce("gpu", Reduction::Sum);
+      return std::vector<DTensor>{mesh.call("meshrt.scale", joined, 2.0), mesh.call("meshrt.scale", in[0], 2.0)};
+    });
+    (void)rec({x});
+    EXPECT_THROW(ctl.synchronize(), RemoteError);
+    const std::string dump = ctl.dump_flight_recorder();
+    // The bad rank's entry keeps naming the failed command, not the ones after it.
+    const std::size_t at = dump.find("meshrt.fail");
+    ASSERT_NE(at, std::string::npos) << dump;
+    const std::string line = dump.substr(at, dump.find('\n', at) - at);
+    EXPECT_NE(line.find("(replay of recording"), std::string::npos) << dump;
+    EXPECT_NE(line.find(", command 1 of 4)"), std::string::npos) << dump;
+    const std::size_t state = dump.rfind('\n', at);
+    EXPECT_NE(dump.substr(state, at - state).find("failed"), std::string::npos) << dump;
+    ctl.synchronize();
   });
 }
 
