@@ -112,6 +112,33 @@ TEST(Overlap, AKernelOnAnotherStreamRunsWhileACollectiveIsInFlight) {
   });
 }
 
+// The same inside a replay: the replay runs on past its collective in flight (the kernel on
+// the other stream), and ends once the collective completes.
+TEST(Overlap, AReplayRunsAKernelOnAnotherStreamWhileItsCollectiveIsInFlight) {
+  SKIP_WITHOUT_A_DEVICE_PER_RANK();
+  session([](Controller& ctl) {
+    const std::string path = signal_path("-replay");
+    Mesh mesh = ctl.world_mesh({{"rank", 2}}, test_kind());
+    Stream comm = ctl.stream("comm");
+    Stream compute = ctl.stream("compute");
+    DTensor x = mesh.call_on(comm, "meshrt.full", {{4}, DType::Float32, 1.0}).at(0);
+    EXPECT_EQ(first(ctl.fetch_shard(x.reduce("rank", Reduction::Sum), {{"rank", 0}}).get()), 2.0f);
+    Recording step = ctl.record({x}, [&](const std::vector<DTensor>& in) {
+      DTensor waited = mesh.call_on(comm, "test.await_signal", {path, 1}).at(0);  // rank 1 waits
+      DTensor y = in[0].reduce("rank", Reduction::Sum);                           // on comm
+      (void)mesh.call_on(compute, "test.signal", {path, 0});                      // rank 0 signals
+      return std::vector<DTensor>{waited, y};
+    });
+    const std::vector<DTensor> out = step({x});
+    EXPECT_EQ(first(ctl.fetch_shard(out[0], {{"rank", 1}}).get()), 1.0f)
+        << "rank 1 waited " << kWait.count()
+        << " s for a signal rank 0 gives in the replay after posting its all_reduce";
+    EXPECT_EQ(first(ctl.fetch_shard(out[1], {{"rank", 0}}).get()), 2.0f);
+    EXPECT_EQ(first(ctl.fetch_shard(out[1], {{"rank", 1}}).get()), 2.0f);
+    std::filesystem::remove(path);
+  });
+}
+
 // The same with an allocation on the other stream after a block was given up: CTest runs
 // the emulated case with MESHRT_DEVICE_POOL_BYTES=0, so the dropped tensor's block is
 // freed, not cached. The free is in its stream's order (a task on it, cudaFreeAsync on
