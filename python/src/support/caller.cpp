@@ -8,6 +8,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 namespace meshrt::python {
@@ -22,9 +23,14 @@ struct CodeLineHash {
 // Every site made so far. Touched with the GIL held only; never freed.
 struct Sites {
   std::set<std::string> text;  // file names and function names (nodes do not move)
-  // (code object, line) -> site. The code objects are kept alive (a strong reference
-  // each) so that an address is never reused for other code while it is a key here.
+  // (code object, bytecode offset) -> site: the offset, unlike the line, costs nothing to
+  // read, so a call site seen before is one lookup. The code objects are kept alive (a
+  // strong reference each) so that an address is never reused for other code while it is
+  // a key here.
   std::unordered_map<std::pair<PyCodeObject*, int>, CallSite, CodeLineHash> by_code;
+  // Code objects of the meshrt package's own files, which a call site skips; kept alive
+  // for the same reason.
+  std::unordered_set<PyCodeObject*> in_package;
   std::string package;  // the meshrt package's folder, with a trailing '/'
 };
 
@@ -59,6 +65,15 @@ bool in_package(PyCodeObject* code, const std::string& package) {
   return std::strncmp(file, package.data(), package.size()) == 0;
 }
 
+// The offset of the frame's current instruction, which identifies its line.
+int last_instruction(PyFrameObject* frame) {
+#if PY_VERSION_HEX >= 0x030B0000
+  return PyFrame_GetLasti(frame);
+#else
+  return frame->f_lasti;
+#endif
+}
+
 }  // namespace
 
 CallSite caller_site() {
@@ -70,22 +85,26 @@ CallSite caller_site() {
   bool have = false;
   while (frame != nullptr && !have) {
     PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
-    if (!in_package(code, package)) {
-      const int line = PyFrame_GetLineNumber(frame);
-      const auto key = std::make_pair(code, line);
+    const auto key = std::make_pair(code, last_instruction(frame));
+    if (auto it = s.by_code.find(key); it != s.by_code.end()) {
+      found = it->second;
       have = true;
-      if (auto it = s.by_code.find(key); it != s.by_code.end()) {
-        found = it->second;
+    } else if (!s.in_package.contains(code)) {
+      if (in_package(code, package)) {
+        Py_INCREF(code);  // the set's reference
+        s.in_package.insert(code);
       } else {
         const char* file = PyUnicode_AsUTF8(code->co_filename);
         const char* function = PyUnicode_AsUTF8(code->co_name);
         if (file == nullptr || function == nullptr) PyErr_Clear();
-        found = make_site(file ? file : "<unknown>", function ? function : "<unknown>", line);
+        found = make_site(file ? file : "<unknown>", function ? function : "<unknown>", PyFrame_GetLineNumber(frame));
         Py_INCREF(code);  // the key's reference
         s.by_code.emplace(key, found);
+        have = true;
       }
     }
     Py_DECREF(code);
+    if (have) break;
     PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
     Py_DECREF(frame);
     frame = back;
