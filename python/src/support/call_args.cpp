@@ -33,6 +33,17 @@ struct Position {
   std::string text() const { return parent ? fmt::format("{}[{}]", parent->text(), index) : std::to_string(index); }
 };
 
+Arg to_arg(py::handle obj, const std::string& fn, const Position& position, const CallSite& where);
+
+// A tuple or list (or a subclass of either) as a list argument.
+Arg list_arg(py::handle obj, const std::string& fn, const Position& position, const CallSite& where) {
+  std::vector<Arg> items;
+  items.reserve(py::len(obj));
+  std::size_t i = 0;
+  for (py::handle item : obj) items.push_back(to_arg(item, fn, Position{&position, i++}, where));
+  return Arg::list(std::move(items));
+}
+
 Arg to_arg(py::handle obj, const std::string& fn, const Position& position, const CallSite& where) {
   // The exact builtin types and meshrt's own first, by type pointer: no pybind11 lookups.
   PyObject* p = obj.ptr();
@@ -51,6 +62,9 @@ Arg to_arg(py::handle obj, const std::string& fn, const Position& position, cons
     PyErr_Clear();
   }
   if (Py_TYPE(p) == dtype_type) return Arg(obj.cast<DType>());
+  if (PyBool_Check(p)) return Arg(p == Py_True);
+  if (p == Py_None) return Arg(Value());
+  if (PyTuple_CheckExact(p) || PyList_CheckExact(p)) return list_arg(obj, fn, position, where);
   if (py::isinstance<DTensor>(obj)) return Arg(obj.cast<const DTensor&>());
   if (py::isinstance<Object>(obj)) {
     const Object& o = obj.cast<const Object&>();
@@ -74,13 +88,7 @@ Arg to_arg(py::handle obj, const std::string& fn, const Position& position, cons
     }
   }
   if (is_numpy_scalar(obj)) return to_arg(obj.attr("item")(), fn, position, where);
-  if (py::isinstance<py::tuple>(obj) || py::isinstance<py::list>(obj)) {
-    std::vector<Arg> items;
-    items.reserve(py::len(obj));
-    std::size_t i = 0;
-    for (py::handle item : obj) items.push_back(to_arg(item, fn, Position{&position, i++}, where));
-    return Arg::list(std::move(items));
-  }
+  if (py::isinstance<py::tuple>(obj) || py::isinstance<py::list>(obj)) return list_arg(obj, fn, position, where);
   if (is_tensor_like(obj)) {
     try {
       return Arg(to_tensor(obj, fmt::format("{}: argument {}", fn, position.text())));
