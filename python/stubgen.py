@@ -313,6 +313,8 @@ def class_stub(name, cls, module):
             out += function_stub(attr, fn, key, 4, method=True, static=True)
         elif callable(value) and type(value).__name__ == "instancemethod":
             out += function_stub(attr, value.__func__, key, 4, method=True)
+        elif type(value).__name__ == "method_descriptor":  # a method bound without pybind11's dispatcher
+            out += function_stub(attr, value, key, 4, method=True)
         elif is_enum(cls) and attr in cls.__members__:
             continue
         elif is_enum(cls) and isinstance(value, cls):  # an alias of a member (Reduction.MEAN)

@@ -101,7 +101,7 @@ void bind_controller(py::module_& m) {
             const auto where = caller_site();
             if (args.size() == 0) usage(where, "fetch: expected a function and its arguments, found none");
             const std::string fn = function_name(args[0], where, "fetch");
-            std::vector<Arg> a = to_args(args, 1, fn, where);
+            std::vector<Arg> a = to_args(items(args), 1, fn, where);
             std::optional<Mesh> mesh;
             std::vector<std::pair<std::string, std::int64_t>> c;
             for (auto [k, v] : kwargs) {

@@ -13,6 +13,7 @@
 #include "support/call_args.hpp"
 #include "support/caller.hpp"
 #include "support/convert.hpp"
+#include "support/fast_method.hpp"
 
 namespace meshrt::python {
 
@@ -43,6 +44,56 @@ void bind_worker_object(py::module_& m) {
         return fmt::format("<meshrt.WorkerObject on mesh {}>", fmt::join(o.mesh().names(), "x"));
       });
 }
+
+namespace {
+
+// mesh.call and its kin are fast methods (support/fast_method.hpp): the calls a program
+// issues in its inner loop.
+
+py::object call(const Mesh& mesh, FastArgs args) {
+  const auto where = caller_site();
+  if (args.empty()) usage(where, "call: expected a function name and its arguments, found none");
+  const std::string fn = function_name(args[0], where);
+  std::vector<Arg> a = to_args(args, 1, fn, where);
+  DTensor out = released([&] {
+    std::vector<DTensor> outs = mesh.call_n(FunctionName(fn, where), std::move(a));
+    if (outs.size() > 1) {
+      usage(where, fmt::format("call: {} returns {} tensors; use call_n to get all of them", fn, outs.size()));
+    }
+    return outs.empty() ? DTensor() : std::move(outs.front());
+  });
+  return one_or_none(std::move(out));
+}
+
+py::object call_n(const Mesh& mesh, FastArgs args) {
+  const auto where = caller_site();
+  if (args.empty()) usage(where, "call_n: expected a function name and its arguments, found none");
+  const std::string fn = function_name(args[0], where);
+  std::vector<Arg> a = to_args(args, 1, fn, where);
+  return to_list(released([&] { return mesh.call_n(FunctionName(fn, where), std::move(a)); }));
+}
+
+py::object call_object(const Mesh& mesh, FastArgs args) {
+  const auto where = caller_site();
+  if (args.empty()) usage(where, "call_object: expected a function and its arguments, found none");
+  const std::string fn = function_name(args[0], where, "call_object");
+  std::vector<Arg> a = to_args(args, 1, fn, where);
+  return py::cast(released([&] { return mesh.call_object(FunctionName(fn, where), std::move(a)); }));
+}
+
+py::object call_on(const Mesh& mesh, FastArgs args) {
+  const auto where = caller_site();
+  if (args.size() < 2 || !py::isinstance<Stream>(args[0])) {
+    usage(where, "call_on: expected a Stream, a function name and its arguments, found " +
+                     (args.empty() ? std::string("none") : found(args[0])));
+  }
+  const Stream stream = py::handle(args[0]).cast<const Stream&>();
+  const std::string fn = function_name(args[1], where);
+  std::vector<Arg> a = to_args(args, 2, fn, where);
+  return to_list(released([&] { return mesh.call_on(stream, FunctionName(fn, where), std::move(a)); }));
+}
+
+}  // namespace
 
 void bind_mesh(py::module_& m) {
   bind_worker_object(m);
@@ -118,69 +169,32 @@ void bind_mesh(py::module_& m) {
           py::arg("dim") = py::none(),
           "A barrier over dim (a str; each line along it on its own), several dimensions as one (a tuple), or "
           "every dimension (none given): a Future whose result() is None once every rank of each line has "
-          "entered it and the work issued before it is complete. Device work already queued is not waited for.")
-      .def(
-          "call",
-          [](const Mesh& mesh, py::args args) -> py::object {
-            const auto where = caller_site();
-            if (args.size() == 0) usage(where, "call: expected a function name and its arguments, found none");
-            const std::string fn = function_name(args[0], where);
-            std::vector<Arg> a = to_args(args, 1, fn, where);
-            DTensor out = released([&] {
-              std::vector<DTensor> outs = mesh.call_n(FunctionName(fn, where), std::move(a));
-              if (outs.size() > 1) {
-                usage(where,
-                      fmt::format("call: {} returns {} tensors; use call_n to get all of them", fn, outs.size()));
-              }
-              return outs.empty() ? DTensor() : std::move(outs.front());
-            });
-            return one_or_none(std::move(out));
-          },
-          "call(fn, *args): runs a registered function on every rank; its one output (None for a function that "
-          "only mutates).")
-      .def(
-          "call_n",
-          [](const Mesh& mesh, py::args args) {
-            const auto where = caller_site();
-            if (args.size() == 0) usage(where, "call_n: expected a function name and its arguments, found none");
-            const std::string fn = function_name(args[0], where);
-            std::vector<Arg> a = to_args(args, 1, fn, where);
-            return to_list(released([&] { return mesh.call_n(FunctionName(fn, where), std::move(a)); }));
-          },
-          "call_n(fn, *args): as call, returning the list of every output.")
-      .def(
-          "call_object",
-          [](const Mesh& mesh, py::args args) {
-            const auto where = caller_site();
-            if (args.size() == 0) usage(where, "call_object: expected a function and its arguments, found none");
-            const std::string fn = function_name(args[0], where, "call_object");
-            std::vector<Arg> a = to_args(args, 1, fn, where);
-            return released([&] { return mesh.call_object(FunctionName(fn, where), std::move(a)); });
-          },
-          "call_object(fn, *args): runs the registered function fn(ctx, *args) on every rank, which keeps what it "
-          "returns; a WorkerObject handle to those objects, which calls on this mesh take as an argument.")
-      .def(
-          "call_on",
-          [](const Mesh& mesh, py::args args) {
-            const auto where = caller_site();
-            if (args.size() < 2 || !py::isinstance<Stream>(args[0])) {
-              usage(where, "call_on: expected a Stream, a function name and its arguments, found " +
-                               (args.size() == 0 ? std::string("none") : found(args[0])));
-            }
-            const Stream stream = args[0].cast<const Stream&>();
-            const std::string fn = function_name(args[1], where);
-            std::vector<Arg> a = to_args(args, 2, fn, where);
-            return to_list(released([&] { return mesh.call_on(stream, FunctionName(fn, where), std::move(a)); }));
-          },
-          "call_on(stream, fn, *args): as call_n, on an explicit stream.")
-      .def(
-          "from_host",
-          [](const Mesh& mesh, py::handle array) {
-            const auto where = caller_site();
-            const Tensor t = host_tensor(array, "from_host", where);
-            return released([&] { return mesh.from_host(t, where); });
-          },
-          py::arg("array"), "The controller's array (numpy, torch, meshrt.Tensor) copied to every rank of the mesh.")
+          "entered it and the work issued before it is complete. Device work already queued is not waited for.");
+  def_fast_method<const Mesh, call>(
+      cls, "call",
+      "call(self: meshrt._core.Mesh, *args) -> object\n\ncall(fn, *args): runs a registered function on every rank; "
+      "its one output (None for a function that only mutates).\n");
+  def_fast_method<const Mesh, call_n>(
+      cls, "call_n",
+      "call_n(self: meshrt._core.Mesh, *args) -> list\n\ncall_n(fn, *args): as call, returning the list of every "
+      "output.\n");
+  def_fast_method<const Mesh, call_object>(
+      cls, "call_object",
+      "call_object(self: meshrt._core.Mesh, *args) -> meshrt._core.WorkerObject\n\ncall_object(fn, *args): runs the "
+      "registered function fn(ctx, *args) on every rank, which keeps what it returns; a WorkerObject handle to those "
+      "objects, which calls on this mesh take as an argument.\n");
+  def_fast_method<const Mesh, call_on>(
+      cls, "call_on",
+      "call_on(self: meshrt._core.Mesh, *args) -> list\n\ncall_on(stream, fn, *args): as call_n, on an explicit "
+      "stream.\n");
+  cls.def(
+         "from_host",
+         [](const Mesh& mesh, py::handle array) {
+           const auto where = caller_site();
+           const Tensor t = host_tensor(array, "from_host", where);
+           return released([&] { return mesh.from_host(t, where); });
+         },
+         py::arg("array"), "The controller's array (numpy, torch, meshrt.Tensor) copied to every rank of the mesh.")
       .def(
           "scatter",
           [](const Mesh& mesh, const std::string& dim, py::handle array) {

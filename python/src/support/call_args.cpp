@@ -38,6 +38,13 @@ Arg to_arg(py::handle obj, const std::string& fn, const Position& position, cons
 // A tuple or list (or a subclass of either) as a list argument.
 Arg list_arg(py::handle obj, const std::string& fn, const Position& position, const CallSite& where) {
   std::vector<Arg> items;
+  if (PyTuple_CheckExact(obj.ptr())) {  // its items by index: no iterator made
+    const std::size_t n = static_cast<std::size_t>(PyTuple_GET_SIZE(obj.ptr()));
+    items.reserve(n);
+    for (std::size_t i = 0; i < n; ++i)
+      items.push_back(to_arg(PyTuple_GET_ITEM(obj.ptr(), i), fn, Position{&position, i}, where));
+    return Arg::list(std::move(items));
+  }
   items.reserve(py::len(obj));
   std::size_t i = 0;
   for (py::handle item : obj) items.push_back(to_arg(item, fn, Position{&position, i++}, where));
@@ -191,7 +198,8 @@ DeviceKind to_kind(py::handle obj, const CallSite& where) {
   usage(where, "world_mesh: expected kind \"cpu\", \"cuda\", \"emulated\" or a meshrt.DeviceKind, found " + found(obj));
 }
 
-std::vector<Arg> to_args(const py::args& args, std::size_t first, const std::string& fn, const CallSite& where) {
+std::vector<Arg> to_args(std::span<PyObject* const> args, std::size_t first, const std::string& fn,
+                         const CallSite& where) {
   std::vector<Arg> out;
   out.reserve(args.size() - first);
   for (std::size_t i = first; i < args.size(); ++i)

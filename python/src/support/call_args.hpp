@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <exception>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -53,8 +54,13 @@ std::optional<std::vector<std::string>> dimension_list(py::handle dim, std::stri
 Reduction to_reduction(py::handle obj, const CallSite& where);
 DeviceKind to_kind(py::handle obj, const CallSite& where);
 
+// A tuple's items (borrowed references).
+inline std::span<PyObject* const> items(const py::tuple& t) {
+  return {PySequence_Fast_ITEMS(t.ptr()), t.size()};
+}
 // A remote call's arguments from args[first:], for function `fn`.
-std::vector<Arg> to_args(const py::args& args, std::size_t first, const std::string& fn, const CallSite& where);
+std::vector<Arg> to_args(std::span<PyObject* const> args, std::size_t first, const std::string& fn,
+                         const CallSite& where);
 // A registered function's name: a str, or a function @meshrt.function registered.
 std::string function_name(py::handle fn, const CallSite& where, const char* call = "call");
 // The controller's array (numpy, torch, meshrt.Tensor) as a host tensor.
