@@ -225,14 +225,27 @@ Tensor host_tensor(py::handle obj, const std::string& what, const CallSite& wher
   }
 }
 
+// A new Python DTensor owning `t`, made as py::cast makes it but without its lookups (the
+// class by its C++ type's name; a Python object already at `t`'s address, which a
+// DTensor just moved from a call's results never has).
+py::object new_dtensor(DTensor t) {
+  static py::detail::type_info* const info = py::detail::get_type_info(typeid(DTensor), /*throw_if_missing=*/true);
+  auto object = py::reinterpret_steal<py::object>(py::detail::make_new_instance(info->type));
+  auto* instance = reinterpret_cast<py::detail::instance*>(object.ptr());
+  instance->owned = true;
+  instance->get_value_and_holder().value_ptr() = new DTensor(std::move(t));
+  info->init_instance(instance, nullptr);  // the holder takes the DTensor
+  return object;
+}
+
 py::object one_or_none(DTensor t) {
   if (!t.defined()) return py::none();
-  return py::cast(std::move(t));
+  return new_dtensor(std::move(t));
 }
 
 py::list to_list(std::vector<DTensor> ts) {
-  py::list out;
-  for (DTensor& t : ts) out.append(py::cast(std::move(t)));
+  py::list out(ts.size());
+  for (std::size_t i = 0; i < ts.size(); ++i) out[i] = new_dtensor(std::move(ts[i]));
   return out;
 }
 
