@@ -99,6 +99,11 @@ def test_caller_site_is_the_python_line():
     # The same line again is the same interned site.
     sites = [meshrt._core._caller_site() for _ in range(3)]
     assert sites[0] == sites[1] == sites[2]
+    # Two lines of one loop are two sites, the second time round (from the cache) as the first.
+    for _ in range(2):
+        first, first_line = meshrt._core._caller_site(), here()
+        second, second_line = meshrt._core._caller_site(), here()
+        assert (first[2], second[2]) == (first_line, second_line)
 
 
 def test_rank_and_world_size():
@@ -668,6 +673,13 @@ def test_usage_errors_name_the_python_line():
             mesh.call("meshrt.full", (3, 4), "not-a-dtype", 1.0)
         with pytest.raises(meshrt.UsageError, match="registered function's name"):
             mesh.call(42)
+        with pytest.raises(TypeError, match="keyword"):  # a call's arguments are positional
+            mesh.call("meshrt.full", (3, 4), meshrt.float32, value=1.0)
+        with pytest.raises(TypeError, match="Mesh"):
+            meshrt.Mesh.call_n(ctl, "meshrt.full", (3, 4), meshrt.float32, 1.0)
+        line = here() + 2
+        with pytest.raises(meshrt.UsageError, match=r"call_on: expected a Stream.*found str.*" + re.escape(site(line))):
+            mesh.call_on("comms", "meshrt.full", (3, 4), meshrt.float32, 1.0)
         with pytest.raises(meshrt.UsageError, match="unknown mesh dimension 'rack'"):
             ctl.fetch_shard(x, rack=0)
 
