@@ -128,6 +128,7 @@ void StatelessGroup::Impl::check_chunk(const char* op, std::size_t i, const MPI_
 bool StatelessGroup::Impl::finish_payload_in_order(const char* op, Kind kind, const char* out, std::size_t chunk_size,
                                                    std::span<const int> forward, std::size_t total) {
   Backoff backoff(group_wait(total));
+  unsigned idle = 0;
   for (std::size_t i = 0; i < req.chunks.size(); ++i) {
     MPI_Status st;
     for (;;) {
@@ -135,6 +136,11 @@ bool StatelessGroup::Impl::finish_payload_in_order(const char* op, Kind kind, co
       const int rc = MPI_Test(&req.chunks[i], &done, &st);
       if (rc != MPI_SUCCESS) check_chunk(op, i, st, rc);
       if (done) break;
+      if ((++idle & 15U) == 0 && notice_waiting()) {
+        // A member that raised (a disagreement on this broadcast) sends no more chunks.
+        Requests::cancel_receives(req.chunks);
+        check_not_broken(op);
+      }
       if (backoff.expired(dl_)) {
         Requests::cancel_receives(req.chunks);
         return false;

@@ -119,12 +119,15 @@ std::vector<int> Requests::late_of(std::span<MPI_Request> reqs, const std::vecto
 
 // ---- the notice of a broken group ---------------------------------------------------
 
-void BrokenWord::tell(MPI_Comm comm, const Members& who, const char* op, double seconds, std::uint64_t seq) {
+void BrokenWord::tell(MPI_Comm comm, const Members& who, const char* op, double seconds, std::uint64_t seq,
+                      BrokenWhy why, std::string_view text) {
   if (comm == MPI_COMM_NULL || who.size < 2 || notice_) return;
   notice_ = std::make_unique<BrokenNotice>();
+  notice_->why = why;
   notice_->seq = seq;
   notice_->seconds = seconds;
   std::strncpy(notice_->op, op, sizeof notice_->op - 1);
+  text.copy(notice_->text, std::min(text.size(), sizeof notice_->text - 1));
   for (int p = 0; p < who.size; ++p) {
     if (p == who.rank) continue;
     sends_.push_back(MPI_REQUEST_NULL);
@@ -198,6 +201,12 @@ bool StatelessGroup::Impl::message_waiting() noexcept {
   return flag != 0;
 }
 
+bool StatelessGroup::Impl::notice_waiting() {
+  int flag = 0;
+  MESHRT_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kBrokenTag, comm, &flag, MPI_STATUS_IGNORE));
+  return flag != 0;
+}
+
 void StatelessGroup::Impl::check_not_broken(const char* op) {
   int flag = 0;
   MPI_Status st;
@@ -207,7 +216,17 @@ void StatelessGroup::Impl::check_not_broken(const char* op) {
   MESHRT_MPI_CHECK(
       MPI_Recv(&n, static_cast<int>(sizeof n), MPI_BYTE, st.MPI_SOURCE, kBrokenTag, comm, MPI_STATUS_IGNORE));
   n.op[sizeof n.op - 1] = '\0';
+  n.text[sizeof n.text - 1] = '\0';
   const int from = st.MPI_SOURCE;
+  if (n.magic == kBrokenMagic && n.why == BrokenWhy::Disagreement) {
+    // The member that found the disagreement raised it; this one raises it too, now or
+    // at its next call if its own part of that collective had completed.
+    break_group(fmt::format("{} found a disagreement in {} #{} (seen in {})", who.peer(from), n.op, n.seq, op));
+    throw UsageError(fmt::format(
+        "{} on {}: the members disagree on the collective: {} found in {} #{}: {}; the group is unusable now "
+        "(every member raises this, in that call or its next): create a new group",
+        op, who.me(), who.peer(from), n.op, n.seq, n.text));
+  }
   const std::string what =
       n.magic == kBrokenMagic ? fmt::format("{} timed out in {}{} after {} s and broke the group", who.peer(from), n.op,
                                             std::string_view(n.op) == "send_obj" || std::string_view(n.op) == "recv_obj"
@@ -235,6 +254,17 @@ void StatelessGroup::Impl::timed_out(const char* op, const Timeout& t, const std
                   breaks_group ? "the group is unusable now (messages of this operation may still be in flight)"
                                : "the group is still usable"),
       missing, breaks_group);
+}
+
+void StatelessGroup::Impl::disagreed(const char* op, std::uint64_t seq, const std::string& what) {
+  break_group(fmt::format("a disagreement in {}", op));
+  // Every other member hears of it (check_not_broken), in its wait or at its next call:
+  // a broadcast's root and the receivers that agreed may have completed their part.
+  broken.tell(comm, who, op, 0, seq, BrokenWhy::Disagreement, what);
+  throw UsageError(
+      fmt::format("{} on {}: the members disagree on the collective: {}; the group is unusable now (every member "
+                  "raises this, in that call or its next): create a new group",
+                  op, who.me(), what));
 }
 
 void StatelessGroup::Impl::break_group(std::string why) {

@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "group/common.hpp"
@@ -76,7 +77,8 @@ struct Requests {
 class BrokenWord {
  public:
   // Sends it once: a later timeout of a broken group adds nothing.
-  void tell(MPI_Comm comm, const Members& who, const char* op, double seconds, std::uint64_t seq);
+  void tell(MPI_Comm comm, const Members& who, const char* op, double seconds, std::uint64_t seq,
+            BrokenWhy why = BrokenWhy::Timeout, std::string_view text = {});
   // Teardown before MPI_Finalize: frees the sends, abandoning the notice to any not done.
   void release() noexcept;
 
@@ -144,6 +146,12 @@ struct StatelessGroup::Impl {
   // (BrokenWord): its operation ended without this member, so what this one would
   // receive or complete now is what that operation left in flight.
   void check_not_broken(const char* op);
+  // Whether another member's notice waits (the slow path of every wait looks).
+  bool notice_waiting();
+  // This member found that the members disagree on a collective that not all of them
+  // exchange first messages in (a broadcast): breaks the group, tells every other member
+  // `what` (they raise it too, see check_not_broken) and raises it as a UsageError.
+  [[noreturn]] void disagreed(const char* op, std::uint64_t seq, const std::string& what);
   [[noreturn]] void timed_out(const char* op, const Timeout& t, const std::string& waiting_for,
                               const std::vector<int>& missing, bool breaks_group);
   void break_group(std::string why);
@@ -222,11 +230,20 @@ struct StatelessGroup::Impl {
 
   // The exchange every collective starts with, and the check that the members agree.
   // Their results live in these (reused: no allocation per call).
-  const std::vector<int>& exchange_first(const char* op, const Timeout& call_timeout, int root);
+  const std::vector<int>& exchange_first(const char* op, const Timeout& call_timeout, int root, std::uint64_t seq);
   const std::vector<WireHeaderView>& agree(const char* op, Kind kind, const detail::TypeTag& type, bool raw, int root,
                                            std::uint64_t seq, const std::vector<int>& sizes);
+  void read_first(const char* op, int p, int bytes, WireHeaderView& v);
+  static bool same_call(const WireHeaderView& v, Kind kind, const detail::TypeTag& type, bool raw, int root,
+                        std::uint64_t seq);
+  // A broadcast's receiver: the root's first message (in its inbox), checked.
+  const WireHeader& recv_root_first(const char* op, const Timeout& call_timeout, const detail::TypeTag& type, bool raw,
+                                    int src, std::uint64_t seq);
+  // Waits for req.sends; false on timeout. Another member's notice raises.
+  bool wait_sends(const char* op, std::size_t bytes);
   std::vector<int> first_sizes;
   std::vector<WireHeaderView> first_headers;
+  WireHeaderView root_header;
 };
 
 }  // namespace meshrt

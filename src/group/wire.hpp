@@ -1,22 +1,28 @@
 // The group's wire format (docs/ARCHITECTURE.md section 5): tags, the first message's
 // header, chunking, and the notice of a broken group. Private to src/group/.
 //
-// Wire protocol. Every object travels as one "first message" on the operation's header
-// tag (one tag for every collective, see collectives.cpp): a 64-byte WireHeader, the
-// sender's type name, and (for small objects) the whole payload, so a small object costs
-// exactly one MPI message. Larger payloads follow on
-// the operation's chunk tag as ceil(total / chunk) messages of at most `chunk` bytes,
-// sent from and received into the object's own memory where the type allows (raw types)
-// or the serialization buffer. MPI matches by (source, tag) and never overtakes between
-// a pair, so messages of different senders never mix and one sender's are FIFO.
+// Wire protocol. Every object travels as one "first message": a 64-byte WireHeader (the
+// operation, its sequence number, root and type, the payload's size), the sender's type
+// name, and (for small objects) the whole payload, so a small object costs exactly one
+// MPI message and the header is the members' agreement. Larger payloads follow on the
+// operation's chunk tag as ceil(total / chunk) messages of at most `chunk` bytes, sent
+// from and received into the object's own memory where the type allows (raw types) or the
+// serialization buffer. MPI matches by (source, tag) and never overtakes between a pair,
+// so messages of different senders never mix and one sender's are FIFO.
+//
+// A collective's first messages travel on a tag that carries its sequence number (modulo
+// kCollectiveTags): a broadcast's receiver waiting for its root can tell a first message
+// of the same collective from another member (a disagreement: in a broadcast only the
+// root sends) from one of a later collective without receiving it.
 //
 // Receiving: a first message is received with a pre-posted MPI_Irecv into a per-peer
 // buffer of the largest first-message size (kFirstMax), straight from MPI's eager path
-// (no probe, no unexpected-queue copy); a receive that times out is cancelled, so the
-// late message stays queued for the next call. The first chunk of a large payload is
-// probed before anything is allocated (a corrupt header never makes a rank allocate),
-// then every chunk is received in place. all_gather_obj posts all its receives before it
-// sends, and takes the parts in whatever order they come.
+// (no probe, no unexpected-queue copy), so a receiver need not know the size ahead; a
+// receive that times out is cancelled, so the late message stays queued for the next
+// call. The first chunk of a large payload is probed before anything is allocated (a
+// corrupt header never makes a rank allocate), then every chunk is received in place.
+// all_gather_obj posts all its receives before it sends, and takes the parts in whatever
+// order they come.
 #pragma once
 
 #include <unistd.h>
@@ -51,7 +57,7 @@ constexpr const char* kind_name(Kind k) {
 }
 
 constexpr std::uint32_t kMagic = 0x4752544d;  // "MTRG"
-constexpr std::uint16_t kVersion = 1;
+constexpr std::uint16_t kVersion = 2;
 // Objects up to this size travel inside the first message (one MPI message in all);
 // above it the payload is sent from the object's memory without a packing copy.
 constexpr std::size_t kInlineMax = 16 * 1024;
@@ -98,22 +104,29 @@ inline std::size_t physical_memory() {
   return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
 }
 
-// Every collective's first messages travel on one tag (collectives.cpp), after every
-// Kind's header and chunk tags.
-constexpr int kCollectiveTag = 2 * 5 - 1;
-
-// A member's word to the others that it broke the group in a timeout (on its own tag,
-// after every operation's): a member that arrives late takes it and raises too, instead of
+// A member's word to the others that it broke the group, in a timeout or on finding that
+// the members disagree on a broadcast (on its own tag, after every operation's): a member
+// that arrives late, or completed its part already, takes it and raises too, instead of
 // completing with what the others left in flight.
 constexpr int kBrokenTag = 2 * 5;
 constexpr std::uint32_t kBrokenMagic = 0x6b6f7262;  // "brok"
+enum class BrokenWhy : std::uint32_t { Timeout = 0, Disagreement = 1 };
 struct BrokenNotice {
   std::uint32_t magic = kBrokenMagic;
-  std::uint32_t reserved = 0;
+  BrokenWhy why = BrokenWhy::Timeout;
   std::uint64_t seq = 0;  // the collective's sequence number (0 for a send or recv)
   double seconds = 0;     // the timeout that expired
   char op[32] = {};       // the operation, NUL-terminated
+  char text[448] = {};    // a disagreement: what the member found, NUL-terminated
 };
+
+// Every collective's first messages travel on the tag of its sequence number, after every
+// Kind's header and chunk tags and the broken-group tag (MPI guarantees tags to 32767).
+constexpr int kFirstCollectiveTag = 2 * 5 + 1;
+constexpr std::uint64_t kCollectiveTags = 1024;
+constexpr int collective_tag(std::uint64_t seq) {
+  return kFirstCollectiveTag + static_cast<int>(seq % kCollectiveTags);
+}
 
 // Objects up to kInlineMax (and the chunk size) travel inside the first message.
 inline bool goes_inline(std::size_t size, std::size_t chunk) {

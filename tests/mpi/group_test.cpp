@@ -355,11 +355,37 @@ TEST(Group, DisagreementOnACollectiveIsAnErrorOnEveryRank) {
     }
     EXPECT_TRUE(g.usable());
   };
+  // A broadcast's root does not wait to hear back: a receiver that finds the disagreement
+  // breaks the group and tells every member, which raise it in the call or, if their part
+  // had completed (the root's), at their next call; the group is unusable afterwards.
+  auto expect_broadcast_disagreement = [&](const std::function<void(StatelessGroup&)>& f,
+                                           const std::vector<std::string>& parts) {
+    auto h = StatelessGroup::from_comm(MPI_COMM_WORLD);
+    std::string what;
+    try {
+      f(h);
+      try {
+        h.barrier(10s);
+        ADD_FAILURE() << "rank " << r << ": expected a UsageError naming the disagreement, the calls returned";
+      } catch (const meshrt::UsageError& e) {
+        what = e.what();
+      }
+    } catch (const meshrt::UsageError& e) {
+      what = e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": expected a UsageError, found: " << e.what();
+    }
+    EXPECT_NE(what.find("the members disagree on the collective"), std::string::npos) << what;
+    EXPECT_NE(what.find("the group is unusable now"), std::string::npos) << what;
+    for (const auto& p : parts) EXPECT_NE(what.find(p), std::string::npos) << "expected \"" << p << "\" in " << what;
+    EXPECT_FALSE(h.usable());
+  };
   // 1. The root: the first half says 0, the second half says 1 (small and chunked).
   for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20}) {
     const int root = r < n / 2 ? 0 : 1;
-    expect_disagreement([&] { (void)g.broadcast_obj(std::vector<char>(r == root ? bytes : 0, 'b'), root, 10s); },
-                        {fmt_root(root), fmt_root(1 - root)});
+    expect_broadcast_disagreement(
+        [&](StatelessGroup& h) { (void)h.broadcast_obj(std::vector<char>(r == root ? bytes : 0, 'b'), root, 10s); },
+        {fmt_root(root), fmt_root(1 - root)});
   }
   // 2. The operation: rank 0 calls a barrier, the others an all_gather.
   expect_disagreement(
@@ -370,15 +396,29 @@ TEST(Group, DisagreementOnACollectiveIsAnErrorOnEveryRank) {
           (void)g.all_gather_obj(r, 10s);
       },
       {r == 0 ? "called all_gather_obj" : "called barrier"});
-  // 3. The type of a broadcast.
-  expect_disagreement(
-      [&] {
+  // 3. The type of a broadcast, and a broadcast against an all_gather (either side).
+  expect_broadcast_disagreement(
+      [&](StatelessGroup& h) {
         if (r == n - 1)
-          (void)g.broadcast_obj(std::string("s"), 0, 10s);
+          (void)h.broadcast_obj(std::string("s"), 0, 10s);
         else
-          (void)g.broadcast_obj(5, 0, 10s);
+          (void)h.broadcast_obj(5, 0, 10s);
       },
-      {"of int", "of std::string"});
+      {"of int", "of std::string",
+       "group rank " + std::to_string(n - 1) + " (parent rank " + std::to_string(n - 1) + ")"});
+  for (int caster : {0, 2}) {
+    expect_broadcast_disagreement(
+        [&](StatelessGroup& h) {
+          if (r == caster)
+            (void)h.broadcast_obj(7, caster, 10s);
+          else
+            (void)h.all_gather_obj(7, 10s);
+        },
+        {"broadcast_obj #0 with root", "all_gather_obj #0 of int"});
+  }
+  // A receiver that raised leaves nothing behind on the others: a new group works.
+  auto fresh = StatelessGroup::from_comm(MPI_COMM_WORLD);
+  EXPECT_EQ(fresh.broadcast_obj(r == 1 ? 42 : 0, 1, 10s), 42);
   // The group still works, and every member's calls are counted alike.
   auto all = g.all_gather_obj(r * 3, 10s);
   for (int p = 0; p < n; ++p) EXPECT_EQ(all[static_cast<std::size_t>(p)], p * 3);
