@@ -18,11 +18,13 @@
 // next recv_obj from that source gets the next object. A send to self (any size) is
 // queued locally and taken by a later recv_obj from self.
 //
-// Every collective (broadcast_obj, all_gather_obj, barrier) starts with each member
-// telling every other what it called (operation, root, type, sequence number) before any
-// payload chunk moves, so members that disagree get a UsageError naming the disagreement
-// on every rank and the group stays usable. The price: a broadcast's root waits for one
-// small message from each member (MPI_Bcast's root does not wait).
+// Every object's first message says what its sender called (operation, root, type,
+// sequence number). all_gather_obj and barrier start with each member telling every other,
+// so members that disagree get a UsageError naming the disagreement on every rank and the
+// group stays usable. broadcast_obj is one message per receiver, the root's, and the root
+// does not wait to hear back (as MPI_Bcast's): a receiver that finds a disagreement
+// breaks the group and tells every member, which raise the same UsageError in the call
+// or, if their part had completed (the root's), at their next call on the group.
 //
 // MPI must be running: inside meshrt::run, or after the program's own MPI_Init_thread
 // (MPI_THREAD_MULTIPLE) and before its MPI_Finalize. A group never initialises MPI; a

@@ -13,6 +13,11 @@ namespace meshrt::python {
 
 using namespace group_ops;  // NOLINT(google-build-using-namespace): the group's own vocabulary
 
+// One message per receiver: the root's part (its flags, and its object or the error it
+// met encoding it) is the C++ broadcast's first message, whose header each receiver
+// checks against its call. What only a receiver asked for (its out=, its allow_pickle) is
+// checked on that receiver: it raises once the root's arrays are off the wire, and the
+// group stays usable (the root does not wait to hear back).
 py::object broadcast_obj(PyGroup& pg, py::handle obj, int src, std::optional<double> timeout, bool allow_pickle,
                          py::handle out) {
   const char* op = "broadcast_obj";
@@ -24,53 +29,71 @@ py::object broadcast_obj(PyGroup& pg, py::handle obj, int src, std::optional<dou
                                  g.world_size() - 1));
   }
   const bool root = g.rank() == src;
-  std::uint8_t flags = allow_pickle ? kAllowPickle : 0;
-  std::optional<codec::OutTarget> target;
-  const LocalError local = before_collective([&] {
-    if (root) {
+  const Site site{&pg, op, src};
+  const auto n = static_cast<std::size_t>(g.world_size());
+  std::string_view object;
+  if (root) {
+    std::uint8_t flags = allow_pickle ? kAllowPickle : 0;
+    const LocalError local = before_collective([&] {
       codec::encode(obj, allow_pickle, pg.enc);
       flags |= kHasObject;
-    } else if (!out.is_none()) {
-      target = codec::out_target(out);
-      flags |= kHasOut;
+    });
+    if (local) flags = static_cast<std::uint8_t>((flags & kAllowPickle) | kHasError);
+    write_part(pg.mine, flags, nullptr, local.text, &pg.enc.bytes);
+    {
+      py::gil_scoped_release release;
+      detail::BufferSink unused(pg.inbox);  // the root receives nothing
+      g.broadcast_bytes(broadcast_tag(src), false, pg.mine, unused, src, dl.first());
     }
-  });
-  if (local) flags = static_cast<std::uint8_t>((flags & kAllowPickle) | kHasError);
-  write_part(pg.mine, flags, target ? &target->spec : nullptr, local.text, &pg.enc.bytes);
-  const std::vector<Part> parts = exchange_parts(pg, g, op, broadcast_tag(src), dl);
-  local.rethrow();
-  raise_member_errors(pg, op, parts, src);
-
-  // The same checks on every member, from the same parts.
-  const Site site{&pg, op, src};
-  const std::string_view object = parts[static_cast<std::size_t>(src)].object;
+    if (local) {
+      local.rethrow();
+      std::vector<Part> parts(n);
+      parts[static_cast<std::size_t>(src)] = read_part(pg.mine, site.where());
+      raise_member_errors(pg, op, parts, src);
+    }
+    object = read_part(pg.mine, site.where()).object;
+  } else {
+    pg.parts.resize(n);
+    std::string& got = pg.parts[static_cast<std::size_t>(src)];
+    {
+      py::gil_scoped_release release;
+      detail::BufferSink sink(got);
+      g.broadcast_bytes(broadcast_tag(src), false, {}, sink, src, dl.first());
+    }
+    Part part = read_part(got, site.where_from());
+    if (part.flags & kHasError) {
+      // The root's encoding failed: every receiver raises what the root raises.
+      std::vector<Part> parts(n);
+      parts[static_cast<std::size_t>(src)] = std::move(part);
+      raise_member_errors(pg, op, parts, src);
+    }
+    object = part.object;
+  }
   const codec::Summary summary = codec::summarize(object, site.where());
-  if (summary.pickled) check_pickle_consent(pg, op, parts, {src});
-  std::vector<std::string> mismatches;
-  std::optional<codec::ArraySpec> sent;
-  bool sent_known = false;
-  for (std::size_t p = 0; p < parts.size(); ++p) {
-    if (!(parts[p].flags & kHasOut)) continue;
-    if (!sent_known) {
-      sent = codec::top_level_array(object, site.where());
-      sent_known = true;
-    }
-    if (!sent || !(*sent == parts[p].out)) {
-      mismatches.push_back(fmt::format("{} passed out= of {}", pg.peer(static_cast<int>(p)), parts[p].out.to_string()));
-    }
-  }
-  if (!mismatches.empty()) {
-    throw UsageError(
-        fmt::format("{} on {}: type or size mismatch: the root {} sent {}, but {}; nothing was "
-                    "sent, the group is still usable",
-                    op, pg.me(), pg.peer(src), sent ? sent->to_string() : "an object that is not an array",
-                    fmt::join(mismatches, ", ")));
-  }
 
   codec::Decoded decoded;
   std::exception_ptr failed;
   if (!root) {
     try {
+      if (summary.pickled && !allow_pickle) {
+        throw UsageError(fmt::format(
+            "{} on {}: the root {} pickled its object (it passed allow_pickle=True), but {} did not pass "
+            "allow_pickle=True; pickle runs code when it decodes, so the safe codec refuses it unless "
+            "both sides pass allow_pickle=True; the object was taken off the wire, the group is still usable",
+            op, pg.me(), pg.peer(src), pg.peer(g.rank())));
+      }
+      std::optional<codec::OutTarget> target;
+      if (!out.is_none()) {
+        target = codec::out_target(out);
+        const std::optional<codec::ArraySpec> sent = codec::top_level_array(object, site.where());
+        if (!sent || !(*sent == target->spec)) {
+          throw UsageError(fmt::format(
+              "{} on {}: type or size mismatch: the root {} sent {}, but {} passed out= of {}; the object was taken "
+              "off the wire, the group is still usable",
+              op, pg.me(), pg.peer(src), sent ? sent->to_string() : "an object that is not an array", pg.peer(g.rank()),
+              target->spec.to_string()));
+        }
+      }
       decoded = codec::decode(object, allow_pickle, target ? &*target : nullptr, site.where(), site.peer());
     } catch (...) {
       failed = std::current_exception();  // this rank still takes part in moving the arrays
