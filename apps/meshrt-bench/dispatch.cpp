@@ -103,6 +103,8 @@ class Collect : public benchmark::ConsoleReporter {
 };
 
 int run_dispatch(Context& ctx, int argc, char** argv, const std::string& json_path) {
+  // Google Benchmark's own flags (--benchmark_filter to run one of the three).
+  benchmark::Initialize(&argc, argv);
   const int commands = ctx.quick ? 20 * kBatch : 200 * kBatch;
   const int pings = ctx.quick ? 200 : 2000;
   // Sizes of what meshrt sends: a trivial CallFunction, a FetchValue and a scalar's FetchResult.
