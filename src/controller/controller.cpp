@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <boost/container/small_vector.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <exception>
@@ -1014,7 +1016,7 @@ Future<void> Mesh::barrier_impl(std::vector<std::string> given, const CallSite& 
   auto f = std::make_shared<detail::FutureState>();
   f->controller = state_->controller;
   f->ident = ident;
-  f->what = fmt::format("{} (invocation {})", what.str(), ident);
+  f->what = what.str();
   f->node = ctl->make_node(ident, what, where, std::span<const std::shared_ptr<Node>>());
   ctl->append(state_->dests,
               protocol::Collective{.kind = CollectiveKind::Barrier,
@@ -1351,13 +1353,14 @@ std::exception_ptr future_wait(FutureState& f, std::optional<std::chrono::durati
   if (f.composite) return wait_all(f, timeout);
   auto ctl = f.controller.lock();
   if (!ctl) return std::make_exception_ptr(UsageError("the future outlived its controller session"));
-  ctl->wait_for(f.ident, timeout, f.what);
+  const Subject subject(f.what, f.ident);
+  ctl->wait_for(f.ident, timeout, subject);
   f.finished = true;
   ctl->forget_fetch(f.ident);
-  f.error = ctl->failure_of(f.node, f.what);
+  f.error = ctl->failure_of(f.node, subject);
   if (!f.error && !f.value && f.rank >= 0) {
-    f.error =
-        std::make_exception_ptr(Error(fmt::format("{}: rank {} completed it without sending a value", f.what, f.rank)));
+    f.error = std::make_exception_ptr(
+        Error(fmt::format("{}: rank {} completed it without sending a value", subject.str(), f.rank)));
   }
   return f.error;
 }
@@ -1460,10 +1463,12 @@ namespace {
 using Coords = std::vector<std::pair<std::string, std::int64_t>>;
 
 // Each coordinate names a dimension of at least one of the meshes, once, inside its size.
-void check_coords(const std::vector<const MeshState*>& meshes, const Coords& coords) {
-  std::set<std::string> seen;
-  for (const auto& [dim, index] : coords) {
-    if (!seen.insert(dim).second) throw UsageError(fmt::format("fetch_shard: dimension '{}' given twice", dim));
+void check_coords(std::span<const MeshState* const> meshes, const Coords& coords) {
+  for (auto c = coords.begin(); c != coords.end(); ++c) {
+    const auto& [dim, index] = *c;
+    // A handful of coordinates: a scan, not a set, for the common one-coordinate fetch.
+    if (std::any_of(coords.begin(), c, [&](const auto& earlier) { return earlier.first == dim; }))
+      throw UsageError(fmt::format("fetch_shard: dimension '{}' given twice", dim));
     bool found = false;
     for (const MeshState* m : meshes) {
       const auto it = std::find(m->names.begin(), m->names.end(), dim);
@@ -1483,12 +1488,12 @@ void check_coords(const std::vector<const MeshState*>& meshes, const Coords& coo
 // The rank at `coords` of `mesh`: 0 along the dimensions not named (docs/guide.md,
 // "Fetching and futures"); coordinates of dimensions the mesh lacks are another tensor's.
 int rank_at(const MeshState& mesh, const Coords& coords) {
-  std::vector<std::int64_t> at(mesh.names.size(), 0);
+  boost::container::small_vector<std::int64_t, 4> at(mesh.names.size(), 0);
   for (const auto& [dim, index] : coords) {
     const auto it = std::find(mesh.names.begin(), mesh.names.end(), dim);
     if (it != mesh.names.end()) at[static_cast<std::size_t>(it - mesh.names.begin())] = index;
   }
-  return static_cast<int>(mesh.ranks.location(at));
+  return static_cast<int>(mesh.ranks.location(std::span<const std::int64_t>(at.data(), at.size())));
 }
 
 }  // namespace
@@ -1538,8 +1543,8 @@ Future<std::vector<Tensor>> Controller::fetch_shards(const std::vector<DTensor>&
       f->controller = state_;
       f->ident = ident;
       f->rank = g.rank;
-      f->what = fmt::format("fetch of {} tensor{} from rank {} (invocation {})", g.leaves.size(),
-                            g.leaves.size() == 1 ? "" : "s", g.rank, ident);
+      f->what =
+          fmt::format("fetch of {} tensor{} from rank {}", g.leaves.size(), g.leaves.size() == 1 ? "" : "s", g.rank);
       std::vector<std::shared_ptr<Node>> inputs;
       Value::List refs;
       for (std::size_t i : g.leaves) {
@@ -1572,7 +1577,8 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
     if (!t.state_) throw UsageError("fetch_shard: an undefined DTensor");
     ControllerState& ctl = *state_;
     const MeshState& mesh = *t.mesh_;
-    check_coords({&mesh}, coords);
+    const MeshState* const only[] = {&mesh};
+    check_coords(only, coords);
     // The preprocess function's signature (its shape function on the tensor's meta) says
     // whether it mutates its argument: then the fetch is a mutating use, like a call's.
     bool mutates = false;
@@ -1598,9 +1604,11 @@ Future<Tensor> Controller::fetch_shard(const DTensor& t, std::vector<std::pair<s
     f->controller = state_;
     f->ident = ident;
     f->rank = rank;
-    f->what = fmt::format("fetch (invocation {})", ident);
-    f->node = ctl.make_node(ident, fmt::format("fetch from rank {}{}", rank, preprocess ? " via " + *preprocess : ""),
-                            where, {t.state_->node()});
+    f->what = "fetch";
+    f->node = ctl.make_node(
+        ident,
+        preprocess ? detail::Words(fmt::format("fetch from rank {} via {}", rank, *preprocess)) : ctl.fetch_words(rank),
+        where, {t.state_->node()});
     ctl.register_fetch(ident, f);
     // The fetch runs on one rank: only that rank's local tensor changes, but the value
     // (every handle of it) now depends on the fetch, so a failed preprocess poisons it.
@@ -1647,7 +1655,8 @@ Future<Tensor> Controller::fetch_call(const Mesh& target, FunctionName fn, std::
           fn.name, sig.outputs.size(), sig.outputs.size() == 1 ? "" : "s", sig.mutates.size(), sig.views.size(),
           sig.views.size() == 1 ? "" : "s"));
     }
-    check_coords({&mesh}, coords);
+    const MeshState* const only[] = {&mesh};
+    check_coords(only, coords);
     const int rank = rank_at(mesh, coords);
     const std::shared_ptr<StreamState> on = tensors.empty() ? dflt.state_ : tensors.front().state_->stream;
     StreamState& stream = *on;
@@ -1666,7 +1675,7 @@ Future<Tensor> Controller::fetch_call(const Mesh& target, FunctionName fn, std::
     fut->controller = state_;
     fut->ident = ident;
     fut->rank = rank;
-    fut->what = fmt::format("fetch of {} (invocation {})", shown, ident);
+    fut->what = "fetch of " + shown;
     fut->node = ctl.make_node(ident, fmt::format("fetch of {} from rank {}", shown, rank), where, std::move(inputs));
     ctl.register_fetch(ident, fut);
     // A list value: the function's arguments (a fetch_shard's preprocess gets one ref).

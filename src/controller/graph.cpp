@@ -127,8 +127,8 @@ void DependencyGraph::record_failure(const protocol::RemoteFunctionFailed& r, st
   if (!issued_at.empty()) f.issued_at = std::move(issued_at);
 }
 
-std::exception_ptr DependencyGraph::failure_of(const std::shared_ptr<Node>& root, const std::string& subject,
-                                               Ident done) {
+std::exception_ptr DependencyGraph::failure_of(const std::shared_ptr<Node>& root, const Subject& subject, Ident done) {
+  if (root->clean) return nullptr;  // settled clean by prune: the common case, no search
   // Settled by prune: the cause is known; only the first links are followed for the text.
   if (root->poisoned && root->cause != 0) {
     if (auto f = failures_.find(root->cause); f != failures_.end()) {
@@ -155,7 +155,7 @@ std::exception_ptr DependencyGraph::failure_of(const std::shared_ptr<Node>& root
       const std::string head = f->second.describe(root->cause);
       const std::string text = root->links == 0 ? head
                                                 : fmt::format("{} depends on a failed invocation: {}\n  chain: {}",
-                                                              subject, head, chain_text(first, root->links + 1));
+                                                              subject.str(), head, chain_text(first, root->links + 1));
       return std::make_exception_ptr(
           RemoteError(text, root->cause, f->second.function, ranks, f->second.message, issued_at));
     }
@@ -221,7 +221,7 @@ std::exception_ptr DependencyGraph::failure_of(const std::shared_ptr<Node>& root
     std::vector<std::string> first;
     for (auto it = path.rbegin(); it != path.rend() && first.size() < kChainLinks; ++it)
       first.push_back(link_text(*seen[*it].node));
-    text = fmt::format("{} depends on a failed invocation: {}\n  chain: {}", subject, head,
+    text = fmt::format("{} depends on a failed invocation: {}\n  chain: {}", subject.str(), head,
                        chain_text(first, path.size()));
   }
   return std::make_exception_ptr(RemoteError(text, cause->ident, f.function, ranks, f.message, f.issued_at));

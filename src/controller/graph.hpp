@@ -81,7 +81,7 @@ class DependencyGraph {
   // The failure `node` depends on (smallest ident) as a RemoteError naming the chain, or
   // null when nothing reachable failed; `done` is the frontier, used to prune what is
   // found clean.
-  std::exception_ptr failure_of(const std::shared_ptr<Node>& node, const std::string& subject, Ident done);
+  std::exception_ptr failure_of(const std::shared_ptr<Node>& node, const Subject& subject, Ident done);
   // Every failure not raised yet, as one RemoteError whose root is the first (failures
   // outside an invocation first, then by ident) and whose text counts and lists the
   // others; all are marked raised. `more` receives how many others there were. Null

@@ -197,7 +197,7 @@ std::shared_ptr<Node> ControllerState::make_node(Ident ident, Words what, const 
   return n;
 }
 
-std::exception_ptr ControllerState::failure_of(const std::shared_ptr<Node>& node, const std::string& subject) {
+std::exception_ptr ControllerState::failure_of(const std::shared_ptr<Node>& node, const Subject& subject) {
   return graph_.failure_of(node, subject, tracker_.frontier());
 }
 
@@ -299,6 +299,13 @@ void ControllerState::append(const std::vector<int>& dests, protocol::Command c,
   if (ident != 0) tracker_.sent(dests, ident);
 }
 
+const Words& ControllerState::fetch_words(int rank) {
+  const auto at = static_cast<std::size_t>(rank);
+  if (at >= fetch_words_.size()) fetch_words_.resize(at + 1);
+  if (fetch_words_[at].empty()) fetch_words_[at] = Words(fmt::format("fetch from rank {}", rank));
+  return fetch_words_[at];
+}
+
 void ControllerState::poll_replies() {
   protocol::Reply reply;
   int from = -1;
@@ -370,13 +377,13 @@ void ControllerState::trace_call(Ident ident, const Words& what, const CallSite&
 }
 
 void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<double>> timeout,
-                               const std::string& what) {
-  refuse_on_worker_thread(what);
-  refuse_in_recording(what);
+                               const Subject& subject) {
+  if (worker_thread() != nullptr) refuse_on_worker_thread(subject.str());
+  if (recorder_.active()) refuse_in_recording(subject.str());
   // The wait as a span of the controller's track, however it ends.
   struct Traced {
     std::int64_t start = trace::enabled() ? trace::now_ns() : 0;
-    const std::string& what;
+    const Subject& what;
     Ident ident;
     ~Traced() {
       if (start == 0) return;
@@ -385,10 +392,10 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
       e.start_ns = start;
       e.end_ns = trace::now_ns();
       e.ident = ident;
-      e.a = trace::intern(what);
+      e.a = trace::intern(what.str());
       trace::record(e);
     }
-  } traced{.what = what, .ident = ident};
+  } traced{.what = subject, .ident = ident};
   flush_deferred();
   const auto start = std::chrono::steady_clock::now();
   Backoff backoff;
@@ -417,6 +424,7 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
       // Who is behind comes from the workers' own answers: a worker blocked in a
       // collective, or a status tree node busy in a command, cannot report what it has
       // finished, so the controller's own record names too many ranks.
+      const std::string what = subject.str();
       const std::string expired = fmt::format("{} did not complete within {:.3g} s", what, timeout->count());
       const DesyncReport report = diagnostics_.desync_report(ident, expired);
       const std::string head = expired + ": " + report.summary;
@@ -447,7 +455,7 @@ void ControllerState::wait_for(Ident ident, std::optional<std::chrono::duration<
     }
     if (warns && !warned && waited > stall_warning_) {
       warned = true;
-      report_stall(ident, what, std::chrono::duration<double>(waited));
+      report_stall(ident, subject.str(), std::chrono::duration<double>(waited));
     }
     // The embedding program's check (a Ctrl-C in Python), which may end the wait.
     if (const WaitCheck check = wait_check.load(std::memory_order_relaxed); check && start + waited >= next_check) {

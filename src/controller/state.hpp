@@ -135,7 +135,7 @@ struct FutureState {
   std::weak_ptr<ControllerState> controller;
   Ident ident = 0;
   int rank = -1;     // a fetch's; -1 for a completion (a barrier's), which brings no value
-  std::string what;  // "fetch (invocation 7)", for its errors
+  std::string what;  // "fetch": its errors say "fetch (invocation 7)" (Subject)
   std::shared_ptr<Node> node;
   std::optional<Value> value;
   bool finished = false;
@@ -231,7 +231,7 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   // Waits until frontier() >= ident; throws TimeoutError after `timeout`. Past
   // MESHRT_STALL_WARNING (when that comes first) it prints the desync report once and
   // waits on.
-  void wait_for(Ident ident, std::optional<std::chrono::duration<double>> timeout, const std::string& what);
+  void wait_for(Ident ident, std::optional<std::chrono::duration<double>> timeout, const Subject& what);
   // Waits until every worker has run everything issued so far (a RequestStatus to all of
   // them under a new ident named `what`); failures stay for the futures and synchronize().
   void wait_for_issued(std::optional<std::chrono::duration<double>> timeout, const char* what);
@@ -252,11 +252,13 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
     return graph_.make_node(0, std::move(what), where, inputs);
   }
   // The failure a node depends on (smallest ident), with the chain to it; null when clean.
-  std::exception_ptr failure_of(const std::shared_ptr<Node>& node, const std::string& subject);
+  std::exception_ptr failure_of(const std::shared_ptr<Node>& node, const Subject& subject);
   // Raises the first failure no call has raised yet (synchronize), logging how many more.
   void raise_unobserved_failures();
 
   void register_fetch(Ident ident, const std::shared_ptr<FutureState>& future) { fetches_[ident] = future; }
+  // A plain fetch's node words, "fetch from rank R": made once per rank, shared after.
+  const Words& fetch_words(int rank);
   void forget_fetch(Ident ident) { fetches_.erase(ident); }
 
   std::shared_ptr<StreamState> stream(const std::string& name);
@@ -308,6 +310,7 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   void report_stall(Ident ident, const std::string& what, std::chrono::duration<double> waited);
   std::uint64_t next_ref_ = 1;
   std::unordered_map<Ident, std::weak_ptr<FutureState>> fetches_;
+  std::vector<Words> fetch_words_;  // by rank
   // Streams by name while some handle holds them; the default stream lives as long as
   // the session.
   std::map<std::string, std::weak_ptr<StreamState>> streams_;

@@ -49,4 +49,20 @@ class Words {
   std::shared_ptr<const Text> text_;
 };
 
+// What a wait or a future is about, for its errors and its trace span: `head`, and
+// " (invocation N)" after it when `ident` is set. Made into text only when something is
+// reported, so a fetch that succeeds formats nothing.
+struct Subject {
+  Subject(std::string_view h, std::uint64_t i = 0) : head(h), ident(i) {}  // NOLINT: implicit
+  Subject(const char* h) : head(h) {}                                      // NOLINT: implicit
+  Subject(const std::string& h) : head(h) {}                               // NOLINT: implicit
+  std::string_view head;
+  std::uint64_t ident = 0;
+  std::string str() const {
+    std::string s(head);
+    if (ident != 0) s.append(" (invocation ").append(std::to_string(ident)).append(")");
+    return s;
+  }
+};
+
 }  // namespace meshrt::detail
