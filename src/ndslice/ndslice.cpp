@@ -164,6 +164,18 @@ Int NDSlice::location(std::span<const Int> coords) const {
 }
 
 bool NDSlice::contains(Int value) const noexcept {
+  if (nested_) {
+    // solve()'s greedy division, which is exact for nested strides, without the
+    // coordinates: a membership test per command allocates nothing.
+    Int rest = value - offset_;
+    if (rest < 0 || rest > suffix_extent_[0]) return false;
+    for (std::size_t k = 0; k < by_stride_desc_.size(); ++k) {
+      const std::size_t d = by_stride_desc_[k];
+      rest -= std::min(sizes_[d] - 1, rest / strides_[d]) * strides_[d];
+      if (rest > suffix_extent_[k + 1]) return false;
+    }
+    return rest == 0;
+  }
   std::vector<Int> coords;
   return try_coordinates(value, coords);
 }

@@ -704,13 +704,17 @@ class Reader {
         return m;
       }
       case CommandTag::SendTensor: {
-        SendTensor m;
-        m.result = ref("SendTensor.result");
-        m.from_ranks = slice("SendTensor.from_ranks");
-        m.to_ranks = slice("SendTensor.to_ranks");
-        m.tensor = ref("SendTensor.tensor");
-        m.factory = meta("SendTensor.factory");
-        m.stream = ref("SendTensor.stream");
+        // Built with its slices, in the wire's order (a braced list runs left to right):
+        // not from default slices then overwritten.
+        SendTensor m{.result = ref("SendTensor.result"),
+                     .from_ranks = slice("SendTensor.from_ranks"),
+                     .to_ranks = slice("SendTensor.to_ranks"),
+                     .tensor = ref("SendTensor.tensor"),
+                     .factory = meta("SendTensor.factory"),
+                     .stream = ref("SendTensor.stream"),
+                     .to_order = {},
+                     .from_order = {},
+                     .ident = 0};
         m.to_order = dims("SendTensor.to_order", length("SendTensor.to_order", sizeof(std::int64_t)));
         if (!m.to_order.empty()) {
           std::vector<bool> seen(m.to_order.size(), false);
