@@ -31,7 +31,7 @@ void InFlight::start(std::unique_ptr<Pending> op, std::optional<Ref> result, std
 
 namespace {
 
-bool contains(const std::vector<std::uint64_t>& ids, std::uint64_t id) {
+bool contains(const Footprint::Ids& ids, std::uint64_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 

@@ -4,13 +4,16 @@
 // its values, so a kernel on stream A overlaps a collective on stream B.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string_view>
 #include <vector>
 
+#include "common/assert.hpp"
 #include "common/backoff.hpp"
 #include "meshrt/internal/comm.hpp"
 #include "meshrt/internal/protocol.hpp"
@@ -22,11 +25,30 @@ class Env;
 class Monitor;
 class Reporter;
 
-// What an operation in flight reads and writes (ref ids), and its meshrt stream.
+// What an operation in flight reads and writes (ref ids), and its meshrt stream. At most
+// one read and two writes (an in-place reduce): held inline and copied as plain bytes, so
+// an operation allocates nothing for it.
 struct Footprint {
+  class Ids {
+   public:
+    Ids() = default;
+    Ids(std::initializer_list<std::uint64_t> ids) {
+      for (std::uint64_t id : ids) push_back(id);
+    }
+    void push_back(std::uint64_t id) {
+      MESHRT_ASSERT(n_ < ids_.size(), "an operation touches at most two refs of a kind");
+      ids_[n_++] = id;
+    }
+    const std::uint64_t* begin() const noexcept { return ids_.data(); }
+    const std::uint64_t* end() const noexcept { return ids_.data() + n_; }
+
+   private:
+    std::array<std::uint64_t, 2> ids_{};
+    std::size_t n_ = 0;
+  };
   std::uint64_t stream = 0;
-  std::vector<std::uint64_t> reads;
-  std::vector<std::uint64_t> writes;
+  Ids reads;
+  Ids writes;
 };
 
 class InFlight {

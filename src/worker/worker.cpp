@@ -435,11 +435,10 @@ struct Worker::Impl {
     Input in = env.input(c.tensor);
     // Accelerator tensors (and the factory of a broken one) go over the device layer's
     // communicators on the command's device stream.
-    // Written whole: growing `writes` by one reallocates it.
-    detail::Footprint footprint{.stream = c.stream.id,
-                                .reads = {c.tensor.id},
-                                .writes = c.inplace ? std::vector<std::uint64_t>{c.result.id, c.tensor.id}
-                                                    : std::vector<std::uint64_t>{c.result.id}};
+    detail::Footprint footprint{
+        .stream = c.stream.id,
+        .reads = {c.tensor.id},
+        .writes = c.inplace ? detail::Footprint::Ids{c.result.id, c.tensor.id} : detail::Footprint::Ids{c.result.id}};
     if (c.factory.device().is_accelerator()) {
       in_flight.start(
           start_reduce_device(mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory, c.stream.id),
