@@ -1306,7 +1306,11 @@ bool future_done(FutureState& f) {
   if (!ctl) return true;
   ctl->flush_deferred();
   ctl->poll_replies();
-  ctl->request_status(f.ident);
+  // As in wait_for: the first check asks only the workers with later work queued behind
+  // the ident (one whose last command it is reports by itself, a fetch's rank with its
+  // result); a later check asks every laggard.
+  ctl->request_status(f.ident, f.checked);
+  f.checked = true;
   return ctl->frontier() >= f.ident;
 }
 

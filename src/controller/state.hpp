@@ -139,6 +139,7 @@ struct FutureState {
   std::shared_ptr<Node> node;
   std::optional<Value> value;
   bool finished = false;
+  bool checked = false;  // done() asked about it once
   std::exception_ptr error;
   // when_all's: the futures it waits for (then it has no ident, node or controller).
   std::vector<std::shared_ptr<FutureState>> parts;
