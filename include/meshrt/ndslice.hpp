@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <boost/container/small_vector.hpp>
+
 #include "meshrt/error.hpp"
 
 namespace meshrt {
@@ -106,9 +108,11 @@ class NDSlice {
   std::vector<Int> sizes_;
   std::vector<Int> strides_;
   Int len_ = 1;
-  std::vector<std::size_t> by_stride_desc_;  // dimensions of size > 1, largest stride first
-  std::vector<Int> suffix_extent_;           // sum of (size-1)*stride over by_stride_desc_[k:]
-  bool nested_ = true;                       // each stride clears the extent of the next smaller
+  // Derived from sizes and strides, inline up to 4 dimensions: a slice is copied with
+  // every command that names one (a send's ranks), and these would double its allocations.
+  boost::container::small_vector<std::size_t, 4> by_stride_desc_;  // dimensions of size > 1, largest stride first
+  boost::container::small_vector<Int, 5> suffix_extent_;           // sum of (size-1)*stride over by_stride_desc_[k:]
+  bool nested_ = true;                                             // each stride clears the extent of the next smaller
 };
 
 }  // namespace meshrt
