@@ -163,7 +163,15 @@ void StatelessGroup::Impl::release() noexcept {
   MESHRT_MPI_IGNORE(MPI_Finalized(&finalized));  // noexcept teardown, as the frees below
   if (!finalized) {
     broken.release();
-    if (!unusable_after.empty() || message_waiting()) {
+    if (notice_req != MPI_REQUEST_NULL) {
+      // MPI must not write a late notice into freed memory: a receive that cannot be
+      // withdrawn keeps its buffer, leaked on purpose.
+      MPI_Status st;
+      const Requests::Withdrawn w = Requests::withdraw(notice_req, st);
+      if (w == Requests::Withdrawn::Stuck) (void)notice_in.release();
+      if (w != Requests::Withdrawn::Cancelled) notice_arrived = true;
+    }
+    if (!unusable_after.empty() || notice_arrived || message_waiting()) {
       // A broken group may have messages no member will ever receive (first messages and
       // notices to members that never came), as has one with a message waiting unreceived.
       // MPI may give a freed communicator's context to the next one made (MPICH does),
@@ -202,19 +210,23 @@ bool StatelessGroup::Impl::message_waiting() noexcept {
 }
 
 bool StatelessGroup::Impl::notice_waiting() {
+  if (notice_arrived) return true;
+  if (notice_req == MPI_REQUEST_NULL) {
+    if (who.size < 2 || notice_in) return false;  // posted once; a completed one is kept in notice_arrived
+    notice_in = std::make_unique<BrokenNotice>();
+    MESHRT_MPI_CHECK(MPI_Irecv(notice_in.get(), static_cast<int>(sizeof *notice_in), MPI_BYTE, MPI_ANY_SOURCE,
+                               kBrokenTag, comm, &notice_req));
+  }
   int flag = 0;
-  MESHRT_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kBrokenTag, comm, &flag, MPI_STATUS_IGNORE));
-  return flag != 0;
+  MESHRT_MPI_CHECK(MPI_Test(&notice_req, &flag, &notice_st));
+  notice_arrived = flag != 0;
+  return notice_arrived;
 }
 
 void StatelessGroup::Impl::check_not_broken(const char* op) {
-  int flag = 0;
-  MPI_Status st;
-  MESHRT_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kBrokenTag, comm, &flag, &st));
-  if (!flag) return;
-  BrokenNotice n{};
-  MESHRT_MPI_CHECK(
-      MPI_Recv(&n, static_cast<int>(sizeof n), MPI_BYTE, st.MPI_SOURCE, kBrokenTag, comm, MPI_STATUS_IGNORE));
+  if (!notice_waiting()) return;
+  BrokenNotice& n = *notice_in;
+  const MPI_Status& st = notice_st;
   n.op[sizeof n.op - 1] = '\0';
   n.text[sizeof n.text - 1] = '\0';
   const int from = st.MPI_SOURCE;

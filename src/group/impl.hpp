@@ -113,6 +113,13 @@ struct StatelessGroup::Impl {
   std::string unusable_after;      // why the group broke ("a timeout in barrier"); empty: usable
   std::uint64_t coll_seq = 0;      // collectives made so far (every kind: one order)
   group_internal::BrokenWord broken;
+  // Another member's notice is received into a receive posted at this member's first call
+  // and kept posted: testing it costs one progress of MPI, a probe of the communicator
+  // several (docs/ARCHITECTURE.md section 5).
+  std::unique_ptr<group_internal::BrokenNotice> notice_in;
+  MPI_Request notice_req = MPI_REQUEST_NULL;
+  MPI_Status notice_st{};
+  bool notice_arrived = false;
   // Sends to self never touch MPI (a send to self waits for its own receive, which this
   // rank cannot post while it waits): first messages and chunked payloads, in send order.
   std::deque<std::string> self_first;
