@@ -42,10 +42,11 @@
 //   laggards' status requests are seen). Yielding longer keeps the controller polling MPI
 //   beside worker 0's collective on the shared core.
 // - kGroup (StatelessGroup's waits): 64 hot polls without reading the clock (which costs
-//   as much as a poll); yield until the operation's spin time (200 us, or twice the time
-//   its bytes take at 1 GB/s: shared-memory transfers advance only while both ranks call
-//   into MPI, and a sleeping sender stalls its receiver); then sleep waited/8 (20 us ..
-//   1 ms).
+//   as much as a poll); spin 20 us (a small message about to arrive is taken without a
+//   trip through the scheduler); yield until the operation's spin time (2 ms, or twice the
+//   time its bytes take at 1 GB/s: shared-memory transfers advance only while both ranks
+//   call into MPI, and a sleeping sender stalls its receiver, as a sleeping receiver stalls
+//   a sender whose queue to it is full); then sleep waited/32 (10 us .. 1 ms).
 #pragma once
 
 #include <algorithm>
@@ -102,10 +103,10 @@ inline constexpr BackoffPolicy kReplyBell{.hot_polls = 0,
                                           .min_sleep = std::chrono::microseconds(1000),
                                           .max_sleep = std::chrono::microseconds(1000)};
 inline constexpr BackoffPolicy kGroup{.hot_polls = 64,
-                                      .spin = std::chrono::nanoseconds(0),
-                                      .yield = std::chrono::microseconds(200),
-                                      .sleep_divisor = 8,
-                                      .min_sleep = std::chrono::microseconds(20),
+                                      .spin = std::chrono::microseconds(20),
+                                      .yield = std::chrono::milliseconds(2),
+                                      .sleep_divisor = 32,
+                                      .min_sleep = std::chrono::microseconds(10),
                                       .max_sleep = std::chrono::microseconds(1000)};
 
 // Each set's phases in order, and a sleep range that is one.

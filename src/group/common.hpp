@@ -26,11 +26,11 @@ inline Clock::time_point deadline_after(Seconds t) {
 }
 
 // Waits: non-blocking MPI progressed with MPI_Test/MPI_Testsome in a loop that polls back
-// to back for a few dozen tries, then yields between polls for a while and then sleeps
-// with growing intervals (up to 1 ms), so a waiting rank does not burn a core on an
+// to back for a few dozen tries and 20 us, then yields between polls for a while and then
+// sleeps with growing intervals (up to 1 ms), so a waiting rank does not burn a core on an
 // oversubscribed machine. The common back-off with kGroup's parameters
 // (src/common/backoff.hpp says why); the yielding phase grows with the bytes in flight
-// (200 us, or about twice a transfer's time at 1 GB/s): shared-memory transfers only
+// (2 ms, or about twice a transfer's time at 1 GB/s): shared-memory transfers only
 // advance while both ranks call into MPI, and a sleeping sender stalls its receiver.
 inline Clock::duration spin_for(std::size_t bytes) {
   // About twice as long as the bytes take at 1 GB/s.
