@@ -431,13 +431,19 @@ class Reader {
   explicit Reader(std::span<const std::byte> bytes) : p_(bytes.data()), size_(bytes.size()) {}
 
   [[noreturn]] void fail(const char* field, std::string_view what) const { fail_at(pos_, field, what); }
-  [[noreturn]] void fail_at(std::size_t at, const char* field, std::string_view what) const {
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_at(std::size_t at, const char* field, std::string_view what) const {
     throw ProtocolError(fmt::format("protocol: decoding {} at byte {} of a {}-byte frame: {}", field, at, size_, what));
   }
   std::size_t left() const noexcept { return size_ - pos_; }
 
+  // The checks below inline into every field's read; their messages are formatted out of
+  // line, so a command's decode stays a few loads and compares per field.
   void need(std::size_t n, const char* field) const {
-    if (left() < n) fail(field, fmt::format("expected {} more bytes, found {}", n, left()));
+    if (left() < n) [[unlikely]]
+      short_of(n, field);
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] void short_of(std::size_t n, const char* field) const {
+    fail(field, fmt::format("expected {} more bytes, found {}", n, left()));
   }
   template <class T>
   T pod(const char* field) {
@@ -450,40 +456,63 @@ class Reader {
   std::uint8_t u8(const char* field) { return pod<std::uint8_t>(field); }
   bool boolean(const char* field) {
     const std::uint8_t b = u8(field);
-    if (b > 1) fail_at(pos_ - 1, field, fmt::format("expected a bool byte 0 or 1, found {}", b));
+    if (b > 1) [[unlikely]]
+      not_a_bool(b, field);
     return b == 1;
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] void not_a_bool(std::uint8_t b, const char* field) const {
+    fail_at(pos_ - 1, field, fmt::format("expected a bool byte 0 or 1, found {}", b));
   }
   template <class E>
   E enumeration(const char* field, int count) {
     const std::uint8_t b = u8(field);
-    if (b >= count) fail_at(pos_ - 1, field, fmt::format("expected a value in 0..{}, found {}", count - 1, b));
+    if (b >= count) [[unlikely]]
+      out_of_range(b, count, field);
     return static_cast<E>(b);
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] void out_of_range(std::uint8_t b, int count, const char* field) const {
+    fail_at(pos_ - 1, field, fmt::format("expected a value in 0..{}, found {}", count - 1, b));
   }
   // A count of items that take at least `min_item_bytes` each: refused before anything is
   // allocated if the rest of the frame cannot hold that many.
   std::size_t length(const char* field, std::size_t min_item_bytes) {
-    const std::size_t at = pos_;
     const std::size_t n = pod<std::uint32_t>(field);
-    if (min_item_bytes > 0 && n > left() / min_item_bytes) {
-      fail_at(at, field,
-              fmt::format("expected a count the remaining {} bytes can hold ({} bytes each), found {}", left(),
-                          min_item_bytes, n));
-    }
+    if (min_item_bytes > 0 && n > left() / min_item_bytes) [[unlikely]]
+      too_many(n, min_item_bytes, field);
     return n;
   }
+  [[noreturn, gnu::cold, gnu::noinline]] void too_many(std::size_t n, std::size_t min_item_bytes,
+                                                       const char* field) const {
+    fail_at(pos_ - sizeof(std::uint32_t), field,
+            fmt::format("expected a count the remaining {} bytes can hold ({} bytes each), found {}", left(),
+                        min_item_bytes, n));
+  }
   std::string string(const char* field) {
-    const std::size_t n = length(field, 1);
-    std::string s(reinterpret_cast<const char*>(p_ + pos_), n);
-    pos_ += n;
+    std::string s;
+    string_into(s, field);
     return s;
+  }
+  // Into a field of a command being decoded in place: no temporary to move.
+  void string_into(std::string& out, const char* field) {
+    const std::size_t n = length(field, 1);
+    out.assign(reinterpret_cast<const char*>(p_ + pos_), n);
+    pos_ += n;
   }
   Ref ref(const char* field) { return Ref{pod<std::uint64_t>(field)}; }
   std::vector<Ref> refs(const char* field) {
-    const std::size_t n = length(field, sizeof(Ref));
-    std::vector<Ref> out(n);
-    if (n > 0) std::memcpy(out.data(), p_ + pos_, n * sizeof(Ref));
-    pos_ += n * sizeof(Ref);
+    std::vector<Ref> out;
+    refs_into(out, field);
     return out;
+  }
+  void refs_into(std::vector<Ref>& out, const char* field) {
+    const std::size_t n = length(field, sizeof(Ref));
+    if (n == 0) {  // most commands mutate nothing
+      out.clear();
+      return;
+    }
+    out.resize(n);
+    std::memcpy(out.data(), p_ + pos_, n * sizeof(Ref));
+    pos_ += n * sizeof(Ref);
   }
   std::vector<std::int64_t> dims(const char* field, std::size_t n) {
     need(n * sizeof(std::int64_t), field);
@@ -614,6 +643,7 @@ class Reader {
   std::vector<Value> values(const char* field) {
     const std::size_t n = length(field, 1);
     std::vector<Value> out;
+    if (n == 0) return out;
     out.reserve(n);
     for (std::size_t i = 0; i < n; ++i) out.push_back(value(1, field));
     return out;
@@ -646,9 +676,9 @@ class Reader {
       case CommandTag::CallFunction: {
         CallFunction m;
         m.ident = pod<Ident>("CallFunction.ident");
-        m.results = refs("CallFunction.results");
-        m.mutates = refs("CallFunction.mutates");
-        m.function = string("CallFunction.function");
+        refs_into(m.results, "CallFunction.results");
+        refs_into(m.mutates, "CallFunction.mutates");
+        string_into(m.function, "CallFunction.function");
         m.args = values("CallFunction.args");
         m.stream = ref("CallFunction.stream");
         m.mesh = ref("CallFunction.mesh");
