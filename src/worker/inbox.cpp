@@ -102,14 +102,20 @@ void Inbox::undecodable(const ProtocolError& e, std::size_t size, int from, Repo
 }
 
 void Inbox::enqueue(Command&& command) {
+  // One take of the recorder's lock for a batch's commands.
+  Monitor::Queuing recorder(monitor_, arrived_);
+  enqueue(std::move(command), recorder);
+}
+
+void Inbox::enqueue(Command&& command, Monitor::Queuing& recorder) {
   if (auto* group = std::get_if<CommandGroup>(&command)) {
-    for (Command& c : group->commands) enqueue(std::move(c));
+    for (Command& c : group->commands) enqueue(std::move(c), recorder);
     return;
   }
   if (auto* define = std::get_if<DefineRecording>(&command)) return recordings_.define(std::move(*define));
   if (const auto* call = std::get_if<CallRecording>(&command)) {
     std::shared_ptr<Recording> recording = recordings_.find(*call);
-    const std::uint64_t seq = monitor_.queued(arrived_, [&](CommandRecord& slot) {
+    const std::uint64_t seq = recorder.queued([&](CommandRecord& slot) {
       record(command, slot);
       slot.replay = recording->id();
       slot.replay_commands = static_cast<std::uint32_t>(recording->commands());
@@ -124,7 +130,7 @@ void Inbox::enqueue(Command&& command) {
   // collectives sends one per output, which would fill the recorder's ring.
   const std::uint64_t seq = std::holds_alternative<DeleteRefs>(command)
                                 ? 0
-                                : monitor_.queued(arrived_, [&](CommandRecord& slot) { record(command, slot); });
+                                : recorder.queued([&](CommandRecord& slot) { record(command, slot); });
   queue_.emplace_back(seq, std::move(command));
 }
 

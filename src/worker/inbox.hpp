@@ -14,11 +14,11 @@
 
 #include "meshrt/internal/control.hpp"
 #include "meshrt/internal/protocol.hpp"
+#include "worker/monitor.hpp"
 #include "worker/recordings.hpp"
 
 namespace meshrt::detail {
 
-class Monitor;
 class Reporter;
 
 class Inbox {
@@ -64,6 +64,7 @@ class Inbox {
   // emplaced, as a Command is a few hundred bytes. A DefineRecording is kept, not queued:
   // a replay is queued with the recording it runs.
   void enqueue(protocol::Command&& command);
+  void enqueue(protocol::Command&& command, Monitor::Queuing& recorder);
 
   control::Transport& channel_;
   Monitor& monitor_;
