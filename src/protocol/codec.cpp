@@ -438,7 +438,7 @@ class Reader {
 
   // The checks below inline into every field's read; their messages are formatted out of
   // line, so a command's decode stays a few loads and compares per field.
-  void need(std::size_t n, const char* field) const {
+  [[gnu::always_inline]] void need(std::size_t n, const char* field) const {
     if (left() < n) [[unlikely]]
       short_of(n, field);
   }
@@ -446,15 +446,15 @@ class Reader {
     fail(field, fmt::format("expected {} more bytes, found {}", n, left()));
   }
   template <class T>
-  T pod(const char* field) {
+  [[gnu::always_inline]] T pod(const char* field) {
     need(sizeof(T), field);
     T v;
     std::memcpy(&v, p_ + pos_, sizeof(T));
     pos_ += sizeof(T);
     return v;
   }
-  std::uint8_t u8(const char* field) { return pod<std::uint8_t>(field); }
-  bool boolean(const char* field) {
+  [[gnu::always_inline]] std::uint8_t u8(const char* field) { return pod<std::uint8_t>(field); }
+  [[gnu::always_inline]] bool boolean(const char* field) {
     const std::uint8_t b = u8(field);
     if (b > 1) [[unlikely]]
       not_a_bool(b, field);
@@ -475,7 +475,7 @@ class Reader {
   }
   // A count of items that take at least `min_item_bytes` each: refused before anything is
   // allocated if the rest of the frame cannot hold that many.
-  std::size_t length(const char* field, std::size_t min_item_bytes) {
+  [[gnu::always_inline]] std::size_t length(const char* field, std::size_t min_item_bytes) {
     const std::size_t n = pod<std::uint32_t>(field);
     if (min_item_bytes > 0 && n > left() / min_item_bytes) [[unlikely]]
       too_many(n, min_item_bytes, field);
@@ -493,18 +493,18 @@ class Reader {
     return s;
   }
   // Into a field of a command being decoded in place: no temporary to move.
-  void string_into(std::string& out, const char* field) {
+  [[gnu::always_inline]] void string_into(std::string& out, const char* field) {
     const std::size_t n = length(field, 1);
     out.assign(reinterpret_cast<const char*>(p_ + pos_), n);
     pos_ += n;
   }
-  Ref ref(const char* field) { return Ref{pod<std::uint64_t>(field)}; }
+  [[gnu::always_inline]] Ref ref(const char* field) { return Ref{pod<std::uint64_t>(field)}; }
   std::vector<Ref> refs(const char* field) {
     std::vector<Ref> out;
     refs_into(out, field);
     return out;
   }
-  void refs_into(std::vector<Ref>& out, const char* field) {
+  [[gnu::always_inline]] void refs_into(std::vector<Ref>& out, const char* field) {
     const std::size_t n = length(field, sizeof(Ref));
     if (n == 0) {  // most commands mutate nothing
       out.clear();
