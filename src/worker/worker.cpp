@@ -49,7 +49,9 @@ WorkerOptions with_monitor(WorkerOptions o, detail::Monitor* own) {
   return o;
 }
 
-thread_local detail::WorkerThread* this_thread_worker = nullptr;
+// Initial-exec: read for every kernel call (RunningKernel), where a shared library's
+// thread-local costs a __tls_get_addr call; 8 bytes of the static TLS block.
+[[gnu::tls_model("initial-exec")]] thread_local detail::WorkerThread* this_thread_worker = nullptr;
 
 // Marks the calling thread as running a worker's loop (for detail::worker_thread) while it lives.
 struct OnWorkerThread {
