@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <type_traits>
 #include <unordered_set>
@@ -431,59 +432,88 @@ class Reader {
   explicit Reader(std::span<const std::byte> bytes) : p_(bytes.data()), size_(bytes.size()) {}
 
   [[noreturn]] void fail(const char* field, std::string_view what) const { fail_at(pos_, field, what); }
-  [[noreturn]] void fail_at(std::size_t at, const char* field, std::string_view what) const {
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_at(std::size_t at, const char* field, std::string_view what) const {
     throw ProtocolError(fmt::format("protocol: decoding {} at byte {} of a {}-byte frame: {}", field, at, size_, what));
   }
   std::size_t left() const noexcept { return size_ - pos_; }
 
-  void need(std::size_t n, const char* field) const {
-    if (left() < n) fail(field, fmt::format("expected {} more bytes, found {}", n, left()));
+  // The checks below inline into every field's read; their messages are formatted out of
+  // line, so a command's decode stays a few loads and compares per field.
+  [[gnu::always_inline]] void need(std::size_t n, const char* field) const {
+    if (left() < n) [[unlikely]]
+      short_of(n, field);
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] void short_of(std::size_t n, const char* field) const {
+    fail(field, fmt::format("expected {} more bytes, found {}", n, left()));
   }
   template <class T>
-  T pod(const char* field) {
+  [[gnu::always_inline]] T pod(const char* field) {
     need(sizeof(T), field);
     T v;
     std::memcpy(&v, p_ + pos_, sizeof(T));
     pos_ += sizeof(T);
     return v;
   }
-  std::uint8_t u8(const char* field) { return pod<std::uint8_t>(field); }
-  bool boolean(const char* field) {
+  [[gnu::always_inline]] std::uint8_t u8(const char* field) { return pod<std::uint8_t>(field); }
+  [[gnu::always_inline]] bool boolean(const char* field) {
     const std::uint8_t b = u8(field);
-    if (b > 1) fail_at(pos_ - 1, field, fmt::format("expected a bool byte 0 or 1, found {}", b));
+    if (b > 1) [[unlikely]]
+      not_a_bool(b, field);
     return b == 1;
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] void not_a_bool(std::uint8_t b, const char* field) const {
+    fail_at(pos_ - 1, field, fmt::format("expected a bool byte 0 or 1, found {}", b));
   }
   template <class E>
   E enumeration(const char* field, int count) {
     const std::uint8_t b = u8(field);
-    if (b >= count) fail_at(pos_ - 1, field, fmt::format("expected a value in 0..{}, found {}", count - 1, b));
+    if (b >= count) [[unlikely]]
+      out_of_range(b, count, field);
     return static_cast<E>(b);
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] void out_of_range(std::uint8_t b, int count, const char* field) const {
+    fail_at(pos_ - 1, field, fmt::format("expected a value in 0..{}, found {}", count - 1, b));
   }
   // A count of items that take at least `min_item_bytes` each: refused before anything is
   // allocated if the rest of the frame cannot hold that many.
-  std::size_t length(const char* field, std::size_t min_item_bytes) {
-    const std::size_t at = pos_;
+  [[gnu::always_inline]] std::size_t length(const char* field, std::size_t min_item_bytes) {
     const std::size_t n = pod<std::uint32_t>(field);
-    if (min_item_bytes > 0 && n > left() / min_item_bytes) {
-      fail_at(at, field,
-              fmt::format("expected a count the remaining {} bytes can hold ({} bytes each), found {}", left(),
-                          min_item_bytes, n));
-    }
+    if (min_item_bytes > 0 && n > left() / min_item_bytes) [[unlikely]]
+      too_many(n, min_item_bytes, field);
     return n;
   }
+  [[noreturn, gnu::cold, gnu::noinline]] void too_many(std::size_t n, std::size_t min_item_bytes,
+                                                       const char* field) const {
+    fail_at(pos_ - sizeof(std::uint32_t), field,
+            fmt::format("expected a count the remaining {} bytes can hold ({} bytes each), found {}", left(),
+                        min_item_bytes, n));
+  }
   std::string string(const char* field) {
-    const std::size_t n = length(field, 1);
-    std::string s(reinterpret_cast<const char*>(p_ + pos_), n);
-    pos_ += n;
+    std::string s;
+    string_into(s, field);
     return s;
   }
-  Ref ref(const char* field) { return Ref{pod<std::uint64_t>(field)}; }
+  // Into a field of a command being decoded in place: no temporary to move.
+  [[gnu::always_inline]] void string_into(std::string& out, const char* field) {
+    const std::size_t n = length(field, 1);
+    out.assign(reinterpret_cast<const char*>(p_ + pos_), n);
+    pos_ += n;
+  }
+  [[gnu::always_inline]] Ref ref(const char* field) { return Ref{pod<std::uint64_t>(field)}; }
   std::vector<Ref> refs(const char* field) {
-    const std::size_t n = length(field, sizeof(Ref));
-    std::vector<Ref> out(n);
-    if (n > 0) std::memcpy(out.data(), p_ + pos_, n * sizeof(Ref));
-    pos_ += n * sizeof(Ref);
+    std::vector<Ref> out;
+    refs_into(out, field);
     return out;
+  }
+  [[gnu::always_inline]] void refs_into(std::vector<Ref>& out, const char* field) {
+    const std::size_t n = length(field, sizeof(Ref));
+    if (n == 0) {  // most commands mutate nothing
+      out.clear();
+      return;
+    }
+    out.resize(n);
+    std::memcpy(out.data(), p_ + pos_, n * sizeof(Ref));
+    pos_ += n * sizeof(Ref);
   }
   std::vector<std::int64_t> dims(const char* field, std::size_t n) {
     need(n * sizeof(std::int64_t), field);
@@ -614,17 +644,37 @@ class Reader {
   std::vector<Value> values(const char* field) {
     const std::size_t n = length(field, 1);
     std::vector<Value> out;
+    if (n == 0) return out;
     out.reserve(n);
     for (std::size_t i = 0; i < n; ++i) out.push_back(value(1, field));
     return out;
   }
 
   Command command(int depth) {
+    Command c(std::in_place_type<RequestStatus>);
+    command_into(c, depth);
+    return c;
+  }
+  // A frame's commands for the worker's queue, each decoded in place into `slot()`: a
+  // group's one by one, nested groups flattened, with command()'s checks.
+  void flatten(int depth, const std::function<Command&()>& slot) {
+    const std::size_t at = pos_;
+    if (left() == 0 || p_[pos_] != std::byte{static_cast<std::uint8_t>(CommandTag::CommandGroup)})
+      return command_into(slot(), depth);
+    ++pos_;
+    if (depth >= kMaxDepth) {
+      fail_at(at, "CommandGroup", fmt::format("expected groups nested at most {} deep, found deeper", kMaxDepth));
+    }
+    const std::size_t n = length("CommandGroup.commands", 1);
+    for (std::size_t i = 0; i < n; ++i) flatten(depth + 1, slot);
+  }
+
+  void command_into(Command& out, int depth) {
     const std::size_t at = pos_;
     const std::uint8_t tag = u8("command tag");
     switch (static_cast<CommandTag>(tag)) {
       case CommandTag::CreateDeviceMesh: {
-        CreateDeviceMesh m;
+        auto& m = out.emplace<CreateDeviceMesh>();
         m.result = ref("CreateDeviceMesh.result");
         const std::size_t n = length("CreateDeviceMesh.names", 4);
         m.names.reserve(n);
@@ -635,37 +685,37 @@ class Reader {
           fail("CreateDeviceMesh", fmt::format("expected one name per mesh dimension ({}), found {} names",
                                                m.ranks.ndim(), m.names.size()));
         }
-        return m;
+        return;
       }
       case CommandTag::CreateStream: {
-        CreateStream m;
+        auto& m = out.emplace<CreateStream>();
         m.result = ref("CreateStream.result");
         m.is_default = boolean("CreateStream.is_default");
-        return m;
+        return;
       }
       case CommandTag::CallFunction: {
-        CallFunction m;
+        auto& m = out.emplace<CallFunction>();
         m.ident = pod<Ident>("CallFunction.ident");
-        m.results = refs("CallFunction.results");
-        m.mutates = refs("CallFunction.mutates");
-        m.function = string("CallFunction.function");
+        refs_into(m.results, "CallFunction.results");
+        refs_into(m.mutates, "CallFunction.mutates");
+        string_into(m.function, "CallFunction.function");
         m.args = values("CallFunction.args");
         m.stream = ref("CallFunction.stream");
         m.mesh = ref("CallFunction.mesh");
         m.keeps_object = boolean("CallFunction.keeps_object");
-        return m;
+        return;
       }
       case CommandTag::FetchValue: {
-        FetchValue m;
+        auto& m = out.emplace<FetchValue>();
         m.ident = pod<Ident>("FetchValue.ident");
         m.mutates = refs("FetchValue.mutates");
         if (boolean("FetchValue.function present")) m.function = string("FetchValue.function");
         m.value = value(1, "FetchValue.value");
         m.stream = ref("FetchValue.stream");
-        return m;
+        return;
       }
       case CommandTag::Reduce: {
-        Reduce m;
+        auto& m = out.emplace<Reduce>();
         m.result = ref("Reduce.result");
         m.tensor = ref("Reduce.tensor");
         m.factory = meta("Reduce.factory");
@@ -676,10 +726,10 @@ class Reader {
         m.scatter = boolean("Reduce.scatter");
         m.inplace = boolean("Reduce.inplace");
         m.ident = pod<Ident>("Reduce.ident");
-        return m;
+        return;
       }
       case CommandTag::Collective: {
-        Collective m;
+        auto& m = out.emplace<Collective>();
         m.kind = enumeration<CollectiveKind>("Collective.kind", kNumCollectiveKinds);
         m.result = ref("Collective.result");
         m.tensor = ref("Collective.tensor");
@@ -701,20 +751,20 @@ class Reader {
           fail_at(root_at, "Collective.root", fmt::format("expected -1 (none) or a position >= 0, found {}", m.root));
         }
         m.ident = pod<Ident>("Collective.ident");
-        return m;
+        return;
       }
       case CommandTag::SendTensor: {
         // Built with its slices, in the wire's order (a braced list runs left to right):
         // not from default slices then overwritten.
-        SendTensor m{.result = ref("SendTensor.result"),
-                     .from_ranks = slice("SendTensor.from_ranks"),
-                     .to_ranks = slice("SendTensor.to_ranks"),
-                     .tensor = ref("SendTensor.tensor"),
-                     .factory = meta("SendTensor.factory"),
-                     .stream = ref("SendTensor.stream"),
-                     .to_order = {},
-                     .from_order = {},
-                     .ident = 0};
+        auto& m = out.emplace<SendTensor>(SendTensor{.result = ref("SendTensor.result"),
+                                                     .from_ranks = slice("SendTensor.from_ranks"),
+                                                     .to_ranks = slice("SendTensor.to_ranks"),
+                                                     .tensor = ref("SendTensor.tensor"),
+                                                     .factory = meta("SendTensor.factory"),
+                                                     .stream = ref("SendTensor.stream"),
+                                                     .to_order = {},
+                                                     .from_order = {},
+                                                     .ident = 0});
         m.to_order = dims("SendTensor.to_order", length("SendTensor.to_order", sizeof(std::int64_t)));
         if (!m.to_order.empty()) {
           std::vector<bool> seen(m.to_order.size(), false);
@@ -752,41 +802,47 @@ class Reader {
           }
         }
         m.ident = pod<Ident>("SendTensor.ident");
-        return m;
+        return;
       }
       case CommandTag::BorrowCreate: {
-        BorrowCreate m;
+        auto& m = out.emplace<BorrowCreate>();
         m.result = ref("BorrowCreate.result");
         m.tensor = ref("BorrowCreate.tensor");
         m.from_stream = ref("BorrowCreate.from_stream");
         m.to_stream = ref("BorrowCreate.to_stream");
         m.already_borrowed = boolean("BorrowCreate.already_borrowed");
-        return m;
+        return;
       }
       case CommandTag::BorrowFirstUse:
-        return BorrowFirstUse{ref("BorrowFirstUse.borrow")};
+        out.emplace<BorrowFirstUse>(BorrowFirstUse{ref("BorrowFirstUse.borrow")});
+        return;
       case CommandTag::BorrowDrop:
-        return BorrowDrop{ref("BorrowDrop.borrow")};
+        out.emplace<BorrowDrop>(BorrowDrop{ref("BorrowDrop.borrow")});
+        return;
       case CommandTag::DeleteRefs:
-        return DeleteRefs{refs("DeleteRefs.refs")};
+        out.emplace<DeleteRefs>(DeleteRefs{refs("DeleteRefs.refs")});
+        return;
       case CommandTag::CommandGroup: {
         if (depth >= kMaxDepth) {
           fail_at(at, "CommandGroup", fmt::format("expected groups nested at most {} deep, found deeper", kMaxDepth));
         }
-        CommandGroup m;
+        auto& m = out.emplace<CommandGroup>();
         const std::size_t n = length("CommandGroup.commands", 1);
         m.commands.reserve(n);
-        for (std::size_t i = 0; i < n; ++i) m.commands.push_back(command(depth + 1));
-        return m;
+        for (std::size_t i = 0; i < n; ++i)
+          command_into(m.commands.emplace_back(std::in_place_type<RequestStatus>), depth + 1);
+        return;
       }
       case CommandTag::RequestStatus:
-        return RequestStatus{pod<Ident>("RequestStatus.ident")};
+        out.emplace<RequestStatus>(RequestStatus{pod<Ident>("RequestStatus.ident")});
+        return;
       case CommandTag::Exit:
-        return Exit{boolean("Exit.restart")};
+        out.emplace<Exit>(Exit{boolean("Exit.restart")});
+        return;
       case CommandTag::DefineRecording: {
         // Its commands are decoded as if at the deepest level: no group or recording in them.
         if (depth >= kMaxDepth) fail_at(at, "DefineRecording", "expected it in a batch, found it inside a recording");
-        DefineRecording m;
+        auto& m = out.emplace<DefineRecording>();
         m.recording = ref("DefineRecording.recording");
         m.formals = pod<std::uint32_t>("DefineRecording.formals");
         m.locals = pod<std::uint64_t>("DefineRecording.locals");
@@ -806,15 +862,15 @@ class Reader {
                     fmt::format("expected a call, reduction, send or borrow command, found {}", name(c)));
           }
         }
-        return m;
+        return;
       }
       case CommandTag::CallRecording: {
-        CallRecording m;
+        auto& m = out.emplace<CallRecording>();
         m.recording = ref("CallRecording.recording");
         m.actuals = refs("CallRecording.actuals");
         m.ref_base = pod<std::uint64_t>("CallRecording.ref_base");
         m.ident_base = pod<Ident>("CallRecording.ident_base");
-        return m;
+        return;
       }
       default:
         fail_at(at, "command tag",
@@ -1087,6 +1143,12 @@ Command decode_command(std::span<const std::byte> bytes) {
   Command c = r.command(0);
   r.finish();
   return c;
+}
+void decode_commands(std::span<const std::byte> bytes, const std::function<Command&()>& slot) {
+  Reader r(bytes);
+  r.header(FrameKind::Command);
+  r.flatten(0, slot);
+  r.finish();
 }
 Reply decode_reply(std::span<const std::byte> bytes) {
   Reader r(bytes);

@@ -39,7 +39,7 @@ bool Inbox::receive(Reporter& reporter) {
         // controller envelopes every batch to a rank once one reached it through a
         // parent), so it never waits and may release envelopes that overtook it.
         ++next_envelope_;
-        enqueue(decode_command(rx_));
+        take(rx_);
         if (!early_.empty()) run_early(reporter);
       }
     } catch (const ProtocolError& e) {
@@ -84,7 +84,7 @@ void Inbox::run_early(Reporter& reporter) {
     early_.erase(early_.begin());
     ++next_envelope_;
     try {
-      enqueue(decode_command(payload));
+      take(payload);
     } catch (const ProtocolError& error) {
       undecodable(error, payload.size(), -1, reporter);  // the next envelopes still run
     }
@@ -101,31 +101,62 @@ void Inbox::undecodable(const ProtocolError& e, std::size_t size, int from, Repo
                                       .exception_type = "meshrt::ProtocolError"});
 }
 
-void Inbox::enqueue(Command&& command) {
-  if (auto* group = std::get_if<CommandGroup>(&command)) {
-    for (Command& c : group->commands) enqueue(std::move(c));
-    return;
+void Inbox::take(std::span<const std::byte> frame) {
+  // Decoded straight into the queue; a frame that does not decode leaves none of its
+  // commands there.
+  const std::size_t first = queue_.size();
+  try {
+    decode_commands(frame, [&]() -> Command& {
+      return queue_.emplace_back(0, Command(std::in_place_type<RequestStatus>)).command;
+    });
+  } catch (...) {
+    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(first), queue_.end());
+    throw;
   }
-  if (auto* define = std::get_if<DefineRecording>(&command)) return recordings_.define(std::move(*define));
+  // One take of the recorder's lock for the frame's commands.
+  Monitor::Queuing recorder(monitor_, arrived_);
+  std::size_t i = first;
+  try {
+    while (i < queue_.size()) {
+      if (admit(queue_[i], recorder)) {
+        ++i;
+      } else {
+        queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+    }
+  } catch (...) {
+    // As if the frame's commands were queued one by one: the one refused and those after
+    // it are not.
+    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(i), queue_.end());
+    throw;
+  }
+}
+
+bool Inbox::admit(Queued& q, Monitor::Queuing& recorder) {
+  Command& command = q.command;
+  if (auto* define = std::get_if<DefineRecording>(&command)) {
+    recordings_.define(std::move(*define));
+    return false;
+  }
   if (const auto* call = std::get_if<CallRecording>(&command)) {
     std::shared_ptr<Recording> recording = recordings_.find(*call);
-    const std::uint64_t seq = monitor_.queued(arrived_, [&](CommandRecord& slot) {
+    q.seq = recorder.queued([&](CommandRecord& slot) {
       record(command, slot);
       slot.replay = recording->id();
       slot.replay_commands = static_cast<std::uint32_t>(recording->commands());
     });
-    queue_.emplace_back(seq, std::move(command), std::move(recording));
-    return;
+    q.recording = std::move(recording);
+    return true;
   }
   // A recording is freed with the last handle: the replays queued before hold it.
   if (const auto* deletes = std::get_if<DeleteRefs>(&command); deletes && !recordings_.empty())
     recordings_.forget(deletes->refs);
   // Deletes are not recorded (seq 0): they can neither hang nor fail, and a loop of
   // collectives sends one per output, which would fill the recorder's ring.
-  const std::uint64_t seq = std::holds_alternative<DeleteRefs>(command)
-                                ? 0
-                                : monitor_.queued(arrived_, [&](CommandRecord& slot) { record(command, slot); });
-  queue_.emplace_back(seq, std::move(command));
+  q.seq = std::holds_alternative<DeleteRefs>(command)
+              ? 0
+              : recorder.queued([&](CommandRecord& slot) { record(command, slot); });
+  return true;
 }
 
 }  // namespace meshrt::detail

@@ -8,17 +8,18 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 
 #include <boost/container/deque.hpp>
 #include <boost/container/options.hpp>
 
 #include "meshrt/internal/control.hpp"
 #include "meshrt/internal/protocol.hpp"
+#include "worker/monitor.hpp"
 #include "worker/recordings.hpp"
 
 namespace meshrt::detail {
 
-class Monitor;
 class Reporter;
 
 class Inbox {
@@ -60,10 +61,12 @@ class Inbox {
   // Queues the envelopes that are next in number.
   void run_early(Reporter& reporter);
   void undecodable(const ProtocolError& e, std::size_t size, int from, Reporter& reporter);
-  // Queues a command (a group's commands one by one) and records it; by rvalue and
-  // emplaced, as a Command is a few hundred bytes. A DefineRecording is kept, not queued:
-  // a replay is queued with the recording it runs.
-  void enqueue(protocol::Command&& command);
+  // Queues a command frame's commands (a group's one by one), decoded in place in the
+  // queue, and records them.
+  void take(std::span<const std::byte> frame);
+  // Records a command just decoded into the queue; false for a DefineRecording, which is
+  // kept, not queued (a replay is queued with the recording it runs).
+  bool admit(Queued& q, Monitor::Queuing& recorder);
 
   control::Transport& channel_;
   Monitor& monitor_;

@@ -81,7 +81,11 @@ bool KernelCall::same_meta(const Value& meta, const Value& v) {
 }
 
 const Signature& KernelCall::expected(const functions::Function& fn, const Args& args, const Device& device) {
-  Answers& answers = inferred_[&fn];
+  if (last_ != &fn) {
+    last_answers_ = &inferred_[&fn];
+    last_ = &fn;
+  }
+  Answers& answers = *last_answers_;
   for (const Inferred& kept : answers.kept) {
     const ArgMetas& seen = kept.args;
     bool same = seen.device() == device && seen.size() == args.size();

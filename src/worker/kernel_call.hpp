@@ -45,6 +45,10 @@ class KernelCall {
   };
   int rank_;
   std::unordered_map<const functions::Function*, Answers> inferred_;
+  // The last function's answers (a map's elements stay where they are): a loop calls one
+  // function in turn, without a hash lookup each time.
+  const functions::Function* last_ = nullptr;
+  Answers* last_answers_ = nullptr;
 };
 
 }  // namespace meshrt::detail

@@ -70,10 +70,21 @@ void Monitor::clear_command(CommandRecord& r) {
 
 void Monitor::running(std::uint64_t seq) {
   std::lock_guard lock(mutex_);
+  running_locked(seq, Clock::now());
+}
+
+void Monitor::finished_then_running(std::uint64_t done, bool failed, std::uint64_t next) {
+  std::lock_guard lock(mutex_);
+  const Clock::time_point now = Clock::now();
+  finished_locked(done, failed, now);
+  running_locked(next, now);
+}
+
+void Monitor::running_locked(std::uint64_t seq, Clock::time_point now) {
   CommandRecord& r = ring_[seq % capacity_];
   if (r.seq != seq) return;  // overwritten: the recorder is smaller than the queue
   r.state = CommandState::Running;
-  r.at.started = Clock::now();
+  r.at.started = now;
   worker_thread_.store(this_thread_id(), std::memory_order_relaxed);
   current_.store(seq);
   trace::current_ident = r.ident;
@@ -121,7 +132,7 @@ std::vector<trace::Event> Monitor::running_events() const {
 
 void Monitor::finished(std::uint64_t seq, bool failed) {
   std::lock_guard lock(mutex_);
-  finished_locked(seq, failed);
+  finished_locked(seq, failed, Clock::now());
 }
 
 void Monitor::replay_failed(std::uint64_t seq) {
@@ -134,16 +145,16 @@ void Monitor::replay_finished(std::uint64_t seq, bool failed) {
   std::lock_guard lock(mutex_);
   CommandRecord& r = ring_[seq % capacity_];
   if (r.seq == seq && failed) r.keep = true;
-  if (in_flight_.load() != seq) finished_locked(seq, failed);
+  if (in_flight_.load() != seq) finished_locked(seq, failed, Clock::now());
 }
 
-void Monitor::finished_locked(std::uint64_t seq, bool failed) {
+void Monitor::finished_locked(std::uint64_t seq, bool failed, Clock::time_point now) {
   CommandRecord& r = ring_[seq % capacity_];
   if (r.seq == seq) {
     // A replay whose command failed stays failed when an operation of it ends later.
     if (failed) r.keep = true;
     r.state = failed || r.keep ? CommandState::Failed : CommandState::Done;
-    r.at.ended = Clock::now();
+    r.at.ended = now;
     if (trace::enabled()) trace::record(trace_event(r));
   }
   std::erase(on_device_, seq);

@@ -66,7 +66,28 @@ class Monitor {
     fill(slot);
     return slot.seq;
   }
+  // Holds the recorder's lock while a batch's commands are queued one by one, so that a
+  // batch takes it once: queued(fill) as Monitor::queued.
+  class Queuing {
+   public:
+    Queuing(Monitor& monitor, std::chrono::steady_clock::time_point arrived)
+        : monitor_(monitor), lock_(monitor.mutex_), arrived_(arrived) {}
+    template <class Fill>
+    std::uint64_t queued(Fill&& fill) {
+      CommandRecord& slot = monitor_.claim_slot(arrived_);
+      fill(slot);
+      return slot.seq;
+    }
+
+   private:
+    Monitor& monitor_;
+    std::lock_guard<std::mutex> lock_;
+    std::chrono::steady_clock::time_point arrived_;
+  };
   void running(std::uint64_t seq);
+  // `done` ended and `next` starts running: finished(done, failed) then running(next)
+  // under one lock, with one clock read for the one's end and the other's start.
+  void finished_then_running(std::uint64_t done, bool failed, std::uint64_t next);
   // Adds what only the start of a collective knows (its description and peers). Copied
   // into the record's own strings, whose capacity the ring keeps from one command to the
   // next: no allocation per collective once the ring has come round.
@@ -129,7 +150,8 @@ class Monitor {
   CommandRecord& claim_slot(std::chrono::steady_clock::time_point arrived);
   // Empties what record() and describe() write, keeping the strings' capacity.
   static void clear_command(CommandRecord& r);
-  void finished_locked(std::uint64_t seq, bool failed);
+  void finished_locked(std::uint64_t seq, bool failed, std::chrono::steady_clock::time_point now);
+  void running_locked(std::uint64_t seq, std::chrono::steady_clock::time_point now);
   int rank_;
   std::string host_;
   std::size_t capacity_;

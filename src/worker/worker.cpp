@@ -49,7 +49,9 @@ WorkerOptions with_monitor(WorkerOptions o, detail::Monitor* own) {
   return o;
 }
 
-thread_local detail::WorkerThread* this_thread_worker = nullptr;
+// Initial-exec: read for every kernel call (RunningKernel), where a shared library's
+// thread-local costs a __tls_get_addr call; 8 bytes of the static TLS block.
+[[gnu::tls_model("initial-exec")]] thread_local detail::WorkerThread* this_thread_worker = nullptr;
 
 // Marks the calling thread as running a worker's loop (for detail::worker_thread) while it lives.
 struct OnWorkerThread {
@@ -314,7 +316,7 @@ struct Worker::Impl {
       CallContext& ctx = **std::get_if<CallContext*>(&found);
       ctx.set_signature(nullptr);  // the kept context's last call's, until this call's is known
       std::vector<Value> args;
-      args.reserve(c.args.size());
+      if (!c.args.empty()) args.reserve(c.args.size());
       for (const Value& a : c.args) {
         auto arg = env.resolve(a);
         if (const auto* marker = std::get_if<DependentOnError>(&arg)) return *marker;
@@ -332,7 +334,10 @@ struct Worker::Impl {
           ctx.device().is_accelerator() ? std::make_shared<device::TaskFailures>() : nullptr;
       {
         const RunningKernel running(c.function);
-        const device::TaskScope scope(tasks);
+        // A CPU kernel's scope would name no task failures, as outside any scope (the
+        // worker's loop runs in none): it is opened only for an accelerator's.
+        std::optional<device::TaskScope> scope;
+        if (tasks) scope.emplace(tasks);
         outputs = fn.kernel(ctx, kernel_args);
       }
       kernels.check(c.function, expected, outputs, kernel_args);
@@ -562,21 +567,36 @@ struct Worker::Impl {
     return false;
   }
 
-  // Runs one queued command (a replay: begin_replay), in place in the queue.
+  // Runs one queued command (a replay: begin_replay), in place in the queue. Its end is
+  // told to the flight recorder with the next command's start (one lock and one clock read
+  // for both), or by settle() when the run of commands stops.
   void step(detail::Inbox::Queued& q) {
     current.seq = q.seq;
-    if (q.seq) monitor().running(q.seq);
+    if (q.seq && ended.seq) {
+      monitor().finished_then_running(std::exchange(ended.seq, 0), ended.failed, q.seq);
+    } else if (q.seq) {
+      monitor().running(q.seq);
+    }
     if (run_command(q.command)) return;
     if (q.seq) {
       if (current.on_device) {
         monitor().on_device(q.seq);
       } else {
-        monitor().finished(q.seq, current.failed);
+        ended = {.seq = q.seq, .failed = current.failed};
       }
     }
   }
+  // The last command that ended, not yet finished in the flight recorder (0: none).
+  struct Ended {
+    std::uint64_t seq = 0;
+    bool failed = false;
+  } ended;
+  void settle() {
+    if (ended.seq) monitor().finished(std::exchange(ended.seq, 0), ended.failed);
+  }
 
   void begin_replay(detail::Inbox::Queued q) {
+    settle();
     current.seq = q.seq;
     monitor().running(q.seq);
     replay.emplace(Replay{.q = std::move(q)});
@@ -675,9 +695,13 @@ struct Worker::Impl {
         // A collective that completed inside its call (blocking in MPI) is finished at
         // once: the batch's next command runs without a turn's polls in between. The
         // status interval still ends the run, so long blocking commands still report.
-        if (in_flight.active()) in_flight.poll(env, reporter);
+        if (in_flight.active()) {
+          settle();
+          in_flight.poll(env, reporter);
+        }
         if (reporter.due()) break;
       }
+      settle();
       // Status when the worker moved: about once a second while busy, and at once when it
       // runs out of work, so a controller waiting on it rarely needs to ask (one message per
       // batch of commands).

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <deque>
+#include <random>
 #include <set>
 #include <string>
 #include <tuple>
@@ -44,6 +46,47 @@ TEST(Protocol, EveryCommandRoundTrips) {
     }
   }
   EXPECT_EQ(seen.size(), std::variant_size_v<Command>);
+}
+
+// A group's commands one by one, nested groups flattened: what a worker's queue holds.
+void flatten(Command c, std::vector<Command>& out) {
+  if (auto* g = std::get_if<CommandGroup>(&c)) {
+    for (Command& inner : g->commands) flatten(std::move(inner), out);
+  } else {
+    out.push_back(std::move(c));
+  }
+}
+
+TEST(Protocol, DecodeCommandsFlattensAsDecodeCommand) {
+  test::RandomMessages gen(7);
+  std::mt19937_64 rng(8);
+  int refused = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const Command one = gen.command(i % static_cast<int>(std::variant_size_v<Command>));
+    const Command c = i % 3 == 0 ? one : Command(CommandGroup{{one, CommandGroup{{gen.command(), one}}, Exit{}}});
+    Bytes b = encode(c);
+    if (i % 2) b[rng() % b.size()] = static_cast<std::byte>(rng());  // corrupt half of them
+    std::deque<Command> slots;
+    std::string in_place_error, whole_error;
+    try {
+      decode_commands(b, [&]() -> Command& { return slots.emplace_back(); });
+    } catch (const ProtocolError& e) {
+      in_place_error = e.what();
+    }
+    std::vector<Command> expected;
+    try {
+      flatten(decode_command(b), expected);
+    } catch (const ProtocolError& e) {
+      whole_error = e.what();
+    }
+    ASSERT_EQ(in_place_error, whole_error) << "#" << i;
+    if (!whole_error.empty()) {
+      ++refused;
+      continue;
+    }
+    ASSERT_EQ(std::vector<Command>(slots.begin(), slots.end()), expected) << "#" << i;
+  }
+  EXPECT_GT(refused, 0);
 }
 
 TEST(Protocol, EveryReplyAndHandshakeRoundTrips) {

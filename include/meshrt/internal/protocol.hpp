@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -394,6 +395,11 @@ std::vector<std::byte> encode(const Envelope& e);
 
 // Decodes exactly one frame that fills `bytes`; throws ProtocolError.
 Command decode_command(std::span<const std::byte> bytes);
+// A command frame's commands, each decoded in place into the command `slot()` returns: a
+// group's one by one, nested groups flattened (a worker's queue takes them so, without
+// moving each out of a group). On ProtocolError the slots already given hold partial
+// commands, for the caller to drop.
+void decode_commands(std::span<const std::byte> bytes, const std::function<Command&()>& slot);
 Reply decode_reply(std::span<const std::byte> bytes);
 Handshake decode_handshake(std::span<const std::byte> bytes);
 Query decode_query(std::span<const std::byte> bytes);
