@@ -25,7 +25,10 @@ for program in meshrt-info meshrt-trace meshrt-bench; do
     exit 1
   fi
 done
-env -u LD_LIBRARY_PATH "$work/prefix/bin/meshrt-info" | grep -q "meshrt " ||
+# Read whole, then matched: `grep -q` in the pipe would exit at the first line and, under
+# pipefail, fail the check when meshrt-info's next write meets the closed pipe.
+info_out=$(env -u LD_LIBRARY_PATH "$work/prefix/bin/meshrt-info")
+grep -q "meshrt " <<<"$info_out" ||
   { echo "test-install: expected meshrt-info to print meshrt's version" >&2; exit 1; }
 
 echo "== module load meshrt (Lmod)"
