@@ -449,12 +449,33 @@ struct Worker::Impl {
           start_reduce_device(mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory, c.stream.id),
           c.result, current.seq, "Reduce", c.ident, std::nullopt, std::move(footprint));
     } else {
-      in_flight.start(start_reduce(mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in), c.factory,
-                                   in_flight.cpu_completion()),
-                      c.result, current.seq, "Reduce", c.ident, c.factory.nbytes(), std::move(footprint));
+      std::unique_ptr<Pending> op = start_reduce(mesh, c.dim, c.reduction, c.scatter, c.inplace, std::move(in),
+                                                 c.factory, in_flight.cpu_completion());
+      words.posted(monitor(), current.seq, c, *op, mesh);
+      if (finish_at_start(*op, c.result)) return;
+      in_flight.start(std::move(op), c.result, current.seq, "Reduce", c.ident, c.factory.nbytes(),
+                      std::move(footprint));
+      reporter.hold(c.ident);
+      return;
     }
     reporter.hold(c.ident);
     words.posted(monitor(), current.seq, c, in_flight.op(), mesh);
+  }
+
+  // A CPU operation that completed inside its start (the worker blocks in MPI with a core
+  // per rank) defines its result here and ends like any command that ran (run_command):
+  // no tracking in flight, no hold of its ident, no poll. An operation to fail still goes
+  // through InFlight, which reports it.
+  bool finish_at_start(Pending& op, std::optional<Ref> result) {
+    if (!op.done_at_start()) return false;
+    Outcome out = op.take();
+    if (result) {
+      if (out.broken)
+        env.define(*result, *out.broken);
+      else
+        env.define(*result, std::move(out.tensor));
+    }
+    return true;
   }
 
   void run(Collective& c) {
@@ -474,9 +495,13 @@ struct Worker::Impl {
       in_flight.start(start_collective_device(mesh, op, std::move(in), c.factory, c.stream.id), result, current.seq,
                       "Collective", c.ident, std::nullopt, std::move(footprint));
     } else {
-      in_flight.start(start_collective(mesh, op, std::move(in), c.factory, in_flight.cpu_completion()), result,
-                      current.seq, "Collective", c.ident, c.kind == CollectiveKind::Barrier ? 0 : c.factory.nbytes(),
-                      std::move(footprint));
+      std::unique_ptr<Pending> p = start_collective(mesh, op, std::move(in), c.factory, in_flight.cpu_completion());
+      words.posted(monitor(), current.seq, c, *p, mesh);
+      if (finish_at_start(*p, result)) return;
+      in_flight.start(std::move(p), result, current.seq, "Collective", c.ident,
+                      c.kind == CollectiveKind::Barrier ? 0 : c.factory.nbytes(), std::move(footprint));
+      reporter.hold(c.ident);
+      return;
     }
     reporter.hold(c.ident);
     words.posted(monitor(), current.seq, c, in_flight.op(), mesh);
@@ -496,9 +521,14 @@ struct Worker::Impl {
                                                c.stream.id, c.to_order, c.from_order),
                       result, current.seq, "SendTensor", c.ident, std::nullopt, std::move(footprint));
     } else {
-      in_flight.start(start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in), c.factory,
-                                        in_flight.cpu_completion(), c.to_order, c.from_order),
-                      result, current.seq, "SendTensor", c.ident, c.factory.nbytes(), std::move(footprint));
+      std::unique_ptr<Pending> op = start_send_tensor(opt.p2p, opt.rank, c.from_ranks, c.to_ranks, std::move(in),
+                                                      c.factory, in_flight.cpu_completion(), c.to_order, c.from_order);
+      words.posted(monitor(), current.seq, c, *op, opt.rank);
+      if (finish_at_start(*op, result)) return;
+      in_flight.start(std::move(op), result, current.seq, "SendTensor", c.ident, c.factory.nbytes(),
+                      std::move(footprint));
+      reporter.hold(c.ident);
+      return;
     }
     reporter.hold(c.ident);
     words.posted(monitor(), current.seq, c, in_flight.op(), opt.rank);

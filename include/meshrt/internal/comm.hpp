@@ -143,6 +143,9 @@ class Pending {
   // For desync and timeout reports: "all_reduce sum over dimension 'gpu' of mesh
   // [host=2, gpu=2], 4096 bytes, peers world ranks 1,3".
   virtual std::string describe() const = 0;
+  // Whether it completed inside its start (a blocking MPI call) with an outcome that
+  // take() returns without throwing: the caller may take it at once, without test().
+  bool done_at_start() const noexcept { return finished_ && !taken_ && deferred_error_.empty(); }
 
  protected:
   // Called by subclasses once the operation completed.
