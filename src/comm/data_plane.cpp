@@ -9,12 +9,14 @@
 #include <array>
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "comm/mpi_types.hpp"
 #include "comm/output_pool.hpp"
@@ -189,11 +191,46 @@ struct Call {
   }
 };
 
+// The storage of the last MpiPending freed on this thread, kept for the next one: a worker
+// starts its collectives one at a time, so after the first none reaches the allocator.
+// Initial-exec and trivially destroyed, so a use is a plain load; the thread's exit frees
+// it through FreeSpare, set up the first time a spare is kept, and keeps no more after.
+[[gnu::tls_model("initial-exec")]] thread_local void* spare_pending = nullptr;
+enum class SpareState : std::uint8_t { Unset, Kept, Closed };
+[[gnu::tls_model("initial-exec")]] thread_local SpareState spare_state = SpareState::Unset;
+
+struct FreeSpare {
+  ~FreeSpare() {
+    spare_state = SpareState::Closed;
+    ::operator delete(std::exchange(spare_pending, nullptr));
+  }
+};
+
+// Whether `p` is kept as this thread's spare (otherwise the caller frees it).
+bool keep_spare(void* p) {
+  if (spare_pending || spare_state == SpareState::Closed) return false;
+  if (spare_state == SpareState::Unset) {
+    static thread_local FreeSpare at_exit;
+    (void)at_exit;
+    spare_state = SpareState::Kept;
+  }
+  spare_pending = p;
+  return true;
+}
+
 // One MPI operation in flight: its requests (a send and a receive, or a broadcast send's) or a job on the
 // comm thread, the tensors that must stay alive until it completes, and the avg division
 // still to do.
 class MpiPending final : public Pending {
  public:
+  static void* operator new(std::size_t size) {
+    if (size == sizeof(MpiPending) && spare_pending) return std::exchange(spare_pending, nullptr);
+    return ::operator new(size);
+  }
+  static void operator delete(void* p, std::size_t size) noexcept {
+    if (size != sizeof(MpiPending) || !keep_spare(p)) ::operator delete(p);
+  }
+
   ~MpiPending() override {
     // MPI still reads and writes the buffers this object keeps alive.
     if (job) {
