@@ -82,8 +82,10 @@ std::vector<int> peers_of(const SendTensor& s, int rank) {
 }
 
 bool CollectiveWords::ReduceWords::matches(const Reduce& c) const {
-  return !joining.empty() && mesh == c.mesh.id && dim == c.dim && reduction == c.reduction && scatter == c.scatter &&
-         inplace == c.inplace && bytes == c.factory.nbytes() && kind == c.factory.device().kind();
+  // The plain fields first: a step's reduces differ in their reduction more often than in
+  // their dimension's name or their size (each compared at a cost).
+  return !joining.empty() && mesh == c.mesh.id && reduction == c.reduction && scatter == c.scatter &&
+         inplace == c.inplace && kind == c.factory.device().kind() && dim == c.dim && bytes == c.factory.nbytes();
 }
 
 bool CollectiveWords::SendWords::matches(const SendTensor& c) const {
