@@ -184,9 +184,9 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   // Queues `c` for `dests`; `ident`, when non-zero, is recorded as outstanding on every
   // destination. Inside a recording the command is recorded instead. `payload`: the bytes
   // of its arguments (Batcher::append), which the caller checked against payload_limit().
-  void append(const std::vector<int>& dests, protocol::Command c, Ident ident = 0, std::size_t payload = 0);
+  void append(const std::vector<int>& dests, protocol::Command&& c, Ident ident = 0, std::size_t payload = 0);
   // Queues `c` now, also inside a recording (meshes, streams, the recording itself).
-  void append_now(const std::vector<int>& dests, protocol::Command c, std::size_t payload = 0);
+  void append_now(const std::vector<int>& dests, protocol::Command&& c, std::size_t payload = 0);
   // `ident` is outstanding on `dests`, sent inside a command that is not its own (a replay).
   void sent(const std::vector<int>& dests, Ident ident) { tracker_.sent(dests, ident); }
 
