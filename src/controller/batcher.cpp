@@ -107,7 +107,7 @@ void Batcher::take_failure() {
       commands, commands == 1 ? "" : "s", fmt::join(dests, ", "), what));
 }
 
-void Batcher::append(const std::vector<int>& dests, protocol::Command c, std::size_t payload) {
+void Batcher::append(const std::vector<int>& dests, protocol::Command&& c, std::size_t payload) {
   take_failure();
   std::unique_lock lock(mutex_);
   if (flusher_failure_) {

@@ -48,7 +48,7 @@ class Batcher {
   // past payload_limit(). Raises, before queueing anything, the error of a batch the
   // flusher thread could not send (take_failure); a flush that fails here raises too,
   // with `c` not queued and the failed batch kept to be sent again.
-  void append(const std::vector<int>& dests, protocol::Command c, std::size_t payload = 0);
+  void append(const std::vector<int>& dests, protocol::Command&& c, std::size_t payload = 0);
   void flush();
   // Raises the error of a batch the flusher thread could not send (once; the batch stays
   // queued, sent again by the next flush), as an Error naming the batch.

@@ -1135,7 +1135,7 @@ Object Mesh::call_object_impl(FunctionName fn, std::vector<Arg> args) const {
           fn.name, state_->kind == Device::Kind::Cuda ? "cuda" : "the emulated accelerator"));
     }
   }
-  if (!stream) stream = ctl->stream("default");
+  if (!stream) stream = ctl->default_stream();
   std::size_t payload = 0;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::size_t bytes = protocol::encoded_size(args[i].value());
@@ -1151,7 +1151,7 @@ Object Mesh::call_object_impl(FunctionName fn, std::vector<Arg> args) const {
   ctl->ensure_mesh(*state_);
   ctl->ensure_stream(*stream);
   const protocol::Ident ident = ctl->new_ident();
-  auto node = ctl->make_node(ident, fn.name, fn.where, std::move(inputs));
+  auto node = ctl->make_node(ident, ctl->function_words(fn.name), fn.where, std::move(inputs));
   auto object = new_tensor(*ctl, TensorMeta(), state_, stream, node);
   object->object = true;
   std::vector<Value> wire;
@@ -1161,7 +1161,7 @@ Object Mesh::call_object_impl(FunctionName fn, std::vector<Arg> args) const {
               protocol::CallFunction{.ident = ident,
                                      .results = {object->ref},
                                      .mutates = {},
-                                     .function = fn.name,
+                                     .function = std::move(fn.name),
                                      .args = std::move(wire),
                                      .stream = stream->ref,
                                      .mesh = state_->ref,
@@ -1184,7 +1184,7 @@ std::vector<DTensor> Mesh::call_n_impl(FunctionName fn, std::vector<Arg> args) c
       }
     }
   }
-  if (!stream) stream = ctl->stream("default");
+  if (!stream) stream = ctl->default_stream();
   return call_on_impl(Stream(stream), std::move(fn), std::move(args));
 }
 
@@ -1267,7 +1267,7 @@ std::vector<DTensor> Mesh::call_on_impl(const Stream& stream, FunctionName fn, s
   ctl->ensure_mesh(*state_);
   ctl->ensure_stream(*stream.state_);
   const protocol::Ident ident = ctl->new_ident();
-  auto node = ctl->make_node(ident, fn.name, fn.where, std::move(inputs));
+  auto node = ctl->make_node(ident, ctl->function_words(fn.name), fn.where, std::move(inputs));
   std::vector<DTensor> outputs;
   std::vector<Ref> results;
   for (const TensorMeta& m : sig.outputs) {
@@ -1284,7 +1284,7 @@ std::vector<DTensor> Mesh::call_on_impl(const Stream& stream, FunctionName fn, s
               protocol::CallFunction{.ident = ident,
                                      .results = std::move(results),
                                      .mutates = std::move(mutates),
-                                     .function = fn.name,
+                                     .function = std::move(fn.name),
                                      .args = std::move(wire),
                                      .stream = stream.state_->ref,
                                      .mesh = state_->ref},

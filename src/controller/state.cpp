@@ -282,13 +282,13 @@ void ControllerState::flush_deferred() {
   batcher_.flush_deferred();
 }
 
-void ControllerState::append_now(const std::vector<int>& dests, protocol::Command c, std::size_t payload) {
+void ControllerState::append_now(const std::vector<int>& dests, protocol::Command&& c, std::size_t payload) {
   batcher_.take_failure();
   send_deferred_drops();
   batcher_.append(dests, std::move(c), payload);
 }
 
-void ControllerState::append(const std::vector<int>& dests, protocol::Command c, Ident ident, std::size_t payload) {
+void ControllerState::append(const std::vector<int>& dests, protocol::Command&& c, Ident ident, std::size_t payload) {
   refuse_on_worker_thread(protocol::name(c));
   batcher_.take_failure();  // an earlier batch the flusher could not send: raised before anything changes
   send_deferred_drops();    // implicit drops first: the origin's next use must find the borrow dropped

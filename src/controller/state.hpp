@@ -184,9 +184,9 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   // Queues `c` for `dests`; `ident`, when non-zero, is recorded as outstanding on every
   // destination. Inside a recording the command is recorded instead. `payload`: the bytes
   // of its arguments (Batcher::append), which the caller checked against payload_limit().
-  void append(const std::vector<int>& dests, protocol::Command c, Ident ident = 0, std::size_t payload = 0);
+  void append(const std::vector<int>& dests, protocol::Command&& c, Ident ident = 0, std::size_t payload = 0);
   // Queues `c` now, also inside a recording (meshes, streams, the recording itself).
-  void append_now(const std::vector<int>& dests, protocol::Command c, std::size_t payload = 0);
+  void append_now(const std::vector<int>& dests, protocol::Command&& c, std::size_t payload = 0);
   // `ident` is outstanding on `dests`, sent inside a command that is not its own (a replay).
   void sent(const std::vector<int>& dests, Ident ident) { tracker_.sent(dests, ident); }
 
@@ -263,6 +263,14 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   void forget_fetch(Ident ident) { fetches_.erase(ident); }
 
   std::shared_ptr<StreamState> stream(const std::string& name);
+  // The default stream without a look-up by name once made (it lives as long as the session).
+  std::shared_ptr<StreamState> default_stream() { return default_stream_ ? default_stream_ : stream("default"); }
+  // A call's node words, the function's name: the last function's words again while calls
+  // name the same function, so a loop's nodes share one copy of the name.
+  Words function_words(const std::string& name) {
+    if (function_words_.str() != name) function_words_ = Words(name);
+    return function_words_;
+  }
   // The live mesh with these names over these ranks, or null; and the record of a new
   // one. A mesh made again (a slice in a loop) is the same value, created once on the
   // workers: no new communicators after the first. The last kRecentMeshes made are kept
@@ -312,6 +320,7 @@ struct ControllerState : std::enable_shared_from_this<ControllerState> {
   std::uint64_t next_ref_ = 1;
   std::unordered_map<Ident, std::weak_ptr<FutureState>> fetches_;
   std::vector<Words> fetch_words_;  // by rank
+  Words function_words_;            // function_words' last
   // Streams by name while some handle holds them; the default stream lives as long as
   // the session.
   std::map<std::string, std::weak_ptr<StreamState>> streams_;

@@ -497,7 +497,9 @@ std::string_view element_type_name(DType dtype) noexcept {
       "bool", "std::uint8_t", "std::int32_t", "std::int64_t", "meshrt::Half", "meshrt::BFloat16", "float", "double"};
   return kTypes[static_cast<std::size_t>(dtype)];
 }
-thread_local const void* refused_access = nullptr;
+// Initial-exec: every kernel call clears it, and the default model's look-up through
+// __tls_get_addr would be paid per call on the worker.
+[[gnu::tls_model("initial-exec")]] thread_local const void* refused_access = nullptr;
 }  // namespace
 
 const void* detail::take_refused_access() noexcept {
