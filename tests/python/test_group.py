@@ -483,6 +483,29 @@ def test_bad_calls_are_usage_errors():
     assert W.usable
 
 
+def test_collectives_take_their_arguments_by_position_and_by_name():
+    assert W.broadcast_obj(obj=b"k" if ME == 2 else None, src=2, timeout=T, allow_pickle=False) == b"k"
+    assert W.broadcast_obj({"r": ME}, 1, T, out=None) == {"r": 1}
+    assert W.all_gather_obj(obj=ME, timeout=T, allow_pickle=True) == [0, 1, 2, 3]
+    W.barrier(timeout=T)
+    W.barrier(T)
+    # Calls that match no signature raise TypeError before any message moves.
+    for bad, what in [
+        (lambda: W.broadcast_obj(1), "missing required argument 'src'"),
+        (lambda: W.broadcast_obj(1, 0, T, True), "at most 3 positional arguments"),
+        (lambda: W.broadcast_obj(1, 0, root=0), "unexpected keyword argument 'root'"),
+        (lambda: W.broadcast_obj(1, 0, src=0), "multiple values for argument 'src'"),
+        (lambda: W.broadcast_obj(1, "0"), "src: expected an int, found str"),
+        (lambda: W.all_gather_obj(1, "soon"), "timeout: expected seconds"),
+        (lambda: W.all_gather_obj(), "missing required argument 'obj'"),
+        (lambda: W.barrier(T, T), "at most 1 positional arguments"),
+    ]:
+        with pytest.raises(TypeError, match=re.escape(what)):
+            bad()
+    assert W.usable
+    assert W.all_gather_obj(ME) == [0, 1, 2, 3]
+
+
 def test_blocking_calls_release_the_gil():
     # Rank 0 waits in recv_obj for rank 1, which first needs a message that a second thread
     # of rank 0 sends: with the GIL held during the wait, that thread could never run.

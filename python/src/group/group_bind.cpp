@@ -6,6 +6,7 @@
 #include <mpi.h>
 #include <pybind11/stl.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -17,6 +18,7 @@
 #include "bindings.hpp"
 #include "group/group_ops.hpp"
 #include "meshrt/internal/mpi_session.hpp"
+#include "support/fast_method.hpp"
 
 namespace meshrt::python {
 namespace {
@@ -123,6 +125,56 @@ py::object codec_decode(const py::bytes& data, const std::vector<py::bytes>& buf
   return d.value;
 }
 
+// The arguments of the fast methods below, converted as pybind11 converts them (a
+// TypeError where it would find no overload).
+int int_arg(const char* op, const char* name, PyObject* o) {
+  if (PyFloat_Check(o) == 0 && PyIndex_Check(o) != 0) {
+    const long v = PyLong_AsLong(py::reinterpret_steal<py::object>(PyNumber_Index(o)).ptr());
+    if (v == -1 && PyErr_Occurred() != nullptr) throw py::error_already_set();
+    if (v >= std::numeric_limits<int>::min() && v <= std::numeric_limits<int>::max()) return static_cast<int>(v);
+  }
+  throw py::type_error(fmt::format("{}(): {}: expected an int, found {}", op, name, Py_TYPE(o)->tp_name));
+}
+std::optional<double> timeout_arg(const char* op, PyObject* o) {
+  if (o == nullptr || o == Py_None) return std::nullopt;
+  const double v = PyFloat_AsDouble(o);
+  if (v == -1.0 && PyErr_Occurred() != nullptr) {
+    PyErr_Clear();
+    throw py::type_error(
+        fmt::format("{}(): timeout: expected seconds (a float) or None, found {}", op, Py_TYPE(o)->tp_name));
+  }
+  return v;
+}
+bool bool_arg(const char* op, const char* name, PyObject* o) {
+  if (o == nullptr || o == Py_False || o == Py_None) return false;
+  if (o == Py_True) return true;
+  PyNumberMethods* num = Py_TYPE(o)->tp_as_number;
+  if (num != nullptr && num->nb_bool != nullptr) {
+    const int v = num->nb_bool(o);
+    if (v == 0 || v == 1) return v != 0;
+    PyErr_Clear();
+  }
+  throw py::type_error(fmt::format("{}(): {}: expected a bool, found {}", op, name, Py_TYPE(o)->tp_name));
+}
+py::handle obj_arg(PyObject* o) {
+  return o == nullptr ? py::none() : py::handle(o);
+}
+
+// The calls a program makes in its loop skip pybind11's dispatcher (support/fast_method.hpp).
+py::object fast_broadcast_obj(PyGroup& pg, const std::array<PyObject*, 5>& a) {
+  const char* op = "broadcast_obj";
+  return broadcast_obj(pg, obj_arg(a[0]), int_arg(op, "src", a[1]), timeout_arg(op, a[2]),
+                       bool_arg(op, "allow_pickle", a[3]), obj_arg(a[4]));
+}
+py::object fast_all_gather_obj(PyGroup& pg, const std::array<PyObject*, 3>& a) {
+  const char* op = "all_gather_obj";
+  return all_gather_obj(pg, obj_arg(a[0]), timeout_arg(op, a[1]), bool_arg(op, "allow_pickle", a[2]));
+}
+py::object fast_barrier(PyGroup& pg, const std::array<PyObject*, 1>& a) {
+  barrier(pg, timeout_arg("barrier", a[0]));
+  return py::none();
+}
+
 }  // namespace
 
 void bind_group(py::module_& m) {
@@ -193,6 +245,12 @@ void bind_group(py::module_& m) {
         return fmt::format("meshrt.StatelessGroup(rank {} of {}, members [{}]{})", pg.g->rank(), pg.g->world_size(),
                            fmt::join(pg.g->members(), ", "), pg.g->usable() && pg.broken.empty() ? "" : ", unusable");
       });
+  const py::object cls = m.attr("StatelessGroup");
+  replace_with_fast_method<PyGroup, 5, fast_broadcast_obj>(cls, "broadcast_obj",
+                                                           {"obj", "src", "timeout", "allow_pickle", "out"}, 3, 2);
+  replace_with_fast_method<PyGroup, 3, fast_all_gather_obj>(cls, "all_gather_obj", {"obj", "timeout", "allow_pickle"},
+                                                            2, 1);
+  replace_with_fast_method<PyGroup, 1, fast_barrier>(cls, "barrier", {"timeout"}, 1, 0);
 }
 
 }  // namespace meshrt::python

@@ -12,8 +12,10 @@
 #include <cxxabi.h>
 #endif
 
+#include <array>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <typeinfo>
 
@@ -66,6 +68,55 @@ PyObject* call(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   }
 }
 
+template <class T, std::size_t N, py::object (*F)(T&, const std::array<PyObject*, N>&)>
+struct KwCall {
+  static inline std::array<const char*, N> names{};
+  static inline std::size_t positional = 0;  // how many may be given by position
+  static inline std::size_t required = 0;    // how many must be given
+  static inline const char* name = "";
+
+  // pybind11's errors for a call that does not match the signature are TypeErrors; so are these.
+  static void parse(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, std::array<PyObject*, N>& out) {
+    const auto np = static_cast<std::size_t>(nargs);
+    if (np > positional) {
+      throw py::type_error(std::string(name) + "() takes at most " + std::to_string(positional) +
+                           " positional arguments (" + std::to_string(np) + " given)");
+    }
+    for (std::size_t i = 0; i < np; ++i) out[i] = args[i];
+    if (kwnames != nullptr) {
+      const Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+      for (Py_ssize_t k = 0; k < nk; ++k) {
+        PyObject* key = PyTuple_GET_ITEM(kwnames, k);
+        std::size_t i = 0;
+        while (i < N && PyUnicode_CompareWithASCIIString(key, names[i]) != 0) ++i;
+        if (i == N) {
+          throw py::type_error(std::string(name) + "() got an unexpected keyword argument '" +
+                               py::str(key).cast<std::string>() + "'");
+        }
+        if (out[i] != nullptr) {
+          throw py::type_error(std::string(name) + "() got multiple values for argument '" + names[i] + "'");
+        }
+        out[i] = args[nargs + k];
+      }
+    }
+    for (std::size_t i = 0; i < required; ++i) {
+      if (out[i] == nullptr) {
+        throw py::type_error(std::string(name) + "() missing required argument '" + names[i] + "'");
+      }
+    }
+  }
+
+  static PyObject* call(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+    try {
+      std::array<PyObject*, N> a{};
+      parse(args, nargs, kwnames, a);
+      return F(self_of<T>(self), a).release().ptr();
+    } catch (...) {
+      return raise_current();
+    }
+  }
+};
+
 }  // namespace fast_method_internal
 
 // Adds the method `name` to `cls` (T's class): F(self, positional arguments). `doc` starts
@@ -77,6 +128,28 @@ void def_fast_method(py::handle cls, const char* name, const char* doc) {
   auto* def = new PyMethodDef{
       name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_method_internal::call<T, F>)),
       METH_FASTCALL, doc};
+  auto method = py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), def));
+  if (!method) throw py::error_already_set();
+  py::setattr(cls, name, method);
+}
+
+// Replaces the pybind11 method `name` of `cls` (T's class) with a METH_FASTCALL |
+// METH_KEYWORDS one: F receives the arguments named `names` (borrowed; nullptr where not
+// given), the first `positional` of which may come by position and the first `required`
+// must be given. The docstring is the pybind11 method's, so its signature line (which
+// python/stubgen.py reads) stays what it was.
+template <class T, std::size_t N, py::object (*F)(T&, const std::array<PyObject*, N>&)>
+void replace_with_fast_method(py::handle cls, const char* name, const std::array<const char*, N>& names,
+                              std::size_t positional, std::size_t required) {
+  using K = fast_method_internal::KwCall<T, N, F>;
+  K::names = names;
+  K::positional = positional;
+  K::required = required;
+  K::name = name;
+  // The docstring and method table entry live as long as the class: the process.
+  auto* doc = new std::string(py::str(cls.attr(name).attr("__doc__")).cast<std::string>());
+  auto* def = new PyMethodDef{name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&K::call)),
+                              METH_FASTCALL | METH_KEYWORDS, doc->c_str()};
   auto method = py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), def));
   if (!method) throw py::error_already_set();
   py::setattr(cls, name, method);
