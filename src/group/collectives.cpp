@@ -85,6 +85,9 @@ const std::vector<int>& StatelessGroup::Impl::exchange_first(const char* op, con
     }
   };
   unsigned idle = 0;
+  // Counted down: the call that completes the last receive ends the wait.
+  auto pending = static_cast<std::size_t>(
+      std::count_if(req.recvs.begin(), req.recvs.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; }));
   for (;;) {
     int outcount = 0;
     const int rc = MPI_Testsome(static_cast<int>(req.recvs.size()), req.recvs.data(), &outcount, req.idx.data(),
@@ -113,6 +116,8 @@ const std::vector<int>& StatelessGroup::Impl::exchange_first(const char* op, con
       break;
     }
     if (outcount > 0) {
+      pending -= std::min(pending, static_cast<std::size_t>(outcount));
+      if (pending == 0) break;
       backoff.reset();
       continue;
     }
@@ -303,6 +308,10 @@ bool StatelessGroup::Impl::wait_sends(const char* op, std::size_t bytes) {
   if (req.sends.empty()) return true;
   Backoff backoff(group_wait(bytes));
   req.idx.resize(req.sends.size());
+  // Counted down, so the call that completes the last send ends the wait (another
+  // MPI_Testsome only to hear that none is left would progress MPI once more).
+  auto pending = static_cast<std::size_t>(
+      std::count_if(req.sends.begin(), req.sends.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; }));
   unsigned idle = 0;
   for (;;) {
     int outcount = 0;
@@ -310,6 +319,8 @@ bool StatelessGroup::Impl::wait_sends(const char* op, std::size_t bytes) {
                                   MPI_STATUSES_IGNORE));
     if (outcount == MPI_UNDEFINED) return true;
     if (outcount > 0) {
+      pending -= std::min(pending, static_cast<std::size_t>(outcount));
+      if (pending == 0) return true;
       backoff.reset();
       continue;
     }

@@ -56,12 +56,17 @@ bool Requests::wait_all(std::span<MPI_Request> reqs, Clock::time_point dl, std::
     }
   }
   idx.resize(reqs.size());
+  // Counted down: the call that completes the last request ends the wait.
+  auto pending = static_cast<std::size_t>(
+      std::count_if(reqs.begin(), reqs.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; }));
   for (;;) {
     int outcount = 0;
     MESHRT_MPI_CHECK(
         MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &outcount, idx.data(), MPI_STATUSES_IGNORE));
     if (outcount == MPI_UNDEFINED) return true;  // no active request left
     if (outcount > 0) {
+      pending -= std::min(pending, static_cast<std::size_t>(outcount));
+      if (pending == 0) return true;
       backoff.reset();  // data is moving: keep polling closely
       continue;
     }
